@@ -1,0 +1,111 @@
+"""Configuration: every ``HARVEST_*`` key, its type and default, in one place.
+
+Precedence: a key in ``app.config`` wins over the keyword argument given to the extension, which
+wins over the default here. Keys are read once, in ``init_app``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from .errors import ConfigurationError
+from .signing import DEFAULT_SIGNATURE_HEADER
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The extension's settings for one app. Field ``foo_bar`` is read from ``HARVEST_FOO_BAR``."""
+
+    #: ``local`` (in-process threads, not durable; the default) or ``rq`` (Redis Queue).
+    jobs_backend: str = "local"
+    #: Redis URL of the ``rq`` backend.
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    #: RQ queue name for delivery jobs.
+    webhooks_queue: str = "harvest-webhooks"
+    #: Attempts per delivery before it is dead-lettered; read when each attempt runs.
+    webhooks_max_attempts: int = 5
+    #: Base of the exponential backoff, in milliseconds.
+    webhooks_initial_backoff_ms: int = 1000
+    #: Cap of the backoff and of a ``Retry-After`` hint, in milliseconds.
+    webhooks_max_backoff_ms: int = 3_600_000
+    #: Seconds to wait for the receiver's response (between bytes).
+    webhooks_timeout_seconds: float = 10.0
+    #: Seconds to wait for a TCP (and TLS) connection.
+    webhooks_connect_timeout_seconds: float = 5.0
+    #: Hard limit in seconds on a whole attempt, so a receiver that drips bytes cannot hold a worker.
+    webhooks_deadline_seconds: float = 30.0
+    #: Consecutive failures after which an active subscription becomes ``failed``.
+    webhooks_failure_threshold: int = 50
+    #: Name of the Stripe-style signature header.
+    webhooks_signature_header: str = DEFAULT_SIGNATURE_HEADER
+    #: Seconds a claimed delivery stays leased to its worker; after that the sweeper frees it.
+    webhooks_lease_seconds: float = 60.0
+    #: Seconds between sweeps (stuck leases, lost jobs) in a worker or the local backend.
+    sweep_interval_seconds: float = 5.0
+    #: Threads of the ``local`` backend.
+    local_workers: int = 8
+
+    @property
+    def backoff(self) -> tuple[int, int]:
+        return self.webhooks_initial_backoff_ms, self.webhooks_max_backoff_ms
+
+
+PREFIX = "HARVEST_"
+#: The ``HARVEST_*`` key of each setting, e.g. ``KEYS["jobs_backend"] == "HARVEST_JOBS_BACKEND"``.
+KEYS = {f.name: PREFIX + f.name.upper() for f in dataclasses.fields(Settings)}
+JOBS_BACKENDS = ("local", "rq")
+
+
+def _coerce(name: str, value: Any, default: Any) -> Any:
+    key = KEYS[name]
+    kind = type(default)
+    if kind is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("1", "true", "yes", "0", "false", "no"):
+            return value.lower() in ("1", "true", "yes")
+        raise ConfigurationError(f"{key} must be true or false, not {value!r}")
+    if kind in (int, float):
+        try:
+            number = kind(value)
+        except (TypeError, ValueError):
+            raise ConfigurationError(f"{key} must be a number, not {value!r}") from None
+        if number <= 0:
+            raise ConfigurationError(f"{key} must be greater than zero, not {value!r}")
+        return number
+    if not isinstance(value, str) or not value:
+        raise ConfigurationError(f"{key} must be a non-empty string")
+    return value
+
+
+def load_settings(config: Mapping[str, Any], overrides: Mapping[str, Any]) -> Settings:
+    """Build :class:`Settings` from an app's config and the extension's keyword arguments.
+
+    :raises ConfigurationError: an unknown keyword or a value of the wrong type or range.
+    """
+    unknown = set(overrides) - set(KEYS)
+    if unknown:
+        raise ConfigurationError(
+            f"unknown option(s) {', '.join(sorted(unknown))}; known options: {', '.join(KEYS)}"
+        )
+    values: dict[str, Any] = {}
+    for field in dataclasses.fields(Settings):
+        default = field.default
+        if KEYS[field.name] in config:
+            values[field.name] = _coerce(field.name, config[KEYS[field.name]], default)
+        elif field.name in overrides:
+            values[field.name] = _coerce(field.name, overrides[field.name], default)
+    settings = Settings(**values)
+    if settings.jobs_backend not in JOBS_BACKENDS:
+        raise ConfigurationError(
+            f"{KEYS['jobs_backend']} must be one of {', '.join(JOBS_BACKENDS)}, "
+            f"not {settings.jobs_backend!r}"
+        )
+    if settings.webhooks_initial_backoff_ms > settings.webhooks_max_backoff_ms:
+        raise ConfigurationError(
+            f"{KEYS['webhooks_initial_backoff_ms']} must not exceed {KEYS['webhooks_max_backoff_ms']}"
+        )
+    return settings

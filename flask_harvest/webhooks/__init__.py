@@ -1,0 +1,1 @@
+"""Outbound webhooks: subscriptions, stores, dispatch and delivery."""

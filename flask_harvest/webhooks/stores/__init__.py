@@ -1,0 +1,12 @@
+"""Stores: where subscriptions and delivery logs live."""
+
+from .base import DlqCursor, OutboundWebhookHandler, OutboundWebhookStore
+from .memory import InMemoryOutboundWebhookHandler, InMemoryOutboundWebhookStore
+
+__all__ = [
+    "DlqCursor",
+    "InMemoryOutboundWebhookHandler",
+    "InMemoryOutboundWebhookStore",
+    "OutboundWebhookHandler",
+    "OutboundWebhookStore",
+]

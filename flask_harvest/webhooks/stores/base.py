@@ -1,0 +1,192 @@
+"""The store contract: what the delivery pipeline needs from persistence.
+
+Every store implements :class:`OutboundWebhookHandler`. The contract test suite
+(``tests/test_store_contract.py``) runs the same tests over every store; a store of your own passes
+it to be a drop-in. Methods that move a delivery between states are each atomic: two workers calling
+them at once never both win.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Sequence
+from datetime import datetime
+
+from ...errors import SubscriptionNotFoundError
+from ..models import (
+    AttemptResult,
+    Claim,
+    DeliveryAttempt,
+    DeliveryLog,
+    WebhookSubscription,
+    WebhookSubscriptionStatus,
+)
+
+#: A position in the DLQ listing: the ``(timestamp, id)`` of the last row of the previous page.
+DlqCursor = tuple[datetime, str]
+
+
+class OutboundWebhookHandler(abc.ABC):
+    """Persistence of subscriptions and delivery logs.
+
+    Errors of the underlying database are raised as :class:`~flask_harvest.errors.StoreError` with
+    the driver's exception as ``__cause__``.
+    """
+
+    #: Whether :meth:`~flask_harvest.webhooks.manager.OutboundWebhookManager.dispatch_in_tx` can
+    #: write into the caller's transaction (only SQL stores can).
+    supports_transactions: bool = False
+
+    # -- subscriptions -------------------------------------------------------------------------
+
+    @abc.abstractmethod
+    def add_subscription(self, subscription: WebhookSubscription) -> WebhookSubscription:
+        """Store a new subscription and return it.
+
+        :raises DuplicateSubscriptionError: its id is taken.
+        """
+
+    @abc.abstractmethod
+    def get_subscription(self, subscription_id: str) -> WebhookSubscription | None:
+        """Return the subscription, or ``None``."""
+
+    @abc.abstractmethod
+    def list_subscriptions(self) -> list[WebhookSubscription]:
+        """Return every subscription, oldest first."""
+
+    @abc.abstractmethod
+    def update_subscription(self, subscription: WebhookSubscription) -> WebhookSubscription:
+        """Replace the stored subscription with the same id; return it with ``updated_at`` set.
+
+        :raises SubscriptionNotFoundError: there is none with that id.
+        """
+
+    @abc.abstractmethod
+    def remove_subscription(self, subscription_id: str) -> bool:
+        """Delete the subscription; return whether it existed. Its delivery logs stay."""
+
+    def subscriptions_for_topic(self, topic: str) -> list[WebhookSubscription]:
+        """Return the subscriptions, whatever their status, whose topics select ``topic``."""
+        return [s for s in self.list_subscriptions() if s.matches(topic)]
+
+    def set_subscription_status(
+        self, subscription_id: str, status: WebhookSubscriptionStatus
+    ) -> WebhookSubscription:
+        """Set a subscription's status; enabling one also clears its failure count.
+
+        :raises SubscriptionNotFoundError: there is none with that id.
+        """
+        current = self.get_subscription(subscription_id)
+        if current is None:
+            raise SubscriptionNotFoundError(subscription_id)
+        failures = 0 if status is WebhookSubscriptionStatus.ACTIVE else current.consecutive_failures
+        return self.update_subscription(current.replace(status=status, consecutive_failures=failures))
+
+    # -- delivery logs -------------------------------------------------------------------------
+
+    @abc.abstractmethod
+    def log_deliveries(self, deliveries: Sequence[DeliveryLog]) -> list[str]:
+        """Insert many delivery logs in one round trip; return the ids actually inserted.
+
+        A delivery whose id already exists is left as it is (so relaying an outbox message twice
+        is harmless) and its id is not returned.
+        """
+
+    @abc.abstractmethod
+    def get_delivery(self, delivery_id: str) -> DeliveryLog | None:
+        """Return the delivery log, or ``None``."""
+
+    @abc.abstractmethod
+    def get_deliveries(self, delivery_ids: Sequence[str]) -> list[DeliveryLog]:
+        """Return the delivery logs that exist among ``delivery_ids``, in no particular order."""
+
+    @abc.abstractmethod
+    def list_attempts(self, delivery_id: str) -> list[DeliveryAttempt]:
+        """Return the delivery's recorded attempts, oldest first.
+
+        A store may keep only the latest attempt (the in-memory store does).
+        """
+
+    @abc.abstractmethod
+    def list_dlq(
+        self,
+        *,
+        limit: int = 100,
+        before: DlqCursor | None = None,
+        subscription_id: str | None = None,
+        topic: str | None = None,
+    ) -> list[DeliveryLog]:
+        """Return dead-lettered deliveries, newest first by ``(timestamp, id)``.
+
+        :param before: return only rows older than this cursor (the last row of a previous page).
+        """
+
+    @abc.abstractmethod
+    def purge_deliveries_before(self, cutoff: datetime) -> int:
+        """Delete delivered (2xx) logs whose latest attempt is older than ``cutoff``.
+
+        Pending, in-flight, dead-lettered and skipped logs stay. Returns how many were deleted.
+        """
+
+    # -- the delivery pipeline -----------------------------------------------------------------
+
+    @abc.abstractmethod
+    def claim_delivery(
+        self,
+        delivery_id: str,
+        *,
+        now: datetime,
+        lease_seconds: float,
+        max_attempts: int,
+    ) -> Claim | None:
+        """Lease a due ``PENDING`` delivery to the caller; ``None`` if it is not claimable.
+
+        Only a delivery that is ``PENDING`` with ``next_attempt_at <= now`` is claimed. It becomes
+        ``INFLIGHT`` with ``lease_expires_at = now + lease_seconds``, a fresh lease token and
+        ``max_attempts`` recorded. The claim returns the subscription as it is now (``None`` if it
+        was removed).
+        """
+
+    @abc.abstractmethod
+    def finish_attempt(
+        self, delivery_id: str, lease_token: str, result: AttemptResult
+    ) -> WebhookSubscriptionStatus | None:
+        """Record an attempt's outcome, atomically, if the caller still holds the lease.
+
+        Updates the delivery from ``result``, appends ``result.attempt`` to the history, applies
+        ``result.effect`` to the subscription (atomically, so concurrent failures all count) and
+        clears the lease.
+
+        :returns: the subscription's new status if this call changed it, else ``None``.
+        :raises InvalidStateError: the lease was lost (it expired and another worker claimed the
+            delivery); nothing was written.
+        """
+
+    @abc.abstractmethod
+    def dead_letter(self, delivery_ids: Sequence[str], error: str, *, now: datetime) -> list[str]:
+        """Move ``PENDING`` deliveries to the DLQ with ``error``; return the ids moved."""
+
+    @abc.abstractmethod
+    def replay_delivery(self, delivery_id: str, *, now: datetime) -> DeliveryLog:
+        """Move a dead-lettered delivery back to ``PENDING``, due now, with ``attempt`` = 1.
+
+        The id, payload and topic stay, so the receiver sees the same ``webhook-id``.
+
+        :raises DeliveryNotFoundError: no such delivery.
+        :raises InvalidStateError: the delivery is not dead-lettered.
+        """
+
+    @abc.abstractmethod
+    def release_expired_leases(self, *, now: datetime) -> list[str]:
+        """Return ``INFLIGHT`` deliveries whose lease ended before ``now`` to ``PENDING``, due now.
+
+        Returns their ids. The attempt number is unchanged: the interrupted attempt is made again.
+        """
+
+    @abc.abstractmethod
+    def due_deliveries(self, *, now: datetime, limit: int) -> list[str]:
+        """Return the ids of up to ``limit`` ``PENDING`` deliveries due at ``now``, oldest due first."""
+
+
+#: The seed's older name for the contract.
+OutboundWebhookStore = OutboundWebhookHandler

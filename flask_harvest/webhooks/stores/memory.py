@@ -1,0 +1,270 @@
+"""A thread-safe store in process memory, for tests and local development."""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from collections.abc import Sequence
+from datetime import datetime, timedelta
+
+from ...errors import (
+    DeliveryNotFoundError,
+    DuplicateSubscriptionError,
+    InvalidStateError,
+    SubscriptionNotFoundError,
+)
+from ..models import (
+    AttemptResult,
+    Claim,
+    DeliveryAttempt,
+    DeliveryLog,
+    DeliveryState,
+    SubscriptionEffect,
+    WebhookSubscription,
+    WebhookSubscriptionStatus,
+    utcnow,
+)
+from .base import DlqCursor, OutboundWebhookHandler
+
+
+class InMemoryOutboundWebhookHandler(OutboundWebhookHandler):
+    """Subscriptions and delivery logs in plain dictionaries behind one lock.
+
+    It is process-local: everything is lost on restart and nothing is shared between processes or
+    replicas. It is also unbounded: every dispatch adds a log per matching subscription and
+    nothing removes them but :meth:`purge_deliveries_before`, so memory grows with dispatch volume
+    for the life of the process. A retry does not add a row: the log is updated in place, and only
+    the latest attempt is kept (:meth:`list_attempts` returns that one). Use it for tests and local
+    development; anything long-running or with more than one process needs the SQL store.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.RLock()
+        self._subscriptions: dict[str, WebhookSubscription] = {}
+        self._deliveries: dict[str, DeliveryLog] = {}
+        self._latest_attempt: dict[str, DeliveryAttempt] = {}
+        self._leases: dict[str, str] = {}
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} subscriptions={len(self._subscriptions)}>"
+
+    # -- subscriptions -------------------------------------------------------------------------
+
+    def add_subscription(self, subscription: WebhookSubscription) -> WebhookSubscription:
+        with self._lock:
+            if subscription.id in self._subscriptions:
+                raise DuplicateSubscriptionError(subscription.id)
+            self._subscriptions[subscription.id] = subscription
+            return subscription
+
+    def get_subscription(self, subscription_id: str) -> WebhookSubscription | None:
+        with self._lock:
+            return self._subscriptions.get(subscription_id)
+
+    def list_subscriptions(self) -> list[WebhookSubscription]:
+        with self._lock:
+            return sorted(self._subscriptions.values(), key=lambda s: (s.created_at, s.id))
+
+    def update_subscription(self, subscription: WebhookSubscription) -> WebhookSubscription:
+        with self._lock:
+            if subscription.id not in self._subscriptions:
+                raise SubscriptionNotFoundError(subscription.id)
+            updated = subscription.replace(updated_at=utcnow())
+            self._subscriptions[subscription.id] = updated
+            return updated
+
+    def remove_subscription(self, subscription_id: str) -> bool:
+        with self._lock:
+            return self._subscriptions.pop(subscription_id, None) is not None
+
+    # -- delivery logs -------------------------------------------------------------------------
+
+    def log_deliveries(self, deliveries: Sequence[DeliveryLog]) -> list[str]:
+        inserted = []
+        with self._lock:
+            for delivery in deliveries:
+                if delivery.id not in self._deliveries:
+                    self._deliveries[delivery.id] = delivery
+                    inserted.append(delivery.id)
+        return inserted
+
+    def get_delivery(self, delivery_id: str) -> DeliveryLog | None:
+        with self._lock:
+            return self._deliveries.get(delivery_id)
+
+    def get_deliveries(self, delivery_ids: Sequence[str]) -> list[DeliveryLog]:
+        with self._lock:
+            return [self._deliveries[i] for i in delivery_ids if i in self._deliveries]
+
+    def list_attempts(self, delivery_id: str) -> list[DeliveryAttempt]:
+        with self._lock:
+            latest = self._latest_attempt.get(delivery_id)
+            return [latest] if latest else []
+
+    def list_dlq(
+        self,
+        *,
+        limit: int = 100,
+        before: DlqCursor | None = None,
+        subscription_id: str | None = None,
+        topic: str | None = None,
+    ) -> list[DeliveryLog]:
+        with self._lock:
+            rows = [
+                d
+                for d in self._deliveries.values()
+                if d.state is DeliveryState.DLQ
+                and (subscription_id is None or d.subscription_id == subscription_id)
+                and (topic is None or d.topic == topic)
+                and (before is None or (d.timestamp, d.id) < before)
+            ]
+        rows.sort(key=lambda d: (d.timestamp, d.id), reverse=True)
+        return rows[:limit]
+
+    def purge_deliveries_before(self, cutoff: datetime) -> int:
+        with self._lock:
+            doomed = [
+                d.id
+                for d in self._deliveries.values()
+                if d.state is DeliveryState.DELIVERED and d.timestamp < cutoff
+            ]
+            for delivery_id in doomed:
+                del self._deliveries[delivery_id]
+                self._latest_attempt.pop(delivery_id, None)
+            return len(doomed)
+
+    # -- the delivery pipeline -----------------------------------------------------------------
+
+    def claim_delivery(
+        self,
+        delivery_id: str,
+        *,
+        now: datetime,
+        lease_seconds: float,
+        max_attempts: int,
+    ) -> Claim | None:
+        with self._lock:
+            delivery = self._deliveries.get(delivery_id)
+            if (
+                delivery is None
+                or delivery.state is not DeliveryState.PENDING
+                or (delivery.next_attempt_at is not None and delivery.next_attempt_at > now)
+            ):
+                return None
+            token = uuid.uuid4().hex
+            claimed = delivery.replace(
+                state=DeliveryState.INFLIGHT,
+                lease_expires_at=now + timedelta(seconds=lease_seconds),
+                max_attempts=max_attempts,
+            )
+            self._deliveries[delivery_id] = claimed
+            self._leases[delivery_id] = token
+            return Claim(claimed, self._subscriptions.get(delivery.subscription_id), token)
+
+    def finish_attempt(
+        self, delivery_id: str, lease_token: str, result: AttemptResult
+    ) -> WebhookSubscriptionStatus | None:
+        with self._lock:
+            delivery = self._deliveries.get(delivery_id)
+            if (
+                delivery is None
+                or delivery.state is not DeliveryState.INFLIGHT
+                or self._leases.get(delivery_id) != lease_token
+            ):
+                raise InvalidStateError(f"the lease on delivery {delivery_id!r} was lost")
+            del self._leases[delivery_id]
+            attempt = result.attempt
+            self._deliveries[delivery_id] = delivery.replace(
+                state=result.state,
+                attempt=result.attempt_number,
+                next_attempt_at=result.next_attempt_at,
+                last_error=result.last_error,
+                timestamp=result.timestamp,
+                lease_expires_at=None,
+                request_headers=dict(result.request_headers) or delivery.request_headers,
+                response_status=attempt.response_status if attempt else delivery.response_status,
+                response_body=attempt.response_body if attempt else delivery.response_body,
+                elapsed_ms=attempt.elapsed_ms if attempt else delivery.elapsed_ms,
+            )
+            if attempt is not None:
+                self._latest_attempt[delivery_id] = attempt
+            return self._apply_effect(delivery.subscription_id, result)
+
+    def _apply_effect(self, subscription_id: str, result: AttemptResult) -> WebhookSubscriptionStatus | None:
+        subscription = self._subscriptions.get(subscription_id)
+        if subscription is None or result.effect is SubscriptionEffect.NONE:
+            return None
+        status = subscription.status
+        failures = subscription.consecutive_failures
+        if result.effect is SubscriptionEffect.RESET_FAILURES:
+            failures = 0
+        elif result.effect is SubscriptionEffect.COUNT_FAILURE:
+            failures += 1
+            if status is WebhookSubscriptionStatus.ACTIVE and failures >= result.failure_threshold:
+                status = WebhookSubscriptionStatus.FAILED
+        elif result.effect is SubscriptionEffect.DISABLE and status is WebhookSubscriptionStatus.ACTIVE:
+            status = WebhookSubscriptionStatus.DISABLED
+        self._subscriptions[subscription_id] = subscription.replace(
+            status=status, consecutive_failures=failures, updated_at=utcnow()
+        )
+        return status if status is not subscription.status else None
+
+    def dead_letter(self, delivery_ids: Sequence[str], error: str, *, now: datetime) -> list[str]:
+        moved = []
+        with self._lock:
+            for delivery_id in delivery_ids:
+                delivery = self._deliveries.get(delivery_id)
+                if delivery is not None and delivery.state is DeliveryState.PENDING:
+                    self._deliveries[delivery_id] = delivery.replace(
+                        state=DeliveryState.DLQ, last_error=error, timestamp=now, next_attempt_at=None
+                    )
+                    moved.append(delivery_id)
+        return moved
+
+    def replay_delivery(self, delivery_id: str, *, now: datetime) -> DeliveryLog:
+        with self._lock:
+            delivery = self._deliveries.get(delivery_id)
+            if delivery is None:
+                raise DeliveryNotFoundError(delivery_id)
+            if delivery.state is not DeliveryState.DLQ:
+                raise InvalidStateError(
+                    f"delivery {delivery_id!r} is {delivery.state.value}, not dead-lettered; "
+                    "only deliveries in the DLQ can be replayed"
+                )
+            replayed = delivery.replace(
+                state=DeliveryState.PENDING, attempt=1, next_attempt_at=now, timestamp=now
+            )
+            self._deliveries[delivery_id] = replayed
+            return replayed
+
+    def release_expired_leases(self, *, now: datetime) -> list[str]:
+        released = []
+        with self._lock:
+            for delivery in list(self._deliveries.values()):
+                if (
+                    delivery.state is DeliveryState.INFLIGHT
+                    and delivery.lease_expires_at is not None
+                    and delivery.lease_expires_at < now
+                ):
+                    self._deliveries[delivery.id] = delivery.replace(
+                        state=DeliveryState.PENDING, lease_expires_at=None, next_attempt_at=now
+                    )
+                    self._leases.pop(delivery.id, None)
+                    released.append(delivery.id)
+        return released
+
+    def due_deliveries(self, *, now: datetime, limit: int) -> list[str]:
+        with self._lock:
+            due = [
+                d
+                for d in self._deliveries.values()
+                if d.state is DeliveryState.PENDING
+                and d.next_attempt_at is not None
+                and d.next_attempt_at <= now
+            ]
+        due.sort(key=lambda d: (d.next_attempt_at or now, d.id))
+        return [d.id for d in due[:limit]]
+
+
+#: The seed's older name.
+InMemoryOutboundWebhookStore = InMemoryOutboundWebhookHandler

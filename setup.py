@@ -1,0 +1,5 @@
+"""Packaging shim: all metadata is declarative, in setup.cfg."""
+
+from setuptools import setup
+
+setup()
