@@ -1,0 +1,160 @@
+"""The ``rq`` backend: delivery jobs on Redis Queue, and the worker that runs them in app context."""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections.abc import Callable, Sequence
+from datetime import datetime, timezone
+from typing import Any
+
+import redis
+from flask import Flask
+from rq import Queue, SimpleWorker
+from rq.job import Job, JobStatus
+
+from ..webhooks.models import DeliveryLog
+from .base import JobBackend, JobBackendError, job_id
+
+TASK = "flask_harvest.jobs.tasks.deliver_webhook"
+_LIVE = {JobStatus.QUEUED, JobStatus.SCHEDULED, JobStatus.STARTED, JobStatus.DEFERRED}
+
+
+def _due_second(when: datetime | None) -> datetime:
+    # RQ's scheduler keeps whole seconds and truncates; round up so the job is never early.
+    if when is None:
+        return datetime.now(timezone.utc)
+    return datetime.fromtimestamp(math.ceil(when.timestamp()), timezone.utc)
+
+
+class RqBackend(JobBackend):
+    """Delivery jobs on an RQ queue; delayed retries through RQ's scheduler.
+
+    Jobs keep no result (``result_ttl=0``): the outcome lives in SQL, and Redis stays small.
+
+    :param connection: the Redis connection.
+    :param queue_name: the queue the workers listen on.
+    :param job_timeout: seconds after which RQ kills a job (longer than an attempt's deadline).
+    """
+
+    durable = True
+
+    def __init__(self, connection: redis.Redis, queue_name: str, *, job_timeout: int) -> None:
+        self.connection = connection
+        self.queue = Queue(queue_name, connection=connection)
+        self.job_timeout = job_timeout
+
+    def __repr__(self) -> str:
+        return f"<RqBackend queue={self.queue.name!r}>"
+
+    def _options(self, delivery: DeliveryLog) -> dict[str, Any]:
+        return {
+            "job_id": job_id(delivery),
+            "timeout": self.job_timeout,
+            "result_ttl": 0,
+            "failure_ttl": 24 * 3600,
+            "description": f"deliver {delivery.id}",
+        }
+
+    def enqueue(self, deliveries: Sequence[DeliveryLog]) -> None:
+        if not deliveries:
+            return
+        jobs = [Queue.prepare_data(TASK, args=(d.id,), **self._options(d)) for d in deliveries]
+        try:
+            with self.connection.pipeline() as pipe:
+                self.queue.enqueue_many(jobs, pipeline=pipe)
+                pipe.execute()
+        except redis.RedisError as exc:
+            raise JobBackendError(f"Redis refused the jobs ({type(exc).__name__})") from exc
+
+    def schedule(self, delivery: DeliveryLog) -> None:
+        try:
+            self.queue.enqueue_at(
+                _due_second(delivery.next_attempt_at),
+                TASK,
+                delivery.id,
+                **_at_options(self._options(delivery)),
+            )
+        except redis.RedisError as exc:
+            raise JobBackendError(f"Redis refused the retry job ({type(exc).__name__})") from exc
+
+    def live_jobs(self, deliveries: Sequence[DeliveryLog]) -> set[str]:
+        ids = [job_id(d) for d in deliveries]
+        try:
+            with self.connection.pipeline(transaction=False) as pipe:
+                for identifier in ids:
+                    pipe.hget(Job.key_for(identifier), "status")
+                statuses = pipe.execute()
+        except redis.RedisError as exc:
+            raise JobBackendError(f"Redis did not answer ({type(exc).__name__})") from exc
+        return {
+            d.id
+            for d, status in zip(deliveries, statuses, strict=True)
+            if status is not None and status.decode() in _LIVE
+        }
+
+    def close(self) -> None:
+        self.connection.close()
+
+
+def _at_options(options: dict[str, Any]) -> dict[str, Any]:
+    # enqueue_at spells the job timeout ``job_timeout``, prepare_data spells it ``timeout``.
+    renamed = dict(options)
+    renamed["job_timeout"] = renamed.pop("timeout")
+    return renamed
+
+
+class HarvestWorker(SimpleWorker):
+    """An RQ worker that runs each job inside the Flask app's context, in its own process.
+
+    It never forks per job: a fork costs more than a delivery (see the deployment docs). It also
+    runs ``periodic`` (the sweeper) every ``interval`` seconds on a background thread, for as long
+    as it works.
+    """
+
+    def __init__(
+        self,
+        *args: Any,
+        app: Flask,
+        periodic: Callable[[], object] | None = None,
+        interval: float = 5.0,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(*args, **kwargs)
+        self.app = app
+        self._periodic = periodic
+        self._interval = interval
+        self._stopping = threading.Event()
+
+    def execute_job(self, job: Job, queue: Queue) -> Any:
+        with self.app.app_context():
+            return super().execute_job(job, queue)
+
+    def work(self, *args: Any, **kwargs: Any) -> bool:
+        thread = None
+        if self._periodic is not None:
+            thread = threading.Thread(target=self._run_periodic, name="harvest-sweeper", daemon=True)
+            thread.start()
+        try:
+            return bool(super().work(*args, **kwargs))
+        finally:
+            self._stopping.set()
+            if thread is not None:
+                thread.join(timeout=self._interval + 5)
+
+    def _run_periodic(self) -> None:
+        assert self._periodic is not None
+        while not self._stopping.wait(self._interval):
+            try:
+                with self.app.app_context():
+                    self._periodic()
+            except Exception:  # the sweeper must outlive a database or Redis outage
+                self.log.exception("harvest sweeper failed; will try again in %s s", self._interval)
+
+
+def job_timeout_for(deadline_seconds: float, connect_timeout: float) -> int:
+    """Return an RQ job timeout comfortably longer than one attempt can take."""
+    return int(deadline_seconds + connect_timeout) + 30
+
+
+__all__ = ["HarvestWorker", "RqBackend", "job_timeout_for"]

@@ -1,0 +1,31 @@
+"""Blinker signals sent as deliveries and subscriptions change state.
+
+Every signal is sent with the Flask app as sender. Delivery signals carry ``delivery`` (the
+:class:`~flask_harvest.webhooks.models.DeliveryLog` as recorded); subscription signals carry
+``subscription_id``. Connect receivers as usual::
+
+    from flask_harvest import signals
+
+    @signals.delivery_dead_lettered.connect
+    def page_someone(app, delivery, **extra):
+        ...
+"""
+
+from __future__ import annotations
+
+from blinker import Namespace
+
+_signals = Namespace()
+
+#: The receiver answered 2xx.
+delivery_succeeded = _signals.signal("harvest.delivery-succeeded")
+#: An attempt failed and the delivery will be retried at ``delivery.next_attempt_at``.
+delivery_failed = _signals.signal("harvest.delivery-failed")
+#: The delivery went to the dead-letter queue (attempts exhausted, 410, or enqueue failure).
+delivery_dead_lettered = _signals.signal("harvest.delivery-dead-lettered")
+#: The delivery was not sent because its subscription is disabled, failed or removed.
+delivery_skipped = _signals.signal("harvest.delivery-skipped")
+#: The receiver answered 410 Gone and its subscription was disabled.
+subscription_disabled = _signals.signal("harvest.subscription-disabled")
+#: The subscription reached the consecutive-failure threshold and was marked failed.
+subscription_failed = _signals.signal("harvest.subscription-failed")

@@ -1,0 +1,263 @@
+"""The HTTP edge: one POST with hard limits, and a classification of what went wrong.
+
+Every attempt runs under three limits: a connect timeout, a read timeout between bytes, and a
+total deadline enforced by a watchdog thread that shuts the socket down, so a receiver that drips
+one byte a second cannot hold a worker. Redirects are never followed, proxies from the environment
+are ignored, and at most ``MAX_RESPONSE_BYTES`` of the response body are read.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+import heapq
+import itertools
+import os
+import socket
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import requests
+import urllib3
+from requests.adapters import HTTPAdapter
+from urllib3.connection import HTTPConnection, HTTPSConnection
+from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
+
+#: The most of a response body that is read and stored.
+MAX_RESPONSE_BYTES = 20 * 1024
+_CHUNK = 4096
+
+
+class FailureKind(str, enum.Enum):
+    """Why an attempt got no HTTP response."""
+
+    CONNECT = "connect"
+    TIMEOUT = "timeout"
+    DEADLINE = "deadline"
+    TLS = "tls"
+    PROTOCOL = "protocol"
+
+
+@dataclass(frozen=True)
+class HttpResponse:
+    """What the receiver answered: status, the headers we act on, the start of the body."""
+
+    status: int
+    retry_after: str | None
+    body: str
+    elapsed_ms: int
+
+
+class TransportError(Exception):
+    """The attempt got no HTTP response. The message names the kind, never the URL or a secret."""
+
+    def __init__(self, kind: FailureKind, message: str, elapsed_ms: int) -> None:
+        super().__init__(message)
+        self.kind = kind
+        self.elapsed_ms = elapsed_ms
+
+
+class _Watchdog:
+    """One daemon thread that shuts down sockets whose attempt outlived its deadline."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._heap: list[tuple[float, int, socket.socket]] = []
+        self._live: set[int] = set()
+        self._seq = itertools.count()
+        self._pid = -1
+
+    def watch(self, sock: socket.socket, deadline: float) -> int:
+        with self._cond:
+            if self._pid != os.getpid():  # first use, or in a forked child: (re)start the thread
+                self._pid = os.getpid()
+                self._heap.clear()
+                self._live.clear()
+                threading.Thread(target=self._run, name="harvest-deadline", daemon=True).start()
+            handle = next(self._seq)
+            heapq.heappush(self._heap, (deadline, handle, sock))
+            self._live.add(handle)
+            self._cond.notify()
+            return handle
+
+    def cancel(self, handle: int) -> None:
+        with self._cond:
+            self._live.discard(handle)
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._heap:
+                    self._cond.wait()
+                deadline, handle, sock = self._heap[0]
+                wait = deadline - time.monotonic()
+                if wait > 0:
+                    self._cond.wait(wait)
+                    continue
+                heapq.heappop(self._heap)
+                expired = handle in self._live
+                self._live.discard(handle)
+            if expired:
+                # OSError: already closed, the attempt ended on its own.
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
+
+
+_watchdog = _Watchdog()
+_attempt = threading.local()
+
+
+def _arm(sock: socket.socket | None) -> None:
+    """Put the current attempt's socket under its deadline (called once the request is sent)."""
+    deadline = getattr(_attempt, "deadline", None)
+    if sock is not None and deadline is not None:
+        _attempt.handles.append(_watchdog.watch(sock, deadline))
+
+
+class _DeadlineHTTPConnection(HTTPConnection):
+    def getresponse(self) -> Any:
+        _arm(self.sock)
+        return super().getresponse()
+
+
+class _DeadlineHTTPSConnection(HTTPSConnection):
+    def getresponse(self) -> Any:
+        _arm(self.sock)
+        return super().getresponse()
+
+
+class _DeadlineHTTPPool(HTTPConnectionPool):
+    ConnectionCls = _DeadlineHTTPConnection
+
+
+class _DeadlineHTTPSPool(HTTPSConnectionPool):
+    ConnectionCls = _DeadlineHTTPSConnection
+
+
+class _DeadlineAdapter(HTTPAdapter):
+    def init_poolmanager(self, *args: Any, **kwargs: Any) -> None:
+        super().init_poolmanager(*args, **kwargs)
+        self.poolmanager.pool_classes_by_scheme = {"http": _DeadlineHTTPPool, "https": _DeadlineHTTPSPool}
+
+
+class Transport:
+    """Sends delivery POSTs; one pooled ``requests.Session`` per thread.
+
+    :param connect_timeout: seconds to establish the connection.
+    :param read_timeout: seconds to wait for each read of the response.
+    :param deadline: seconds an attempt may take in all, from sending to the end of the body read.
+    """
+
+    def __init__(self, *, connect_timeout: float, read_timeout: float, deadline: float) -> None:
+        self.connect_timeout = connect_timeout
+        self.read_timeout = read_timeout
+        self.deadline = deadline
+        self._local = threading.local()
+
+    def _session(self) -> requests.Session:
+        session: requests.Session | None = getattr(self._local, "session", None)
+        if session is None:
+            session = requests.Session()
+            session.trust_env = False  # no proxies or .netrc from the environment
+            adapter = _DeadlineAdapter(pool_connections=16, pool_maxsize=4, max_retries=0)
+            session.mount("http://", adapter)
+            session.mount("https://", adapter)
+            self._local.session = session
+        return session
+
+    def post(self, url: str, body: bytes, headers: Mapping[str, str]) -> HttpResponse:
+        """POST ``body`` to ``url``; return the response or raise :class:`TransportError`."""
+        started = time.monotonic()
+        _attempt.deadline = started + self.deadline
+        _attempt.handles = []
+        try:
+            return self._post(url, body, headers, started)
+        finally:
+            for handle in _attempt.handles:
+                _watchdog.cancel(handle)
+            _attempt.deadline = None
+
+    def post_or_error(
+        self, url: str, body: bytes, headers: Mapping[str, str]
+    ) -> HttpResponse | TransportError:
+        """Like :meth:`post`, but return the :class:`TransportError` instead of raising it."""
+        try:
+            return self.post(url, body, headers)
+        except TransportError as exc:
+            return exc
+
+    def _post(self, url: str, body: bytes, headers: Mapping[str, str], started: float) -> HttpResponse:
+        def elapsed() -> int:
+            return int((time.monotonic() - started) * 1000)
+
+        try:
+            response = self._session().post(
+                url,
+                data=body,
+                headers=dict(headers),
+                timeout=(self.connect_timeout, self.read_timeout),
+                allow_redirects=False,
+                stream=True,
+            )
+            try:
+                text = self._read_body(response)
+            finally:
+                response.close()
+        except requests.exceptions.RequestException as exc:
+            raise self._classify(exc, started, elapsed()) from None
+        except (OSError, urllib3.exceptions.HTTPError) as exc:
+            raise self._classify(exc, started, elapsed()) from None
+        return HttpResponse(response.status_code, response.headers.get("Retry-After"), text, elapsed())
+
+    @staticmethod
+    def _read_body(response: requests.Response) -> str:
+        chunks: list[bytes] = []
+        size = 0
+        while size <= MAX_RESPONSE_BYTES:
+            chunk = response.raw.read(_CHUNK, decode_content=True)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+        return b"".join(chunks)[:MAX_RESPONSE_BYTES].decode("utf-8", errors="replace")
+
+    def _classify(self, exc: BaseException, started: float, elapsed_ms: int) -> TransportError:
+        # The messages are ours: a driver's text can carry the URL, and URLs can carry tokens.
+        if time.monotonic() - started >= self.deadline:
+            return TransportError(
+                FailureKind.DEADLINE, f"attempt exceeded its deadline of {self.deadline:g} s", elapsed_ms
+            )
+        if isinstance(exc, requests.exceptions.ConnectTimeout):
+            return TransportError(
+                FailureKind.TIMEOUT, f"connect timed out after {self.connect_timeout:g} s", elapsed_ms
+            )
+        if isinstance(exc, requests.exceptions.SSLError):
+            message = "TLS handshake or certificate verification failed"
+            return TransportError(FailureKind.TLS, message, elapsed_ms)
+        if isinstance(exc, requests.exceptions.Timeout | socket.timeout):
+            return TransportError(
+                FailureKind.TIMEOUT, f"read timed out after {self.read_timeout:g} s", elapsed_ms
+            )
+        if isinstance(exc, requests.exceptions.ConnectionError):
+            reason = _connection_reason(exc)
+            return TransportError(FailureKind.CONNECT, f"connection failed: {reason}", elapsed_ms)
+        message = f"invalid HTTP response ({type(exc).__name__})"
+        return TransportError(FailureKind.PROTOCOL, message, elapsed_ms)
+
+
+def _connection_reason(exc: BaseException) -> str:
+    """Name the root cause of a connection error (refused, reset, DNS) without quoting the URL."""
+    text = repr(exc)
+    for needle, reason in (
+        ("refused", "connection refused"),
+        ("reset", "connection reset by peer"),
+        ("NameResolutionError", "host name could not be resolved"),
+        ("Name or service not known", "host name could not be resolved"),
+        ("RemoteDisconnected", "the receiver closed the connection without answering"),
+    ):
+        if needle in text:
+            return reason
+    return type(exc).__name__

@@ -1,0 +1,147 @@
+"""One delivery attempt: claim, sign, POST, classify, record, schedule the next.
+
+No database transaction is open during the POST: the claim and the record are two short
+transactions, and the lease between them is what keeps other workers away.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from collections.abc import Callable
+
+from .._version import __version__
+from ..config import Settings
+from ..errors import InvalidStateError
+from ..jobs.base import JobBackend, JobBackendError
+from ..signing import sign_headers
+from ..transport import Transport
+from . import outcome
+from .models import (
+    AttemptResult,
+    Claim,
+    DeliveryState,
+    WebhookSubscriptionStatus,
+    utcnow,
+)
+from .stores.base import OutboundWebhookHandler
+
+log = logging.getLogger("flask_harvest")
+USER_AGENT = f"flask-harvest/{__version__}"
+
+#: Called after an attempt is recorded: (claim, result, subscription status change or None).
+AttemptListener = Callable[[Claim, AttemptResult, WebhookSubscriptionStatus | None], None]
+
+
+class DeliveryRunner:
+    """Makes delivery attempts for one app."""
+
+    def __init__(
+        self,
+        store: OutboundWebhookHandler,
+        settings: Settings,
+        transport: Transport,
+        backend: JobBackend,
+        listener: AttemptListener | None = None,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.store = store
+        self.settings = settings
+        self.transport = transport
+        self.backend = backend
+        self.listener = listener
+        self._rng = rng or random.SystemRandom()
+
+    def run(self, delivery_id: str) -> DeliveryState | None:
+        """Make one attempt of ``delivery_id``; return the state it ended in.
+
+        Returns ``None`` when there was nothing to do: the delivery is not due, already finished,
+        or leased to another worker (duplicate jobs end here).
+        """
+        settings = self.settings
+        claim = self.store.claim_delivery(
+            delivery_id,
+            now=utcnow(),
+            lease_seconds=settings.webhooks_lease_seconds,
+            max_attempts=settings.webhooks_max_attempts,
+        )
+        if claim is None:
+            log.debug("harvest: delivery %s is not claimable; nothing to do", delivery_id)
+            return None
+        result = outcome.before_sending(claim, settings, utcnow()) or self._send(claim)
+        try:
+            changed = self.store.finish_attempt(delivery_id, claim.lease_token, result)
+        except InvalidStateError:
+            # Our lease expired during a very slow attempt and another worker took over.
+            log.warning("harvest: lost the lease on delivery %s; its new holder records it", delivery_id)
+            return None
+        if result.state is DeliveryState.PENDING:
+            self._schedule_retry(claim, result)
+        self._log(claim, result, changed)
+        if self.listener is not None:
+            self.listener(claim, result, changed)
+        return result.state
+
+    def _send(self, claim: Claim) -> AttemptResult:
+        delivery, subscription = claim.delivery, claim.subscription
+        assert subscription is not None  # before_sending skipped the ones without
+        body = delivery.payload.encode("utf-8")
+        # A fresh timestamp on every attempt: receivers reject stale ones. The id never changes.
+        timestamp = int(time.time())
+        headers = {
+            "Content-Type": "application/json",
+            "User-Agent": USER_AGENT,
+            **sign_headers(
+                [subscription.secret],
+                delivery.id,
+                timestamp,
+                body,
+                signature_header=self.settings.webhooks_signature_header,
+            ),
+        }
+        started_at = utcnow()
+        response = self.transport.post_or_error(subscription.target_url, body, headers)
+        return outcome.after_response(
+            claim,
+            response,
+            settings=self.settings,
+            started_at=started_at,
+            now=utcnow(),
+            request_headers=headers,
+            rng=self._rng,
+        )
+
+    def _schedule_retry(self, claim: Claim, result: AttemptResult) -> None:
+        retry = claim.delivery.replace(
+            attempt=result.attempt_number, next_attempt_at=result.next_attempt_at, state=result.state
+        )
+        try:
+            self.backend.schedule(retry)
+        except JobBackendError as exc:
+            # The row is PENDING with its due time: the sweeper enqueues it when the backend is back.
+            log.warning("harvest: could not schedule retry of %s (%s); the sweeper will", retry.id, exc)
+
+    @staticmethod
+    def _log(claim: Claim, result: AttemptResult, changed: WebhookSubscriptionStatus | None) -> None:
+        delivery = claim.delivery
+        extra = {
+            "delivery_id": delivery.id,
+            "subscription_id": delivery.subscription_id,
+            "topic": delivery.topic,
+            "attempt": delivery.attempt,
+            "state": result.state.value,
+        }
+        level = logging.INFO if result.state is DeliveryState.DELIVERED else logging.WARNING
+        log.log(
+            level,
+            "harvest: delivery %s to %s attempt %d: %s%s",
+            delivery.id,
+            delivery.subscription_id,
+            delivery.attempt,
+            result.state.value,
+            f" ({result.last_error})" if result.last_error else "",
+            extra={"harvest": extra},
+        )
+        if changed is not None:
+            log.warning("harvest: subscription %s is now %s", delivery.subscription_id, changed.value)

@@ -1,0 +1,115 @@
+"""The outcome rules: what an attempt's result means for the delivery and its subscription. Pure.
+
+* 2xx: delivered; the subscription's failure count goes back to zero.
+* 410 Gone: the receiver asked us to stop; the subscription is disabled and the delivery
+  dead-lettered at once.
+* Any other status (3xx included: redirects are never followed), a timeout or a connection error:
+  a counted failure. With attempts left the delivery waits ``full jitter`` (floored by
+  ``Retry-After``); without, it is dead-lettered.
+"""
+
+from __future__ import annotations
+
+import random
+from datetime import datetime, timedelta
+
+from ..backoff import parse_retry_after, retry_delay_ms
+from ..config import Settings
+from ..transport import HttpResponse, TransportError
+from .models import (
+    AttemptResult,
+    Claim,
+    DeliveryAttempt,
+    DeliveryState,
+    SubscriptionEffect,
+)
+
+
+def before_sending(claim: Claim, settings: Settings, now: datetime) -> AttemptResult | None:
+    """Return the result of a claimed delivery that must not be sent, or ``None`` to send it.
+
+    A removed or inactive subscription skips the delivery; an attempt number past the current
+    limit (the limit was lowered while the delivery waited) dead-letters it without a request.
+    """
+    delivery, subscription = claim.delivery, claim.subscription
+    reason: str | None = None
+    state = DeliveryState.SKIPPED
+    if subscription is None:
+        reason = "subscription was removed"
+    elif not subscription.is_active:
+        reason = f"subscription is {subscription.status.value}"
+    elif delivery.attempt > settings.webhooks_max_attempts:
+        state = DeliveryState.DLQ
+        reason = f"attempt limit is {settings.webhooks_max_attempts}; attempt {delivery.attempt} was not made"
+    if reason is None:
+        return None
+    return AttemptResult(
+        state=state,
+        attempt_number=delivery.attempt,
+        next_attempt_at=None,
+        last_error=reason,
+        timestamp=now,
+    )
+
+
+def after_response(
+    claim: Claim,
+    result: HttpResponse | TransportError,
+    *,
+    settings: Settings,
+    started_at: datetime,
+    now: datetime,
+    request_headers: dict[str, str],
+    rng: random.Random | None = None,
+) -> AttemptResult:
+    """Return what to record for an attempt that was sent and answered (or failed in transit)."""
+    delivery = claim.delivery
+    if isinstance(result, HttpResponse):
+        status: int | None = result.status
+        error = None if 200 <= result.status < 300 else f"server returned status: {result.status}"
+        retry_after = result.retry_after
+    else:
+        status, error, retry_after = None, str(result), None
+    attempt = DeliveryAttempt(
+        delivery_id=delivery.id,
+        attempt=delivery.attempt,
+        started_at=started_at,
+        response_status=status,
+        response_body=result.body if isinstance(result, HttpResponse) else None,
+        elapsed_ms=result.elapsed_ms,
+        error=error,
+    )
+
+    def finish(
+        state: DeliveryState, effect: SubscriptionEffect, *, number: int, next_at: datetime | None
+    ) -> AttemptResult:
+        return AttemptResult(
+            state=state,
+            attempt_number=number,
+            next_attempt_at=next_at,
+            last_error=error,
+            timestamp=now,
+            request_headers=request_headers,
+            attempt=attempt,
+            effect=effect,
+            failure_threshold=settings.webhooks_failure_threshold,
+        )
+
+    if status is not None and 200 <= status < 300:
+        return finish(
+            DeliveryState.DELIVERED, SubscriptionEffect.RESET_FAILURES, number=delivery.attempt, next_at=None
+        )
+    if status == 410:
+        return finish(DeliveryState.DLQ, SubscriptionEffect.DISABLE, number=delivery.attempt, next_at=None)
+    if delivery.attempt >= settings.webhooks_max_attempts:
+        return finish(
+            DeliveryState.DLQ, SubscriptionEffect.COUNT_FAILURE, number=delivery.attempt, next_at=None
+        )
+    initial_ms, max_ms = settings.backoff
+    delay_ms = retry_delay_ms(delivery.attempt, initial_ms, max_ms, parse_retry_after(retry_after, now), rng)
+    return finish(
+        DeliveryState.PENDING,
+        SubscriptionEffect.COUNT_FAILURE,
+        number=delivery.attempt + 1,
+        next_at=now + timedelta(milliseconds=delay_ms),
+    )

@@ -1,0 +1,234 @@
+"""The Flask extension: reads the configuration once and wires store, jobs and delivery per app."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import redis
+from flask import Flask, current_app
+
+from .. import signals
+from ..config import KEYS, Settings, load_settings
+from ..errors import ConfigurationError
+from ..jobs.base import JobBackend
+from ..jobs.local import LocalBackend
+from ..jobs.rq import RqBackend, job_timeout_for
+from ..transport import Transport
+from .delivery import DeliveryRunner
+from .manager import Delegate, OutboundWebhookManager
+from .models import AttemptResult, Claim, DeliveryLog, DeliveryState, WebhookSubscriptionStatus
+from .stores.base import OutboundWebhookHandler
+from .sweeper import SweepReport, sweep
+
+if TYPE_CHECKING:
+    from flask_sqlalchemy import SQLAlchemy
+
+EXTENSION_KEY = "harvest"
+log = logging.getLogger("flask_harvest")
+
+
+@dataclass
+class HarvestState:
+    """Everything the extension built for one app, kept in ``app.extensions["harvest"]``."""
+
+    settings: Settings
+    store: OutboundWebhookHandler
+    backend: JobBackend
+    transport: Transport
+    runner: DeliveryRunner
+    manager: OutboundWebhookManager
+
+    def sweep(self) -> SweepReport:
+        """Run one sweep of this app's store into its job backend."""
+        return sweep(self.store, self.backend, batch=1000)
+
+
+class OutboundWebhookPlugin:
+    """Outbound webhooks for a Flask app.
+
+    A store must be chosen explicitly, as in the seed: pass one (``InMemoryOutboundWebhookHandler``
+    for tests, a :class:`~flask_harvest.webhooks.stores.sql.SqlOutboundWebhookStore`), or build the
+    SQL store on a Flask-SQLAlchemy database with :meth:`sql`. Keyword options are the
+    :class:`~flask_harvest.config.Settings` fields (``webhooks_max_attempts=3``); a ``HARVEST_*``
+    key in ``app.config`` wins over them.
+
+    :param store: the store, shared by every app this extension is registered on.
+    :param app: register on this app at once, as with every Flask extension.
+    :param delegate: hand each delivery to this callable instead of the job backend.
+    """
+
+    def __init__(
+        self,
+        store: OutboundWebhookHandler | None = None,
+        app: Flask | None = None,
+        *,
+        delegate: Delegate | None = None,
+        **options: Any,
+    ) -> None:
+        self._store = store
+        self._store_factory: Callable[[Flask], OutboundWebhookHandler] | None = None
+        self._delegate = delegate
+        self._options = options
+        unknown = set(options) - set(KEYS)
+        if unknown:
+            raise ConfigurationError(
+                f"unknown option(s) {', '.join(sorted(unknown))}; known: {', '.join(sorted(KEYS))}"
+            )
+        if app is not None:
+            self.init_app(app)
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} store={self._store!r}>"
+
+    @classmethod
+    def sql(
+        cls, db: SQLAlchemy, app: Flask | None = None, *, create_tables: bool = True, **options: Any
+    ) -> OutboundWebhookPlugin:
+        """Build the extension with a SQL store on the app's Flask-SQLAlchemy ``db``.
+
+        :param create_tables: create the harvest tables at ``init_app`` if they do not exist
+            (turn off when migrations own the schema).
+        """
+        from .stores.sql import SqlOutboundWebhookStore
+
+        def build(app: Flask) -> OutboundWebhookHandler:
+            with app.app_context():
+                store = SqlOutboundWebhookStore(db.engine)
+            if create_tables:
+                store.ensure_schema()
+            return store
+
+        plugin = cls(None, None, **options)
+        plugin._store_factory = build
+        if app is not None:
+            plugin.init_app(app)
+        return plugin
+
+    def init_app(self, app: Flask) -> None:
+        """Register the extension on ``app``: read ``HARVEST_*`` keys and build the pipeline."""
+        if EXTENSION_KEY in app.extensions:
+            raise ConfigurationError(
+                "flask-harvest is already registered on this app; call init_app once per app "
+                "(use one OutboundWebhookPlugin, or create the app anew in tests)"
+            )
+        settings = load_settings(app.config, self._options)
+        store = self._store_factory(app) if self._store_factory else self._store
+        if store is None:
+            raise ConfigurationError(
+                "choose a store: OutboundWebhookPlugin(InMemoryOutboundWebhookHandler()) for tests, "
+                "or OutboundWebhookPlugin.sql(db) for the SQL store"
+            )
+        transport = Transport(
+            connect_timeout=settings.webhooks_connect_timeout_seconds,
+            read_timeout=settings.webhooks_timeout_seconds,
+            deadline=settings.webhooks_deadline_seconds,
+        )
+        holder: list[HarvestState] = []
+        backend = _build_backend(app, settings, holder)
+        runner = DeliveryRunner(store, settings, transport, backend, listener=_signal_listener(app))
+        manager = OutboundWebhookManager(
+            store, backend, settings, delegate=self._delegate, on_skipped=_skip_listener(app)
+        )
+        state = HarvestState(settings, store, backend, transport, runner, manager)
+        holder.append(state)
+        app.extensions[EXTENSION_KEY] = state
+
+        from ..cli import harvest_cli
+
+        app.cli.add_command(harvest_cli)
+        if not backend.durable:
+            app.logger.warning(
+                "flask-harvest uses the 'local' job backend: delivery jobs live in this process "
+                "and are lost if it exits; set %s = 'rq' in production",
+                KEYS["jobs_backend"],
+            )
+
+    @property
+    def store(self) -> OutboundWebhookHandler:
+        """The store of the current app."""
+        return get_state().store
+
+    @property
+    def manager(self) -> OutboundWebhookManager:
+        """The manager of the current app (needs an app context)."""
+        return get_state().manager
+
+    @property
+    def settings(self) -> Settings:
+        return get_state().settings
+
+
+def _build_backend(app: Flask, settings: Settings, holder: list[HarvestState]) -> JobBackend:
+    if settings.jobs_backend == "rq":
+        return RqBackend(
+            redis.Redis.from_url(settings.redis_url),
+            settings.webhooks_queue,
+            job_timeout=job_timeout_for(
+                settings.webhooks_deadline_seconds, settings.webhooks_connect_timeout_seconds
+            ),
+        )
+
+    def run(delivery_id: str) -> object:
+        with app.app_context():
+            return holder[0].runner.run(delivery_id)
+
+    def periodic() -> object:
+        with app.app_context():
+            return holder[0].sweep()
+
+    return LocalBackend(
+        run, workers=settings.local_workers, periodic=periodic, interval=settings.sweep_interval_seconds
+    )
+
+
+def _signal_listener(app: Flask) -> Callable[[Claim, AttemptResult, WebhookSubscriptionStatus | None], None]:
+    by_state = {
+        DeliveryState.DELIVERED: signals.delivery_succeeded,
+        DeliveryState.PENDING: signals.delivery_failed,
+        DeliveryState.DLQ: signals.delivery_dead_lettered,
+        DeliveryState.SKIPPED: signals.delivery_skipped,
+    }
+
+    def listener(claim: Claim, result: AttemptResult, changed: WebhookSubscriptionStatus | None) -> None:
+        delivery = claim.delivery.replace(
+            state=result.state,
+            attempt=result.attempt_number,
+            next_attempt_at=result.next_attempt_at,
+            last_error=result.last_error,
+            timestamp=result.timestamp,
+        )
+        by_state[result.state].send(app, delivery=delivery)
+        if changed is WebhookSubscriptionStatus.DISABLED:
+            signals.subscription_disabled.send(app, subscription_id=delivery.subscription_id)
+        elif changed is WebhookSubscriptionStatus.FAILED:
+            signals.subscription_failed.send(app, subscription_id=delivery.subscription_id)
+
+    return listener
+
+
+def _skip_listener(app: Flask) -> Callable[[Sequence[DeliveryLog]], None]:
+    def listener(deliveries: Sequence[DeliveryLog]) -> None:
+        for delivery in deliveries:
+            signals.delivery_skipped.send(app, delivery=delivery)
+
+    return listener
+
+
+def get_state(app: Flask | None = None) -> HarvestState:
+    """Return the extension's state for ``app`` (default: the current app)."""
+    target = app if app is not None else current_app
+    try:
+        state: HarvestState = target.extensions[EXTENSION_KEY]
+    except KeyError:
+        raise ConfigurationError(
+            "flask-harvest is not registered on this app; call OutboundWebhookPlugin(...).init_app(app)"
+        ) from None
+    return state
+
+
+def get_manager() -> OutboundWebhookManager:
+    """Return the current app's :class:`OutboundWebhookManager` (needs an app context)."""
+    return get_state().manager
