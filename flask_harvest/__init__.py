@@ -1,5 +1,6 @@
 """flask-harvest: reliable outbound webhooks for Flask."""
 
+from . import signals
 from ._version import __version__
 from .errors import (
     ConfigurationError,
@@ -15,7 +16,9 @@ from .errors import (
     StoreError,
     SubscriptionNotFoundError,
 )
+from .jobs.base import JobBackendError
 from .signing import generate_secret
+from .webhooks.manager import OutboundWebhookManager
 from .webhooks.models import (
     DeliveryAttempt,
     DeliveryLog,
@@ -23,12 +26,17 @@ from .webhooks.models import (
     WebhookSubscription,
     WebhookSubscriptionStatus,
 )
+from .webhooks.plugin import OutboundWebhookPlugin, get_manager
 from .webhooks.stores import (
     InMemoryOutboundWebhookHandler,
     InMemoryOutboundWebhookStore,
     OutboundWebhookHandler,
     OutboundWebhookStore,
+    SqlOutboundWebhookStore,
 )
+
+#: The seed's name for the manager.
+WebhookOutboundManager = OutboundWebhookManager
 
 __all__ = [
     "ConfigurationError",
@@ -44,14 +52,21 @@ __all__ = [
     "InvalidFieldError",
     "InvalidSecretError",
     "InvalidStateError",
+    "JobBackendError",
     "NotFoundError",
     "OutboundWebhookHandler",
+    "OutboundWebhookManager",
+    "OutboundWebhookPlugin",
     "OutboundWebhookStore",
     "SignatureVerificationError",
+    "SqlOutboundWebhookStore",
     "StoreError",
     "SubscriptionNotFoundError",
+    "WebhookOutboundManager",
     "WebhookSubscription",
     "WebhookSubscriptionStatus",
     "__version__",
     "generate_secret",
+    "get_manager",
+    "signals",
 ]

@@ -1,0 +1,147 @@
+"""Helpers for testing code that sends webhooks: a capturing receiver on 127.0.0.1.
+
+::
+
+    from flask_harvest.testing import CapturingReceiver
+
+    with CapturingReceiver() as receiver:
+        receiver.respond("/hook", status=500, times=1)   # first call fails, then 200
+        ...dispatch to receiver.url("/hook")...
+        received = receiver.wait_for(1)
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from types import TracebackType
+
+from werkzeug.datastructures import Headers
+from werkzeug.serving import BaseWSGIServer, make_server
+from werkzeug.wrappers import Request, Response
+
+#: A custom behaviour: given the request, return a werkzeug ``Response``.
+Handler = Callable[[Request], Response]
+
+
+@dataclass(frozen=True)
+class ReceivedRequest:
+    """One request the receiver got."""
+
+    path: str
+    headers: Mapping[str, str]
+    body: bytes
+    received_at: float = field(default_factory=time.time)
+
+    @property
+    def webhook_id(self) -> str | None:
+        return self.headers.get("webhook-id")
+
+
+class CapturingReceiver:
+    """A threaded HTTP server on 127.0.0.1 that records every request.
+
+    By default every path answers ``200``. :meth:`respond` queues other answers for a path, and
+    :meth:`handle` installs a function for full control (slow answers, streamed bodies).
+    """
+
+    def __init__(self, host: str = "127.0.0.1", port: int = 0) -> None:
+        self._lock = threading.Condition()
+        self._requests: list[ReceivedRequest] = []
+        self._scripted: dict[str, list[Handler]] = {}
+        self._handlers: dict[str, Handler] = {}
+        self._server: BaseWSGIServer = make_server(host, port, self._wsgi, threaded=True)
+        self._thread: threading.Thread | None = None
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    def start(self) -> CapturingReceiver:
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+    def __enter__(self) -> CapturingReceiver:
+        return self.start()
+
+    def __exit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
+
+    @property
+    def port(self) -> int:
+        return int(self._server.server_port)
+
+    def url(self, path: str = "/") -> str:
+        """Return the absolute URL of ``path`` on this receiver."""
+        return f"http://127.0.0.1:{self.port}{path}"
+
+    # -- behaviour -------------------------------------------------------------------------
+
+    def respond(
+        self,
+        path: str,
+        status: int = 200,
+        body: str = "",
+        headers: Mapping[str, str] | None = None,
+        *,
+        times: int = 1,
+    ) -> None:
+        """Answer the next ``times`` requests to ``path`` with this response (then the default)."""
+        response = (status, body, dict(headers or {}))
+
+        def handler(_request: Request) -> Response:
+            code, text, extra = response
+            return Response(text, status=code, headers=Headers(extra))
+
+        with self._lock:
+            self._scripted.setdefault(path, []).extend([handler] * times)
+
+    def handle(self, path: str, handler: Handler) -> None:
+        """Answer every request to ``path`` with ``handler`` (after any scripted answers)."""
+        with self._lock:
+            self._handlers[path] = handler
+
+    # -- what was received -----------------------------------------------------------------
+
+    @property
+    def requests(self) -> list[ReceivedRequest]:
+        with self._lock:
+            return list(self._requests)
+
+    def wait_for(self, count: int, timeout: float = 10.0, path: str | None = None) -> list[ReceivedRequest]:
+        """Wait until ``count`` requests (to ``path``, if given) arrived; return them.
+
+        :raises TimeoutError: fewer arrived within ``timeout`` seconds.
+        """
+        end = time.monotonic() + timeout
+        with self._lock:
+            while True:
+                matching = [r for r in self._requests if path is None or r.path == path]
+                if len(matching) >= count:
+                    return matching
+                remaining = end - time.monotonic()
+                if remaining <= 0:
+                    raise TimeoutError(f"received {len(matching)} of {count} requests in {timeout} s")
+                self._lock.wait(remaining)
+
+    # -- the WSGI app ----------------------------------------------------------------------
+
+    def _wsgi(self, environ: dict[str, object], start_response: Callable[..., object]) -> Iterable[bytes]:
+        request = Request(environ)  # type: ignore[arg-type]
+        received = ReceivedRequest(
+            request.path, {k.lower(): v for k, v in request.headers.items()}, request.get_data()
+        )
+        with self._lock:
+            self._requests.append(received)
+            self._lock.notify_all()
+            scripted = self._scripted.get(request.path)
+            handler = scripted.pop(0) if scripted else self._handlers.get(request.path)
+        response = handler(request) if handler else Response("", status=200)
+        return response(environ, start_response)
