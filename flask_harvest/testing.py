@@ -17,10 +17,14 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from types import TracebackType
+from typing import TYPE_CHECKING
 
 from werkzeug.datastructures import Headers
 from werkzeug.serving import BaseWSGIServer, make_server
 from werkzeug.wrappers import Request, Response
+
+if TYPE_CHECKING:
+    from _typeshed.wsgi import StartResponse, WSGIEnvironment
 
 #: A custom behaviour: given the request, return a werkzeug ``Response``.
 Handler = Callable[[Request], Response]
@@ -133,8 +137,8 @@ class CapturingReceiver:
 
     # -- the WSGI app ----------------------------------------------------------------------
 
-    def _wsgi(self, environ: dict[str, object], start_response: Callable[..., object]) -> Iterable[bytes]:
-        request = Request(environ)  # type: ignore[arg-type]
+    def _wsgi(self, environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:
+        request = Request(environ)
         received = ReceivedRequest(
             request.path, {k.lower(): v for k, v in request.headers.items()}, request.get_data()
         )
