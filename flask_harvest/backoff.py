@@ -38,8 +38,10 @@ def parse_retry_after(value: str | None, now: datetime) -> float | None:
     if value is None:
         return None
     value = value.strip()
-    if value.isdigit():
-        return float(int(value))
+    # isdigit() alone also accepts non-ASCII digits such as '²', which int() rejects; float() of the
+    # text turns an absurdly long number into inf instead of raising OverflowError.
+    if value.isascii() and value.isdigit():
+        return float(value)
     try:
         when = parsedate_to_datetime(value)
     except (TypeError, ValueError, IndexError):
@@ -63,5 +65,5 @@ def retry_delay_ms(
     """
     delay = full_jitter_ms(attempt, initial_ms, max_ms, rng)
     if retry_after_seconds is not None:
-        delay = max(delay, min(max_ms, int(retry_after_seconds * 1000)))
+        delay = max(delay, int(min(max_ms, retry_after_seconds * 1000)))
     return delay

@@ -7,6 +7,7 @@ wins over the default here. Keys are read once, in ``init_app``.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -73,6 +74,8 @@ def _coerce(name: str, value: Any, default: Any) -> Any:
             number = kind(value)
         except (TypeError, ValueError):
             raise ConfigurationError(f"{key} must be a number, not {value!r}") from None
+        if not math.isfinite(number):  # "nan" and "inf" parse as floats; nan <= 0 is False
+            raise ConfigurationError(f"{key} must be a finite number, not {value!r}")
         if number <= 0:
             raise ConfigurationError(f"{key} must be greater than zero, not {value!r}")
         return number
@@ -101,8 +104,7 @@ def load_settings(config: Mapping[str, Any], overrides: Mapping[str, Any]) -> Se
     settings = Settings(**values)
     if settings.jobs_backend not in JOBS_BACKENDS:
         raise ConfigurationError(
-            f"{KEYS['jobs_backend']} must be one of {', '.join(JOBS_BACKENDS)}, "
-            f"not {settings.jobs_backend!r}"
+            f"{KEYS['jobs_backend']} must be one of {', '.join(JOBS_BACKENDS)}, not {settings.jobs_backend!r}"
         )
     if settings.webhooks_initial_backoff_ms > settings.webhooks_max_backoff_ms:
         raise ConfigurationError(

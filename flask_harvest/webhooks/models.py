@@ -20,7 +20,7 @@ from ..errors import InvalidFieldError
 from ..signing import secret_key
 
 MAX_URL_LENGTH = 2048
-_TOPIC_SEGMENT = re.compile(r"^[A-Za-z0-9_\-:]+$")
+_TOPIC_SEGMENT = re.compile(r"[A-Za-z0-9_\-:]+")
 
 
 def utcnow() -> datetime:
@@ -85,7 +85,7 @@ def validate_topic(topic: str, *, pattern: bool, field_name: str = "topic") -> s
     for segment in topic.split("."):
         if segment == "*" and pattern:
             continue
-        if not _TOPIC_SEGMENT.match(segment):
+        if not _TOPIC_SEGMENT.fullmatch(segment):
             allowed = "letters, digits, '_', '-', ':'" + (" or a lone '*'" if pattern else "")
             raise InvalidFieldError(
                 field_name, f"{topic!r} is not a topic: each dot-separated part must be {allowed}"
