@@ -21,7 +21,7 @@ def job_id(delivery: DeliveryLog) -> str:
     """
     due = delivery.next_attempt_at
     due_ms = int(due.timestamp() * 1000) if due is not None else 0
-    return f"harvest:{delivery.id}:{delivery.attempt}:{due_ms}"
+    return f"harvest-{delivery.id}-{delivery.attempt}-{due_ms}"
 
 
 class JobBackend(abc.ABC):

@@ -1,0 +1,44 @@
+"""Helpers shared by the delivery tests: an app around a store, and waiting for outcomes."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from flask import Flask
+
+from flask_harvest import DeliveryState, OutboundWebhookHandler, OutboundWebhookPlugin
+from flask_harvest.webhooks.models import FINAL_STATES
+
+#: Quick retries so tests don't wait on the production schedule.
+FAST = {
+    "HARVEST_WEBHOOKS_INITIAL_BACKOFF_MS": 20,
+    "HARVEST_WEBHOOKS_MAX_BACKOFF_MS": 2000,
+    "HARVEST_WEBHOOKS_TIMEOUT_SECONDS": 5,
+    "HARVEST_WEBHOOKS_DEADLINE_SECONDS": 10,
+    "HARVEST_SWEEP_INTERVAL_SECONDS": 0.5,
+}
+
+
+def make_app(store: OutboundWebhookHandler, *, delegate: Any = None, **config: Any) -> Flask:
+    """Return a Flask app with the extension on ``store`` and fast retry settings."""
+    app = Flask("harvest_test")
+    app.config.update(FAST)
+    app.config.update(config)
+    OutboundWebhookPlugin(store, app, delegate=delegate)
+    return app
+
+
+def wait_final(
+    store: OutboundWebhookHandler, delivery_ids: Sequence[str], timeout: float = 20.0
+) -> list[DeliveryState]:
+    """Wait until every delivery is delivered, dead-lettered or skipped; return the distinct states."""
+    end = time.monotonic() + timeout
+    while True:
+        states = [d.state for d in store.get_deliveries(list(delivery_ids))]
+        if len(states) == len(delivery_ids) and all(s in FINAL_STATES for s in states):
+            return sorted(set(states), key=lambda s: s.value)
+        if time.monotonic() > end:
+            raise TimeoutError(f"deliveries not final after {timeout} s: {states}")
+        time.sleep(0.02)
