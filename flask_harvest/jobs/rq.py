@@ -12,12 +12,16 @@ import redis
 from flask import Flask
 from rq import Queue, SimpleWorker
 from rq.job import Job, JobStatus
+from rq.utils import utcparse
 
 from ..webhooks.models import DeliveryLog
 from .base import JobBackend, JobBackendError, job_id
 
 TASK = "flask_harvest.jobs.tasks.deliver_webhook"
-_LIVE = {JobStatus.QUEUED, JobStatus.SCHEDULED, JobStatus.STARTED, JobStatus.DEFERRED}
+# A job the sweeper may count on. Not SCHEDULED: the sweeper only asks about rows overdue by its
+# grace period, and a scheduled job that overdue means no scheduler is moving it (the worker that
+# held RQ's scheduler lock died), so queueing it again is what gets the retry sent.
+_LIVE = {JobStatus.QUEUED, JobStatus.STARTED, JobStatus.DEFERRED}
 
 
 def _due_second(when: datetime | None) -> datetime:
@@ -79,19 +83,28 @@ class RqBackend(JobBackend):
             raise JobBackendError(f"Redis refused the retry job ({type(exc).__name__})") from exc
 
     def live_jobs(self, deliveries: Sequence[DeliveryLog]) -> set[str]:
-        ids = [job_id(d) for d in deliveries]
         try:
             with self.connection.pipeline(transaction=False) as pipe:
-                for identifier in ids:
-                    pipe.hget(Job.key_for(identifier), "status")
-                statuses = pipe.execute()
+                for delivery in deliveries:
+                    pipe.hmget(Job.key_for(job_id(delivery)), "status", "started_at")
+                answers = pipe.execute()
         except redis.RedisError as exc:
             raise JobBackendError(f"Redis did not answer ({type(exc).__name__})") from exc
+        now = datetime.now(timezone.utc)
         return {
             d.id
-            for d, status in zip(deliveries, statuses, strict=True)
-            if status is not None and status.decode() in _LIVE
+            for d, (status, started) in zip(deliveries, answers, strict=True)
+            if self._alive(status, started, now)
         }
+
+    def _alive(self, status: bytes | None, started_at: bytes | None, now: datetime) -> bool:
+        if status is None or status.decode() not in _LIVE:
+            return False
+        if status.decode() != JobStatus.STARTED or started_at is None:
+            return True
+        # A job "started" longer ago than RQ's own timeout belongs to a worker that was killed.
+        started = utcparse(started_at.decode()).replace(tzinfo=timezone.utc)
+        return (now - started).total_seconds() < self.job_timeout
 
     def close(self) -> None:
         self.connection.close()
