@@ -2,6 +2,7 @@
 
 from .base import DlqCursor, OutboundWebhookHandler, OutboundWebhookStore
 from .memory import InMemoryOutboundWebhookHandler, InMemoryOutboundWebhookStore
+from .sql import SqlOutboundWebhookStore
 
 __all__ = [
     "DlqCursor",
@@ -9,4 +10,5 @@ __all__ = [
     "InMemoryOutboundWebhookStore",
     "OutboundWebhookHandler",
     "OutboundWebhookStore",
+    "SqlOutboundWebhookStore",
 ]

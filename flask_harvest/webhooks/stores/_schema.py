@@ -1,0 +1,239 @@
+"""The SQL store's tables, as SQLAlchemy ``Table`` objects on one ``MetaData``, and the row mapping.
+
+Alembic (or Flask-Migrate) autogenerates migrations from :data:`metadata`, :func:`schema_sql` compiles
+the same objects to DDL, and the store queries them, so the three cannot drift apart.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Column,
+    DateTime,
+    Dialect,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    Text,
+    TypeDecorator,
+)
+from sqlalchemy.engine import URL, Row
+from sqlalchemy.schema import CreateIndex, CreateTable
+
+from ..models import (
+    DeliveryAttempt,
+    DeliveryLog,
+    DeliveryState,
+    WebhookSubscription,
+    WebhookSubscriptionStatus,
+)
+
+#: Ids are at most this long (the models' limit for subscription ids).
+ID_LENGTH = 255
+
+
+class UTCDateTime(TypeDecorator[datetime]):
+    """A ``DateTime`` stored as naive UTC and always read back as an aware UTC datetime.
+
+    Naive UTC is the one representation every backend keeps alike: SQLite has no time zone type
+    and drops ``tzinfo``, so aware values would come back naive there and compare wrongly.
+    A naive value given to it is taken to be UTC already.
+    """
+
+    impl = DateTime(timezone=False)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None or value.tzinfo is None:
+            return value
+        return value.astimezone(timezone.utc).replace(tzinfo=None)
+
+    def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        return value.replace(tzinfo=timezone.utc) if value is not None else None
+
+
+# Named constraints make Alembic's diffs stable across backends; indexes are named explicitly.
+metadata = MetaData(
+    naming_convention={
+        "pk": "pk_%(table_name)s",
+        "uq": "uq_%(table_name)s_%(column_0_name)s",
+        "ck": "ck_%(table_name)s_%(constraint_name)s",
+        "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    }
+)
+
+subscriptions_table = Table(
+    "harvest_webhook_subscriptions",
+    metadata,
+    Column("id", String(ID_LENGTH), primary_key=True),
+    Column("target_url", String(2048), nullable=False),
+    Column("event_topics", JSON, nullable=False),
+    # The signing secret, in clear: receivers verify with it, so it cannot be hashed.
+    Column("secret", Text, nullable=False),
+    Column("status", String(16), nullable=False),
+    Column("consecutive_failures", Integer, nullable=False, default=0),
+    Column("description", Text, nullable=False, default=""),
+    Column("created_at", UTCDateTime, nullable=False),
+    Column("updated_at", UTCDateTime, nullable=False),
+)
+
+# No foreign key to the subscriptions: a delivery log outlives its removed subscription.
+deliveries_table = Table(
+    "harvest_webhook_deliveries",
+    metadata,
+    Column("id", String(ID_LENGTH), primary_key=True),
+    Column("subscription_id", String(ID_LENGTH), nullable=False),
+    Column("topic", Text, nullable=False),
+    Column("payload", Text, nullable=False),
+    Column("state", String(16), nullable=False),
+    Column("attempt", Integer, nullable=False),
+    Column("max_attempts", Integer, nullable=False),
+    Column("request_headers", JSON, nullable=False),
+    Column("response_status", Integer, nullable=True),
+    Column("response_body", Text, nullable=True),
+    Column("elapsed_ms", Integer, nullable=True),
+    Column("last_error", Text, nullable=True),
+    Column("timestamp", UTCDateTime, nullable=False),
+    Column("next_attempt_at", UTCDateTime, nullable=True),
+    Column("created_at", UTCDateTime, nullable=False),
+    Column("lease_expires_at", UTCDateTime, nullable=True),
+    # Who holds the lease: finish_attempt writes only with the token its claim returned.
+    Column("lease_token", String(32), nullable=True),
+    # The due scan and the claim.
+    Index("ix_harvest_webhook_deliveries_due", "state", "next_attempt_at"),
+    # release_expired_leases.
+    Index("ix_harvest_webhook_deliveries_lease", "state", "lease_expires_at"),
+    # The DLQ listing's keyset paging, and the purge of old delivered rows.
+    Index("ix_harvest_webhook_deliveries_state_timestamp", "state", "timestamp", "id"),
+    Index("ix_harvest_webhook_deliveries_subscription", "subscription_id", "state"),
+)
+
+attempts_table = Table(
+    "harvest_webhook_attempts",
+    metadata,
+    # BIGINT on PostgreSQL; SQLite only autoincrements a column declared exactly INTEGER.
+    Column("id", BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True),
+    Column("delivery_id", String(ID_LENGTH), nullable=False),
+    Column("attempt", Integer, nullable=False),
+    Column("started_at", UTCDateTime, nullable=False),
+    Column("response_status", Integer, nullable=True),
+    Column("response_body", Text, nullable=True),
+    Column("elapsed_ms", Integer, nullable=True),
+    Column("error", Text, nullable=True),
+    Index("ix_harvest_webhook_attempts_delivery", "delivery_id"),
+)
+
+
+def schema_sql(dialect: str = "postgresql") -> str:
+    """Return the DDL that creates every table and index of :data:`metadata` if it is absent.
+
+    Compiled from the ``Table`` objects, so it always matches what the store expects.
+
+    :param dialect: a SQLAlchemy dialect name such as ``postgresql`` or ``sqlite``.
+    :returns: ``CREATE TABLE IF NOT EXISTS`` and ``CREATE INDEX IF NOT EXISTS`` statements, each
+        ending in ``;``.
+    """
+    compiled_for = URL.create(dialect).get_dialect()()
+    statements = []
+    for table in metadata.sorted_tables:
+        statements.append(str(CreateTable(table, if_not_exists=True).compile(dialect=compiled_for)))
+        for index in sorted(table.indexes, key=lambda i: str(i.name)):
+            statements.append(str(CreateIndex(index, if_not_exists=True).compile(dialect=compiled_for)))
+    # The compiler leaves a space at the end of each column line; drop it for tidy files.
+    tidy = ("\n".join(line.rstrip() for line in s.strip().splitlines()) + ";" for s in statements)
+    return "\n\n".join(tidy) + "\n"
+
+
+# -- rows <-> models ------------------------------------------------------------------------------
+
+
+# The store reads and writes rows only through these, so a new column is mapped in one place.
+
+
+def subscription_values(subscription: WebhookSubscription) -> dict[str, Any]:
+    return {
+        "id": subscription.id,
+        "target_url": subscription.target_url,
+        "event_topics": list(subscription.event_topics),
+        "secret": subscription.secret,
+        "status": subscription.status.value,
+        "consecutive_failures": subscription.consecutive_failures,
+        "description": subscription.description,
+        "created_at": subscription.created_at,
+        "updated_at": subscription.updated_at,
+    }
+
+
+def delivery_values(delivery: DeliveryLog) -> dict[str, Any]:
+    return {
+        "id": delivery.id,
+        "subscription_id": delivery.subscription_id,
+        "topic": delivery.topic,
+        "payload": delivery.payload,
+        "state": DeliveryState(delivery.state).value,
+        "attempt": delivery.attempt,
+        "max_attempts": delivery.max_attempts,
+        "request_headers": dict(delivery.request_headers),
+        "response_status": delivery.response_status,
+        "response_body": delivery.response_body,
+        "elapsed_ms": delivery.elapsed_ms,
+        "last_error": delivery.last_error,
+        "timestamp": delivery.timestamp,
+        "next_attempt_at": delivery.next_attempt_at,
+        "created_at": delivery.created_at,
+        "lease_expires_at": delivery.lease_expires_at,
+        "lease_token": None,
+    }
+
+
+def row_to_subscription(row: Row[Any]) -> WebhookSubscription:
+    return WebhookSubscription(
+        id=row.id,
+        target_url=row.target_url,
+        event_topics=tuple(row.event_topics),
+        secret=row.secret,
+        status=WebhookSubscriptionStatus(row.status),
+        consecutive_failures=row.consecutive_failures,
+        description=row.description,
+        created_at=row.created_at,
+        updated_at=row.updated_at,
+    )
+
+
+def row_to_delivery(row: Row[Any]) -> DeliveryLog:
+    return DeliveryLog(
+        id=row.id,
+        subscription_id=row.subscription_id,
+        topic=row.topic,
+        payload=row.payload,
+        state=DeliveryState(row.state),
+        attempt=row.attempt,
+        max_attempts=row.max_attempts,
+        request_headers=dict(row.request_headers or {}),
+        response_status=row.response_status,
+        response_body=row.response_body,
+        elapsed_ms=row.elapsed_ms,
+        last_error=row.last_error,
+        timestamp=row.timestamp,
+        next_attempt_at=row.next_attempt_at,
+        created_at=row.created_at,
+        lease_expires_at=row.lease_expires_at,
+    )
+
+
+def row_to_attempt(row: Row[Any]) -> DeliveryAttempt:
+    return DeliveryAttempt(
+        delivery_id=row.delivery_id,
+        attempt=row.attempt,
+        started_at=row.started_at,
+        response_status=row.response_status,
+        response_body=row.response_body,
+        elapsed_ms=row.elapsed_ms,
+        error=row.error,
+    )

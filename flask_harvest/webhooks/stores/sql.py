@@ -1,0 +1,466 @@
+"""A durable store on SQLAlchemy: subscriptions, delivery logs and every attempt, in SQL tables.
+
+Works on PostgreSQL (psycopg 3) and SQLite 3.35 or later. Every method that moves a delivery is one
+short transaction built from conditional ``UPDATE ... RETURNING`` statements, so two workers (or
+two processes, or two replicas) calling it at once never both win, and no lock is held while a
+worker talks to a receiver.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import Connection, Engine, and_, delete, insert, or_, select, update
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.exc import IntegrityError, SQLAlchemyError, StatementError
+
+from ...errors import (
+    ConfigurationError,
+    DeliveryNotFoundError,
+    DuplicateSubscriptionError,
+    InvalidStateError,
+    StoreError,
+    SubscriptionNotFoundError,
+)
+from ..models import (
+    AttemptResult,
+    Claim,
+    DeliveryAttempt,
+    DeliveryLog,
+    DeliveryState,
+    SubscriptionEffect,
+    WebhookSubscription,
+    WebhookSubscriptionStatus,
+    utcnow,
+)
+from ._schema import (
+    UTCDateTime,
+    attempts_table,
+    deliveries_table,
+    delivery_values,
+    metadata,
+    row_to_attempt,
+    row_to_delivery,
+    row_to_subscription,
+    schema_sql,
+    subscription_values,
+    subscriptions_table,
+)
+from .base import DlqCursor, OutboundWebhookHandler
+
+__all__ = [
+    "WEBHOOK_SCHEMA_SQL",
+    "SqlOutboundWebhookStore",
+    "UTCDateTime",
+    "attempts_table",
+    "deliveries_table",
+    "metadata",
+    "schema_sql",
+    "subscriptions_table",
+]
+
+#: The PostgreSQL DDL of the store's tables, to apply before a deploy instead of ``ensure_schema``.
+WEBHOOK_SCHEMA_SQL = schema_sql("postgresql")
+
+# Rows per statement: 500 rows of ~17 columns stay far below SQLite's bound-variable limit.
+_CHUNK = 500
+
+_subs = subscriptions_table
+_dels = deliveries_table
+_atts = attempts_table
+
+_ACTIVE = WebhookSubscriptionStatus.ACTIVE.value
+_PENDING = DeliveryState.PENDING.value
+_INFLIGHT = DeliveryState.INFLIGHT.value
+
+_INSERTS: dict[str, Callable[..., Any]] = {"postgresql": postgresql.insert, "sqlite": sqlite.insert}
+
+
+def _chunks(items: Sequence[Any], size: int = _CHUNK) -> Iterator[Sequence[Any]]:
+    for start in range(0, len(items), size):
+        yield items[start : start + size]
+
+
+class SqlOutboundWebhookStore(OutboundWebhookHandler):
+    """Subscriptions and delivery logs in the app database, shared by every process and replica.
+
+    Call :meth:`ensure_schema` at startup, or apply :data:`WEBHOOK_SCHEMA_SQL` (or an Alembic
+    migration generated from :data:`metadata`) before the deploy. The ``secret`` column holds each
+    signing secret in clear: limit read access to it. Nothing deletes delivery logs for you; call
+    :meth:`purge_deliveries_before` on a schedule. Unlike the in-memory store, every attempt is
+    kept (:meth:`list_attempts`).
+
+    :param engine: a SQLAlchemy engine on PostgreSQL or SQLite (a file database, since the
+        workers' threads must all see the same one).
+    """
+
+    supports_transactions = True
+
+    def __init__(self, engine: Engine) -> None:
+        if engine.dialect.name not in _INSERTS:
+            raise ConfigurationError(
+                f"SqlOutboundWebhookStore supports PostgreSQL and SQLite, not {engine.dialect.name!r}"
+            )
+        self.engine = engine
+        self._insert = _INSERTS[engine.dialect.name]
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.engine.url.render_as_string(hide_password=True)}>"
+
+    @contextmanager
+    def _transaction(self, action: str, *, secrets: Sequence[str] = ()) -> Iterator[Connection]:
+        """Run a block in one transaction; raise a driver error as :class:`StoreError`."""
+        try:
+            with self.engine.begin() as conn:
+                yield conn
+        except SQLAlchemyError as exc:
+            raise self._store_error(action, exc, secrets) from exc
+
+    def _store_error(self, action: str, exc: SQLAlchemyError, secrets: Sequence[str]) -> StoreError:
+        if isinstance(exc, StatementError):
+            # The cause ends up in tracebacks and logs: keep its SQL, drop the bound values
+            # (secrets, payloads).
+            exc.hide_parameters = True
+            cause: BaseException = exc.orig if exc.orig is not None else exc
+        else:
+            cause = exc
+        lines = str(cause).strip().splitlines() if isinstance(cause, Exception) else []
+        detail = f"{type(cause).__name__}: {lines[0][:300]}" if lines else type(cause).__name__
+        message = f"could not {action} in {self.engine.dialect.name}: {detail}"
+        if "harvest_webhook_" in detail and ("no such table" in detail or "does not exist" in detail):
+            message += "; create the tables with ensure_schema() or apply WEBHOOK_SCHEMA_SQL"
+        for hidden in (self.engine.url.password, *secrets):
+            if hidden:
+                message = message.replace(str(hidden), "***")
+        return StoreError(message)
+
+    def ensure_schema(self) -> None:
+        """Create the store's tables and indexes where they do not exist yet."""
+        try:
+            metadata.create_all(self.engine, checkfirst=True)
+        except SQLAlchemyError as exc:
+            raise self._store_error("create the webhook tables", exc, ()) from exc
+
+    # -- subscriptions -------------------------------------------------------------------------
+
+    def add_subscription(self, subscription: WebhookSubscription) -> WebhookSubscription:
+        with self._transaction("add a subscription", secrets=[subscription.secret]) as conn:
+            try:
+                conn.execute(insert(_subs).values(subscription_values(subscription)))
+            except IntegrityError as exc:
+                exc.hide_parameters = True
+                raise DuplicateSubscriptionError(subscription.id) from exc
+        return subscription
+
+    def get_subscription(self, subscription_id: str) -> WebhookSubscription | None:
+        with self._transaction("read a subscription") as conn:
+            row = conn.execute(select(_subs).where(_subs.c.id == subscription_id)).first()
+        return row_to_subscription(row) if row is not None else None
+
+    def list_subscriptions(self) -> list[WebhookSubscription]:
+        with self._transaction("list subscriptions") as conn:
+            rows = conn.execute(select(_subs).order_by(_subs.c.created_at, _subs.c.id)).all()
+        return [row_to_subscription(row) for row in rows]
+
+    def update_subscription(self, subscription: WebhookSubscription) -> WebhookSubscription:
+        values = subscription_values(subscription.replace(updated_at=utcnow()))
+        with self._transaction("update a subscription", secrets=[subscription.secret]) as conn:
+            row = conn.execute(
+                update(_subs).where(_subs.c.id == subscription.id).values(values).returning(*_subs.c)
+            ).first()
+        if row is None:
+            raise SubscriptionNotFoundError(subscription.id)
+        return row_to_subscription(row)
+
+    def remove_subscription(self, subscription_id: str) -> bool:
+        with self._transaction("remove a subscription") as conn:
+            row = conn.execute(
+                delete(_subs).where(_subs.c.id == subscription_id).returning(_subs.c.id)
+            ).first()
+        return row is not None
+
+    def set_subscription_status(
+        self, subscription_id: str, status: WebhookSubscriptionStatus
+    ) -> WebhookSubscription:
+        # One UPDATE rather than the base class's read-modify-write, which could undo a failure
+        # counted by a worker in between.
+        status = WebhookSubscriptionStatus(status)
+        failures = 0 if status is WebhookSubscriptionStatus.ACTIVE else _subs.c.consecutive_failures
+        with self._transaction("set a subscription's status") as conn:
+            row = conn.execute(
+                update(_subs)
+                .where(_subs.c.id == subscription_id)
+                .values(status=status.value, consecutive_failures=failures, updated_at=utcnow())
+                .returning(*_subs.c)
+            ).first()
+        if row is None:
+            raise SubscriptionNotFoundError(subscription_id)
+        return row_to_subscription(row)
+
+    # -- delivery logs -------------------------------------------------------------------------
+
+    def log_deliveries(self, deliveries: Sequence[DeliveryLog]) -> list[str]:
+        if not deliveries:
+            return []
+        with self._transaction("log deliveries") as conn:
+            return self._insert_deliveries(conn, deliveries)
+
+    def _insert_deliveries(self, conn: Connection, deliveries: Sequence[DeliveryLog]) -> list[str]:
+        """Insert on ``conn`` (the caller's transaction); return the ids that were new."""
+        rows = list({d.id: delivery_values(d) for d in deliveries}.values())
+        stmt = self._insert(_dels).on_conflict_do_nothing(index_elements=[_dels.c.id]).returning(_dels.c.id)
+        # SQLAlchemy's "insertmanyvalues" sends this as multi-row INSERTs of _CHUNK rows each.
+        result = conn.execution_options(insertmanyvalues_page_size=_CHUNK).execute(stmt, rows)
+        return list(result.scalars())
+
+    def get_delivery(self, delivery_id: str) -> DeliveryLog | None:
+        with self._transaction("read a delivery") as conn:
+            row = conn.execute(select(_dels).where(_dels.c.id == delivery_id)).first()
+        return row_to_delivery(row) if row is not None else None
+
+    def get_deliveries(self, delivery_ids: Sequence[str]) -> list[DeliveryLog]:
+        unique = list(dict.fromkeys(delivery_ids))
+        found: list[DeliveryLog] = []
+        with self._transaction("read deliveries") as conn:
+            for chunk in _chunks(unique):
+                rows = conn.execute(select(_dels).where(_dels.c.id.in_(chunk))).all()
+                found.extend(row_to_delivery(row) for row in rows)
+        return found
+
+    def list_attempts(self, delivery_id: str) -> list[DeliveryAttempt]:
+        with self._transaction("list a delivery's attempts") as conn:
+            rows = conn.execute(
+                select(_atts).where(_atts.c.delivery_id == delivery_id).order_by(_atts.c.id)
+            ).all()
+        return [row_to_attempt(row) for row in rows]
+
+    def list_dlq(
+        self,
+        *,
+        limit: int = 100,
+        before: DlqCursor | None = None,
+        subscription_id: str | None = None,
+        topic: str | None = None,
+    ) -> list[DeliveryLog]:
+        query = select(_dels).where(_dels.c.state == DeliveryState.DLQ.value)
+        if subscription_id is not None:
+            query = query.where(_dels.c.subscription_id == subscription_id)
+        if topic is not None:
+            query = query.where(_dels.c.topic == topic)
+        if before is not None:
+            # (timestamp, id) < before, spelled out so every backend can use the index for it.
+            stamp, last_id = before
+            query = query.where(
+                or_(_dels.c.timestamp < stamp, and_(_dels.c.timestamp == stamp, _dels.c.id < last_id))
+            )
+        query = query.order_by(_dels.c.timestamp.desc(), _dels.c.id.desc()).limit(limit)
+        with self._transaction("list the DLQ") as conn:
+            rows = conn.execute(query).all()
+        return [row_to_delivery(row) for row in rows]
+
+    def purge_deliveries_before(self, cutoff: datetime) -> int:
+        with self._transaction("purge delivered logs") as conn:
+            purged = list(
+                conn.execute(
+                    delete(_dels)
+                    .where(_dels.c.state == DeliveryState.DELIVERED.value, _dels.c.timestamp < cutoff)
+                    .returning(_dels.c.id)
+                ).scalars()
+            )
+            for chunk in _chunks(purged):
+                conn.execute(delete(_atts).where(_atts.c.delivery_id.in_(chunk)))
+        return len(purged)
+
+    # -- the delivery pipeline -----------------------------------------------------------------
+
+    def claim_delivery(
+        self,
+        delivery_id: str,
+        *,
+        now: datetime,
+        lease_seconds: float,
+        max_attempts: int,
+    ) -> Claim | None:
+        token = uuid.uuid4().hex
+        with self._transaction("claim a delivery") as conn:
+            row = conn.execute(
+                update(_dels)
+                .where(
+                    _dels.c.id == delivery_id,
+                    _dels.c.state == _PENDING,
+                    or_(_dels.c.next_attempt_at.is_(None), _dels.c.next_attempt_at <= now),
+                )
+                .values(
+                    state=_INFLIGHT,
+                    lease_expires_at=now + timedelta(seconds=lease_seconds),
+                    lease_token=token,
+                    max_attempts=max_attempts,
+                )
+                .returning(*_dels.c)
+            ).first()
+            if row is None:
+                return None
+            sub_row = conn.execute(select(_subs).where(_subs.c.id == row.subscription_id)).first()
+        subscription = row_to_subscription(sub_row) if sub_row is not None else None
+        return Claim(row_to_delivery(row), subscription, token)
+
+    def finish_attempt(
+        self, delivery_id: str, lease_token: str, result: AttemptResult
+    ) -> WebhookSubscriptionStatus | None:
+        attempt = result.attempt
+        values: dict[str, Any] = {
+            "state": DeliveryState(result.state).value,
+            "attempt": result.attempt_number,
+            "next_attempt_at": result.next_attempt_at,
+            "last_error": result.last_error,
+            "timestamp": result.timestamp,
+            "lease_expires_at": None,
+            "lease_token": None,
+        }
+        if result.request_headers:
+            values["request_headers"] = dict(result.request_headers)
+        if attempt is not None:
+            values.update(
+                response_status=attempt.response_status,
+                response_body=attempt.response_body,
+                elapsed_ms=attempt.elapsed_ms,
+            )
+        with self._transaction("record a delivery attempt") as conn:
+            row = conn.execute(
+                update(_dels)
+                .where(
+                    _dels.c.id == delivery_id,
+                    _dels.c.state == _INFLIGHT,
+                    _dels.c.lease_token == lease_token,
+                )
+                .values(values)
+                .returning(_dels.c.subscription_id)
+            ).first()
+            if row is None:
+                raise InvalidStateError(
+                    f"the lease on delivery {delivery_id!r} was lost (it expired or was never held); "
+                    "nothing was recorded"
+                )
+            if attempt is not None:
+                conn.execute(
+                    insert(_atts).values(
+                        delivery_id=delivery_id,
+                        attempt=attempt.attempt,
+                        started_at=attempt.started_at,
+                        response_status=attempt.response_status,
+                        response_body=attempt.response_body,
+                        elapsed_ms=attempt.elapsed_ms,
+                        error=attempt.error,
+                    )
+                )
+            return self._apply_effect(conn, row.subscription_id, result)
+
+    def _apply_effect(
+        self, conn: Connection, subscription_id: str, result: AttemptResult
+    ) -> WebhookSubscriptionStatus | None:
+        """Apply ``result.effect`` with conditional UPDATEs; return a status this call set."""
+        effect = SubscriptionEffect(result.effect)
+        this_sub = _subs.c.id == subscription_id
+        if effect is SubscriptionEffect.RESET_FAILURES:
+            # Skip the write when already zero: busy subscriptions must not serialise on the row.
+            conn.execute(
+                update(_subs)
+                .where(this_sub, _subs.c.consecutive_failures != 0)
+                .values(consecutive_failures=0, updated_at=utcnow())
+            )
+            return None
+        if effect is SubscriptionEffect.COUNT_FAILURE:
+            failures = conn.execute(
+                update(_subs)
+                .where(this_sub)
+                .values(consecutive_failures=_subs.c.consecutive_failures + 1, updated_at=utcnow())
+                .returning(_subs.c.consecutive_failures)
+            ).scalar()
+            if failures is None or failures < result.failure_threshold:
+                return None
+            return self._deactivate(conn, subscription_id, WebhookSubscriptionStatus.FAILED)
+        if effect is SubscriptionEffect.DISABLE:
+            return self._deactivate(conn, subscription_id, WebhookSubscriptionStatus.DISABLED)
+        return None
+
+    def _deactivate(
+        self, conn: Connection, subscription_id: str, status: WebhookSubscriptionStatus
+    ) -> WebhookSubscriptionStatus | None:
+        # Only an ACTIVE row moves, so among concurrent callers exactly one reports the change.
+        changed = conn.execute(
+            update(_subs)
+            .where(_subs.c.id == subscription_id, _subs.c.status == _ACTIVE)
+            .values(status=status.value, updated_at=utcnow())
+            .returning(_subs.c.id)
+        ).first()
+        return status if changed is not None else None
+
+    def dead_letter(self, delivery_ids: Sequence[str], error: str, *, now: datetime) -> list[str]:
+        moved: list[str] = []
+        with self._transaction("dead-letter deliveries") as conn:
+            for chunk in _chunks(list(dict.fromkeys(delivery_ids))):
+                moved.extend(
+                    conn.execute(
+                        update(_dels)
+                        .where(_dels.c.id.in_(chunk), _dels.c.state == _PENDING)
+                        .values(
+                            state=DeliveryState.DLQ.value,
+                            last_error=error,
+                            timestamp=now,
+                            next_attempt_at=None,
+                        )
+                        .returning(_dels.c.id)
+                    ).scalars()
+                )
+        return moved
+
+    def replay_delivery(self, delivery_id: str, *, now: datetime) -> DeliveryLog:
+        with self._transaction("replay a delivery") as conn:
+            row = conn.execute(
+                update(_dels)
+                .where(_dels.c.id == delivery_id, _dels.c.state == DeliveryState.DLQ.value)
+                .values(
+                    state=_PENDING,
+                    attempt=1,
+                    next_attempt_at=now,
+                    timestamp=now,
+                    lease_expires_at=None,
+                    lease_token=None,
+                )
+                .returning(*_dels.c)
+            ).first()
+            if row is not None:
+                return row_to_delivery(row)
+            state = conn.execute(select(_dels.c.state).where(_dels.c.id == delivery_id)).scalar()
+        if state is None:
+            raise DeliveryNotFoundError(delivery_id)
+        raise InvalidStateError(
+            f"delivery {delivery_id!r} is {state}, not dead-lettered; "
+            "only deliveries in the DLQ can be replayed"
+        )
+
+    def release_expired_leases(self, *, now: datetime) -> list[str]:
+        with self._transaction("release expired leases") as conn:
+            return list(
+                conn.execute(
+                    update(_dels)
+                    .where(_dels.c.state == _INFLIGHT, _dels.c.lease_expires_at < now)
+                    .values(state=_PENDING, lease_expires_at=None, lease_token=None, next_attempt_at=now)
+                    .returning(_dels.c.id)
+                ).scalars()
+            )
+
+    def due_deliveries(self, *, now: datetime, limit: int) -> list[str]:
+        with self._transaction("list due deliveries") as conn:
+            return list(
+                conn.execute(
+                    select(_dels.c.id)
+                    .where(_dels.c.state == _PENDING, _dels.c.next_attempt_at <= now)
+                    .order_by(_dels.c.next_attempt_at, _dels.c.id)
+                    .limit(limit)
+                ).scalars()
+            )

@@ -1,0 +1,201 @@
+"""The SQL store's schema (ensure_schema, the DDL scripts) and how it reports database errors."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+from sqlalchemy.engine import URL
+
+from flask_harvest.errors import StoreError
+from flask_harvest.webhooks.models import (
+    AttemptResult,
+    DeliveryLog,
+    DeliveryState,
+    SubscriptionEffect,
+    WebhookSubscription,
+    utcnow,
+)
+from flask_harvest.webhooks.stores.sql import (
+    WEBHOOK_SCHEMA_SQL,
+    SqlOutboundWebhookStore,
+    deliveries_table,
+    metadata,
+    schema_sql,
+    subscriptions_table,
+)
+
+SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
+PASSWORD = "pw-do-not-print-9f2c"
+
+
+def make_subscription() -> WebhookSubscription:
+    return WebhookSubscription("https://receiver.example/hooks", ["order.*"], SECRET)
+
+
+def exercise(store: SqlOutboundWebhookStore) -> None:
+    """Drive one delivery through the store: the tables it found must be the ones it needs."""
+    now = utcnow()
+    subscription = store.add_subscription(make_subscription())
+    delivery = DeliveryLog(
+        "dlv_1", subscription.id, "order.created", "{}", timestamp=now, next_attempt_at=now
+    )
+    assert store.log_deliveries([delivery]) == ["dlv_1"]
+    claim = store.claim_delivery("dlv_1", now=now, lease_seconds=30, max_attempts=5)
+    assert claim is not None
+    assert claim.subscription == subscription
+    result = AttemptResult(
+        state=DeliveryState.DLQ,
+        attempt_number=1,
+        next_attempt_at=None,
+        last_error="HTTP 500",
+        timestamp=now,
+        effect=SubscriptionEffect.COUNT_FAILURE,
+        failure_threshold=1,
+    )
+    assert store.finish_attempt("dlv_1", claim.lease_token, result) is not None
+    assert [d.id for d in store.list_dlq()] == ["dlv_1"]
+    assert store.replay_delivery("dlv_1", now=now + timedelta(seconds=1)).attempt == 1
+
+
+def assert_schema_present(engine: sa.Engine) -> None:
+    inspector = sa.inspect(engine)
+    for table in metadata.sorted_tables:
+        assert {c["name"] for c in inspector.get_columns(table.name)} == set(table.columns.keys())
+        assert {i["name"] for i in inspector.get_indexes(table.name)} == {i.name for i in table.indexes}
+
+
+def test_ensure_schema_is_idempotent(sql_store: SqlOutboundWebhookStore) -> None:
+    subscription = sql_store.add_subscription(make_subscription())
+    sql_store.ensure_schema()
+    sql_store.ensure_schema()
+    assert sql_store.list_subscriptions() == [subscription]
+
+
+def test_ensure_schema_creates_missing_tables(tmp_path: Path) -> None:
+    engine = sa.create_engine(f"sqlite:///{tmp_path / 'fresh.db'}")
+    try:
+        store = SqlOutboundWebhookStore(engine)
+        store.ensure_schema()
+        assert_schema_present(engine)
+        exercise(store)
+    finally:
+        engine.dispose()
+
+
+def test_schema_sql_names_every_table_and_index() -> None:
+    assert schema_sql("postgresql") == WEBHOOK_SCHEMA_SQL
+    for sql in (WEBHOOK_SCHEMA_SQL, schema_sql("sqlite")):
+        for table in metadata.sorted_tables:
+            assert f"CREATE TABLE IF NOT EXISTS {table.name} (" in sql
+            for index in table.indexes:
+                assert f"CREATE INDEX IF NOT EXISTS {index.name} ON {table.name}" in sql
+
+
+def test_schema_sql_applies_on_a_fresh_sqlite_database(tmp_path: Path) -> None:
+    engine = sa.create_engine(f"sqlite:///{tmp_path / 'ddl.db'}")
+    try:
+        raw = engine.raw_connection()
+        try:
+            for _ in range(2):  # IF NOT EXISTS: applying it again is harmless
+                raw.driver_connection.executescript(schema_sql("sqlite"))  # type: ignore[union-attr]
+        finally:
+            raw.close()
+        assert_schema_present(engine)
+        exercise(SqlOutboundWebhookStore(engine))
+    finally:
+        engine.dispose()
+
+
+@pytest.fixture
+def fresh_postgres_url(postgres_url: URL) -> Iterator[URL]:
+    """A URL whose ``search_path`` is a new, empty schema, dropped after the test."""
+    schema = f"harvest_ddl_{uuid.uuid4().hex[:12]}"
+    admin = sa.create_engine(postgres_url, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.exec_driver_sql(f'CREATE SCHEMA "{schema}"')
+    try:
+        yield postgres_url.update_query_dict({"options": f"-csearch_path={schema}"})
+    finally:
+        with admin.connect() as conn:
+            conn.exec_driver_sql(f'DROP SCHEMA "{schema}" CASCADE')
+        admin.dispose()
+
+
+@pytest.mark.postgres
+def test_webhook_schema_sql_applies_on_a_fresh_postgres_schema(fresh_postgres_url: URL) -> None:
+    engine = sa.create_engine(fresh_postgres_url)
+    try:
+        for _ in range(2):
+            # As psql -f would: the whole script in one go.
+            with engine.begin() as conn:
+                conn.exec_driver_sql(WEBHOOK_SCHEMA_SQL)
+        assert_schema_present(engine)
+        exercise(SqlOutboundWebhookStore(engine))
+    finally:
+        engine.dispose()
+
+
+# -- errors --------------------------------------------------------------------------------------
+
+
+def test_driver_error_is_a_store_error(sql_store: SqlOutboundWebhookStore) -> None:
+    deliveries_table.drop(sql_store.engine)
+
+    with pytest.raises(StoreError, match="could not read a delivery") as info:
+        sql_store.get_delivery("dlv_1")
+    assert isinstance(info.value.__cause__, sa.exc.SQLAlchemyError)
+    assert "harvest_webhook_deliveries" in str(info.value)  # says which table is wrong
+
+    delivery = DeliveryLog("dlv_1", "sub_1", "order.created", '{"card": "4242"}')
+    with pytest.raises(StoreError, match="could not log deliveries") as info:
+        sql_store.log_deliveries([delivery])
+    # The cause lands in tracebacks and logs: its bound values (payloads) are hidden.
+    assert "4242" not in str(info.value.__cause__)
+
+
+def test_store_error_never_shows_the_secret(sql_store: SqlOutboundWebhookStore) -> None:
+    subscription = sql_store.add_subscription(make_subscription())
+    subscriptions_table.drop(sql_store.engine)
+
+    for call in (
+        lambda: sql_store.add_subscription(make_subscription()),
+        lambda: sql_store.update_subscription(subscription.replace(description="x")),
+    ):
+        with pytest.raises(StoreError) as info:
+            call()
+        assert SECRET not in str(info.value)
+        assert SECRET not in str(info.value.__cause__)
+
+
+@pytest.mark.postgres
+def test_store_error_never_shows_the_database_password(fresh_postgres_url: URL) -> None:
+    # The test server trusts local connections, so it accepts (and ignores) any password.
+    engine = sa.create_engine(fresh_postgres_url.set(password=PASSWORD))
+    try:
+        store = SqlOutboundWebhookStore(engine)  # no ensure_schema: the tables are missing
+        assert PASSWORD not in repr(store)
+        with pytest.raises(StoreError, match="could not read a delivery") as info:
+            store.get_delivery("dlv_1")
+        assert PASSWORD not in str(info.value)
+        assert PASSWORD not in str(info.value.__cause__)
+    finally:
+        engine.dispose()
+
+
+def test_unreachable_database_is_a_store_error() -> None:
+    # Nothing listens on port 1: the connection itself fails, with no server needed.
+    engine = sa.create_engine(f"postgresql+psycopg://harvest:{PASSWORD}@127.0.0.1:1/nowhere")
+    try:
+        store = SqlOutboundWebhookStore(engine)
+        with pytest.raises(StoreError, match="could not list subscriptions in postgresql") as info:
+            store.list_subscriptions()
+        assert isinstance(info.value.__cause__, sa.exc.OperationalError)
+        assert PASSWORD not in str(info.value)
+        assert PASSWORD not in repr(store)
+    finally:
+        engine.dispose()
