@@ -7,6 +7,7 @@ from flask import current_app
 from flask.cli import AppGroup
 
 from .jobs.base import JobBackendError
+from .jobs.pool import DeliveryPool
 from .jobs.rq import HarvestWorker, RqBackend
 from .webhooks.plugin import get_state
 
@@ -16,10 +17,17 @@ harvest_cli = AppGroup("harvest", help="Outbound webhooks: workers and maintenan
 @harvest_cli.command("worker")
 @click.option("--burst", is_flag=True, help="Quit when the queue is empty instead of waiting.")
 @click.option("--name", default=None, help="Worker name shown by RQ (default: host and pid).")
-def worker_command(burst: bool, name: str | None) -> None:
+@click.option(
+    "--concurrency",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Attempts in flight at once in this process (default: HARVEST_WORKER_CONCURRENCY).",
+)
+def worker_command(burst: bool, name: str | None, concurrency: int | None) -> None:
     """Run one RQ worker for the webhook queue, with the scheduler and the sweeper.
 
-    Each worker process makes one attempt at a time; run several (see the deployment docs).
+    The process keeps up to --concurrency attempts in flight on a thread pool; run one or two
+    per core (see the deployment docs).
     """
     state = get_state()
     backend = state.backend
@@ -34,11 +42,19 @@ def worker_command(burst: bool, name: str | None) -> None:
     except JobBackendError as exc:
         raise click.ClickException(f"cannot reach Redis: {exc}") from exc
     click.echo(f"harvest: startup sweep released {report.released}, requeued {report.requeued}")
+    settings = state.settings
+    pool = DeliveryPool(
+        state.runner,
+        size=concurrency or settings.worker_concurrency,
+        per_subscription=settings.webhooks_max_inflight_per_subscription,
+        context=app.app_context,
+    )
     worker = HarvestWorker(
         [backend.queue],
         connection=backend.connection,
         name=name,
         app=app,
+        pool=pool,
         periodic=state.sweep,
         interval=state.settings.sweep_interval_seconds,
     )

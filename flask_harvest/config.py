@@ -48,6 +48,11 @@ class Settings:
     sweep_interval_seconds: float = 5.0
     #: Threads of the ``local`` backend.
     local_workers: int = 8
+    #: Attempts one ``flask harvest worker`` process keeps in flight at once (its thread pool).
+    worker_concurrency: int = 32
+    #: Attempts in flight at once for one subscription in one worker process; past it, deliveries
+    #: wait their turn so a slow or dead endpoint cannot take every slot.
+    webhooks_max_inflight_per_subscription: int = 8
 
     @property
     def backoff(self) -> tuple[int, int]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -147,7 +148,21 @@ def _worker(
     }
     command = [sys.executable, "-m", "flask", "--app", "worker_app:create_app", "harvest", "worker", *extra]
     with open(folder / "worker.log", "ab") as log:  # the child keeps its own copy of the file
-        return subprocess.Popen(command, cwd=folder, env=environment, stdout=log, stderr=subprocess.STDOUT)
+        # A session of its own, so that stop() also reaches RQ's forked scheduler process.
+        return subprocess.Popen(
+            command, cwd=folder, env=environment, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+
+
+def stop(process: subprocess.Popen[bytes], how: signal.Signals) -> None:
+    """Send ``how`` to the worker and everything it started; wait for the worker to end."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, how)
+    try:
+        process.wait(timeout=20)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)  # whatever is left of the group
 
 
 def test_flask_harvest_worker_command_delivers(
@@ -163,7 +178,10 @@ def test_flask_harvest_worker_command_delivers(
     with app.app_context():
         ids = [get_state().manager.dispatch("order.created", {"n": n})[0] for n in range(3)]
     worker = _worker(tmp_path, sql_store, redis_url, "--burst")
-    assert worker.wait(timeout=60) == 0, (tmp_path / "worker.log").read_text()
+    try:
+        assert worker.wait(timeout=60) == 0, (tmp_path / "worker.log").read_text()
+    finally:
+        stop(worker, signal.SIGTERM)
     assert wait_final(sql_store, ids, timeout=1) == [DeliveryState.DELIVERED]
     assert sorted(r.webhook_id or "" for r in receiver.requests) == sorted(ids)
 
@@ -196,16 +214,14 @@ def test_a_killed_worker_is_recovered_after_one_lease(
         assert stored is not None
         assert stored.state is DeliveryState.INFLIGHT
     finally:
-        doomed.send_signal(signal.SIGKILL)
-        doomed.wait(timeout=10)
+        stop(doomed, signal.SIGKILL)
     killed_at = time.monotonic()
     survivor = _worker(tmp_path, sql_store, redis_url, **lease)
     try:
         assert wait_final(sql_store, [delivery_id], timeout=30) == [DeliveryState.DELIVERED]
         recovery = time.monotonic() - killed_at
     finally:
-        survivor.send_signal(signal.SIGTERM)
-        survivor.wait(timeout=20)
+        stop(survivor, signal.SIGTERM)
     second = receiver.wait_for(2, timeout=1)[1]
     assert second.webhook_id == delivery_id
     # Not RQ's abandoned-job timeout (minutes): about one lease plus a sweep interval.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 import threading
 from collections.abc import Callable, Sequence
@@ -16,6 +17,7 @@ from rq.utils import utcparse
 
 from ..webhooks.models import DeliveryLog
 from .base import JobBackend, JobBackendError, job_id
+from .pool import DeliveryPool
 
 TASK = "flask_harvest.jobs.tasks.deliver_webhook"
 # A job the sweeper may count on. Not SCHEDULED: the sweeper only asks about rows overdue by its
@@ -120,27 +122,30 @@ def _at_options(options: dict[str, Any]) -> dict[str, Any]:
 class HarvestWorker(SimpleWorker):
     """An RQ worker that runs each job inside the Flask app's context, in its own process.
 
-    It never forks per job: a fork costs more than a delivery (see the deployment docs). It also
-    runs ``periodic`` (the sweeper) every ``interval`` seconds on a background thread, for as long
-    as it works.
+    It never forks per job: a fork costs more than a delivery (see the deployment docs). With a
+    ``pool``, a delivery job only claims its row and the attempt runs on the pool, so the process
+    keeps many attempts in flight; when the worker stops, it lets them finish. It also runs
+    ``periodic`` (the sweeper) every ``interval`` seconds on a background thread.
     """
 
     def __init__(
         self,
         *args: Any,
         app: Flask,
+        pool: DeliveryPool | None = None,
         periodic: Callable[[], object] | None = None,
         interval: float = 5.0,
         **kwargs: Any,
     ) -> None:
         super().__init__(*args, **kwargs)
         self.app = app
+        self.pool = pool
         self._periodic = periodic
         self._interval = interval
         self._stopping = threading.Event()
 
     def execute_job(self, job: Job, queue: Queue) -> Any:
-        with self.app.app_context():
+        with self.app.app_context(), self.pool.active() if self.pool else contextlib.nullcontext():
             return super().execute_job(job, queue)
 
     def work(self, *args: Any, **kwargs: Any) -> bool:
@@ -152,6 +157,8 @@ class HarvestWorker(SimpleWorker):
             return bool(super().work(*args, **kwargs))
         finally:
             self._stopping.set()
+            if self.pool is not None:
+                self.pool.shutdown(wait=True)
             if thread is not None:
                 thread.join(timeout=self._interval + 5)
 

@@ -10,6 +10,7 @@ import logging
 import random
 import time
 from collections.abc import Callable
+from datetime import timedelta
 
 from .._version import __version__
 from ..config import Settings
@@ -54,34 +55,65 @@ class DeliveryRunner:
         self._rng = rng or random.SystemRandom()
 
     def run(self, delivery_id: str) -> DeliveryState | None:
-        """Make one attempt of ``delivery_id``; return the state it ended in.
+        """Make one attempt of ``delivery_id`` on this thread; return the state it ended in.
 
         Returns ``None`` when there was nothing to do: the delivery is not due, already finished,
         or leased to another worker (duplicate jobs end here).
         """
-        settings = self.settings
+        claim = self.claim(delivery_id)
+        return self.attempt(claim) if claim is not None else None
+
+    def claim(self, delivery_id: str) -> Claim | None:
+        """Lease ``delivery_id`` to this worker if it is due; ``None`` if there is nothing to do."""
         claim = self.store.claim_delivery(
             delivery_id,
             now=utcnow(),
-            lease_seconds=settings.webhooks_lease_seconds,
-            max_attempts=settings.webhooks_max_attempts,
+            lease_seconds=self.settings.webhooks_lease_seconds,
+            max_attempts=self.settings.webhooks_max_attempts,
         )
         if claim is None:
             log.debug("harvest: delivery %s is not claimable; nothing to do", delivery_id)
+        return claim
+
+    def attempt(self, claim: Claim) -> DeliveryState | None:
+        """Send a claimed delivery (unless it must be skipped), record the outcome, plan a retry."""
+        result = outcome.before_sending(claim, self.settings, utcnow()) or self._send(claim)
+        recorded, changed = self._record(claim, result)
+        if not recorded:
             return None
-        result = outcome.before_sending(claim, settings, utcnow()) or self._send(claim)
-        try:
-            changed = self.store.finish_attempt(delivery_id, claim.lease_token, result)
-        except InvalidStateError:
-            # Our lease expired during a very slow attempt and another worker took over.
-            log.warning("harvest: lost the lease on delivery %s; its new holder records it", delivery_id)
-            return None
-        if result.state is DeliveryState.PENDING:
-            self._schedule_retry(claim, result)
         self._log(claim, result, changed)
         if self.listener is not None:
             self.listener(claim, result, changed)
         return result.state
+
+    def defer(self, claim: Claim, seconds: float) -> None:
+        """Give a claimed delivery back, unsent and without using an attempt, due in ``seconds``.
+
+        Used when its subscription already has as many attempts in flight as it may.
+        """
+        delivery = claim.delivery
+        result = AttemptResult(
+            state=DeliveryState.PENDING,
+            attempt_number=delivery.attempt,
+            next_attempt_at=utcnow() + timedelta(seconds=seconds),
+            last_error=delivery.last_error,
+            timestamp=delivery.timestamp,
+        )
+        self._record(claim, result)
+
+    def _record(self, claim: Claim, result: AttemptResult) -> tuple[bool, WebhookSubscriptionStatus | None]:
+        """Write ``result``; return whether we still held the lease, and any status change."""
+        try:
+            changed = self.store.finish_attempt(claim.delivery.id, claim.lease_token, result)
+        except InvalidStateError:
+            # Our lease expired during a very slow attempt and another worker took over.
+            log.warning(
+                "harvest: lost the lease on delivery %s; its new holder records it", claim.delivery.id
+            )
+            return False, None
+        if result.state is DeliveryState.PENDING:
+            self._schedule_retry(claim, result)
+        return True, changed
 
     def _send(self, claim: Claim) -> AttemptResult:
         delivery, subscription = claim.delivery, claim.subscription
