@@ -23,6 +23,8 @@ from sqlalchemy.engine import URL
 from flask_harvest.webhooks.stores import InMemoryOutboundWebhookHandler, OutboundWebhookHandler
 from flask_harvest.webhooks.stores.sql import SqlOutboundWebhookStore, metadata
 
+from .pipeline import close_apps
+
 DATABASE_URL = os.environ.get(
     "HARVEST_TEST_DATABASE_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 )
@@ -176,3 +178,10 @@ def sql_store(request: pytest.FixtureRequest) -> SqlOutboundWebhookStore:
     made = _make_store(request, request.param)
     assert isinstance(made, SqlOutboundWebhookStore)
     return made
+
+
+@pytest.fixture(autouse=True)
+def _close_test_apps() -> Iterator[None]:
+    """Stop the job backends of apps a test made, so their threads outlive no test."""
+    yield
+    close_apps()

@@ -10,6 +10,7 @@ from flask import Flask
 
 from flask_harvest import DeliveryState, OutboundWebhookHandler, OutboundWebhookPlugin
 from flask_harvest.webhooks.models import FINAL_STATES
+from flask_harvest.webhooks.plugin import get_state
 
 #: Quick retries so tests don't wait on the production schedule.
 FAST = {
@@ -21,13 +22,25 @@ FAST = {
 }
 
 
+#: Apps made during the current test; ``close_apps`` stops their backends afterwards, so no
+#: sweeper thread of an earlier test touches the next test's rows.
+_apps: list[Flask] = []
+
+
 def make_app(store: OutboundWebhookHandler, *, delegate: Any = None, **config: Any) -> Flask:
     """Return a Flask app with the extension on ``store`` and fast retry settings."""
     app = Flask("harvest_test")
     app.config.update(FAST)
     app.config.update(config)
     OutboundWebhookPlugin(store, app, delegate=delegate)
+    _apps.append(app)
     return app
+
+
+def close_apps() -> None:
+    """Stop the job backends of every app :func:`make_app` made."""
+    while _apps:
+        get_state(_apps.pop()).close()
 
 
 def wait_final(

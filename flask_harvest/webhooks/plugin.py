@@ -45,6 +45,10 @@ class HarvestState:
         """Run one sweep of this app's store into its job backend."""
         return sweep(self.store, self.backend, batch=1000)
 
+    def close(self) -> None:
+        """Stop the job backend (the local backend's threads) and release its connections."""
+        self.backend.close()
+
 
 class OutboundWebhookPlugin:
     """Outbound webhooks for a Flask app.
