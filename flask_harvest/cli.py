@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import click
 from flask import current_app
 from flask.cli import AppGroup
 
+from .errors import HarvestError
 from .jobs.base import JobBackendError
 from .jobs.pool import DeliveryPool
 from .jobs.rq import HarvestWorker, RqBackend
+from .webhooks.manager import OutboundWebhookManager
+from .webhooks.models import utcnow
 from .webhooks.plugin import get_state
 
 harvest_cli = AppGroup("harvest", help="Outbound webhooks: workers and maintenance.")
@@ -68,4 +73,59 @@ def sweep_command() -> None:
         report = get_state().sweep()
     except JobBackendError as exc:
         raise click.ClickException(str(exc)) from exc
-    click.echo(f"released {report.released} expired lease(s), requeued {report.requeued} delivery(ies)")
+    click.echo(
+        f"relayed {report.relayed} outbox message(s), released {report.released} expired lease(s), "
+        f"requeued {report.requeued} delivery(ies)"
+    )
+
+
+outbox_cli = AppGroup("outbox", help="The transactional outbox of dispatch_in_tx.")
+harvest_cli.add_command(outbox_cli)
+
+
+def _outbox_manager() -> OutboundWebhookManager:
+    manager = get_state().manager
+    if manager.outbox is None:
+        raise click.ClickException("the outbox needs the SQL store; this app uses another store")
+    return manager
+
+
+@outbox_cli.command("relay")
+@click.option(
+    "--limit", type=click.IntRange(min=1), default=500, show_default=True, help="Messages per batch."
+)
+def outbox_relay_command(limit: int) -> None:
+    """Relay committed messages whose relay never ran, until none are left."""
+    manager = _outbox_manager()
+    relayed = failed = 0
+    while True:
+        try:
+            report = manager.relay_outbox(limit=limit)
+        except HarvestError as exc:
+            raise click.ClickException(str(exc)) from exc
+        relayed += report.relayed
+        failed += report.failed
+        if report.relayed + report.failed < limit or report.failed:
+            break
+    click.echo(f"relayed {relayed} outbox message(s), {failed} failed")
+    if failed:
+        raise SystemExit(1)
+
+
+@outbox_cli.command("purge")
+@click.option(
+    "--older-than",
+    type=click.FloatRange(min=0),
+    default=None,
+    help="Seconds since relay (default: HARVEST_OUTBOX_RETENTION_SECONDS).",
+)
+def outbox_purge_command(older_than: float | None) -> None:
+    """Delete relayed outbox messages older than the retention period."""
+    manager = _outbox_manager()
+    assert manager.outbox is not None
+    seconds = older_than if older_than is not None else manager.settings.outbox_retention_seconds
+    try:
+        removed = manager.outbox.purge_relayed_before(utcnow() - timedelta(seconds=seconds))
+    except HarvestError as exc:
+        raise click.ClickException(str(exc)) from exc
+    click.echo(f"removed {removed} relayed outbox message(s) older than {seconds:g} s")

@@ -46,6 +46,8 @@ class Settings:
     webhooks_lease_seconds: float = 60.0
     #: Seconds between sweeps (stuck leases, lost jobs) in a worker or the local backend.
     sweep_interval_seconds: float = 5.0
+    #: Relayed outbox messages older than this many seconds are deleted by the sweeper.
+    outbox_retention_seconds: float = 7 * 24 * 3600.0
     #: Threads of the ``local`` backend.
     local_workers: int = 8
     #: Attempts one ``flask harvest worker`` process keeps in flight at once (its thread pool).

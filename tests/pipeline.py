@@ -33,6 +33,11 @@ def make_app(store: OutboundWebhookHandler, *, delegate: Any = None, **config: A
     app.config.update(FAST)
     app.config.update(config)
     OutboundWebhookPlugin(store, app, delegate=delegate)
+    return close_later(app)
+
+
+def close_later(app: Flask) -> Flask:
+    """Have ``close_apps`` stop ``app``'s job backend after the test; return ``app``."""
     _apps.append(app)
     return app
 
@@ -40,7 +45,13 @@ def make_app(store: OutboundWebhookHandler, *, delegate: Any = None, **config: A
 def close_apps() -> None:
     """Stop the job backends of every app :func:`make_app` made."""
     while _apps:
-        get_state(_apps.pop()).close()
+        app = _apps.pop()
+        get_state(app).close()
+        flask_sqlalchemy = app.extensions.get("sqlalchemy")
+        if flask_sqlalchemy is not None:  # its engines belong to the app: close their connections
+            with app.app_context():
+                for engine in flask_sqlalchemy.engines.values():
+                    engine.dispose()
 
 
 def wait_final(

@@ -55,6 +55,7 @@ class LocalBackend(JobBackend):
         self._busy = 0
         self._pid: int | None = None
         self._closed = False
+        self._threads: list[threading.Thread] = []
 
     def __repr__(self) -> str:
         return f"<LocalBackend workers={self._workers}>"
@@ -66,9 +67,13 @@ class LocalBackend(JobBackend):
         if self._closed:
             raise JobBackendError("the local job backend was shut down")
         self._pid = os.getpid()
-        for number in range(self._workers):
-            threading.Thread(target=self._work, name=f"harvest-local-{number}", daemon=True).start()
-        threading.Thread(target=self._tick, name="harvest-local-timer", daemon=True).start()
+        self._threads = [
+            threading.Thread(target=self._work, name=f"harvest-local-{number}", daemon=True)
+            for number in range(self._workers)
+        ]
+        self._threads.append(threading.Thread(target=self._tick, name="harvest-local-timer", daemon=True))
+        for thread in self._threads:
+            thread.start()
 
     def enqueue(self, deliveries: Sequence[DeliveryLog]) -> None:
         with self._lock:
@@ -104,12 +109,22 @@ class LocalBackend(JobBackend):
                 self._lock.wait(min(remaining, 0.05))
             return True
 
-    def close(self) -> None:
+    def close(self, timeout: float = 30.0) -> None:
+        """Stop the threads after the attempts they are making; queued jobs are dropped.
+
+        Waits up to ``timeout`` seconds in all, so no attempt holds a database connection after.
+        """
         with self._lock:
             self._closed = True
+            while not self._queue.empty():  # drop what is queued: the rows stay PENDING
+                self._queue.get_nowait()
             for _ in range(self._workers):
                 self._queue.put(None)
             self._lock.notify_all()
+            threads = self._threads if self._pid == os.getpid() else []
+        end = time.monotonic() + timeout
+        for thread in threads:
+            thread.join(max(0.0, end - time.monotonic()))
 
     def _work(self) -> None:
         while True:
@@ -142,6 +157,8 @@ class LocalBackend(JobBackend):
                     self._queue.put(delivery_id)
                 wake = min(next_sweep, self._timers[0][0] if self._timers else next_sweep)
                 self._lock.wait(max(0.0, wake - now))
+                if self._closed:
+                    return
             if self._periodic is not None and time.monotonic() >= next_sweep:
                 next_sweep = time.monotonic() + self._interval
                 try:

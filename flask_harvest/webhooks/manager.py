@@ -3,13 +3,27 @@
 from __future__ import annotations
 
 import logging
+import os
+import threading
+import uuid
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from ..config import Settings
-from ..errors import EnqueueError
+from ..errors import ConfigurationError, EnqueueError, HarvestError
 from ..jobs.base import JobBackend, JobBackendError
-from .models import DeliveryLog, DeliveryState, WebhookSubscription, new_id, utcnow, validate_topic
+from .models import (
+    DeliveryLog,
+    DeliveryState,
+    WebhookSubscription,
+    new_id,
+    utcnow,
+    validate_topic,
+)
+from .outbox import OutboxMessage, SqlOutbox, TransactionTarget
 from .payload import encode_payload
 from .stores.base import OutboundWebhookHandler
 
@@ -19,6 +33,25 @@ log = logging.getLogger("flask_harvest")
 Delegate = Callable[[DeliveryLog, WebhookSubscription], None]
 #: Told about the deliveries a dispatch skipped (the plugin sends the signal).
 SkipListener = Callable[[Sequence[DeliveryLog]], None]
+
+# Delivery ids of relayed outbox messages are uuid5(namespace, "<message id>/<subscription id>"):
+# relaying a message twice derives the same ids, so it cannot create a second delivery.
+_OUTBOX_NAMESPACE = uuid.UUID("6f0d8a52-3c1e-4b8e-9a0f-5e2b7c1d4a90")
+
+
+def outbox_delivery_id(message_id: str, subscription_id: str) -> str:
+    """Return the delivery id of an outbox message's delivery to one subscription."""
+    return "msg_" + uuid.uuid5(_OUTBOX_NAMESPACE, f"{message_id}/{subscription_id}").hex
+
+
+@dataclass(frozen=True)
+class RelayReport:
+    """What one relay pass did."""
+
+    #: Messages turned into deliveries and marked relayed.
+    relayed: int
+    #: Messages whose relay failed; they stay in the outbox and are tried again.
+    failed: int
 
 
 class OutboundWebhookManager:
@@ -33,14 +66,21 @@ class OutboundWebhookManager:
         backend: JobBackend,
         settings: Settings,
         *,
+        outbox: SqlOutbox | None = None,
         delegate: Delegate | None = None,
         on_skipped: SkipListener | None = None,
     ) -> None:
         self.store = store
         self.backend = backend
         self.settings = settings
+        self.outbox = outbox
         self.delegate = delegate
         self._on_skipped = on_skipped
+        self._relay_lock = threading.Lock()
+        self._relay_executor: ThreadPoolExecutor | None = None
+        self._relay_pid: int | None = None
+
+    # -- dispatch ------------------------------------------------------------------------------
 
     def dispatch(self, topic: str, payload: Any) -> list[str]:
         """Send ``payload`` to every active subscription of ``topic``; return their delivery ids.
@@ -62,32 +102,132 @@ class OutboundWebhookManager:
         validate_topic(topic, pattern=False)
         body = encode_payload(payload)
         now = utcnow()
-        max_attempts = self.settings.webhooks_max_attempts
-        deliveries: list[DeliveryLog] = []
         subscriptions = self.store.subscriptions_for_topic(topic)
-        for subscription in subscriptions:
-            active = subscription.is_active
-            deliveries.append(
-                DeliveryLog(
-                    id=new_id("msg"),
-                    subscription_id=subscription.id,
-                    topic=topic,
-                    payload=body,
-                    state=DeliveryState.PENDING if active else DeliveryState.SKIPPED,
-                    max_attempts=max_attempts,
-                    last_error=None if active else f"subscription is {subscription.status.value}",
-                    timestamp=now,
-                    next_attempt_at=now if active else None,
-                    created_at=now,
-                )
-            )
+        deliveries = [self._delivery(topic, body, s, now, new_id("msg")) for s in subscriptions]
         self.store.log_deliveries(deliveries)
+        self._report_skipped(deliveries)
         pending = [d for d in deliveries if d.state is DeliveryState.PENDING]
+        try:
+            self._hand_over(pending, {s.id: s for s in subscriptions})
+        except JobBackendError as exc:
+            ids = [d.id for d in pending]
+            moved = self.store.dead_letter(ids, f"enqueue failed: {exc}", now=utcnow())
+            log.error("harvest: enqueue failed (%s); dead-lettered %d deliveries", exc, len(moved))
+            raise EnqueueError(ids, str(exc)) from exc
+        return [d.id for d in pending]
+
+    def dispatch_in_tx(self, conn: TransactionTarget, topic: str, payload: Any) -> str:
+        """Write the event into the caller's transaction; return the outbox message id.
+
+        ``conn`` is a SQLAlchemy ``Connection``, an ORM ``Session`` or Flask-SQLAlchemy's
+        ``db.session``, on the same database as the SQL store. The event is sent if and only if
+        that transaction commits: nothing is committed or sent here. After a session commits, the
+        message is relayed at once on a background thread; a message written on a bare connection
+        (or whose process died before the relay) is relayed by the sweeper. Deliveries get ids
+        derived from the message and the subscription, so a second relay never sends twice.
+
+        :raises ConfigurationError: the store cannot share a transaction (the in-memory store).
+        :raises InvalidFieldError: the topic is not a plain topic, or the payload is not JSON.
+        """
+        if self.outbox is None:
+            raise ConfigurationError(
+                "dispatch_in_tx needs a store that shares your database transaction: use the SQL "
+                "store (OutboundWebhookPlugin.sql(db)); the in-memory store cannot"
+            )
+        validate_topic(topic, pattern=False)
+        return self.outbox.write(conn, topic, encode_payload(payload), self._relay_soon)
+
+    # -- the outbox relay ----------------------------------------------------------------------
+
+    def relay_outbox(self, message_ids: Sequence[str] | None = None, *, limit: int = 500) -> RelayReport:
+        """Relay committed outbox messages (``message_ids``, or the oldest waiting) into deliveries.
+
+        Messages are claimed first, so concurrent relays take disjoint ones. A delivery that
+        already exists is not logged again; one that has no result yet is queued (again, with
+        the same id); the message is marked relayed once all of its deliveries are logged and
+        queued. A failure leaves it in the outbox for the next relay.
+        """
+        if self.outbox is None:
+            return RelayReport(0, 0)
+        messages = self.outbox.claim(
+            now=utcnow(), lease_seconds=self.settings.webhooks_lease_seconds, limit=limit, ids=message_ids
+        )
+        if not messages:
+            return RelayReport(0, 0)
+        try:
+            self._relay(messages)
+        except HarvestError as exc:
+            self.outbox.release(messages, str(exc))
+            log.warning("harvest: relay of %d outbox message(s) failed (%s); will retry", len(messages), exc)
+            return RelayReport(0, len(messages))
+        self.outbox.mark_relayed(messages, now=utcnow())
+        return RelayReport(len(messages), 0)
+
+    def _relay(self, messages: Sequence[OutboxMessage]) -> None:
+        subscriptions = self.store.list_subscriptions()
+        now = utcnow()
+        deliveries = [
+            self._delivery(m.topic, m.payload, s, now, outbox_delivery_id(m.id, s.id))
+            for m in messages
+            for s in subscriptions
+            if s.matches(m.topic)
+        ]
+        inserted = set(self.store.log_deliveries(deliveries))
+        self._report_skipped([d for d in deliveries if d.id in inserted])
+        pending_ids = [d.id for d in deliveries if d.state is DeliveryState.PENDING]
+        # Stored rows, not the ones built above: a delivery that already has a result is done.
+        waiting = [
+            d
+            for d in self.store.get_deliveries(pending_ids)
+            if d.state is DeliveryState.PENDING and d.attempt == 1 and d.last_error is None
+        ]
+        self._hand_over(waiting, {s.id: s for s in subscriptions})
+
+    def _relay_soon(self, message_ids: list[str]) -> None:
+        """After a commit: relay these messages on a background thread (the sweeper backs it up)."""
+        with self._relay_lock:
+            if self._relay_executor is None or self._relay_pid != os.getpid():
+                self._relay_executor = ThreadPoolExecutor(max_workers=2, thread_name_prefix="harvest-relay")
+                self._relay_pid = os.getpid()
+            executor = self._relay_executor
+        executor.submit(self._relay_quietly, message_ids)
+
+    def _relay_quietly(self, message_ids: list[str]) -> None:
+        try:
+            self.relay_outbox(message_ids)
+        except Exception:  # the sweeper relays it later; a background thread has no caller
+            log.exception("harvest: relay after commit failed; the sweeper will relay %s", message_ids)
+
+    def close(self) -> None:
+        """Wait for relays started after commits, and stop their thread."""
+        with self._relay_lock:
+            executor, self._relay_executor = self._relay_executor, None
+        if executor is not None:
+            executor.shutdown(wait=True)
+
+    # -- shared steps --------------------------------------------------------------------------
+
+    def _delivery(
+        self, topic: str, body: str, subscription: WebhookSubscription, now: datetime, delivery_id: str
+    ) -> DeliveryLog:
+        active = subscription.is_active
+        return DeliveryLog(
+            id=delivery_id,
+            subscription_id=subscription.id,
+            topic=topic,
+            payload=body,
+            state=DeliveryState.PENDING if active else DeliveryState.SKIPPED,
+            max_attempts=self.settings.webhooks_max_attempts,
+            last_error=None if active else f"subscription is {subscription.status.value}",
+            timestamp=now,
+            next_attempt_at=now if active else None,
+            created_at=now,
+        )
+
+    def _report_skipped(self, deliveries: Sequence[DeliveryLog]) -> None:
         skipped = [d for d in deliveries if d.state is DeliveryState.SKIPPED]
         if skipped and self._on_skipped is not None:
             self._on_skipped(skipped)
-        self._hand_over(pending, {s.id: s for s in subscriptions})
-        return [d.id for d in pending]
 
     def _hand_over(self, pending: list[DeliveryLog], subscriptions: dict[str, WebhookSubscription]) -> None:
         if self.delegate is not None:
@@ -95,10 +235,4 @@ class OutboundWebhookManager:
                 # A delegate error reaches the caller as it is, and the row is not dead-lettered.
                 self.delegate(delivery, subscriptions[delivery.subscription_id])
             return
-        try:
-            self.backend.enqueue(pending)
-        except JobBackendError as exc:
-            ids = [d.id for d in pending]
-            moved = self.store.dead_letter(ids, f"enqueue failed: {exc}", now=utcnow())
-            log.error("harvest: enqueue failed (%s); dead-lettered %d deliveries", exc, len(moved))
-            raise EnqueueError(ids, str(exc)) from exc
+        self.backend.enqueue(pending)

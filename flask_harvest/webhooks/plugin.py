@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 import redis
@@ -19,8 +20,10 @@ from ..jobs.rq import RqBackend, job_timeout_for
 from ..transport import Transport
 from .delivery import DeliveryRunner
 from .manager import Delegate, OutboundWebhookManager
-from .models import AttemptResult, Claim, DeliveryLog, DeliveryState, WebhookSubscriptionStatus
+from .models import AttemptResult, Claim, DeliveryLog, DeliveryState, WebhookSubscriptionStatus, utcnow
+from .outbox import SqlOutbox
 from .stores.base import OutboundWebhookHandler
+from .stores.sql import SqlOutboundWebhookStore
 from .sweeper import SweepReport, sweep
 
 if TYPE_CHECKING:
@@ -42,11 +45,18 @@ class HarvestState:
     manager: OutboundWebhookManager
 
     def sweep(self) -> SweepReport:
-        """Run one sweep of this app's store into its job backend."""
-        return sweep(self.store, self.backend, batch=1000)
+        """Run one sweep: relay outbox messages whose relay never ran, purge old relayed ones,
+        then free expired leases and queue due deliveries that have no job."""
+        relay = self.manager.relay_outbox()
+        outbox = self.manager.outbox
+        if outbox is not None:
+            cutoff = utcnow() - timedelta(seconds=self.settings.outbox_retention_seconds)
+            outbox.purge_relayed_before(cutoff)
+        return sweep(self.store, self.backend, batch=1000).with_relay(relay)
 
     def close(self) -> None:
-        """Stop the job backend (the local backend's threads) and release its connections."""
+        """Finish after-commit relays, stop the job backend and release its connections."""
+        self.manager.close()
         self.backend.close()
 
 
@@ -96,7 +106,6 @@ class OutboundWebhookPlugin:
         :param create_tables: create the harvest tables at ``init_app`` if they do not exist
             (turn off when migrations own the schema).
         """
-        from .stores.sql import SqlOutboundWebhookStore
 
         def build(app: Flask) -> OutboundWebhookHandler:
             with app.app_context():
@@ -133,8 +142,9 @@ class OutboundWebhookPlugin:
         holder: list[HarvestState] = []
         backend = _build_backend(app, settings, holder)
         runner = DeliveryRunner(store, settings, transport, backend, listener=_signal_listener(app))
+        outbox = SqlOutbox(store.engine) if isinstance(store, SqlOutboundWebhookStore) else None
         manager = OutboundWebhookManager(
-            store, backend, settings, delegate=self._delegate, on_skipped=_skip_listener(app)
+            store, backend, settings, outbox=outbox, delegate=self._delegate, on_skipped=_skip_listener(app)
         )
         state = HarvestState(settings, store, backend, transport, runner, manager)
         holder.append(state)

@@ -8,11 +8,13 @@ claim decides who sends.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from dataclasses import dataclass
 from datetime import timedelta
 
 from ..jobs.base import JobBackend
+from .manager import RelayReport
 from .models import utcnow
 from .stores.base import OutboundWebhookHandler
 
@@ -27,6 +29,14 @@ class SweepReport:
     released: int
     #: Deliveries queued again because no job was waiting for them.
     requeued: int
+    #: Outbox messages relayed by this sweep (their after-commit relay never ran or failed).
+    relayed: int = 0
+    #: Outbox messages whose relay failed; they are tried again at the next sweep.
+    relay_failed: int = 0
+
+    def with_relay(self, relay: RelayReport) -> SweepReport:
+        """Return this report with the outbox relay's counts added."""
+        return dataclasses.replace(self, relayed=relay.relayed, relay_failed=relay.failed)
 
 
 def sweep(

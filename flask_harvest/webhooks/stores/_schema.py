@@ -130,6 +130,25 @@ attempts_table = Table(
 )
 
 
+# The transactional outbox: written in the application's own transaction by dispatch_in_tx, then
+# relayed into deliveries. A claim (token and expiry) keeps concurrent relays off the same row.
+outbox_table = Table(
+    "harvest_outbox",
+    metadata,
+    Column("id", String(ID_LENGTH), primary_key=True),
+    Column("topic", Text, nullable=False),
+    Column("payload", Text, nullable=False),
+    Column("created_at", UTCDateTime, nullable=False),
+    Column("relayed_at", UTCDateTime, nullable=True),
+    Column("claim_token", String(32), nullable=True),
+    Column("claimed_until", UTCDateTime, nullable=True),
+    Column("relay_attempts", Integer, nullable=False, default=0),
+    Column("last_error", Text, nullable=True),
+    # The relay's scan of unrelayed messages, and the purge of relayed ones.
+    Index("ix_harvest_outbox_relayed_created", "relayed_at", "created_at"),
+)
+
+
 def schema_sql(dialect: str = "postgresql") -> str:
     """Return the DDL that creates every table and index of :data:`metadata` if it is absent.
 

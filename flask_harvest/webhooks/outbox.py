@@ -1,0 +1,176 @@
+"""The transactional outbox table: messages written in the caller's transaction, claimed for relay.
+
+:func:`~flask_harvest.webhooks.manager.OutboundWebhookManager.dispatch_in_tx` writes a row here on
+the application's own connection, so the event exists if and only if that transaction commits.
+The relay (after commit, and the sweeper for whatever that missed) claims rows, turns each into
+deliveries with ids derived from the message, and marks it relayed.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import Connection, Engine, delete, event, func, insert, select, update
+from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.orm import Session, scoped_session
+
+from ..errors import InvalidFieldError, StoreError
+from .models import new_id, utcnow
+from .stores._schema import outbox_table
+
+_box = outbox_table
+_PENDING_KEY = "harvest_outbox_pending"
+_HOOKED_KEY = "harvest_outbox_hooked"
+
+#: Where dispatch_in_tx can write: a Core connection, an ORM session, or Flask-SQLAlchemy's
+#: ``db.session`` (a scoped session).
+TransactionTarget = Connection | Session | scoped_session[Any]
+#: Called with the ids of messages whose transaction has just committed.
+CommitCallback = Callable[[list[str]], None]
+
+
+@dataclass(frozen=True)
+class OutboxMessage:
+    """An outbox row claimed for relay."""
+
+    id: str
+    topic: str
+    payload: str
+    claim_token: str
+
+
+class SqlOutbox:
+    """The ``harvest_outbox`` table on the store's engine.
+
+    :param engine: the engine of the SQL store; the caller's transaction must be on the same
+        database.
+    """
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        # SKIP LOCKED lets concurrent relays on PostgreSQL take disjoint rows without waiting;
+        # SQLite has one writer at a time, so its UPDATE ... RETURNING claim is already exclusive.
+        self._skip_locked = engine.dialect.name == "postgresql"
+
+    def write(self, target: TransactionTarget, topic: str, body: str, on_commit: CommitCallback) -> str:
+        """Insert a message on ``target``'s transaction; return its id. Never commits.
+
+        With a session, ``on_commit`` is called with the message id once the session commits (a
+        rollback forgets it); with a bare connection, the sweeper relays the message.
+        """
+        message_id = new_id("evt")
+        statement = insert(_box).values(id=message_id, topic=topic, payload=body, created_at=utcnow())
+        if isinstance(target, scoped_session):
+            target = target()
+        if isinstance(target, Session):
+            target.execute(statement)
+            _remember(target, message_id, on_commit)
+        elif isinstance(target, Connection):
+            target.execute(statement)
+        else:
+            raise InvalidFieldError(
+                "conn", "must be a SQLAlchemy Connection, an ORM Session, or Flask-SQLAlchemy's db.session"
+            )
+        return message_id
+
+    def claim(
+        self, *, now: datetime, lease_seconds: float, limit: int, ids: Sequence[str] | None = None
+    ) -> list[OutboxMessage]:
+        """Claim up to ``limit`` unrelayed messages (only ``ids``, if given), oldest first."""
+        token = uuid.uuid4().hex
+        candidates = select(_box.c.id).where(
+            _box.c.relayed_at.is_(None),
+            (_box.c.claimed_until.is_(None)) | (_box.c.claimed_until < now),
+        )
+        if ids is not None:
+            candidates = candidates.where(_box.c.id.in_(list(ids)))
+        candidates = candidates.order_by(_box.c.created_at).limit(limit)
+        if self._skip_locked:
+            candidates = candidates.with_for_update(skip_locked=True)
+        statement = (
+            update(_box)
+            .where(_box.c.id.in_(candidates.scalar_subquery()))
+            .values(claim_token=token, claimed_until=now + timedelta(seconds=lease_seconds))
+            .returning(_box.c.id, _box.c.topic, _box.c.payload, _box.c.created_at)
+        )
+        with self._transaction("claim outbox messages") as conn:
+            rows = conn.execute(statement).all()
+        return [
+            OutboxMessage(row.id, row.topic, row.payload, token)
+            for row in sorted(rows, key=lambda row: row.created_at)
+        ]
+
+    def mark_relayed(self, messages: Sequence[OutboxMessage], *, now: datetime) -> int:
+        """Mark claimed messages relayed; return how many were still ours to mark."""
+        return self._finish(messages, relayed_at=now, claim_token=None, claimed_until=None)
+
+    def release(self, messages: Sequence[OutboxMessage], error: str) -> int:
+        """Give claimed messages back after a failed relay, recording why; they are tried again."""
+        return self._finish(
+            messages,
+            claim_token=None,
+            claimed_until=None,
+            last_error=error[:2000],
+            relay_attempts=_box.c.relay_attempts + 1,
+        )
+
+    def _finish(self, messages: Sequence[OutboxMessage], **values: Any) -> int:
+        if not messages:
+            return 0
+        token = messages[0].claim_token
+        statement = (
+            update(_box)
+            .where(_box.c.id.in_([m.id for m in messages]), _box.c.claim_token == token)
+            .values(**values)
+        )
+        with self._transaction("update outbox messages") as conn:
+            return conn.execute(statement).rowcount
+
+    def purge_relayed_before(self, cutoff: datetime) -> int:
+        """Delete messages relayed before ``cutoff``; return how many."""
+        statement = delete(_box).where(_box.c.relayed_at.is_not(None), _box.c.relayed_at < cutoff)
+        with self._transaction("purge relayed outbox messages") as conn:
+            return conn.execute(statement).rowcount
+
+    def pending_count(self) -> int:
+        """Return how many messages wait for their relay."""
+        with self._transaction("count outbox messages") as conn:
+            return int(conn.execute(select(func.count()).where(_box.c.relayed_at.is_(None))).scalar_one())
+
+    @contextmanager
+    def _transaction(self, action: str) -> Iterator[Connection]:
+        """Run a block in one transaction; raise a driver error as :class:`StoreError`."""
+        try:
+            with self.engine.begin() as conn:
+                yield conn
+        except SQLAlchemyError as exc:
+            raise StoreError(f"could not {action} ({type(exc).__name__})") from exc
+
+
+def _remember(session: Session, message_id: str, on_commit: CommitCallback) -> None:
+    """Arrange for ``on_commit`` to hear of ``message_id`` when ``session`` commits."""
+    pending: list[tuple[str, CommitCallback]] = session.info.setdefault(_PENDING_KEY, [])
+    pending.append((message_id, on_commit))
+    if not session.info.get(_HOOKED_KEY):
+        event.listen(session, "after_commit", _after_commit)
+        event.listen(session, "after_rollback", _after_rollback)
+        session.info[_HOOKED_KEY] = True
+
+
+def _after_commit(session: Session) -> None:
+    pending: list[tuple[str, CommitCallback]] = session.info.pop(_PENDING_KEY, [])
+    by_callback: dict[CommitCallback, list[str]] = {}
+    for message_id, callback in pending:
+        by_callback.setdefault(callback, []).append(message_id)
+    for callback, ids in by_callback.items():
+        callback(ids)
+
+
+def _after_rollback(session: Session) -> None:
+    # The rows went with the transaction: nothing to relay.
+    session.info.pop(_PENDING_KEY, None)
