@@ -10,6 +10,7 @@ from flask.cli import AppGroup
 
 from .errors import HarvestError
 from .jobs.base import JobBackendError
+from .jobs.local import LocalBackend
 from .jobs.pool import DeliveryPool
 from .jobs.rq import HarvestWorker, RqBackend
 from .webhooks.manager import OutboundWebhookManager
@@ -21,7 +22,11 @@ harvest_cli = AppGroup("harvest", help="Outbound webhooks: workers and maintenan
 
 @harvest_cli.command("worker")
 @click.option("--burst", is_flag=True, help="Quit when the queue is empty instead of waiting.")
-@click.option("--name", default=None, help="Worker name shown by RQ (default: host and pid).")
+@click.option(
+    "--name",
+    default=None,
+    help="Worker name shown by RQ (default: random; a fixed name is unusable for minutes after a crash).",
+)
 @click.option(
     "--concurrency",
     type=click.IntRange(min=1),
@@ -69,10 +74,14 @@ def worker_command(burst: bool, name: str | None, concurrency: int | None) -> No
 @harvest_cli.command("sweep")
 def sweep_command() -> None:
     """Once: free expired leases and queue due deliveries that have no job."""
+    state = get_state()
     try:
-        report = get_state().sweep()
-    except JobBackendError as exc:
+        report = state.sweep()
+    except HarvestError as exc:
         raise click.ClickException(str(exc)) from exc
+    if isinstance(state.backend, LocalBackend):
+        # The local backend runs the requeued attempts on this process's threads: let them finish.
+        state.backend.join(timeout=state.settings.webhooks_deadline_seconds * 2)
     click.echo(
         f"relayed {report.relayed} outbox message(s), released {report.released} expired lease(s), "
         f"requeued {report.requeued} delivery(ies)"

@@ -301,6 +301,9 @@ def test_a_delegate_takes_over_and_its_error_reaches_the_caller(
         with pytest.raises(RuntimeError, match="delegate is down"):
             get_state().manager.dispatch("order.created", {})
     assert handed[0] == first
+    time.sleep(2.1)  # past the sweeper's grace period: the rows are due and have no job...
+    with app.app_context():
+        assert get_state().sweep().requeued == 0  # ...but the delegate owns them
     for delivery_id in handed:  # handed over, not sent, and never dead-lettered
         stored = store.get_delivery(delivery_id)
         assert stored is not None

@@ -105,7 +105,6 @@ class OutboundWebhookManager:
         subscriptions = self.store.subscriptions_for_topic(topic)
         deliveries = [self._delivery(topic, body, s, now, new_id("msg")) for s in subscriptions]
         self.store.log_deliveries(deliveries)
-        self._report_skipped(deliveries)
         pending = [d for d in deliveries if d.state is DeliveryState.PENDING]
         try:
             self._hand_over(pending, {s.id: s for s in subscriptions})
@@ -114,6 +113,8 @@ class OutboundWebhookManager:
             moved = self.store.dead_letter(ids, f"enqueue failed: {exc}", now=utcnow())
             log.error("harvest: enqueue failed (%s); dead-lettered %d deliveries", exc, len(moved))
             raise EnqueueError(ids, str(exc)) from exc
+        # After the hand-over: a receiver of the signal that raises must not keep jobs unqueued.
+        self._report_skipped(deliveries)
         return [d.id for d in pending]
 
     def dispatch_in_tx(self, conn: TransactionTarget, topic: str, payload: Any) -> str:
@@ -173,7 +174,6 @@ class OutboundWebhookManager:
             if s.matches(m.topic)
         ]
         inserted = set(self.store.log_deliveries(deliveries))
-        self._report_skipped([d for d in deliveries if d.id in inserted])
         pending_ids = [d.id for d in deliveries if d.state is DeliveryState.PENDING]
         # Stored rows, not the ones built above: a delivery that already has a result is done.
         waiting = [
@@ -182,6 +182,7 @@ class OutboundWebhookManager:
             if d.state is DeliveryState.PENDING and d.attempt == 1 and d.last_error is None
         ]
         self._hand_over(waiting, {s.id: s for s in subscriptions})
+        self._report_skipped([d for d in deliveries if d.id in inserted])
 
     def _relay_soon(self, message_ids: list[str]) -> None:
         """After a commit: relay these messages on a background thread (the sweeper backs it up)."""

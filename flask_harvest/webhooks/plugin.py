@@ -52,7 +52,9 @@ class HarvestState:
         if outbox is not None:
             cutoff = utcnow() - timedelta(seconds=self.settings.outbox_retention_seconds)
             outbox.purge_relayed_before(cutoff)
-        return sweep(self.store, self.backend, batch=1000).with_relay(relay)
+        # A delegate owns the deliveries handed to it: queueing them here would send them twice.
+        requeue = self.manager.delegate is None
+        return sweep(self.store, self.backend, batch=1000, requeue=requeue).with_relay(relay)
 
     def close(self) -> None:
         """Finish after-commit relays, stop the job backend and release its connections."""

@@ -45,15 +45,19 @@ def sweep(
     *,
     grace_seconds: float = 2.0,
     batch: int = 1000,
+    requeue: bool = True,
 ) -> SweepReport:
     """Run one sweep and return what it did.
 
     :param grace_seconds: leave alone rows that became due less than this long ago; their job
         is most likely on its way (the scheduler moves due jobs about once a second).
     :param batch: the most rows looked at in one sweep.
+    :param requeue: queue due deliveries that have no job; off when a delegate owns delivery.
     """
     now = utcnow()
     released = store.release_expired_leases(now=now)
+    if not requeue:
+        return SweepReport(released=len(released), requeued=0)
     due_ids = store.due_deliveries(now=now - timedelta(seconds=grace_seconds), limit=batch)
     candidates = store.get_deliveries(sorted(set(due_ids) | set(released)))
     live = backend.live_jobs(candidates)
