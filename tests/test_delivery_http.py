@@ -79,9 +79,13 @@ def test_retry_keeps_the_id_and_signs_a_fresh_timestamp(
     first, second = receiver.requests
     assert first.webhook_id == second.webhook_id == delivery_id
     assert int(second.headers["webhook-timestamp"]) > int(first.headers["webhook-timestamp"])
-    for request in (first, second):
+    for request in (first, second):  # each attempt verifies, with our verifier and with theirs
         verify_standard(SECRET, request.headers, request.body)
         verify_stripe(SECRET, request.headers["autumn-signature"], request.body)
+        standardwebhooks.Webhook(SECRET).verify(request.body, dict(request.headers))
+        stripe.WebhookSignature.verify_header(
+            request.body.decode(), request.headers["autumn-signature"], SECRET, tolerance=300
+        )
     stored = store.get_delivery(delivery_id)
     assert stored is not None
     assert stored.attempt == 2
