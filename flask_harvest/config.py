@@ -9,11 +9,12 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from .errors import ConfigurationError
 from .signing import DEFAULT_SIGNATURE_HEADER
+from .ssrf import SsrfPolicy, parse_cidrs
 
 
 @dataclass(frozen=True)
@@ -46,6 +47,12 @@ class Settings:
     webhooks_lease_seconds: float = 60.0
     #: Seconds between sweeps (stuck leases, lost jobs) in a worker or the local backend.
     sweep_interval_seconds: float = 5.0
+    #: Seconds the old secret keeps signing deliveries after a rotation.
+    webhooks_secret_grace_seconds: float = 24 * 3600.0
+    #: URL prefix of the actuator blueprint.
+    actuator_prefix: str = "/actuator/webhooks"
+    #: Bearer token that opens the actuator; with none (and no authorizer) every route is refused.
+    actuator_token: str = field(default="", repr=False)
     #: Relayed outbox messages older than this many seconds are deleted by the sweeper.
     outbox_retention_seconds: float = 7 * 24 * 3600.0
     #: Threads of the ``local`` backend.
@@ -55,10 +62,29 @@ class Settings:
     #: Attempts in flight at once for one subscription in one worker process; past it, deliveries
     #: wait their turn so a slow or dead endpoint cannot take every slot.
     webhooks_max_inflight_per_subscription: int = 8
+    #: Deliver to loopback, private, link-local and other non-public addresses. Off by default
+    #: (SSRF); turn on for development and tests against a receiver on 127.0.0.1.
+    webhooks_allow_private_targets: bool = False
+    #: Accept only ``https://`` targets.
+    webhooks_https_only: bool = False
+    #: Comma-separated networks (``"10.1.0.0/16, fd00:1::/64"``) allowed although not public.
+    webhooks_allow_cidrs: str = ""
+    #: Comma-separated networks always refused, even when allowed by the two keys above.
+    webhooks_deny_cidrs: str = ""
 
     @property
     def backoff(self) -> tuple[int, int]:
         return self.webhooks_initial_backoff_ms, self.webhooks_max_backoff_ms
+
+    @property
+    def ssrf_policy(self) -> SsrfPolicy:
+        """The SSRF policy these settings describe (delivery targets are checked against it)."""
+        return SsrfPolicy(
+            allow_private=self.webhooks_allow_private_targets,
+            https_only=self.webhooks_https_only,
+            allow_cidrs=parse_cidrs(self.webhooks_allow_cidrs),
+            deny_cidrs=parse_cidrs(self.webhooks_deny_cidrs),
+        )
 
 
 PREFIX = "HARVEST_"
@@ -86,6 +112,12 @@ def _coerce(name: str, value: Any, default: Any) -> Any:
         if number <= 0:
             raise ConfigurationError(f"{key} must be greater than zero, not {value!r}")
         return number
+    if default == "":  # an optional list: a comma-separated string, or a list of strings
+        if isinstance(value, list | tuple) and all(isinstance(item, str) for item in value):
+            return ",".join(value)
+        if not isinstance(value, str):
+            raise ConfigurationError(f"{key} must be a comma-separated string or a list of strings")
+        return value
     if not isinstance(value, str) or not value:
         raise ConfigurationError(f"{key} must be a non-empty string")
     return value
@@ -102,17 +134,24 @@ def load_settings(config: Mapping[str, Any], overrides: Mapping[str, Any]) -> Se
             f"unknown option(s) {', '.join(sorted(unknown))}; known options: {', '.join(KEYS)}"
         )
     values: dict[str, Any] = {}
-    for field in dataclasses.fields(Settings):
-        default = field.default
-        if KEYS[field.name] in config:
-            values[field.name] = _coerce(field.name, config[KEYS[field.name]], default)
-        elif field.name in overrides:
-            values[field.name] = _coerce(field.name, overrides[field.name], default)
+    for setting in dataclasses.fields(Settings):
+        default = setting.default
+        if KEYS[setting.name] in config:
+            values[setting.name] = _coerce(setting.name, config[KEYS[setting.name]], default)
+        elif setting.name in overrides:
+            values[setting.name] = _coerce(setting.name, overrides[setting.name], default)
     settings = Settings(**values)
     if settings.jobs_backend not in JOBS_BACKENDS:
         raise ConfigurationError(
             f"{KEYS['jobs_backend']} must be one of {', '.join(JOBS_BACKENDS)}, not {settings.jobs_backend!r}"
         )
+    for name in ("webhooks_allow_cidrs", "webhooks_deny_cidrs"):
+        try:
+            parse_cidrs(getattr(settings, name))
+        except ValueError as exc:
+            raise ConfigurationError(
+                f"{KEYS[name]} must list networks such as '10.1.0.0/16, fd00::/8' ({exc})"
+            ) from None
     if settings.webhooks_initial_backoff_ms > settings.webhooks_max_backoff_ms:
         raise ConfigurationError(
             f"{KEYS['webhooks_initial_backoff_ms']} must not exceed {KEYS['webhooks_max_backoff_ms']}"

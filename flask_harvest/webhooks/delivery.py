@@ -125,7 +125,8 @@ class DeliveryRunner:
             "Content-Type": "application/json",
             "User-Agent": USER_AGENT,
             **sign_headers(
-                [subscription.secret],
+                # During a rotation's grace period, both secrets sign: receivers switch at leisure.
+                subscription.signing_secrets(utcnow()),
                 delivery.id,
                 timestamp,
                 body,

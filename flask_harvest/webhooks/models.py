@@ -153,6 +153,9 @@ class WebhookSubscription:
     description: str = ""
     created_at: datetime = field(default_factory=utcnow)
     updated_at: datetime = field(default_factory=utcnow)
+    #: The secret before the last rotation; deliveries are signed with it too until it expires.
+    previous_secret: str | None = field(default=None, repr=False)
+    previous_secret_expires_at: datetime | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.id, str) or not self.id or len(self.id) > 255:
@@ -168,6 +171,8 @@ class WebhookSubscription:
         if not isinstance(self.secret, str):
             raise InvalidFieldError("secret", "must be a string")
         secret_key(self.secret)  # raises InvalidSecretError naming the field
+        if self.previous_secret is not None:
+            secret_key(self.previous_secret)
         object.__setattr__(self, "status", WebhookSubscriptionStatus(self.status))
         if self.consecutive_failures < 0:
             raise InvalidFieldError("consecutive_failures", "must not be negative")
@@ -175,6 +180,15 @@ class WebhookSubscription:
     @property
     def is_active(self) -> bool:
         return self.status is WebhookSubscriptionStatus.ACTIVE
+
+    def signing_secrets(self, now: datetime) -> list[str]:
+        """Return the secrets a delivery made at ``now`` is signed with: the current one, and the
+        previous one while its rotation grace period lasts."""
+        secrets = [self.secret]
+        expires = self.previous_secret_expires_at
+        if self.previous_secret and expires is not None and expires > now:
+            secrets.append(self.previous_secret)
+        return secrets
 
     def matches(self, topic: str) -> bool:
         """Return whether this subscription wants events of ``topic``."""
@@ -195,6 +209,7 @@ class WebhookSubscription:
             "description": self.description,
             "created_at": isoformat(self.created_at),
             "updated_at": isoformat(self.updated_at),
+            "previous_secret_expires_at": isoformat(self.previous_secret_expires_at),
         }
 
 
@@ -314,3 +329,20 @@ class Claim:
     delivery: DeliveryLog
     subscription: WebhookSubscription | None
     lease_token: str
+
+
+@dataclass(frozen=True)
+class DeliveryStats:
+    """Counts of deliveries by state, and the creation time of the oldest pending one."""
+
+    counts: Mapping[str, int] = field(default_factory=dict)
+    oldest_pending_at: datetime | None = None
+
+    def to_dict(self, now: datetime) -> dict[str, Any]:
+        counts = {state.value: int(self.counts.get(state.value, 0)) for state in DeliveryState}
+        oldest = self.oldest_pending_at
+        return {
+            "counts": counts,
+            "dlq_depth": counts[DeliveryState.DLQ.value],
+            "oldest_pending_age_seconds": round((now - oldest).total_seconds(), 3) if oldest else None,
+        }

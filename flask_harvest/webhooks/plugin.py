@@ -9,7 +9,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 import redis
-from flask import Flask, current_app
+from flask import Flask, Request, current_app
 
 from .. import signals
 from ..config import KEYS, Settings, load_settings
@@ -33,6 +33,17 @@ EXTENSION_KEY = "harvest"
 log = logging.getLogger("flask_harvest")
 
 
+#: Decides whether a request may use the actuator (return ``True`` to allow it).
+Authorizer = Callable[[Request], bool]
+
+
+@dataclass
+class ActuatorAccess:
+    """Who may use the actuator: the authorizer registered on the extension, if any."""
+
+    authorizer: Authorizer | None = None
+
+
 @dataclass
 class HarvestState:
     """Everything the extension built for one app, kept in ``app.extensions["harvest"]``."""
@@ -43,6 +54,7 @@ class HarvestState:
     transport: Transport
     runner: DeliveryRunner
     manager: OutboundWebhookManager
+    access: ActuatorAccess
 
     def sweep(self) -> SweepReport:
         """Run one sweep: relay outbox messages whose relay never ran, purge old relayed ones,
@@ -88,6 +100,7 @@ class OutboundWebhookPlugin:
         self._store_factory: Callable[[Flask], OutboundWebhookHandler] | None = None
         self._delegate = delegate
         self._options = options
+        self._access = ActuatorAccess()
         unknown = set(options) - set(KEYS)
         if unknown:
             raise ConfigurationError(
@@ -140,6 +153,7 @@ class OutboundWebhookPlugin:
             connect_timeout=settings.webhooks_connect_timeout_seconds,
             read_timeout=settings.webhooks_timeout_seconds,
             deadline=settings.webhooks_deadline_seconds,
+            policy=settings.ssrf_policy,
         )
         holder: list[HarvestState] = []
         backend = _build_backend(app, settings, holder)
@@ -148,19 +162,33 @@ class OutboundWebhookPlugin:
         manager = OutboundWebhookManager(
             store, backend, settings, outbox=outbox, delegate=self._delegate, on_skipped=_skip_listener(app)
         )
-        state = HarvestState(settings, store, backend, transport, runner, manager)
+        state = HarvestState(settings, store, backend, transport, runner, manager, self._access)
         holder.append(state)
         app.extensions[EXTENSION_KEY] = state
 
         from ..cli import harvest_cli
+        from .actuator import actuator
 
         app.cli.add_command(harvest_cli)
+        app.register_blueprint(actuator, url_prefix=settings.actuator_prefix)
         if not backend.durable:
             app.logger.warning(
                 "flask-harvest uses the 'local' job backend: delivery jobs live in this process "
                 "and are lost if it exits; set %s = 'rq' in production",
                 KEYS["jobs_backend"],
             )
+
+    def actuator_authorizer(self, authorizer: Authorizer) -> Authorizer:
+        """Register a function that decides who may use the actuator; use it as a decorator::
+
+            @plugin.actuator_authorizer
+            def only_admins(request):
+                return current_user.is_admin
+
+        A request with the right ``HARVEST_ACTUATOR_TOKEN`` is allowed whatever it returns.
+        """
+        self._access.authorizer = authorizer
+        return authorizer
 
     @property
     def store(self) -> OutboundWebhookHandler:

@@ -81,6 +81,9 @@ subscriptions_table = Table(
     Column("description", Text, nullable=False, default=""),
     Column("created_at", UTCDateTime, nullable=False),
     Column("updated_at", UTCDateTime, nullable=False),
+    # After a rotation, the old secret still signs deliveries until it expires.
+    Column("previous_secret", Text, nullable=True),
+    Column("previous_secret_expires_at", UTCDateTime, nullable=True),
 )
 
 # No foreign key to the subscriptions: a delivery log outlives its removed subscription.
@@ -186,6 +189,8 @@ def subscription_values(subscription: WebhookSubscription) -> dict[str, Any]:
         "description": subscription.description,
         "created_at": subscription.created_at,
         "updated_at": subscription.updated_at,
+        "previous_secret": subscription.previous_secret,
+        "previous_secret_expires_at": subscription.previous_secret_expires_at,
     }
 
 
@@ -222,6 +227,8 @@ def row_to_subscription(row: Row[Any]) -> WebhookSubscription:
         description=row.description,
         created_at=row.created_at,
         updated_at=row.updated_at,
+        previous_secret=row.previous_secret,
+        previous_secret_expires_at=row.previous_secret_expires_at,
     )
 
 

@@ -9,7 +9,8 @@ them at once never both win.
 from __future__ import annotations
 
 import abc
-from collections.abc import Sequence
+from collections import Counter
+from collections.abc import Iterable, Sequence
 from datetime import datetime
 
 from ...errors import SubscriptionNotFoundError
@@ -18,12 +19,37 @@ from ..models import (
     Claim,
     DeliveryAttempt,
     DeliveryLog,
+    DeliveryState,
+    DeliveryStats,
     WebhookSubscription,
     WebhookSubscriptionStatus,
 )
 
 #: A position in the DLQ listing: the ``(timestamp, id)`` of the last row of the previous page.
 DlqCursor = tuple[datetime, str]
+
+
+def fold_stats(
+    groups: Iterable[tuple[str, str, int, datetime | None]],
+) -> tuple[DeliveryStats, dict[str, DeliveryStats]]:
+    """Fold ``(subscription_id, state, count, oldest created_at)`` groups into stats: overall,
+    and per subscription. A store's :meth:`~OutboundWebhookHandler.delivery_stats` uses it."""
+    overall: Counter[str] = Counter()
+    oldest_overall: datetime | None = None
+    counts: dict[str, Counter[str]] = {}
+    oldest: dict[str, datetime] = {}
+    for subscription_id, state, count, created in groups:
+        overall[state] += count
+        counts.setdefault(subscription_id, Counter())[state] += count
+        if state == DeliveryState.PENDING.value and created is not None:
+            if oldest_overall is None or created < oldest_overall:
+                oldest_overall = created
+            if subscription_id not in oldest or created < oldest[subscription_id]:
+                oldest[subscription_id] = created
+    per_subscription = {
+        sub: DeliveryStats(dict(by_state), oldest.get(sub)) for sub, by_state in counts.items()
+    }
+    return DeliveryStats(dict(overall), oldest_overall), per_subscription
 
 
 class OutboundWebhookHandler(abc.ABC):
@@ -115,11 +141,20 @@ class OutboundWebhookHandler(abc.ABC):
         before: DlqCursor | None = None,
         subscription_id: str | None = None,
         topic: str | None = None,
+        since: datetime | None = None,
+        until: datetime | None = None,
     ) -> list[DeliveryLog]:
         """Return dead-lettered deliveries, newest first by ``(timestamp, id)``.
 
         :param before: return only rows older than this cursor (the last row of a previous page).
+        :param since: only rows dead-lettered at or after this time.
+        :param until: only rows dead-lettered before this time.
         """
+
+    @abc.abstractmethod
+    def delivery_stats(self) -> tuple[DeliveryStats, dict[str, DeliveryStats]]:
+        """Return delivery counts by state and the oldest pending delivery: overall, and per
+        subscription id."""
 
     @abc.abstractmethod
     def purge_deliveries_before(self, cutoff: datetime) -> int:

@@ -19,12 +19,13 @@ from ..models import (
     DeliveryAttempt,
     DeliveryLog,
     DeliveryState,
+    DeliveryStats,
     SubscriptionEffect,
     WebhookSubscription,
     WebhookSubscriptionStatus,
     utcnow,
 )
-from .base import DlqCursor, OutboundWebhookHandler
+from .base import DlqCursor, OutboundWebhookHandler, fold_stats
 
 
 class InMemoryOutboundWebhookHandler(OutboundWebhookHandler):
@@ -108,6 +109,8 @@ class InMemoryOutboundWebhookHandler(OutboundWebhookHandler):
         before: DlqCursor | None = None,
         subscription_id: str | None = None,
         topic: str | None = None,
+        since: datetime | None = None,
+        until: datetime | None = None,
     ) -> list[DeliveryLog]:
         with self._lock:
             rows = [
@@ -117,9 +120,16 @@ class InMemoryOutboundWebhookHandler(OutboundWebhookHandler):
                 and (subscription_id is None or d.subscription_id == subscription_id)
                 and (topic is None or d.topic == topic)
                 and (before is None or (d.timestamp, d.id) < before)
+                and (since is None or d.timestamp >= since)
+                and (until is None or d.timestamp < until)
             ]
         rows.sort(key=lambda d: (d.timestamp, d.id), reverse=True)
         return rows[:limit]
+
+    def delivery_stats(self) -> tuple[DeliveryStats, dict[str, DeliveryStats]]:
+        with self._lock:
+            groups = [(d.subscription_id, d.state.value, 1, d.created_at) for d in self._deliveries.values()]
+        return fold_stats(groups)
 
     def purge_deliveries_before(self, cutoff: datetime) -> int:
         with self._lock:

@@ -14,7 +14,7 @@ from contextlib import contextmanager
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Connection, Engine, and_, delete, insert, or_, select, update
+from sqlalchemy import Connection, Engine, and_, delete, func, insert, or_, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError, StatementError
 
@@ -32,6 +32,7 @@ from ..models import (
     DeliveryAttempt,
     DeliveryLog,
     DeliveryState,
+    DeliveryStats,
     SubscriptionEffect,
     WebhookSubscription,
     WebhookSubscriptionStatus,
@@ -50,7 +51,7 @@ from ._schema import (
     subscription_values,
     subscriptions_table,
 )
-from .base import DlqCursor, OutboundWebhookHandler
+from .base import DlqCursor, OutboundWebhookHandler, fold_stats
 
 __all__ = [
     "WEBHOOK_SCHEMA_SQL",
@@ -245,8 +246,14 @@ class SqlOutboundWebhookStore(OutboundWebhookHandler):
         before: DlqCursor | None = None,
         subscription_id: str | None = None,
         topic: str | None = None,
+        since: datetime | None = None,
+        until: datetime | None = None,
     ) -> list[DeliveryLog]:
         query = select(_dels).where(_dels.c.state == DeliveryState.DLQ.value)
+        if since is not None:
+            query = query.where(_dels.c.timestamp >= since)
+        if until is not None:
+            query = query.where(_dels.c.timestamp < until)
         if subscription_id is not None:
             query = query.where(_dels.c.subscription_id == subscription_id)
         if topic is not None:
@@ -261,6 +268,15 @@ class SqlOutboundWebhookStore(OutboundWebhookHandler):
         with self._transaction("list the DLQ") as conn:
             rows = conn.execute(query).all()
         return [row_to_delivery(row) for row in rows]
+
+    def delivery_stats(self) -> tuple[DeliveryStats, dict[str, DeliveryStats]]:
+        # One grouped scan; the (subscription_id, state) index covers the grouping.
+        query = select(
+            _dels.c.subscription_id, _dels.c.state, func.count(), func.min(_dels.c.created_at)
+        ).group_by(_dels.c.subscription_id, _dels.c.state)
+        with self._transaction("count deliveries") as conn:
+            groups = [(row[0], row[1], int(row[2]), row[3]) for row in conn.execute(query)]
+        return fold_stats(groups)
 
     def purge_deliveries_before(self, cutoff: datetime) -> int:
         with self._transaction("purge delivered logs") as conn:
