@@ -151,10 +151,16 @@ def redis_conn(redis_url: str) -> Iterator[redis.Redis]:
 
 # -- stores --------------------------------------------------------------------------------------
 
+# HARVEST_TEST_DB=sqlite or =postgres (tox's database factor) keeps the SQL tests to that one.
+_ONLY_DB = os.environ.get("HARVEST_TEST_DB", "")
 STORE_KINDS = [
     pytest.param("memory", id="memory"),
-    pytest.param("sqlite", id="sqlite"),
-    pytest.param("postgres", id="postgres", marks=pytest.mark.postgres),
+    *([pytest.param("sqlite", id="sqlite")] if _ONLY_DB in ("", "sqlite") else []),
+    *(
+        [pytest.param("postgres", id="postgres", marks=pytest.mark.postgres)]
+        if _ONLY_DB in ("", "postgres")
+        else []
+    ),
 ]
 
 
