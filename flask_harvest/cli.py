@@ -1,23 +1,55 @@
-"""``flask harvest ...``: operator commands, thin over the library's functions."""
+"""``flask harvest ...``: operator commands, thin over :mod:`flask_harvest.webhooks.operations`.
+
+Each command prints text for people or, with ``--json``, JSON for scripts. A failure exits with
+status 1 (2 for misused options) and a one-line ``Error: ...`` reason, never a traceback. A secret is
+printed only by ``subscriptions add`` and ``subscriptions rotate-secret``, once.
+"""
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, timedelta
+from typing import Any
 
 import click
 from flask import current_app
 from flask.cli import AppGroup
 
-from .errors import HarvestError
+from . import _cli_output as out
+from .errors import DeliveryNotFoundError, HarvestError, SubscriptionNotFoundError
 from .jobs.base import JobBackendError
 from .jobs.local import LocalBackend
 from .jobs.pool import DeliveryPool
 from .jobs.rq import HarvestWorker, RqBackend
+from .webhooks import operations
 from .webhooks.manager import OutboundWebhookManager
-from .webhooks.models import utcnow
+from .webhooks.models import WebhookSubscriptionStatus, isoformat, utcnow
+from .webhooks.operations import MAX_BULK_REPLAY, NewSecret
 from .webhooks.plugin import get_state
+from .webhooks.stores.sql import SqlOutboundWebhookStore
 
-harvest_cli = AppGroup("harvest", help="Outbound webhooks: workers and maintenance.")
+
+def _one_line(exc: BaseException) -> str:
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    return lines[0] if lines else type(exc).__name__
+
+
+class _Command(click.Command):
+    """A command whose :class:`HarvestError` ends it with ``Error: <reason>`` and exit status 1."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except HarvestError as exc:
+            raise click.ClickException(_one_line(exc)) from exc
+
+
+class _Group(AppGroup):
+    """The ``harvest`` groups: every command runs in the app context and reports errors in one line."""
+
+    command_class = _Command
+
+
+harvest_cli = _Group("harvest", help="Outbound webhooks: subscriptions, dead letters, workers, maintenance.")
 
 
 @harvest_cli.command("worker")
@@ -50,7 +82,7 @@ def worker_command(burst: bool, name: str | None, concurrency: int | None) -> No
     try:
         report = state.sweep()  # recover what a dead worker or a lost Redis left, before waiting
     except JobBackendError as exc:
-        raise click.ClickException(f"cannot reach Redis: {exc}") from exc
+        raise click.ClickException(f"cannot reach Redis: {_one_line(exc)}") from exc
     click.echo(f"harvest: startup sweep released {report.released}, requeued {report.requeued}")
     settings = state.settings
     pool = DeliveryPool(
@@ -75,10 +107,7 @@ def worker_command(burst: bool, name: str | None, concurrency: int | None) -> No
 def sweep_command() -> None:
     """Once: free expired leases and queue due deliveries that have no job."""
     state = get_state()
-    try:
-        report = state.sweep()
-    except HarvestError as exc:
-        raise click.ClickException(str(exc)) from exc
+    report = state.sweep()
     if isinstance(state.backend, LocalBackend):
         # The local backend runs the requeued attempts on this process's threads: let them finish.
         state.backend.join(timeout=state.settings.webhooks_deadline_seconds * 2)
@@ -88,7 +117,251 @@ def sweep_command() -> None:
     )
 
 
-outbox_cli = AppGroup("outbox", help="The transactional outbox of dispatch_in_tx.")
+@harvest_cli.command("init-db")
+def init_db_command() -> None:
+    """Create the webhook tables where they do not exist yet (existing ones are left alone)."""
+    store = get_state().store
+    if not isinstance(store, SqlOutboundWebhookStore):
+        click.echo(f"{type(store).__name__} keeps no tables: there is nothing to create")
+        return
+    store.ensure_schema()
+    click.echo("the webhook tables are in place")
+
+
+@harvest_cli.command("purge")
+@click.option("--before", metavar="ISO_DATETIME", callback=out.iso_datetime, help="Cutoff (naive = UTC).")
+@click.option("--older-than", type=out.Seconds(), default=None, help="Cutoff as seconds before now.")
+@out.json_option
+def purge_command(before: datetime | None, older_than: float | None, as_json: bool) -> None:
+    """Delete delivered logs whose last attempt is older than the cutoff; give exactly one.
+
+    Pending, in-flight, dead-lettered and skipped logs stay.
+    """
+    if (before is None) == (older_than is None):
+        raise click.UsageError("give exactly one of --before and --older-than")
+    cutoff = before if before is not None else utcnow() - timedelta(seconds=older_than or 0)
+    removed = get_state().store.purge_deliveries_before(cutoff)
+    data = {"removed": removed, "before": isoformat(cutoff)}
+    out.output(data, as_json, lambda d: f"removed {d['removed']} delivered log(s) from before {d['before']}")
+
+
+@harvest_cli.command("stats")
+@out.json_option
+def stats_command(as_json: bool) -> None:
+    """Delivery counts by state, DLQ depth and the oldest pending delivery's age."""
+    out.output(operations.stats(get_state()), as_json, out.stats)
+
+
+# -- subscriptions ---------------------------------------------------------------------------------
+
+subscriptions_cli = _Group("subscriptions", help="Who receives which events.")
+harvest_cli.add_command(subscriptions_cli)
+_secret_option = click.option(
+    "--secret", default=None, help="Signing secret (whsec_<base64>, or any string; default: a random one)."
+)
+
+
+def _print_new_secret(created: NewSecret, as_json: bool) -> None:
+    # The only output with a secret in it: every other command prints to_dict(), which leaves it out.
+    out.output({**created.subscription.to_dict(), "secret": created.secret}, as_json, out.with_secret)
+
+
+@subscriptions_cli.command("add")
+@click.argument("url")
+@click.option("--topic", "topics", multiple=True, required=True, help="Topic or pattern (order.*); repeat.")
+@_secret_option
+@click.option("--id", "subscription_id", default=None, help="The subscription's id (default: sub_<random>).")
+@click.option("--description", default="", help="A note for operators.")
+@out.json_option
+def subscriptions_add(
+    url: str,
+    topics: tuple[str, ...],
+    secret: str | None,
+    subscription_id: str | None,
+    description: str,
+    as_json: bool,
+) -> None:
+    """Subscribe URL to events; prints the signing secret, once."""
+    created = operations.create_subscription(
+        get_state(),
+        target_url=url,
+        event_topics=topics,
+        secret=secret,
+        subscription_id=subscription_id,
+        description=description,
+    )
+    _print_new_secret(created, as_json)
+
+
+@subscriptions_cli.command("list")
+@out.json_option
+def subscriptions_list(as_json: bool) -> None:
+    """Every subscription, oldest first."""
+    data = [s.to_dict() for s in get_state().store.list_subscriptions()]
+    out.output(data, as_json, out.subscription_rows)
+
+
+@subscriptions_cli.command("show")
+@click.argument("subscription_id")
+@out.json_option
+def subscriptions_show(subscription_id: str, as_json: bool) -> None:
+    """One subscription (its secret is never shown)."""
+    out.output(operations.get_subscription(get_state(), subscription_id).to_dict(), as_json, out.fields)
+
+
+def _set_status(subscription_id: str, status: WebhookSubscriptionStatus, as_json: bool) -> None:
+    updated = operations.update_subscription(get_state(), subscription_id, status=status)
+    out.output(updated.to_dict(), as_json, lambda d: f"subscription {d['id']} is now {d['status']}")
+
+
+@subscriptions_cli.command("enable")
+@click.argument("subscription_id")
+@out.json_option
+def subscriptions_enable(subscription_id: str, as_json: bool) -> None:
+    """Deliver to the subscription again (clears its failure count)."""
+    _set_status(subscription_id, WebhookSubscriptionStatus.ACTIVE, as_json)
+
+
+@subscriptions_cli.command("disable")
+@click.argument("subscription_id")
+@out.json_option
+def subscriptions_disable(subscription_id: str, as_json: bool) -> None:
+    """Stop delivering to the subscription; its new deliveries are skipped until enabled."""
+    _set_status(subscription_id, WebhookSubscriptionStatus.DISABLED, as_json)
+
+
+@subscriptions_cli.command("rotate-secret")
+@click.argument("subscription_id")
+@_secret_option
+@click.option(
+    "--grace-seconds",
+    type=out.Seconds(),
+    default=None,
+    help="How long the old secret keeps signing too (default: HARVEST_WEBHOOKS_SECRET_GRACE_SECONDS).",
+)
+@out.json_option
+def subscriptions_rotate_secret(
+    subscription_id: str, secret: str | None, grace_seconds: float | None, as_json: bool
+) -> None:
+    """Give the subscription a new secret; prints it, once."""
+    rotated = operations.rotate_secret(
+        get_state(), subscription_id, new_secret=secret, grace_seconds=grace_seconds
+    )
+    _print_new_secret(rotated, as_json)
+
+
+@subscriptions_cli.command("remove")
+@click.argument("subscription_id")
+@click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
+def subscriptions_remove(subscription_id: str, yes: bool) -> None:
+    """Delete the subscription; its delivery logs stay."""
+    state = get_state()
+    subscription = operations.get_subscription(state, subscription_id)
+    if not yes:
+        click.confirm(f"Remove subscription {subscription.id} ({subscription.target_url})?", abort=True)
+    if not state.store.remove_subscription(subscription_id):
+        raise SubscriptionNotFoundError(subscription_id)
+    click.echo(f"removed subscription {subscription_id}; its delivery logs stay")
+
+
+# -- dead letters and deliveries -------------------------------------------------------------------
+
+dlq_cli = _Group("dlq", help="Dead-lettered deliveries: list and replay.")
+harvest_cli.add_command(dlq_cli)
+
+
+@dlq_cli.command("list")
+@click.option("--limit", type=click.IntRange(1, 500), default=50, show_default=True, help="Rows per page.")
+@click.option("--cursor", default=None, help="Continue after a previous page (its 'more:' line).")
+@click.option("--subscription", "subscription_id", default=None, help="Only this subscription's.")
+@click.option("--topic", default=None, help="Only this topic's.")
+@out.json_option
+def dlq_list(
+    limit: int, cursor: str | None, subscription_id: str | None, topic: str | None, as_json: bool
+) -> None:
+    """Dead-lettered deliveries, newest first."""
+    page, next_cursor = operations.dlq_page(
+        get_state(), limit=limit, cursor=cursor, subscription_id=subscription_id, topic=topic
+    )
+    data = {"deliveries": [d.to_dict() for d in page], "next_cursor": next_cursor}
+    out.output(data, as_json, out.dlq_page)
+
+
+@dlq_cli.command("replay")
+@click.argument("log_id", required=False)
+@click.option("--subscription", "subscription_id", default=None, help="Bulk: this subscription's DLQ.")
+@click.option(
+    "--since", metavar="ISO_DATETIME", callback=out.iso_datetime, help="Bulk: dead-lettered at or after."
+)
+@click.option(
+    "--until", metavar="ISO_DATETIME", callback=out.iso_datetime, help="Bulk: dead-lettered before."
+)
+@click.option(
+    "--limit", type=click.IntRange(1, MAX_BULK_REPLAY), default=None, help="Bulk: at most this many [100]."
+)
+@click.option("--dry-run", is_flag=True, help="Bulk: say what would be replayed, change nothing.")
+@out.json_option
+def dlq_replay(
+    log_id: str | None,
+    subscription_id: str | None,
+    since: datetime | None,
+    until: datetime | None,
+    limit: int | None,
+    dry_run: bool,
+    as_json: bool,
+) -> None:
+    """Replay LOG_ID, or in bulk (--subscription and/or --since/--until), newest first.
+
+    A replayed delivery starts again at attempt 1 with the same id, so the receiver can deduplicate.
+    """
+    bulk = subscription_id is not None or since is not None or until is not None
+    if log_id is not None and (bulk or limit is not None or dry_run):
+        raise click.UsageError("give LOG_ID or the bulk options (--subscription, --since, --until), not both")
+    state = get_state()
+    if log_id is not None:
+        result = operations.replay(state, log_id)
+    elif bulk:
+        result = operations.replay_many(
+            state,
+            subscription_id=subscription_id,
+            since=since,
+            until=until,
+            limit=limit or 100,
+            dry_run=dry_run,
+        )
+    else:
+        raise click.UsageError("give LOG_ID, or --subscription and/or --since/--until for a bulk replay")
+    data: dict[str, Any] = {
+        "dry_run": result.dry_run,
+        "count": len(result.delivery_ids),
+        "delivery_ids": result.delivery_ids,
+    }
+    if result.enqueue_error:
+        data["warning"] = f"replayed, but not queued ({result.enqueue_error}); the sweeper will send them"
+        click.echo(f"Warning: {data['warning']}", err=True)
+    out.output(data, as_json, out.replay_result)
+
+
+deliveries_cli = _Group("deliveries", help="Delivery logs and their attempts.")
+harvest_cli.add_command(deliveries_cli)
+
+
+@deliveries_cli.command("show")
+@click.argument("delivery_id")
+@out.json_option
+def deliveries_show(delivery_id: str, as_json: bool) -> None:
+    """One delivery and its attempt history."""
+    store = get_state().store
+    delivery = store.get_delivery(delivery_id)
+    if delivery is None:
+        raise DeliveryNotFoundError(delivery_id)
+    data = {**delivery.to_dict(), "attempts": [a.to_dict() for a in store.list_attempts(delivery_id)]}
+    out.output(data, as_json, out.delivery)
+
+
+# -- outbox ----------------------------------------------------------------------------------------
+
+outbox_cli = _Group("outbox", help="The transactional outbox of dispatch_in_tx.")
 harvest_cli.add_command(outbox_cli)
 
 
@@ -108,10 +381,7 @@ def outbox_relay_command(limit: int) -> None:
     manager = _outbox_manager()
     relayed = failed = 0
     while True:
-        try:
-            report = manager.relay_outbox(limit=limit)
-        except HarvestError as exc:
-            raise click.ClickException(str(exc)) from exc
+        report = manager.relay_outbox(limit=limit)
         relayed += report.relayed
         failed += report.failed
         if report.relayed + report.failed < limit or report.failed:
@@ -124,7 +394,7 @@ def outbox_relay_command(limit: int) -> None:
 @outbox_cli.command("purge")
 @click.option(
     "--older-than",
-    type=click.FloatRange(min=0),
+    type=out.Seconds(),
     default=None,
     help="Seconds since relay (default: HARVEST_OUTBOX_RETENTION_SECONDS).",
 )
@@ -133,8 +403,5 @@ def outbox_purge_command(older_than: float | None) -> None:
     manager = _outbox_manager()
     assert manager.outbox is not None
     seconds = older_than if older_than is not None else manager.settings.outbox_retention_seconds
-    try:
-        removed = manager.outbox.purge_relayed_before(utcnow() - timedelta(seconds=seconds))
-    except HarvestError as exc:
-        raise click.ClickException(str(exc)) from exc
+    removed = manager.outbox.purge_relayed_before(utcnow() - timedelta(seconds=seconds))
     click.echo(f"removed {removed} relayed outbox message(s) older than {seconds:g} s")

@@ -1,0 +1,490 @@
+"""``flask harvest ...`` through ``app.test_cli_runner()``, on every store."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+from click.testing import Result
+from flask import Flask
+
+from flask_harvest.jobs.base import JobBackendError
+from flask_harvest.webhooks.models import (
+    AttemptResult,
+    DeliveryAttempt,
+    DeliveryLog,
+    DeliveryState,
+    WebhookSubscription,
+    WebhookSubscriptionStatus,
+    utcnow,
+)
+from flask_harvest.webhooks.plugin import get_state
+from flask_harvest.webhooks.stores import OutboundWebhookHandler
+from flask_harvest.webhooks.stores.sql import SqlOutboundWebhookStore
+
+from .pipeline import make_app
+
+SECRET = "whsec_c2VjcmV0LW9mLXRoZS1jbGktdGVzdHMtMDEyMzQ1Njc4OQ=="
+OTHER_SECRET = "whsec_YW5vdGhlci1zZWNyZXQtb2YtdGhlLWNsaS10ZXN0cy0wMTI="
+URL = "http://127.0.0.1:9/hooks"
+BASE = datetime(2024, 5, 1, 12, 0, tzinfo=timezone.utc)
+
+Cli = Callable[..., Result]
+
+
+@pytest.fixture
+def app(store: OutboundWebhookHandler) -> Flask:
+    return make_app(store, HARVEST_WEBHOOKS_ALLOW_PRIVATE_TARGETS=True)
+
+
+@pytest.fixture
+def cli(app: Flask) -> Cli:
+    runner = app.test_cli_runner()
+
+    def invoke(*args: str, input: str | None = None) -> Result:
+        return runner.invoke(args=["harvest", *args], input=input)
+
+    return invoke
+
+
+def ok(result: Result) -> Result:
+    assert result.exit_code == 0, result.output
+    assert "Traceback" not in result.output
+    return result
+
+
+def as_json(result: Result) -> Any:
+    return json.loads(ok(result).stdout)
+
+
+def fails(result: Result, *, code: int = 1) -> str:
+    """Assert the command failed with ``code`` and one ``Error:`` line; return that line."""
+    assert result.exit_code == code, result.output
+    assert isinstance(result.exception, SystemExit), result.exception  # not an uncaught exception
+    assert "Traceback" not in result.output
+    errors = [line for line in result.output.splitlines() if line.startswith("Error")]
+    assert len(errors) == 1, result.output
+    if code == 1:  # not a usage error: the reason is all there is
+        assert result.output.strip() == errors[0]
+    return errors[0]
+
+
+def add_subscription(store: OutboundWebhookHandler, subscription_id: str = "sub_a", **changes: Any) -> None:
+    values: dict[str, Any] = {"target_url": URL, "event_topics": ["order.*"], "secret": SECRET}
+    values.update(changes)
+    store.add_subscription(WebhookSubscription(id=subscription_id, **values))
+
+
+def log(
+    store: OutboundWebhookHandler,
+    delivery_id: str,
+    *,
+    subscription_id: str = "sub_a",
+    state: DeliveryState = DeliveryState.DLQ,
+    minutes: int = 0,
+    **changes: Any,
+) -> None:
+    at = BASE + timedelta(minutes=minutes)
+    values: dict[str, Any] = {
+        "topic": "order.created",
+        "payload": '{"order": 1}',
+        "attempt": 5,
+        "max_attempts": 5,
+        "response_status": 500,
+        "last_error": "HTTP 500",
+        "timestamp": at,
+        "created_at": at,
+        "next_attempt_at": None,
+    }
+    values.update(changes)
+    delivery = DeliveryLog(id=delivery_id, subscription_id=subscription_id, state=state, **values)
+    assert store.log_deliveries([delivery]) == [delivery_id]
+
+
+def assert_no_secret(result: Result) -> None:
+    assert SECRET not in result.output
+    assert OTHER_SECRET not in result.output
+
+
+# -- the group -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("group", "commands"),
+    [
+        (
+            (),
+            ["init-db", "subscriptions", "dlq", "deliveries", "purge", "stats", "sweep", "worker", "outbox"],
+        ),
+        (("subscriptions",), ["add", "list", "show", "enable", "disable", "rotate-secret", "remove"]),
+        (("dlq",), ["list", "replay"]),
+        (("deliveries",), ["show"]),
+    ],
+)
+def test_help_lists_every_command(cli: Cli, group: tuple[str, ...], commands: list[str]) -> None:
+    text = ok(cli(*group, "--help")).output
+    listed = [line.split()[0] for line in text.split("Commands:")[1].strip().splitlines()]
+    assert sorted(listed) == sorted(commands), text
+
+
+def test_init_db(cli: Cli, store: OutboundWebhookHandler) -> None:
+    if not isinstance(store, SqlOutboundWebhookStore):
+        assert "nothing to create" in ok(cli("init-db")).output
+        return
+    log(store, "dlv_1")
+    attempts = sa.Table("harvest_webhook_attempts", sa.MetaData(), autoload_with=store.engine)
+    attempts.drop(store.engine)
+    # A missing table is a one-line error that says how to fix it...
+    assert "ensure_schema" in fails(cli("deliveries", "show", "dlv_1"))
+    assert "tables are in place" in ok(cli("init-db")).output
+    ok(cli("init-db"))  # ...and init-db is safe to run again
+    assert ok(cli("deliveries", "show", "dlv_1"))
+
+
+def test_worker_needs_rq_and_sweep_runs(cli: Cli) -> None:
+    assert "rq backend" in fails(cli("worker", "--burst"))
+    assert "requeued 0 delivery(ies)" in ok(cli("sweep")).output
+
+
+# -- subscriptions ---------------------------------------------------------------------------------
+
+
+def test_add_prints_the_generated_secret_once(cli: Cli, store: OutboundWebhookHandler) -> None:
+    result = ok(cli("subscriptions", "add", URL, "--topic", "order.*", "--topic", "invoice.paid"))
+    (created,) = store.list_subscriptions()
+    assert created.event_topics == ("order.*", "invoice.paid")
+    assert created.secret.startswith("whsec_")
+    assert created.secret in result.output
+    assert created.id in result.output
+    assert "Store this secret now" in result.output
+    for args in (["list"], ["show", created.id]):
+        for extra in ([], ["--json"]):
+            assert created.secret not in ok(cli("subscriptions", *args, *extra)).output
+
+
+def test_add_json_with_given_secret_and_id(cli: Cli, store: OutboundWebhookHandler) -> None:
+    args = [URL, "--topic", "order.created", "--secret", SECRET, "--id", "sub_x", "--description", "shop"]
+    data = as_json(cli("subscriptions", "add", *args, "--json"))
+    assert data["secret"] == SECRET
+    assert data["id"] == "sub_x"
+    assert data["target_url"] == URL
+    assert data["event_topics"] == ["order.created"]
+    assert data["status"] == "active"
+    assert data["description"] == "shop"
+    stored = store.get_subscription("sub_x")
+    assert stored is not None and stored.secret == SECRET
+
+
+@pytest.mark.parametrize(
+    ("args", "reason"),
+    [
+        (["not-a-url", "--topic", "a.b"], "target_url"),
+        (["ftp://example.com/x", "--topic", "a.b"], "target_url"),
+        ([URL, "--topic", "bad topic!"], "event_topics"),
+        ([URL, "--topic", "a.b", "--secret", "whsec_!!not-base64!!"], "secret"),
+        ([URL, "--topic", "a.b", "--id", "sub_a"], "already exists"),
+    ],
+)
+def test_add_refuses_bad_input(cli: Cli, store: OutboundWebhookHandler, args: list[str], reason: str) -> None:
+    add_subscription(store)
+    line = fails(cli("subscriptions", "add", *args))
+    assert reason in line
+    assert "not-base64" not in line  # a mistyped secret is not echoed
+    assert len(store.list_subscriptions()) == 1
+
+
+def test_add_applies_the_ssrf_policy(store: OutboundWebhookHandler) -> None:
+    app = make_app(store, HARVEST_WEBHOOKS_ALLOW_PRIVATE_TARGETS=False)
+    result = app.test_cli_runner().invoke(args=["harvest", "subscriptions", "add", URL, "--topic", "a.b"])
+    assert "target_url" in fails(result)
+    assert store.list_subscriptions() == []
+
+
+def test_add_needs_a_topic(cli: Cli) -> None:
+    assert "--topic" in fails(cli("subscriptions", "add", URL), code=2)
+
+
+def test_list_and_show(cli: Cli, store: OutboundWebhookHandler) -> None:
+    assert "no subscriptions" in ok(cli("subscriptions", "list")).output
+    add_subscription(store, "sub_a", description="the shop")
+    add_subscription(store, "sub_b", event_topics=["invoice.paid"])
+    table = ok(cli("subscriptions", "list"))
+    assert table.output.split()[:5] == ["id", "status", "failures", "topics", "url"]
+    assert "sub_a" in table.output and "invoice.paid" in table.output
+    assert_no_secret(table)
+    listed = as_json(cli("subscriptions", "list", "--json"))
+    assert [s["id"] for s in listed] == ["sub_a", "sub_b"]
+    assert all("secret" not in s for s in listed)
+    shown = ok(cli("subscriptions", "show", "sub_a"))
+    assert "the shop" in shown.output and URL in shown.output
+    assert_no_secret(shown)
+    data = as_json(cli("subscriptions", "show", "sub_a", "--json"))
+    assert data["id"] == "sub_a" and data["event_topics"] == ["order.*"]
+    assert "secret" not in data
+    assert "'sub_missing'" in fails(cli("subscriptions", "show", "sub_missing"))
+
+
+def test_enable_and_disable(cli: Cli, store: OutboundWebhookHandler) -> None:
+    add_subscription(store, status=WebhookSubscriptionStatus.FAILED, consecutive_failures=7)
+    assert "is now active" in ok(cli("subscriptions", "enable", "sub_a")).output
+    enabled = store.get_subscription("sub_a")
+    assert enabled is not None and enabled.is_active and enabled.consecutive_failures == 0
+    data = as_json(cli("subscriptions", "disable", "sub_a", "--json"))
+    assert data["status"] == "disabled"
+    assert "secret" not in data
+    disabled = store.get_subscription("sub_a")
+    assert disabled is not None and disabled.status is WebhookSubscriptionStatus.DISABLED
+    fails(cli("subscriptions", "enable", "sub_missing"))
+    fails(cli("subscriptions", "disable", "sub_missing"))
+
+
+def test_rotate_secret(cli: Cli, store: OutboundWebhookHandler) -> None:
+    add_subscription(store)
+    result = ok(cli("subscriptions", "rotate-secret", "sub_a", "--grace-seconds", "3600"))
+    rotated = store.get_subscription("sub_a")
+    assert rotated is not None and rotated.secret != SECRET
+    assert rotated.secret in result.output
+    assert SECRET not in result.output  # the old secret is never printed
+    assert "previous secret keeps signing deliveries until" in result.output
+    assert rotated.previous_secret_expires_at is not None
+    assert rotated.previous_secret_expires_at - utcnow() > timedelta(minutes=59)
+    data = as_json(cli("subscriptions", "rotate-secret", "sub_a", "--secret", OTHER_SECRET, "--json"))
+    assert data["secret"] == OTHER_SECRET
+    assert data["id"] == "sub_a" and data["previous_secret_expires_at"]
+    assert rotated.secret not in json.dumps(data)
+    shown = ok(cli("subscriptions", "show", "sub_a"))
+    assert OTHER_SECRET not in shown.output and rotated.secret not in shown.output
+
+
+@pytest.mark.parametrize(
+    ("args", "code"),
+    [
+        (["sub_missing"], 1),
+        (["sub_a", "--grace-seconds", "-1"], 2),
+        (["sub_a", "--grace-seconds", "nan"], 2),
+        (["sub_a", "--grace-seconds", "1e300"], 2),
+        (["sub_a", "--secret", "whsec_"], 1),
+    ],
+)
+def test_rotate_secret_refuses_bad_input(
+    cli: Cli, store: OutboundWebhookHandler, args: list[str], code: int
+) -> None:
+    add_subscription(store)
+    fails(cli("subscriptions", "rotate-secret", *args), code=code)
+    unchanged = store.get_subscription("sub_a")
+    assert unchanged is not None and unchanged.secret == SECRET
+
+
+def test_remove(cli: Cli, store: OutboundWebhookHandler) -> None:
+    add_subscription(store, "sub_a")
+    add_subscription(store, "sub_b")
+    declined = cli("subscriptions", "remove", "sub_a", input="n\n")
+    assert declined.exit_code == 1 and "Aborted" in declined.output
+    assert store.get_subscription("sub_a") is not None
+    assert "removed subscription sub_a" in ok(cli("subscriptions", "remove", "sub_a", input="y\n")).output
+    assert store.get_subscription("sub_a") is None
+    assert "removed subscription sub_b" in ok(cli("subscriptions", "remove", "sub_b", "--yes")).output
+    assert store.list_subscriptions() == []
+    assert "'sub_a'" in fails(cli("subscriptions", "remove", "sub_a", "--yes"))
+
+
+# -- dead letters and deliveries -------------------------------------------------------------------
+
+
+def test_dlq_list_pages_with_a_cursor(cli: Cli, store: OutboundWebhookHandler) -> None:
+    long_error = "connection refused by the receiver after a very long explanation " * 3
+    log(store, "dlv_1", minutes=1, last_error=long_error, response_body=SECRET)
+    log(store, "dlv_2", minutes=2, attempt=3)
+    log(store, "dlv_3", minutes=3, subscription_id="sub_b", topic="invoice.paid")
+    log(store, "dlv_ok", minutes=4, state=DeliveryState.DELIVERED)
+    first = ok(cli("dlq", "list", "--limit", "2"))
+    header, *rows, more = first.output.strip().splitlines()
+    assert header.split() == [
+        "id",
+        "subscription",
+        "topic",
+        "attempt",
+        "status",
+        "last",
+        "error",
+        "timestamp",
+    ]
+    assert [row.split()[0] for row in rows] == ["dlv_3", "dlv_2"]
+    assert "3/5" in rows[1] and "500" in rows[1]
+    assert more.startswith("more: --cursor ")
+    second = ok(cli("dlq", "list", "--limit", "2", "--cursor", more.split()[-1]))
+    assert "dlv_1" in second.output and "more:" not in second.output
+    assert long_error not in second.output and "..." in second.output  # truncated in the table
+    data = as_json(cli("dlq", "list", "--json"))
+    assert data["next_cursor"] is None
+    assert [d["id"] for d in data["deliveries"]] == ["dlv_3", "dlv_2", "dlv_1"]
+    assert data["deliveries"][2]["last_error"] == long_error
+    assert {"subscription_id", "topic", "attempt", "max_attempts", "response_status", "timestamp"} <= set(
+        data["deliveries"][0]
+    )
+    assert SECRET not in second.output  # the response body is not in the table
+
+
+def test_dlq_list_filters(cli: Cli, store: OutboundWebhookHandler) -> None:
+    log(store, "dlv_1", minutes=1)
+    log(store, "dlv_2", minutes=2, subscription_id="sub_b", topic="invoice.paid")
+    by_subscription = as_json(cli("dlq", "list", "--subscription", "sub_b", "--json"))
+    assert [d["id"] for d in by_subscription["deliveries"]] == ["dlv_2"]
+    by_topic = as_json(cli("dlq", "list", "--topic", "order.created", "--json"))
+    assert [d["id"] for d in by_topic["deliveries"]] == ["dlv_1"]
+    assert "no matching deliveries" in ok(cli("dlq", "list", "--topic", "nothing")).output
+    assert "cursor" in fails(cli("dlq", "list", "--cursor", "garbage"))
+    fails(cli("dlq", "list", "--limit", "0"), code=2)
+
+
+@pytest.fixture
+def enqueued(app: Flask, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The ids the job backend was asked to run (it runs nothing)."""
+    ids: list[str] = []
+    monkeypatch.setattr(get_state(app).backend, "enqueue", lambda ds: ids.extend(d.id for d in ds))
+    return ids
+
+
+def test_replay_one(cli: Cli, store: OutboundWebhookHandler, enqueued: list[str]) -> None:
+    add_subscription(store)
+    log(store, "dlv_1")
+    assert "replayed 1 delivery(ies)\ndlv_1" in ok(cli("dlq", "replay", "dlv_1")).output
+    replayed = store.get_delivery("dlv_1")
+    assert replayed is not None and replayed.state is DeliveryState.PENDING and replayed.attempt == 1
+    assert enqueued == ["dlv_1"]
+    log(store, "dlv_2")
+    data = as_json(cli("dlq", "replay", "dlv_2", "--json"))
+    assert data == {"dry_run": False, "count": 1, "delivery_ids": ["dlv_2"]}
+
+
+def test_replay_bulk(cli: Cli, store: OutboundWebhookHandler, enqueued: list[str]) -> None:
+    add_subscription(store, "sub_a")
+    add_subscription(store, "sub_b")
+    for n in range(4):
+        log(store, f"dlv_{n}", minutes=n)
+    log(store, "dlv_b", subscription_id="sub_b")
+    dry = ok(cli("dlq", "replay", "--subscription", "sub_a", "--dry-run"))
+    assert "would replay 4 delivery(ies)" in dry.output
+    assert enqueued == []
+    still = store.get_delivery("dlv_0")
+    assert still is not None and still.is_dlq
+    window = ["--since", "2024-05-01T12:01:00Z", "--until", "2024-05-01T12:03:00"]  # naive = UTC
+    data = as_json(cli("dlq", "replay", "--subscription", "sub_a", *window, "--dry-run", "--json"))
+    assert data == {"dry_run": True, "count": 2, "delivery_ids": ["dlv_2", "dlv_1"]}
+    result = ok(cli("dlq", "replay", "--subscription", "sub_a", "--limit", "3"))
+    assert "replayed 3 delivery(ies)" in result.output
+    assert sorted(enqueued) == ["dlv_1", "dlv_2", "dlv_3"]
+    left = as_json(cli("dlq", "list", "--json"))
+    assert sorted(d["id"] for d in left["deliveries"]) == ["dlv_0", "dlv_b"]
+
+
+def test_replay_warns_when_the_backend_is_down(
+    cli: Cli, app: Flask, store: OutboundWebhookHandler, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def down(deliveries: object) -> None:
+        raise JobBackendError("redis is down")
+
+    monkeypatch.setattr(get_state(app).backend, "enqueue", down)
+    log(store, "dlv_1")
+    result = ok(cli("dlq", "replay", "dlv_1", "--json"))
+    assert "Warning: replayed, but not queued (redis is down)" in result.stderr
+    data = json.loads(result.stdout)
+    assert data["count"] == 1 and "redis is down" in data["warning"]
+    replayed = store.get_delivery("dlv_1")
+    assert replayed is not None and replayed.state is DeliveryState.PENDING
+
+
+@pytest.mark.parametrize(
+    ("args", "code", "reason"),
+    [
+        ([], 2, "give LOG_ID"),
+        (["dlv_1", "--subscription", "sub_a"], 2, "not both"),
+        (["dlv_1", "--dry-run"], 2, "not both"),
+        (["dlv_missing"], 1, "no delivery with id 'dlv_missing'"),
+        (["dlv_done"], 1, ""),
+        (["--subscription", "sub_missing"], 1, "'sub_missing'"),
+        (["--since", "yesterday"], 2, "ISO 8601"),
+        (["--since", "2024-05-02", "--until", "2024-05-01"], 1, "since"),
+        (["--subscription", "sub_a", "--limit", "5000"], 2, "--limit"),
+    ],
+)
+def test_replay_refuses(
+    cli: Cli, store: OutboundWebhookHandler, enqueued: list[str], args: list[str], code: int, reason: str
+) -> None:
+    add_subscription(store)
+    log(store, "dlv_1")
+    log(store, "dlv_done", state=DeliveryState.DELIVERED)
+    assert reason in fails(cli("dlq", "replay", *args), code=code)
+    assert enqueued == []
+    untouched = store.get_delivery("dlv_1")
+    assert untouched is not None and untouched.is_dlq
+
+
+def test_deliveries_show_with_attempts(cli: Cli, store: OutboundWebhookHandler) -> None:
+    add_subscription(store)
+    log(store, "dlv_1", state=DeliveryState.PENDING, attempt=1, next_attempt_at=BASE, last_error=None)
+    claim = store.claim_delivery("dlv_1", now=BASE, lease_seconds=60, max_attempts=5)
+    assert claim is not None
+    error = "HTTP 503: \x1b[31mdown\x1b[0m\nretry later"
+    attempt = DeliveryAttempt("dlv_1", 1, BASE, response_status=503, elapsed_ms=42, error=error)
+    result = AttemptResult(
+        DeliveryState.PENDING, 1, BASE + timedelta(minutes=1), error, BASE, attempt=attempt
+    )
+    store.finish_attempt("dlv_1", claim.lease_token, result)
+    shown = ok(cli("deliveries", "show", "dlv_1"))
+    assert "attempts:" in shown.output and "503" in shown.output and "42" in shown.output
+    assert "\x1b" not in shown.output  # receivers' text cannot drive the terminal
+    assert "HTTP 503: [31mdown [0m retry later" in shown.output
+    assert_no_secret(shown)
+    data = as_json(cli("deliveries", "show", "dlv_1", "--json"))
+    assert data["id"] == "dlv_1" and data["state"] == "pending" and data["payload"] == '{"order": 1}'
+    assert data["attempts"][-1]["response_status"] == 503
+    assert data["attempts"][-1]["error"] == error
+    assert "'dlv_missing'" in fails(cli("deliveries", "show", "dlv_missing"))
+
+
+# -- maintenance -----------------------------------------------------------------------------------
+
+
+def test_purge(cli: Cli, store: OutboundWebhookHandler) -> None:
+    log(store, "dlv_old", state=DeliveryState.DELIVERED, minutes=-600 * 24 * 60)
+    log(store, "dlv_old_dlq", minutes=-600 * 24 * 60)
+    log(store, "dlv_new", state=DeliveryState.DELIVERED, timestamp=utcnow())
+    data = as_json(cli("purge", "--before", "2023-01-01T02:00:00+02:00", "--json"))
+    assert data == {"removed": 1, "before": "2023-01-01T00:00:00Z"}
+    assert store.get_delivery("dlv_old") is None
+    assert store.get_delivery("dlv_old_dlq") is not None  # dead letters stay
+    assert "removed 0 delivered log(s)" in ok(cli("purge", "--older-than", "3600")).output
+    assert "removed 1 delivered log(s)" in ok(cli("purge", "--older-than", "0")).output
+    assert store.get_delivery("dlv_new") is None
+
+
+@pytest.mark.parametrize(
+    ("args", "reason"),
+    [
+        ([], "exactly one"),
+        (["--before", "2024-01-01", "--older-than", "5"], "exactly one"),
+        (["--before", "2024-13-45"], "ISO 8601"),
+        (["--before", ""], "ISO 8601"),
+        (["--older-than", "-5"], "--older-than"),
+    ],
+)
+def test_purge_refuses(cli: Cli, args: list[str], reason: str) -> None:
+    assert reason in fails(cli("purge", *args), code=2)
+
+
+def test_stats(cli: Cli, store: OutboundWebhookHandler) -> None:
+    add_subscription(store)
+    log(store, "dlv_1")
+    log(store, "dlv_2", state=DeliveryState.DELIVERED)
+    table = ok(cli("stats"))
+    assert table.output.split()[:6] == ["subscription", "pending", "inflight", "delivered", "dlq", "skipped"]
+    assert "(all)" in table.output and "sub_a" in table.output
+    assert_no_secret(table)
+    data = as_json(cli("stats", "--json"))
+    assert data["overall"]["dlq_depth"] == 1
+    assert data["subscriptions"]["sub_a"]["counts"]["delivered"] == 1
