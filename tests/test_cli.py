@@ -8,11 +8,12 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import pytest
+import redis
 import sqlalchemy as sa
 from click.testing import Result
 from flask import Flask
+from rq import Queue
 
-from flask_harvest.jobs.base import JobBackendError
 from flask_harvest.webhooks.models import (
     AttemptResult,
     DeliveryAttempt,
@@ -341,27 +342,48 @@ def test_dlq_list_filters(cli: Cli, store: OutboundWebhookHandler) -> None:
     fails(cli("dlq", "list", "--limit", "0"), code=2)
 
 
+def cli_for(app: Flask) -> Cli:
+    runner = app.test_cli_runner()
+
+    def invoke(*args: str, input: str | None = None) -> Result:
+        return runner.invoke(args=["harvest", *args], input=input)
+
+    return invoke
+
+
 @pytest.fixture
-def enqueued(app: Flask, monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """The ids the job backend was asked to run (it runs nothing)."""
-    ids: list[str] = []
-    monkeypatch.setattr(get_state(app).backend, "enqueue", lambda ds: ids.extend(d.id for d in ds))
-    return ids
+def rq_app(store: OutboundWebhookHandler, redis_conn: redis.Redis, redis_url: str) -> Flask:
+    """An app on the rq backend and the test Redis, with no worker: jobs stay queued."""
+    return make_app(
+        store,
+        HARVEST_JOBS_BACKEND="rq",
+        HARVEST_REDIS_URL=redis_url,
+        HARVEST_WEBHOOKS_ALLOW_PRIVATE_TARGETS=True,
+    )
 
 
-def test_replay_one(cli: Cli, store: OutboundWebhookHandler, enqueued: list[str]) -> None:
+@pytest.fixture
+def enqueued(rq_app: Flask, redis_conn: redis.Redis) -> Callable[[], list[str]]:
+    """Return a function listing the delivery ids of the jobs waiting in the real RQ queue."""
+    queue = Queue(get_state(rq_app).settings.webhooks_queue, connection=redis_conn)
+    return lambda: sorted(job.args[0] for job in queue.jobs)
+
+
+def test_replay_one(rq_app: Flask, store: OutboundWebhookHandler, enqueued: Callable[[], list[str]]) -> None:
+    cli = cli_for(rq_app)
     add_subscription(store)
     log(store, "dlv_1")
     assert "replayed 1 delivery(ies)\ndlv_1" in ok(cli("dlq", "replay", "dlv_1")).output
     replayed = store.get_delivery("dlv_1")
     assert replayed is not None and replayed.state is DeliveryState.PENDING and replayed.attempt == 1
-    assert enqueued == ["dlv_1"]
+    assert enqueued() == ["dlv_1"]
     log(store, "dlv_2")
     data = as_json(cli("dlq", "replay", "dlv_2", "--json"))
     assert data == {"dry_run": False, "count": 1, "delivery_ids": ["dlv_2"]}
 
 
-def test_replay_bulk(cli: Cli, store: OutboundWebhookHandler, enqueued: list[str]) -> None:
+def test_replay_bulk(rq_app: Flask, store: OutboundWebhookHandler, enqueued: Callable[[], list[str]]) -> None:
+    cli = cli_for(rq_app)
     add_subscription(store, "sub_a")
     add_subscription(store, "sub_b")
     for n in range(4):
@@ -369,7 +391,7 @@ def test_replay_bulk(cli: Cli, store: OutboundWebhookHandler, enqueued: list[str
     log(store, "dlv_b", subscription_id="sub_b")
     dry = ok(cli("dlq", "replay", "--subscription", "sub_a", "--dry-run"))
     assert "would replay 4 delivery(ies)" in dry.output
-    assert enqueued == []
+    assert enqueued() == []
     still = store.get_delivery("dlv_0")
     assert still is not None and still.is_dlq
     window = ["--since", "2024-05-01T12:01:00Z", "--until", "2024-05-01T12:03:00"]  # naive = UTC
@@ -377,23 +399,19 @@ def test_replay_bulk(cli: Cli, store: OutboundWebhookHandler, enqueued: list[str
     assert data == {"dry_run": True, "count": 2, "delivery_ids": ["dlv_2", "dlv_1"]}
     result = ok(cli("dlq", "replay", "--subscription", "sub_a", "--limit", "3"))
     assert "replayed 3 delivery(ies)" in result.output
-    assert sorted(enqueued) == ["dlv_1", "dlv_2", "dlv_3"]
+    assert enqueued() == ["dlv_1", "dlv_2", "dlv_3"]
     left = as_json(cli("dlq", "list", "--json"))
     assert sorted(d["id"] for d in left["deliveries"]) == ["dlv_0", "dlv_b"]
 
 
-def test_replay_warns_when_the_backend_is_down(
-    cli: Cli, app: Flask, store: OutboundWebhookHandler, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    def down(deliveries: object) -> None:
-        raise JobBackendError("redis is down")
-
-    monkeypatch.setattr(get_state(app).backend, "enqueue", down)
+def test_replay_warns_when_the_backend_is_down(store: OutboundWebhookHandler) -> None:
+    # Nothing listens on port 9: a real Redis client that cannot connect.
+    down = make_app(store, HARVEST_JOBS_BACKEND="rq", HARVEST_REDIS_URL="redis://127.0.0.1:9/0")
     log(store, "dlv_1")
-    result = ok(cli("dlq", "replay", "dlv_1", "--json"))
-    assert "Warning: replayed, but not queued (redis is down)" in result.stderr
+    result = ok(cli_for(down)("dlq", "replay", "dlv_1", "--json"))
+    assert "Warning: replayed, but not queued (Redis refused the jobs" in result.stderr
     data = json.loads(result.stdout)
-    assert data["count"] == 1 and "redis is down" in data["warning"]
+    assert data["count"] == 1 and "Redis refused the jobs" in data["warning"]
     replayed = store.get_delivery("dlv_1")
     assert replayed is not None and replayed.state is DeliveryState.PENDING
 
@@ -413,13 +431,19 @@ def test_replay_warns_when_the_backend_is_down(
     ],
 )
 def test_replay_refuses(
-    cli: Cli, store: OutboundWebhookHandler, enqueued: list[str], args: list[str], code: int, reason: str
+    rq_app: Flask,
+    store: OutboundWebhookHandler,
+    enqueued: Callable[[], list[str]],
+    args: list[str],
+    code: int,
+    reason: str,
 ) -> None:
+    cli = cli_for(rq_app)
     add_subscription(store)
     log(store, "dlv_1")
     log(store, "dlv_done", state=DeliveryState.DELIVERED)
     assert reason in fails(cli("dlq", "replay", *args), code=code)
-    assert enqueued == []
+    assert enqueued() == []
     untouched = store.get_delivery("dlv_1")
     assert untouched is not None and untouched.is_dlq
 
