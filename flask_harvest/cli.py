@@ -24,7 +24,7 @@ from .webhooks import operations
 from .webhooks.manager import OutboundWebhookManager
 from .webhooks.models import WebhookSubscriptionStatus, isoformat, utcnow
 from .webhooks.operations import MAX_BULK_REPLAY, NewSecret
-from .webhooks.plugin import get_state
+from .webhooks.plugin import HarvestState, get_state
 from .webhooks.stores.sql import SqlOutboundWebhookStore
 
 
@@ -108,13 +108,17 @@ def sweep_command() -> None:
     """Once: free expired leases and queue due deliveries that have no job."""
     state = get_state()
     report = state.sweep()
-    if isinstance(state.backend, LocalBackend):
-        # The local backend runs the requeued attempts on this process's threads: let them finish.
-        state.backend.join(timeout=state.settings.webhooks_deadline_seconds * 2)
+    _finish_local_attempts(state)
     click.echo(
         f"relayed {report.relayed} outbox message(s), released {report.released} expired lease(s), "
         f"requeued {report.requeued} delivery(ies)"
     )
+
+
+def _finish_local_attempts(state: HarvestState) -> None:
+    """The local backend runs queued attempts on this process's threads: let them finish."""
+    if isinstance(state.backend, LocalBackend):
+        state.backend.join(timeout=state.settings.webhooks_deadline_seconds * 2)
 
 
 @harvest_cli.command("init-db")
@@ -386,6 +390,7 @@ def outbox_relay_command(limit: int) -> None:
         failed += report.failed
         if report.relayed + report.failed < limit or report.failed:
             break
+    _finish_local_attempts(get_state())
     click.echo(f"relayed {relayed} outbox message(s), {failed} failed")
     if failed:
         raise SystemExit(1)

@@ -320,9 +320,38 @@ WORKER_APP = textwrap.dedent(
             SQLALCHEMY_DATABASE_URI=os.environ["TEST_DATABASE_URL"],
             HARVEST_JOBS_BACKEND="rq",
             HARVEST_REDIS_URL=os.environ["TEST_REDIS_URL"],
+            HARVEST_WEBHOOKS_ALLOW_PRIVATE_TARGETS=True,  # the receiver is on 127.0.0.1
         )
         db.init_app(app)
         OutboundWebhookPlugin.sql(db, app)
         return app
     """
 )
+
+
+def test_a_failed_savepoint_does_not_cancel_the_relay_of_earlier_messages(
+    database_url: str, receiver: CapturingReceiver
+) -> None:
+    outbox = make_outbox_app(database_url)
+    subscribe(outbox, receiver, "sub_a")
+    with outbox.app.app_context():
+        save_order(outbox, "ord_taken")
+        receiver.wait_for(1)
+        message_id = outbox.state.manager.dispatch_in_tx(outbox.db.session, "order.created", {"ref": "kept"})
+        with pytest.raises(sa.exc.IntegrityError), outbox.db.session.begin_nested():
+            outbox.db.session.add(Order(reference="ord_taken"))  # fails, and only its savepoint rolls back
+        outbox.db.session.commit()
+    # Relayed by the after-commit hook, not left waiting for a sweeper.
+    delivery_id = outbox_delivery_id(message_id, "sub_a")
+    assert receiver.wait_for(2)[1].webhook_id == delivery_id
+
+
+def test_an_outbox_failure_does_not_stop_the_delivery_sweep(database_url: str) -> None:
+    outbox = make_outbox_app(database_url)
+    outbox_table.drop(outbox.engine)  # e.g. a deploy whose migration has not run yet
+    try:
+        with outbox.app.app_context():
+            report = outbox.state.sweep()
+        assert (report.relayed, report.released, report.requeued) == (0, 0, 0)
+    finally:
+        outbox_table.create(outbox.engine)

@@ -17,7 +17,7 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine, delete, event, func, insert, select, update
 from sqlalchemy.exc import SQLAlchemyError
-from sqlalchemy.orm import Session, scoped_session
+from sqlalchemy.orm import Session, SessionTransaction, scoped_session
 
 from ..errors import InvalidFieldError, StoreError
 from .models import new_id, utcnow
@@ -158,7 +158,7 @@ def _remember(session: Session, message_id: str, on_commit: CommitCallback) -> N
     pending.append((message_id, on_commit))
     if not session.info.get(_HOOKED_KEY):
         event.listen(session, "after_commit", _after_commit)
-        event.listen(session, "after_rollback", _after_rollback)
+        event.listen(session, "after_transaction_end", _after_transaction_end)
         session.info[_HOOKED_KEY] = True
 
 
@@ -171,6 +171,9 @@ def _after_commit(session: Session) -> None:
         callback(ids)
 
 
-def _after_rollback(session: Session) -> None:
-    # The rows went with the transaction: nothing to relay.
-    session.info.pop(_PENDING_KEY, None)
+def _after_transaction_end(session: Session, transaction: SessionTransaction) -> None:
+    # The outermost transaction ended without a commit (which would have taken the ids): its rows
+    # are gone, nothing to relay. A savepoint's end changes nothing: a message written inside a
+    # savepoint that rolled back has no row, and its relay finds nothing to claim.
+    if transaction.parent is None:
+        session.info.pop(_PENDING_KEY, None)

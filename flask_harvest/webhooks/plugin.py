@@ -13,13 +13,13 @@ from flask import Flask, Request, current_app
 
 from .. import signals
 from ..config import KEYS, Settings, load_settings
-from ..errors import ConfigurationError
+from ..errors import ConfigurationError, HarvestError
 from ..jobs.base import JobBackend
 from ..jobs.local import LocalBackend
 from ..jobs.rq import RqBackend, job_timeout_for
 from ..transport import Transport
 from .delivery import DeliveryRunner
-from .manager import Delegate, OutboundWebhookManager
+from .manager import Delegate, OutboundWebhookManager, RelayReport
 from .models import AttemptResult, Claim, DeliveryLog, DeliveryState, WebhookSubscriptionStatus, utcnow
 from .outbox import SqlOutbox
 from .stores.base import OutboundWebhookHandler
@@ -59,11 +59,16 @@ class HarvestState:
     def sweep(self) -> SweepReport:
         """Run one sweep: relay outbox messages whose relay never ran, purge old relayed ones,
         then free expired leases and queue due deliveries that have no job."""
-        relay = self.manager.relay_outbox()
+        relay = RelayReport(0, 0)
         outbox = self.manager.outbox
         if outbox is not None:
-            cutoff = utcnow() - timedelta(seconds=self.settings.outbox_retention_seconds)
-            outbox.purge_relayed_before(cutoff)
+            # An outbox failure (its table missing, say) must not stop the delivery sweep below.
+            try:
+                relay = self.manager.relay_outbox()
+                cutoff = utcnow() - timedelta(seconds=self.settings.outbox_retention_seconds)
+                outbox.purge_relayed_before(cutoff)
+            except HarvestError as exc:
+                log.error("harvest: outbox relay failed (%s); sweeping deliveries anyway", exc)
         # A delegate owns the deliveries handed to it: queueing them here would send them twice.
         requeue = self.manager.delegate is None
         return sweep(self.store, self.backend, batch=1000, requeue=requeue).with_relay(relay)
