@@ -62,6 +62,9 @@ def create_app(database: Path) -> Flask:
     app.config["SQLALCHEMY_DATABASE_URI"] = f"sqlite:///{database}"
     app.config["HARVEST_WEBHOOKS_MAX_ATTEMPTS"] = 3
     app.config["HARVEST_WEBHOOKS_INITIAL_BACKOFF_MS"] = 100  # quick retries for the demo
+    # The demo's receiver is on 127.0.0.1. The SSRF guard refuses private and loopback targets
+    # unless this is set; never set it in production.
+    app.config["HARVEST_WEBHOOKS_ALLOW_PRIVATE_TARGETS"] = True
     db = SQLAlchemy(app)
     OutboundWebhookPlugin.sql(db, app)
     return app

@@ -4,6 +4,10 @@ Every attempt runs under three limits: a connect timeout, a read timeout between
 total deadline enforced by a watchdog thread that shuts the socket down, so a receiver that drips
 one byte a second cannot hold a worker. Redirects are never followed, proxies from the environment
 are ignored, and at most ``MAX_RESPONSE_BYTES`` of the response body are read.
+
+With an :class:`~flask_harvest.ssrf.SsrfPolicy`, the URL is checked before each attempt, and the
+connection resolves the host itself, refuses unless every address passes the policy, and connects
+to a checked address. TLS still sends and verifies the host name: only the socket is ours.
 """
 
 from __future__ import annotations
@@ -11,12 +15,13 @@ from __future__ import annotations
 import contextlib
 import enum
 import heapq
+import ipaddress
 import itertools
 import os
 import socket
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,6 +30,10 @@ import urllib3
 from requests.adapters import HTTPAdapter
 from urllib3.connection import HTTPConnection, HTTPSConnection
 from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
+from urllib3.exceptions import ConnectTimeoutError, NameResolutionError, NewConnectionError
+from urllib3.util.connection import create_connection
+
+from .ssrf import SsrfError, SsrfPolicy, SsrfRejection, check_address, check_url, describe
 
 #: The most of a response body that is read and stored.
 MAX_RESPONSE_BYTES = 20 * 1024
@@ -39,6 +48,8 @@ class FailureKind(str, enum.Enum):
     DEADLINE = "deadline"
     TLS = "tls"
     PROTOCOL = "protocol"
+    #: Refused by the SSRF policy, before a request was sent; retrying cannot help.
+    SSRF = "ssrf"
 
 
 @dataclass(frozen=True)
@@ -117,13 +128,69 @@ def _arm(sock: socket.socket | None) -> None:
         _attempt.handles.append(_watchdog.watch(sock, deadline))
 
 
+#: Resolves a host at connect time: ``(host, port)`` to the addresses to try, in order.
+Resolver = Callable[[str, int], Sequence[str]]
+
+
+def resolve(host: str, port: int) -> list[str]:
+    """Resolve ``host`` with ``getaddrinfo``; return its distinct addresses in the resolver's order."""
+    infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    return list(dict.fromkeys(str(info[4][0]) for info in infos))
+
+
+@dataclass(frozen=True)
+class _Guard:
+    policy: SsrfPolicy
+    resolve: Resolver
+
+    def connect(self, conn: HTTPConnection) -> socket.socket:
+        """Resolve once, refuse unless every address passes, connect to a checked address."""
+        try:
+            addresses = self.resolve(conn.host.strip("[]"), conn.port)
+        except socket.gaierror as exc:
+            raise NameResolutionError(conn.host, conn, exc) from exc
+        for address in addresses:
+            try:
+                reason = check_address(ipaddress.ip_address(address), self.policy)
+            except ValueError:
+                reason = SsrfRejection.RESERVED_ADDRESS
+            if reason is not None:
+                raise SsrfError(reason, address=address)
+        error: OSError = OSError("the host name resolved to no address")
+        for address in addresses:
+            try:
+                return create_connection(
+                    (address, conn.port),
+                    conn.timeout,
+                    source_address=conn.source_address,
+                    socket_options=conn.socket_options,
+                )
+            except TimeoutError as exc:
+                raise ConnectTimeoutError(conn, f"connect timed out (timeout={conn.timeout})") from exc
+            except OSError as exc:
+                error = exc
+        raise NewConnectionError(conn, f"Failed to establish a new connection: {error}") from error
+
+
+def _new_conn(conn: HTTPConnection, default: Callable[[], socket.socket]) -> socket.socket:
+    # The guard travels with the attempt, like its deadline: pools cannot carry extra arguments.
+    guard: _Guard | None = getattr(_attempt, "guard", None)
+    return default() if guard is None else guard.connect(conn)
+
+
 class _DeadlineHTTPConnection(HTTPConnection):
+    def _new_conn(self) -> socket.socket:
+        return _new_conn(self, super()._new_conn)
+
     def getresponse(self) -> Any:
         _arm(self.sock)
         return super().getresponse()
 
 
 class _DeadlineHTTPSConnection(HTTPSConnection):
+    def _new_conn(self) -> socket.socket:
+        return _new_conn(self, super()._new_conn)
+
     def getresponse(self) -> Any:
         _arm(self.sock)
         return super().getresponse()
@@ -149,12 +216,25 @@ class Transport:
     :param connect_timeout: seconds to establish the connection.
     :param read_timeout: seconds to wait for each read of the response.
     :param deadline: seconds an attempt may take in all, from sending to the end of the body read.
+    :param policy: the SSRF policy every URL and every resolved address must pass; ``None`` checks
+        nothing.
+    :param resolver: resolves host names at connect time (tests map names to addresses with it).
     """
 
-    def __init__(self, *, connect_timeout: float, read_timeout: float, deadline: float) -> None:
+    def __init__(
+        self,
+        *,
+        connect_timeout: float,
+        read_timeout: float,
+        deadline: float,
+        policy: SsrfPolicy | None = None,
+        resolver: Resolver = resolve,
+    ) -> None:
         self.connect_timeout = connect_timeout
         self.read_timeout = read_timeout
         self.deadline = deadline
+        self.policy = policy
+        self._guard = _Guard(policy, resolver) if policy is not None else None
         self._local = threading.local()
 
     def _session(self) -> requests.Session:
@@ -170,15 +250,20 @@ class Transport:
 
     def post(self, url: str, body: bytes, headers: Mapping[str, str]) -> HttpResponse:
         """POST ``body`` to ``url``; return the response or raise :class:`TransportError`."""
+        reason = check_url(url, self.policy) if self.policy is not None else None
+        if reason is not None:
+            raise TransportError(FailureKind.SSRF, describe(reason, url), 0)
         started = time.monotonic()
         _attempt.deadline = started + self.deadline
         _attempt.handles = []
+        _attempt.guard = self._guard
         try:
             return self._post(url, body, headers, started)
         finally:
             for handle in _attempt.handles:
                 _watchdog.cancel(handle)
             _attempt.deadline = None
+            _attempt.guard = None
 
     def post_or_error(
         self, url: str, body: bytes, headers: Mapping[str, str]
@@ -206,6 +291,9 @@ class Transport:
                 text = self._read_body(response)
             finally:
                 response.close()
+        except SsrfError as exc:  # from the connection: a resolved address is not allowed
+            message = describe(exc.reason, url, exc.address)
+            raise TransportError(FailureKind.SSRF, message, elapsed()) from None
         except requests.exceptions.RequestException as exc:
             raise self._classify(exc, started, elapsed()) from None
         except (OSError, urllib3.exceptions.HTTPError) as exc:

@@ -19,6 +19,8 @@ FAST = {
     "HARVEST_WEBHOOKS_TIMEOUT_SECONDS": 5,
     "HARVEST_WEBHOOKS_DEADLINE_SECONDS": 10,
     "HARVEST_SWEEP_INTERVAL_SECONDS": 0.5,
+    # The receivers are on 127.0.0.1, which the SSRF policy refuses by default.
+    "HARVEST_WEBHOOKS_ALLOW_PRIVATE_TARGETS": True,
 }
 
 

@@ -127,6 +127,7 @@ def _write_app_module(folder: Path) -> None:
                     HARVEST_WEBHOOKS_DEADLINE_SECONDS=float(os.environ.get("TEST_DEADLINE", "30")),
                     HARVEST_WEBHOOKS_CONNECT_TIMEOUT_SECONDS=1,
                     HARVEST_SWEEP_INTERVAL_SECONDS=0.5,
+                    HARVEST_WEBHOOKS_ALLOW_PRIVATE_TARGETS=True,  # the receiver is on 127.0.0.1
                 )
                 engine = sa.create_engine(os.environ["TEST_DATABASE_URL"])
                 OutboundWebhookPlugin(SqlOutboundWebhookStore(engine), app)

@@ -10,6 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from flask_harvest.config import Settings
+from flask_harvest.ssrf import SsrfRejection, describe
 from flask_harvest.transport import FailureKind, HttpResponse, TransportError
 from flask_harvest.webhooks import outcome
 from flask_harvest.webhooks.models import (
@@ -116,3 +117,27 @@ def test_before_sending_dead_letters_past_a_lowered_limit() -> None:
     assert result is not None and result.state is DeliveryState.DLQ
     assert result.attempt is None  # no request was made
     assert outcome.before_sending(claim(attempt=5), SETTINGS, NOW) is None
+
+
+def ssrf_refusal() -> TransportError:
+    message = describe(SsrfRejection.LOOPBACK_ADDRESS, "http://receiver.test:8080/h?token=x", "127.0.0.1")
+    return TransportError(FailureKind.SSRF, message, 2)
+
+
+@pytest.mark.parametrize("attempt", [1, 3])
+def test_ssrf_refusal_dead_letters_at_once_naming_the_reason(attempt: int) -> None:
+    result = decide(ssrf_refusal(), attempt=attempt)
+    assert result.state is DeliveryState.DLQ
+    assert result.effect is SubscriptionEffect.COUNT_FAILURE  # counted, but the subscription stays
+    assert result.attempt_number == attempt
+    assert result.next_attempt_at is None
+    assert result.last_error is not None
+    assert "loopback_address" in result.last_error
+    assert "receiver.test" in result.last_error
+    assert "token" not in result.last_error
+    assert result.attempt is not None and result.attempt.response_status is None
+
+
+def test_other_transport_errors_still_retry() -> None:
+    for kind in (FailureKind.CONNECT, FailureKind.TIMEOUT, FailureKind.DEADLINE, FailureKind.TLS):
+        assert decide(TransportError(kind, "x", 1)).state is DeliveryState.PENDING

@@ -3,6 +3,9 @@
 * 2xx: delivered; the subscription's failure count goes back to zero.
 * 410 Gone: the receiver asked us to stop; the subscription is disabled and the delivery
   dead-lettered at once.
+* Refused by the SSRF policy (the URL, or an address its host resolved to): a counted failure,
+  dead-lettered at once, since retrying cannot change the policy's answer. ``last_error`` names
+  the reason; the subscription stays as it is, so an operator can fix the policy and replay.
 * Any other status (3xx included: redirects are never followed), a timeout or a connection error:
   a counted failure. With attempts left the delivery waits ``full jitter`` (floored by
   ``Retry-After``); without, it is dead-lettered.
@@ -15,7 +18,7 @@ from datetime import datetime, timedelta
 
 from ..backoff import parse_retry_after, retry_delay_ms
 from ..config import Settings
-from ..transport import HttpResponse, TransportError
+from ..transport import FailureKind, HttpResponse, TransportError
 from .models import (
     AttemptResult,
     Claim,
@@ -101,7 +104,8 @@ def after_response(
         )
     if status == 410:
         return finish(DeliveryState.DLQ, SubscriptionEffect.DISABLE, number=delivery.attempt, next_at=None)
-    if delivery.attempt >= settings.webhooks_max_attempts:
+    refused = isinstance(result, TransportError) and result.kind is FailureKind.SSRF
+    if refused or delivery.attempt >= settings.webhooks_max_attempts:
         return finish(
             DeliveryState.DLQ, SubscriptionEffect.COUNT_FAILURE, number=delivery.attempt, next_at=None
         )

@@ -1,0 +1,310 @@
+"""The SSRF policy: which webhook targets may be sent to. Pure: no network, no Flask.
+
+A target is checked twice. :func:`check_url` runs when a subscription is created or changed and
+before every attempt: the scheme, userinfo, names that are loopback by definition and IP-literal
+hosts in every spelling a resolver accepts (``127.1``, ``2130706433``, ``0x7f.1``,
+``[::ffff:127.0.0.1]``). It never resolves DNS: an answer checked then could differ from the one
+used to connect (time of check, time of use). The transport resolves the host when it connects,
+refuses unless :func:`check_address` passes every address, and connects to a checked one.
+"""
+
+from __future__ import annotations
+
+import enum
+import ipaddress
+import re
+from dataclasses import dataclass
+from typing import TypeAlias
+from urllib.parse import urlsplit
+
+from .errors import InvalidFieldError
+
+IPAddress: TypeAlias = "ipaddress.IPv4Address | ipaddress.IPv6Address"
+IPNetwork: TypeAlias = "ipaddress.IPv4Network | ipaddress.IPv6Network"
+
+_MAX_URL_LENGTH = 2048
+_NAME = re.compile(r"[a-z0-9_-]+(?:\.[a-z0-9_-]+)*")
+_NUMBER = re.compile(r"0x[0-9a-f]*|[0-9]+")
+_LOCALHOST_NAMES = frozenset({"localhost", "localhost.localdomain", "ip6-localhost", "ip6-loopback"})
+
+
+class SsrfRejection(str, enum.Enum):
+    """Why a target is refused."""
+
+    INVALID_URL = "invalid_url"
+    SCHEME = "scheme"
+    HTTPS_REQUIRED = "https_required"
+    USERINFO = "userinfo"
+    LOCALHOST_NAME = "localhost_name"
+    LOOPBACK_ADDRESS = "loopback_address"
+    PRIVATE_ADDRESS = "private_address"
+    LINK_LOCAL_ADDRESS = "link_local_address"
+    MULTICAST_ADDRESS = "multicast_address"
+    #: Unspecified, broadcast, documentation, benchmarking, tunnels, anything else not public.
+    RESERVED_ADDRESS = "reserved_address"
+    DENIED_ADDRESS = "denied_address"
+
+
+_ALLOW_HINT = (
+    "allow it with HARVEST_WEBHOOKS_ALLOW_PRIVATE_TARGETS (development) or HARVEST_WEBHOOKS_ALLOW_CIDRS"
+)
+_EXPLANATIONS = {
+    SsrfRejection.INVALID_URL: "not an absolute URL with a valid host",
+    SsrfRejection.SCHEME: "only http:// and https:// targets are allowed",
+    SsrfRejection.HTTPS_REQUIRED: "HARVEST_WEBHOOKS_HTTPS_ONLY allows only https:// targets",
+    SsrfRejection.USERINFO: "credentials in the URL (user:password@) are not allowed",
+    SsrfRejection.LOCALHOST_NAME: "the host name always means this machine",
+    SsrfRejection.LOOPBACK_ADDRESS: f"a loopback address; {_ALLOW_HINT}",
+    SsrfRejection.PRIVATE_ADDRESS: f"a private network address; {_ALLOW_HINT}",
+    SsrfRejection.LINK_LOCAL_ADDRESS: f"a link-local address, where cloud metadata lives; {_ALLOW_HINT}",
+    SsrfRejection.MULTICAST_ADDRESS: "a multicast address",
+    SsrfRejection.RESERVED_ADDRESS: f"a reserved or non-public address; {_ALLOW_HINT}",
+    SsrfRejection.DENIED_ADDRESS: "the address is in HARVEST_WEBHOOKS_DENY_CIDRS",
+}
+
+
+@dataclass(frozen=True)
+class SsrfPolicy:
+    """What :func:`check_url` and :func:`check_address` let through.
+
+    :param allow_private: allow every non-public address (loopback included): development and tests.
+    :param https_only: refuse ``http://`` targets.
+    :param allow_cidrs: networks allowed even though they are not public.
+    :param deny_cidrs: networks always refused; they win over ``allow_cidrs`` and ``allow_private``.
+
+    A network matches an address and any IPv4 address embedded in it (IPv4-mapped, NAT64, 6to4,
+    Teredo).
+    """
+
+    allow_private: bool = False
+    https_only: bool = False
+    allow_cidrs: tuple[IPNetwork, ...] = ()
+    deny_cidrs: tuple[IPNetwork, ...] = ()
+
+
+def parse_cidrs(text: str) -> tuple[IPNetwork, ...]:
+    """Parse comma-separated networks such as ``"10.1.0.0/16, fd00::/8"``; a bare address is a /32.
+
+    :raises ValueError: an item is not a network, or has host bits set (``10.0.0.1/8``).
+    """
+    return tuple(ipaddress.ip_network(item.strip()) for item in text.split(",") if item.strip())
+
+
+def describe(reason: SsrfRejection, url: str | None = None, address: str | None = None) -> str:
+    """Say why a target is refused, naming the reason; of the URL only ``scheme://host:port``."""
+    subject = _origin(url) or "the target"
+    if address is not None:
+        subject += f" (resolved to {address})"
+    return f"{subject} is refused by the SSRF policy ({reason.value}): {_EXPLANATIONS[reason]}"
+
+
+class SsrfError(InvalidFieldError):
+    """A target URL is refused by the SSRF policy.
+
+    :param reason: why, as :class:`SsrfRejection`; also the ``reason`` attribute.
+    :param url: the refused URL; the message shows only its scheme, host and port.
+    :param address: the resolved address that was refused, when the check was at connect time.
+    """
+
+    def __init__(
+        self,
+        reason: SsrfRejection,
+        url: str | None = None,
+        *,
+        address: str | None = None,
+        field: str = "target_url",
+    ) -> None:
+        super().__init__(field, describe(reason, url, address))
+        self.reason = reason
+        self.address = address
+
+
+def validate_target(url: str, policy: SsrfPolicy) -> None:
+    """Raise :class:`SsrfError` unless ``url`` passes :func:`check_url`; no DNS is resolved.
+
+    Call it wherever a subscription's target is set (API, CLI); the transport checks again when
+    it connects.
+    """
+    reason = check_url(url, policy)
+    if reason is not None:
+        raise SsrfError(reason, url)
+
+
+def check_url(url: str, policy: SsrfPolicy) -> SsrfRejection | None:
+    """Return why ``url`` is refused, or ``None``; IP-literal hosts are checked, names are not resolved."""
+    if (
+        not isinstance(url, str)
+        or len(url) > _MAX_URL_LENGTH
+        or "\\" in url
+        or any(c.isspace() or not c.isprintable() for c in url)
+    ):
+        return SsrfRejection.INVALID_URL
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError:
+        return SsrfRejection.INVALID_URL
+    scheme = parts.scheme.lower()
+    if scheme not in ("http", "https"):
+        return SsrfRejection.SCHEME
+    if policy.https_only and scheme != "https":
+        return SsrfRejection.HTTPS_REQUIRED
+    if "@" in parts.netloc:
+        return SsrfRejection.USERINFO
+    if port == 0:
+        return SsrfRejection.INVALID_URL
+    host = _host(parts.hostname or "")
+    if isinstance(host, SsrfRejection):
+        return host
+    if isinstance(host, str):
+        return None
+    return check_address(host, policy)
+
+
+def check_address(ip: IPAddress, policy: SsrfPolicy) -> SsrfRejection | None:
+    """Return why a connection to ``ip`` is refused, or ``None`` when it is allowed."""
+    candidates = [ip, *_embedded_ipv4(ip)]
+    if any(a in net for a in candidates for net in policy.deny_cidrs):
+        return SsrfRejection.DENIED_ADDRESS
+    if policy.allow_private or any(a in net for a in candidates for net in policy.allow_cidrs):
+        return None
+    return _classify(ip)
+
+
+def _host(hostname: str) -> str | IPAddress | SsrfRejection:
+    """Return the name to resolve, the literal address, or why the host is refused outright."""
+    host = hostname.lower()
+    if ":" in host:  # urlsplit accepted a bracketed host: it must be an IPv6 address, without a zone
+        try:
+            return SsrfRejection.INVALID_URL if "%" in host else ipaddress.IPv6Address(host)
+        except ValueError:
+            return SsrfRejection.INVALID_URL
+    if not host.isascii():  # resolvers see the IDNA form: "ⓛocalhost" is "localhost"
+        try:
+            host = host.encode("idna").decode("ascii").lower()
+        except UnicodeError:
+            return SsrfRejection.INVALID_URL
+    host = host.rstrip(".")
+    if len(host) > 253 or not _NAME.fullmatch(host):
+        return SsrfRejection.INVALID_URL
+    if host in _LOCALHOST_NAMES or host.endswith(".localhost"):
+        return SsrfRejection.LOCALHOST_NAME
+    try:
+        number = _inet_aton(host)
+    except ValueError:
+        return SsrfRejection.INVALID_URL
+    return host if number is None else ipaddress.IPv4Address(number)
+
+
+def _origin(url: str | None) -> str | None:
+    """Return ``scheme://host:port`` of ``url``: never its path, query or credentials."""
+    if not isinstance(url, str):
+        return None
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError:
+        return None
+    host = parts.hostname
+    if not parts.scheme:
+        return None
+    if not host or len(host) > 253 or not host.isprintable():
+        return f"a {parts.scheme.lower()}: URL"
+    host = f"[{host}]" if ":" in host else host
+    return f"{parts.scheme.lower()}://{host}" + (f":{port}" if port is not None else "")
+
+
+def _inet_aton(host: str) -> int | None:
+    """Parse ``host`` as ``inet_aton`` does (1 to 4 parts, decimal, octal or hex); ``None`` if a name.
+
+    A host whose last label is a number is an address or invalid, as in the WHATWG URL standard.
+    """
+    labels = host.split(".")
+    if not _NUMBER.fullmatch(labels[-1]):
+        return None
+    if len(labels) > 4 or not all(_NUMBER.fullmatch(label) for label in labels):
+        raise ValueError(host)
+    numbers = [
+        int(label[2:] or "0", 16) if label.startswith("0x") else int(label, 8 if label[0] == "0" else 10)
+        for label in labels
+    ]
+    *head, last = numbers
+    if any(n > 255 for n in head) or last >= 256 ** (4 - len(head)):
+        raise ValueError(host)
+    return sum(n << (8 * (3 - i)) for i, n in enumerate(head)) + last
+
+
+def _nets(*cidrs: str) -> tuple[IPNetwork, ...]:
+    return tuple(ipaddress.ip_network(cidr) for cidr in cidrs)
+
+
+_NAT64 = ipaddress.IPv6Network("64:ff9b::/96")
+# First match wins; the address of a tunnel or NAT64 is checked by the IPv4 address inside it.
+_BLOCKED = (
+    (SsrfRejection.LOOPBACK_ADDRESS, _nets("127.0.0.0/8", "::1/128")),
+    (SsrfRejection.LINK_LOCAL_ADDRESS, _nets("169.254.0.0/16", "fe80::/10")),
+    (
+        SsrfRejection.PRIVATE_ADDRESS,
+        _nets(
+            "10.0.0.0/8",
+            "172.16.0.0/12",
+            "192.168.0.0/16",
+            "100.64.0.0/10",  # carrier-grade NAT
+            "fc00::/7",  # unique local
+            "fec0::/10",  # site-local
+            "64:ff9b:1::/48",  # local-use NAT64
+        ),
+    ),
+    (SsrfRejection.MULTICAST_ADDRESS, _nets("224.0.0.0/4", "ff00::/8")),
+    (
+        SsrfRejection.RESERVED_ADDRESS,
+        _nets(
+            "0.0.0.0/8",
+            "192.0.0.0/24",
+            "192.0.2.0/24",
+            "192.88.99.0/24",
+            "198.18.0.0/15",
+            "198.51.100.0/24",
+            "203.0.113.0/24",
+            "240.0.0.0/4",  # with 255.255.255.255
+            "::/96",  # unspecified, IPv4-compatible
+            "100::/64",
+            "2001::/23",
+            "2001:db8::/32",
+            "2002::/16",
+            "3fff::/20",
+        ),
+    ),
+)
+
+
+def _embedded_ipv4(ip: IPAddress) -> list[ipaddress.IPv4Address]:
+    if isinstance(ip, ipaddress.IPv4Address):
+        return []
+    if ip.ipv4_mapped is not None:
+        return [ip.ipv4_mapped]
+    if ip in _NAT64:
+        return [ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF)]
+    if ip.sixtofour is not None:
+        return [ip.sixtofour]
+    return list(ip.teredo or ())
+
+
+def _classify(ip: IPAddress) -> SsrfRejection | None:
+    inner = _embedded_ipv4(ip)
+    if inner:
+        for address in inner:
+            reason = _classify(address)
+            if reason is not None:
+                return reason
+        # NAT64 reaches the embedded address; 6to4 and Teredo relays could reach anything.
+        tunnel = isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is None and ip not in _NAT64
+        return SsrfRejection.RESERVED_ADDRESS if tunnel else None
+    for reason, networks in _BLOCKED:
+        if any(ip in network for network in networks):
+            return reason
+    if ip.is_multicast:
+        return SsrfRejection.MULTICAST_ADDRESS
+    if not ip.is_global or ip.is_reserved:
+        return SsrfRejection.RESERVED_ADDRESS
+    return None

@@ -1,0 +1,449 @@
+"""The SSRF guard: the pure policy (a corpus of refused URLs), its settings, and the connect-time check."""
+
+from __future__ import annotations
+
+import contextlib
+import ipaddress
+import shutil
+import socket
+import ssl
+import subprocess
+import threading
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from flask_harvest import (
+    DeliveryState,
+    InMemoryOutboundWebhookHandler,
+    WebhookSubscription,
+    WebhookSubscriptionStatus,
+    generate_secret,
+)
+from flask_harvest.config import load_settings
+from flask_harvest.errors import ConfigurationError, InvalidFieldError
+from flask_harvest.ssrf import (
+    SsrfError,
+    SsrfPolicy,
+    SsrfRejection,
+    check_address,
+    check_url,
+    parse_cidrs,
+    validate_target,
+)
+from flask_harvest.testing import CapturingReceiver
+from flask_harvest.transport import FailureKind, HttpResponse, Transport, TransportError, resolve
+from flask_harvest.webhooks.plugin import get_state
+
+from .pipeline import make_app, wait_final
+
+R = SsrfRejection
+DEFAULT = SsrfPolicy()
+
+REFUSED = [
+    # Not http(s), or not a URL with a host.
+    ("ftp://example.com/hook", R.SCHEME),
+    ("file:///etc/passwd", R.SCHEME),
+    ("javascript:alert(1)", R.SCHEME),
+    ("gopher://example.com:70/_x", R.SCHEME),
+    ("//example.com/hook", R.SCHEME),
+    ("example.com/hook", R.SCHEME),
+    ("http:///hook", R.INVALID_URL),
+    ("http://exa mple.com/", R.INVALID_URL),
+    ("http://example.com\\@127.0.0.1/", R.INVALID_URL),
+    ("http://example.com:0/", R.INVALID_URL),
+    ("http://example.com:99999/", R.INVALID_URL),
+    ("http://[::1/", R.INVALID_URL),
+    ("http://[fe80::1%25eth0]/", R.INVALID_URL),
+    ("http://1.2.3.4.5/", R.INVALID_URL),
+    ("http://08.0.0.1/", R.INVALID_URL),
+    ("http://256.0.0.1/", R.INVALID_URL),
+    ("http://%31%32%37.0.0.1/", R.INVALID_URL),
+    # Credentials in the URL.
+    ("https://user:pass@example.com/hook", R.USERINFO),
+    ("https://user@example.com/hook", R.USERINFO),
+    ("https://example.com@127.0.0.1/", R.USERINFO),
+    # Names that are loopback by definition, however spelled.
+    ("http://localhost/", R.LOCALHOST_NAME),
+    ("http://LOCALHOST:8080/", R.LOCALHOST_NAME),
+    ("http://localhost./", R.LOCALHOST_NAME),
+    ("http://foo.localhost/", R.LOCALHOST_NAME),
+    ("http://a.b.localhost./x", R.LOCALHOST_NAME),
+    ("http://\u24dbocalhost/", R.LOCALHOST_NAME),  # circled l: IDNA maps it to "localhost"
+    # Loopback literals in every spelling a resolver accepts.
+    ("http://127.0.0.1/", R.LOOPBACK_ADDRESS),
+    ("http://127.0.0.1./", R.LOOPBACK_ADDRESS),
+    ("http://127.1/", R.LOOPBACK_ADDRESS),
+    ("http://127.0.1/", R.LOOPBACK_ADDRESS),
+    ("http://2130706433/", R.LOOPBACK_ADDRESS),
+    ("http://0x7f000001/", R.LOOPBACK_ADDRESS),
+    ("http://0x7f.1/", R.LOOPBACK_ADDRESS),
+    ("http://0x7F.0x0.0x0.0x1/", R.LOOPBACK_ADDRESS),
+    ("http://017700000001/", R.LOOPBACK_ADDRESS),
+    ("http://0177.0.0.01/", R.LOOPBACK_ADDRESS),
+    ("http://127.255.255.254:8443/", R.LOOPBACK_ADDRESS),
+    ("http://\uff11\uff12\uff17.\uff10.\uff10.\uff11/", R.LOOPBACK_ADDRESS),  # fullwidth digits
+    ("http://[::1]/", R.LOOPBACK_ADDRESS),
+    ("http://[0:0:0:0:0:0:0:1]:8080/", R.LOOPBACK_ADDRESS),
+    ("http://[::ffff:127.0.0.1]/", R.LOOPBACK_ADDRESS),
+    ("http://[::ffff:7f00:1]/", R.LOOPBACK_ADDRESS),
+    ("http://[64:ff9b::127.0.0.1]/", R.LOOPBACK_ADDRESS),  # NAT64
+    ("http://[2002:7f00:1::]/", R.LOOPBACK_ADDRESS),  # 6to4
+    # Private networks, CGNAT, unique local.
+    ("http://10.0.0.1/", R.PRIVATE_ADDRESS),
+    ("http://10.1/", R.PRIVATE_ADDRESS),
+    ("http://167772161/", R.PRIVATE_ADDRESS),
+    ("http://172.16.0.1/", R.PRIVATE_ADDRESS),
+    ("http://172.31.255.255/", R.PRIVATE_ADDRESS),
+    ("http://192.168.1.1/", R.PRIVATE_ADDRESS),
+    ("http://0xc0.0xa8.1.1/", R.PRIVATE_ADDRESS),
+    ("http://100.64.0.1/", R.PRIVATE_ADDRESS),
+    ("http://100.127.255.254/", R.PRIVATE_ADDRESS),
+    ("http://[fc00::1]/", R.PRIVATE_ADDRESS),
+    ("http://[fd12:3456:789a::1]/", R.PRIVATE_ADDRESS),
+    ("http://[fd00:ec2::254]/", R.PRIVATE_ADDRESS),  # AWS metadata over IPv6
+    ("http://[::ffff:10.0.0.1]/", R.PRIVATE_ADDRESS),
+    ("http://[::ffff:192.168.0.1]/", R.PRIVATE_ADDRESS),
+    ("http://[64:ff9b::10.0.0.1]/", R.PRIVATE_ADDRESS),
+    ("http://[64:ff9b:1::a00:1]/", R.PRIVATE_ADDRESS),  # local-use NAT64
+    ("http://[2002:c0a8:101::1]/", R.PRIVATE_ADDRESS),  # 6to4 of 192.168.1.1
+    # Link-local, the cloud metadata address among them.
+    ("http://169.254.169.254/latest/meta-data/", R.LINK_LOCAL_ADDRESS),
+    ("http://2852039166/", R.LINK_LOCAL_ADDRESS),
+    ("http://0xa9.0xfe.0xa9.0xfe/", R.LINK_LOCAL_ADDRESS),
+    ("http://[::ffff:169.254.169.254]/", R.LINK_LOCAL_ADDRESS),
+    ("http://[fe80::1]/", R.LINK_LOCAL_ADDRESS),
+    # Teredo: the client address 169.254.169.254 is stored inverted.
+    ("http://[2001:0:4136:e378:8000:63bf:5601:5601]/", R.LINK_LOCAL_ADDRESS),
+    # Multicast.
+    ("http://224.0.0.1/", R.MULTICAST_ADDRESS),
+    ("http://239.255.255.250:1900/", R.MULTICAST_ADDRESS),
+    ("http://[ff02::1]/", R.MULTICAST_ADDRESS),
+    # Unspecified, broadcast, reserved, documentation, benchmarking, tunnels to public addresses.
+    ("http://0.0.0.0/", R.RESERVED_ADDRESS),
+    ("http://0/", R.RESERVED_ADDRESS),
+    ("http://0.1.2.3/", R.RESERVED_ADDRESS),
+    ("http://[::]/", R.RESERVED_ADDRESS),
+    ("http://255.255.255.255/", R.RESERVED_ADDRESS),
+    ("http://240.0.0.1/", R.RESERVED_ADDRESS),
+    ("http://192.0.2.10/", R.RESERVED_ADDRESS),
+    ("http://198.51.100.7/", R.RESERVED_ADDRESS),
+    ("http://203.0.113.9/", R.RESERVED_ADDRESS),
+    ("http://198.18.0.1/", R.RESERVED_ADDRESS),
+    ("http://192.0.0.8/", R.RESERVED_ADDRESS),
+    ("http://[2001:db8::1]/", R.RESERVED_ADDRESS),
+    ("http://[::127.0.0.1]/", R.RESERVED_ADDRESS),  # IPv4-compatible, deprecated
+    ("http://[100::1]/", R.RESERVED_ADDRESS),
+    ("http://[2002:808:808::1]/", R.RESERVED_ADDRESS),  # 6to4 relays could reach anything
+    ("http://[2001:0:4136:e378:8000:63bf:f7f7:f7f7]/", R.RESERVED_ADDRESS),  # Teredo, public client
+    ("http://[5f00::1]/", R.RESERVED_ADDRESS),
+]
+
+ALLOWED = [
+    "https://example.com/hook",
+    "http://example.com:8080/hook?token=x#frag",
+    "https://hooks.example.co.uk./x",
+    "https://xn--bcher-kva.example/hook",
+    "https://b\u00fccher.example/hook",
+    "https://my_host.example.com/",
+    "https://localhost.example.com/",  # only names under .localhost are loopback by definition
+    "https://notlocalhost/",
+    "http://8.8.8.8/",
+    "http://134744072/",  # 8.8.8.8 as one number
+    "http://0x08.0x08.0x08.0x08/",
+    "https://1.1.1.1:8443/hook",
+    "http://100.128.0.1/",  # just past CGNAT
+    "http://172.32.0.1/",  # just past 172.16/12
+    "http://[2606:4700:4700::1111]/",
+    "http://[::ffff:8.8.8.8]/",
+    "http://[64:ff9b::8.8.8.8]/",  # NAT64 (DNS64 networks) to a public address
+]
+
+
+@pytest.mark.parametrize(("url", "reason"), REFUSED)
+def test_the_corpus_is_refused_with_its_reason(url: str, reason: SsrfRejection) -> None:
+    assert check_url(url, DEFAULT) is reason
+
+
+def test_the_corpus_is_large() -> None:
+    assert len(REFUSED) >= 40
+    assert {reason for _, reason in REFUSED} == set(SsrfRejection) - {R.HTTPS_REQUIRED, R.DENIED_ADDRESS}
+
+
+@pytest.mark.parametrize("url", ALLOWED)
+def test_public_targets_pass_without_resolving(url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    def no_dns(*_args: object, **_kwargs: object) -> None:
+        raise AssertionError("check_url resolved a name")
+
+    monkeypatch.setattr(socket, "getaddrinfo", no_dns)
+    monkeypatch.setattr(socket, "gethostbyname", no_dns)
+    assert check_url(url, DEFAULT) is None
+
+
+def test_https_only_refuses_http() -> None:
+    policy = SsrfPolicy(https_only=True)
+    assert check_url("http://example.com/", policy) is R.HTTPS_REQUIRED
+    assert check_url("HTTP://example.com/", policy) is R.HTTPS_REQUIRED
+    assert check_url("https://example.com/", policy) is None
+    assert check_url("ftp://example.com/", policy) is R.SCHEME
+
+
+def test_allow_private_lets_non_public_literals_through_but_not_bad_urls() -> None:
+    policy = SsrfPolicy(allow_private=True)
+    for url in ("http://127.0.0.1:5000/", "http://[::1]/", "http://169.254.169.254/", "http://10.1/"):
+        assert check_url(url, policy) is None
+    assert check_url("http://localhost/", policy) is R.LOCALHOST_NAME
+    assert check_url("http://u:p@127.0.0.1/", policy) is R.USERINFO
+    assert check_url("ftp://127.0.0.1/", policy) is R.SCHEME
+
+
+def test_deny_wins_over_allow_and_allow_private() -> None:
+    ten = parse_cidrs("10.0.0.0/8")
+    host = parse_cidrs("10.1.2.3")
+    assert check_url("http://10.1.2.3/", SsrfPolicy(allow_cidrs=ten)) is None
+    assert check_url("http://10.9.9.9/", SsrfPolicy(allow_cidrs=host)) is R.PRIVATE_ADDRESS
+    assert check_url("http://10.1.2.3/", SsrfPolicy(allow_cidrs=ten, deny_cidrs=host)) is R.DENIED_ADDRESS
+    metadata = SsrfPolicy(allow_private=True, deny_cidrs=parse_cidrs("169.254.0.0/16"))
+    assert check_url("http://169.254.169.254/", metadata) is R.DENIED_ADDRESS
+    assert check_url("http://127.0.0.1/", metadata) is None
+    # Public addresses can be denied too, and a network matches the IPv4 inside an IPv6 address.
+    public = SsrfPolicy(deny_cidrs=parse_cidrs("8.8.8.0/24"))
+    assert check_url("http://8.8.8.8/", public) is R.DENIED_ADDRESS
+    assert check_url("http://[::ffff:8.8.8.8]/", public) is R.DENIED_ADDRESS
+    assert check_url("http://[64:ff9b::8.8.8.8]/", public) is R.DENIED_ADDRESS
+    assert check_url("http://[::ffff:10.0.0.1]/", SsrfPolicy(allow_cidrs=ten)) is None
+
+
+def test_check_address_refuses_everything_not_public() -> None:
+    for text, reason in [
+        ("127.0.0.1", R.LOOPBACK_ADDRESS),
+        ("169.254.169.254", R.LINK_LOCAL_ADDRESS),
+        ("100.64.0.1", R.PRIVATE_ADDRESS),
+        ("fd00::1", R.PRIVATE_ADDRESS),
+        ("::ffff:127.0.0.1", R.LOOPBACK_ADDRESS),
+        ("64:ff9b::a9fe:a9fe", R.LINK_LOCAL_ADDRESS),
+        ("ff05::1", R.MULTICAST_ADDRESS),
+        ("0.0.0.0", R.RESERVED_ADDRESS),
+    ]:
+        assert check_address(ipaddress.ip_address(text), DEFAULT) is reason, text
+    assert check_address(ipaddress.ip_address("93.184.215.14"), DEFAULT) is None
+
+
+@given(st.text(max_size=300))
+def test_check_url_never_raises(text: str) -> None:
+    for candidate in (text, "http://" + text, "https://" + text + "/x", "http://[" + text + "]/"):
+        result = check_url(candidate, DEFAULT)
+        assert result is None or isinstance(result, SsrfRejection)
+
+
+@given(st.integers(min_value=0, max_value=2**32 - 1), st.sampled_from(["{}", "0x{:x}", "0{:o}"]))
+def test_any_single_number_spelling_is_checked_as_that_address(value: int, spelling: str) -> None:
+    expected = check_address(ipaddress.IPv4Address(value), DEFAULT)
+    assert check_url(f"http://{spelling.format(value)}/", DEFAULT) is expected
+
+
+def test_validate_target_raises_a_field_error_naming_the_reason_without_the_query() -> None:
+    validate_target("https://example.com/hook", DEFAULT)
+    with pytest.raises(SsrfError) as info:
+        validate_target("http://169.254.169.254:80/latest?token=s3cr3t", DEFAULT)
+    error = info.value
+    assert isinstance(error, InvalidFieldError)
+    assert error.field == "target_url"
+    assert error.reason is R.LINK_LOCAL_ADDRESS
+    assert "link_local_address" in str(error)
+    assert "http://169.254.169.254:80" in str(error)
+    assert "s3cr3t" not in str(error)
+    assert "latest" not in str(error)
+    with pytest.raises(SsrfError) as info:
+        validate_target("https://admin:hunter2@example.com/", DEFAULT)
+    assert "hunter2" not in str(info.value)
+    assert "admin" not in str(info.value)
+
+
+# -- settings ------------------------------------------------------------------------------------
+
+
+def test_settings_build_the_policy_and_default_to_refusing_private_targets() -> None:
+    assert load_settings({}, {}).ssrf_policy == SsrfPolicy()
+    settings = load_settings(
+        {
+            "HARVEST_WEBHOOKS_ALLOW_PRIVATE_TARGETS": "true",
+            "HARVEST_WEBHOOKS_HTTPS_ONLY": True,
+            "HARVEST_WEBHOOKS_ALLOW_CIDRS": " 10.1.0.0/16 , fd00:1::/64,",
+            "HARVEST_WEBHOOKS_DENY_CIDRS": ["169.254.169.254", "10.1.2.0/24"],
+        },
+        {},
+    )
+    policy = settings.ssrf_policy
+    assert policy.allow_private and policy.https_only
+    assert policy.allow_cidrs == parse_cidrs("10.1.0.0/16, fd00:1::/64")
+    assert policy.deny_cidrs == parse_cidrs("169.254.169.254/32, 10.1.2.0/24")
+    assert load_settings({}, {"webhooks_allow_private_targets": True}).ssrf_policy.allow_private
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        ("HARVEST_WEBHOOKS_ALLOW_CIDRS", "10.0.0.0/33"),
+        ("HARVEST_WEBHOOKS_ALLOW_CIDRS", "10.0.0.1/8"),
+        ("HARVEST_WEBHOOKS_DENY_CIDRS", "not-a-network"),
+        ("HARVEST_WEBHOOKS_DENY_CIDRS", 10),
+        ("HARVEST_WEBHOOKS_DENY_CIDRS", ["10.0.0.0/8", 5]),
+        ("HARVEST_WEBHOOKS_ALLOW_PRIVATE_TARGETS", "maybe"),
+    ],
+)
+def test_bad_ssrf_settings_are_refused_naming_the_key(key: str, value: object) -> None:
+    with pytest.raises(ConfigurationError, match=key):
+        load_settings({key: value}, {})
+
+
+# -- the connect-time guard ------------------------------------------------------------------------
+
+
+def resolver(mapping: dict[str, list[str]]):  # type: ignore[no-untyped-def]
+    """Resolve the names in ``mapping`` without DNS; any other name goes to the real resolver."""
+
+    def resolve_test_names(host: str, port: int) -> list[str]:
+        return mapping[host] if host in mapping else resolve(host, port)
+
+    return resolve_test_names
+
+
+def transport(policy: SsrfPolicy, names: dict[str, list[str]]) -> Transport:
+    return Transport(connect_timeout=2, read_timeout=2, deadline=5, policy=policy, resolver=resolver(names))
+
+
+@pytest.fixture
+def receiver():  # type: ignore[no-untyped-def]
+    with CapturingReceiver() as receiver:
+        yield receiver
+
+
+def test_a_name_resolving_to_loopback_is_refused_at_connect_time(receiver: CapturingReceiver) -> None:
+    url = f"http://receiver.test:{receiver.port}/hook?token=s3cr3t"
+    assert check_url(url, DEFAULT) is None  # nothing to see before resolving
+    result = transport(DEFAULT, {"receiver.test": ["127.0.0.1"]}).post_or_error(url, b"{}", {})
+    assert isinstance(result, TransportError)
+    assert result.kind is FailureKind.SSRF
+    assert "loopback_address" in str(result)
+    assert "127.0.0.1" in str(result)
+    assert "s3cr3t" not in str(result)
+    assert receiver.requests == []
+
+
+def test_one_bad_address_among_good_ones_refuses_the_connection(receiver: CapturingReceiver) -> None:
+    url = f"http://receiver.test:{receiver.port}/hook"
+    names = {"receiver.test": ["93.184.215.14", "10.0.0.7"]}
+    result = transport(DEFAULT, names).post_or_error(url, b"{}", {})
+    assert isinstance(result, TransportError) and result.kind is FailureKind.SSRF
+    assert "private_address" in str(result)
+
+
+def test_the_guarded_connection_goes_to_the_checked_address(receiver: CapturingReceiver) -> None:
+    url = f"http://receiver.test:{receiver.port}/hook"
+    allowed = SsrfPolicy(allow_private=True)
+    result = transport(allowed, {"receiver.test": ["127.0.0.1"]}).post_or_error(url, b'{"a": 1}', {})
+    assert isinstance(result, HttpResponse) and result.status == 200
+    [request] = receiver.wait_for(1)
+    assert request.body == b'{"a": 1}'
+    assert request.headers["host"] == f"receiver.test:{receiver.port}"  # the name, not the address
+    # Allowed by CIDR rather than wholesale.
+    by_cidr = SsrfPolicy(allow_cidrs=parse_cidrs("127.0.0.0/8"))
+    assert isinstance(transport(by_cidr, {"receiver.test": ["127.0.0.1"]}).post(url, b"{}", {}), HttpResponse)
+    denied = SsrfPolicy(allow_private=True, deny_cidrs=parse_cidrs("127.0.0.1"))
+    refused = transport(denied, {"receiver.test": ["127.0.0.1"]}).post_or_error(url, b"{}", {})
+    assert isinstance(refused, TransportError) and "denied_address" in str(refused)
+
+
+def test_literal_urls_are_refused_before_connecting(receiver: CapturingReceiver) -> None:
+    result = transport(DEFAULT, {}).post_or_error(receiver.url("/hook"), b"{}", {})
+    assert isinstance(result, TransportError) and result.kind is FailureKind.SSRF
+    assert result.elapsed_ms == 0
+    assert receiver.requests == []
+
+
+def test_the_real_resolver_is_guarded_too(receiver: CapturingReceiver) -> None:
+    # A name this machine resolves to loopback without DNS (its own, in /etc/hosts), if any.
+    name = socket.gethostname()
+    try:
+        addresses = resolve(name, receiver.port)
+    except OSError:
+        pytest.skip(f"{name!r} does not resolve here")
+    if not addresses or not all(ipaddress.ip_address(a).is_loopback for a in addresses):
+        pytest.skip(f"{name!r} does not resolve to loopback here")
+    plain = Transport(connect_timeout=2, read_timeout=2, deadline=5, policy=DEFAULT)
+    result = plain.post_or_error(f"http://{name}:{receiver.port}/hook", b"{}", {})
+    assert isinstance(result, TransportError) and result.kind is FailureKind.SSRF
+
+
+def test_without_a_policy_nothing_is_checked(receiver: CapturingReceiver) -> None:
+    plain = Transport(connect_timeout=2, read_timeout=2, deadline=5)
+    assert isinstance(plain.post(receiver.url("/hook"), b"{}", {}), HttpResponse)
+
+
+@pytest.fixture
+def certificate(tmp_path: Path) -> tuple[Path, Path]:
+    """A self-signed certificate for ``receiver.test``, made by the ``openssl`` command."""
+    openssl = shutil.which("openssl")
+    if openssl is None:
+        pytest.skip("the openssl command is not installed")
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(
+        [openssl, "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=receiver.test",
+         "-addext", "subjectAltName=DNS:receiver.test", "-keyout", str(key), "-out", str(cert)],
+        check=True,
+        capture_output=True,
+    )  # fmt: skip
+    return cert, key
+
+
+def test_tls_to_the_checked_address_still_names_and_verifies_the_host(certificate: tuple[Path, Path]) -> None:
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(*certificate)
+    names: list[str | None] = []
+
+    def record_sni(_sock: ssl.SSLObject, name: str | None, _context: ssl.SSLContext) -> None:
+        names.append(name)
+
+    context.sni_callback = record_sni
+    with socket.create_server(("127.0.0.1", 0)) as server:
+
+        def accept_one() -> None:
+            conn, _ = server.accept()
+            with conn, contextlib.suppress(OSError):  # the client refuses our certificate
+                context.wrap_socket(conn, server_side=True).close()
+
+        thread = threading.Thread(target=accept_one)
+        thread.start()
+        url = f"https://receiver.test:{server.getsockname()[1]}/hook"
+        allowed = SsrfPolicy(allow_private=True)
+        result = transport(allowed, {"receiver.test": ["127.0.0.1"]}).post_or_error(url, b"{}", {})
+        thread.join(5)
+    assert names == ["receiver.test"]  # SNI carries the name, though the socket went to 127.0.0.1
+    # The certificate is checked (and refused: nothing signed it), so verification is on.
+    assert isinstance(result, TransportError) and result.kind is FailureKind.TLS
+
+
+# -- through the pipeline ------------------------------------------------------------------------
+
+
+def test_a_delivery_to_a_refused_target_is_dead_lettered_at_once_naming_the_reason(
+    receiver: CapturingReceiver,
+) -> None:
+    store = InMemoryOutboundWebhookHandler()
+    store.add_subscription(
+        WebhookSubscription(receiver.url("/hook"), ["order.*"], generate_secret(), id="sub_1")
+    )
+    app = make_app(store, HARVEST_WEBHOOKS_ALLOW_PRIVATE_TARGETS=False)  # the default, spelled out
+    with app.app_context():
+        [delivery_id] = get_state().manager.dispatch("order.created", {"n": 1})
+    assert wait_final(store, [delivery_id]) == [DeliveryState.DLQ]
+    delivery = store.get_delivery(delivery_id)
+    assert delivery is not None
+    assert delivery.attempt == 1
+    assert delivery.last_error is not None and "loopback_address" in delivery.last_error
+    subscription = store.get_subscription("sub_1")
+    assert subscription is not None and subscription.status is WebhookSubscriptionStatus.ACTIVE
+    assert receiver.requests == []
