@@ -1,0 +1,393 @@
+"""The receiver kit: verify incoming webhooks in a Flask view, and refuse replays.
+
+::
+
+    from flask_harvest.receiver import MemoryReplayCache, verify_webhook
+
+    @app.post("/webhooks")
+    @verify_webhook(os.environ["WEBHOOK_SECRET"], replay_cache=MemoryReplayCache())
+    def webhooks(payload, delivery_id):
+        ...                       # payload: the parsed JSON body; delivery_id: the webhook-id
+        return "", 204
+
+The decorator checks the signature against the raw body (with a tolerance on the timestamp), parses
+the JSON body, records the delivery id in the replay cache, then calls the view. A refused request
+never reaches the view; it is answered with a JSON body ``{"error": {"code", "message"}}``:
+
+=====  ==============================  ==================================================================
+HTTP   ``code``                        why
+=====  ==============================  ==================================================================
+400    ``missing_header``              ``webhook-id`` or ``webhook-timestamp`` is absent (Standard)
+400    ``malformed_header``            the timestamp is not an integer, or the Stripe-style header has no
+                                       ``t=``
+401    ``missing_signature``           no signature header, or no ``v1`` signature in it
+401    ``timestamp_out_of_tolerance``  the timestamp is more than ``tolerance`` seconds old or ahead
+401    ``invalid_signature``           no signature matches the body with any of the secrets
+400    ``invalid_json``                the (authentic) body is not JSON
+409    ``replayed``                    this delivery id was accepted within its tolerance window
+503    ``replay_cache_unavailable``    the replay cache (Redis) did not answer; the sender retries later
+=====  ==============================  ==================================================================
+
+Why 409 for a replay, not 400: the request is well formed and authentic; it conflicts with one
+already accepted. Keeping 400 for malformed requests lets the sender's logs tell the two apart.
+A sender that retries on 409 (flask-harvest does; any non-2xx is a failed attempt) is re-sending a
+delivery the receiver already has, and :func:`verify_webhook` forgets the id again when the view
+raises or answers non-2xx, so a delivery whose handling failed is accepted on its retry.
+
+The replay cache is a guard against replayed requests within the tolerance window, not a durable
+record of processed deliveries: delivery is at-least-once, and a retry that comes after the
+window is accepted again. Keep ``delivery_id`` in your own database to drop those copies.
+"""
+
+from __future__ import annotations
+
+import abc
+import functools
+import hashlib
+import heapq
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, Literal, TypeVar, cast
+
+from flask import Response, make_response, request
+from werkzeug.exceptions import HTTPException
+
+from .errors import ConfigurationError, HarvestError, SignatureVerificationError
+from .signing import (
+    DEFAULT_SIGNATURE_HEADER,
+    DEFAULT_TOLERANCE_SECONDS,
+    WEBHOOK_ID,
+    WEBHOOK_SIGNATURE,
+    WEBHOOK_TIMESTAMP,
+    secret_key,
+    verify_standard,
+    verify_stripe,
+)
+
+if TYPE_CHECKING:
+    import redis
+    from _typeshed.wsgi import WSGIEnvironment
+
+#: Where the secrets come from: one secret, several (during a rotation), or a function called on
+#: every request that returns either (to read them from config or a database).
+SecretSource = str | Sequence[str] | Callable[[], str | Sequence[str]]
+Scheme = Literal["standard", "stripe"]
+F = TypeVar("F", bound=Callable[..., Any])
+log = logging.getLogger("flask_harvest")
+
+
+class WebhookRejected(HTTPException, HarvestError):
+    """A webhook request that :func:`verify_webhook` refused; answered as JSON.
+
+    Register ``@app.errorhandler(WebhookRejected)`` to answer differently. ``code`` is the HTTP
+    status; ``reason`` is the machine-readable ``error.code`` of the body.
+    """
+
+    def __init__(self, status: int, reason: str, message: str) -> None:
+        super().__init__(description=message)
+        self.code = status
+        self.reason = reason
+
+    def get_body(self, environ: WSGIEnvironment | None = None, scope: dict[str, Any] | None = None) -> str:
+        return json.dumps({"error": {"code": self.reason, "message": self.description}})
+
+    def get_headers(
+        self, environ: WSGIEnvironment | None = None, scope: dict[str, Any] | None = None
+    ) -> list[tuple[str, str]]:
+        return [("Content-Type", "application/json")]
+
+
+class ReplayCacheError(HarvestError):
+    """The replay cache could not be reached; the driver error is the ``__cause__``."""
+
+
+# -- replay caches ---------------------------------------------------------------------------------
+
+
+class ReplayCache(abc.ABC):
+    """Remembers accepted delivery ids for a while. Implementations must be atomic and thread-safe."""
+
+    @abc.abstractmethod
+    def add(self, key: str, ttl: int) -> bool:
+        """Remember ``key`` for ``ttl`` seconds; return ``False`` if it is already remembered.
+
+        :raises ReplayCacheError: the cache did not answer.
+        """
+
+    @abc.abstractmethod
+    def discard(self, key: str) -> None:
+        """Forget ``key`` (its request was not handled, so a retry must be accepted).
+
+        :raises ReplayCacheError: the cache did not answer.
+        """
+
+
+class MemoryReplayCache(ReplayCache):
+    """A replay cache in this process's memory: for one process, tests and development.
+
+    Entries expire after their ``ttl``. At ``max_entries``, the entry closest to expiry is dropped
+    to make room, so memory stays bounded under a flood; size it above the deliveries you expect
+    within the tolerance window. Several processes (gunicorn workers) need :class:`RedisReplayCache`.
+
+    :param clock: monotonic seconds; tests pass a fake one.
+    """
+
+    def __init__(self, max_entries: int = 100_000, *, clock: Callable[[], float] = time.monotonic) -> None:
+        if max_entries < 1:
+            raise ConfigurationError("max_entries must be at least 1")
+        self.max_entries = max_entries
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._expiry: dict[str, float] = {}
+        self._heap: list[tuple[float, str]] = []  # may hold stale entries; _expiry is the truth
+
+    def __len__(self) -> int:
+        with self._lock:
+            self._expire(self._clock())
+            return len(self._expiry)
+
+    def add(self, key: str, ttl: int) -> bool:
+        with self._lock:
+            now = self._clock()
+            self._expire(now)
+            if key in self._expiry:
+                return False
+            while len(self._expiry) >= self.max_entries:
+                self._pop()
+            expires = now + ttl
+            self._expiry[key] = expires
+            heapq.heappush(self._heap, (expires, key))
+            if len(self._heap) > 2 * self.max_entries:  # discards left stale heap entries behind
+                self._heap = [(e, k) for k, e in self._expiry.items()]
+                heapq.heapify(self._heap)
+            return True
+
+    def discard(self, key: str) -> None:
+        with self._lock:
+            self._expiry.pop(key, None)
+
+    def _expire(self, now: float) -> None:
+        while self._heap and self._heap[0][0] <= now:
+            self._pop()
+
+    def _pop(self) -> None:
+        expires, key = heapq.heappop(self._heap)
+        if self._expiry.get(key) == expires:
+            del self._expiry[key]
+
+
+class RedisReplayCache(ReplayCache):
+    """A replay cache in Redis, shared by every process: ``SET key NX EX ttl``, atomic.
+
+    :param redis_client: a ``redis.Redis`` client.
+    :param prefix: prepended to each key; give each receiving endpoint (or sender) its own.
+    """
+
+    def __init__(self, redis_client: redis.Redis, prefix: str = "harvest:replay:") -> None:
+        self.redis = redis_client
+        self.prefix = prefix
+
+    def __repr__(self) -> str:
+        return f"<RedisReplayCache prefix={self.prefix!r}>"
+
+    def add(self, key: str, ttl: int) -> bool:
+        import redis
+
+        try:
+            return bool(self.redis.set(self.prefix + key, b"1", nx=True, ex=max(1, ttl)))
+        except redis.RedisError as exc:
+            raise ReplayCacheError(f"Redis did not answer ({type(exc).__name__})") from exc
+
+    def discard(self, key: str) -> None:
+        import redis
+
+        try:
+            self.redis.delete(self.prefix + key)
+        except redis.RedisError as exc:
+            raise ReplayCacheError(f"Redis did not answer ({type(exc).__name__})") from exc
+
+
+# -- verification ----------------------------------------------------------------------------------
+
+
+def _secrets(source: SecretSource) -> list[str]:
+    value = source() if callable(source) else source
+    found = [value] if isinstance(value, str) else list(value)
+    if not found:
+        raise ConfigurationError("verify_webhook has no secret to verify with; give at least one")
+    for secret in found:
+        secret_key(secret)  # raises InvalidSecretError (which never echoes the secret)
+    return found
+
+
+def _timestamp(value: str, tolerance: int, now: int) -> int:
+    try:
+        timestamp = int(value)
+    except ValueError:
+        raise WebhookRejected(400, "malformed_header", "the timestamp is not an integer") from None
+    if abs(now - timestamp) > tolerance:
+        raise WebhookRejected(
+            401,
+            "timestamp_out_of_tolerance",
+            f"the timestamp is more than {tolerance} s away from the receiver's clock "
+            "(a replayed request, or clock skew)",
+        )
+    return timestamp
+
+
+def _any_verifies(secrets: Sequence[str], check: Callable[[str], None]) -> bool:
+    for secret in secrets:
+        try:
+            check(secret)
+        except SignatureVerificationError:
+            continue
+        return True
+    return False
+
+
+def _verify_standard(secrets: Sequence[str], body: bytes, tolerance: int, now: int) -> tuple[str, int]:
+    headers = request.headers
+    for name in (WEBHOOK_ID, WEBHOOK_TIMESTAMP):
+        if not headers.get(name):
+            raise WebhookRejected(400, "missing_header", f"the {name} header is missing")
+    if not headers.get(WEBHOOK_SIGNATURE):
+        raise WebhookRejected(401, "missing_signature", f"the {WEBHOOK_SIGNATURE} header is missing")
+    timestamp = _timestamp(headers[WEBHOOK_TIMESTAMP], tolerance, now)
+    signed = {name: headers[name] for name in (WEBHOOK_ID, WEBHOOK_TIMESTAMP, WEBHOOK_SIGNATURE)}
+
+    def check(secret: str) -> None:
+        verify_standard(secret, signed, body, tolerance=tolerance, now=now)
+
+    if not _any_verifies(secrets, check):
+        raise WebhookRejected(401, "invalid_signature", f"no {WEBHOOK_SIGNATURE} matches the body")
+    return headers[WEBHOOK_ID], timestamp
+
+
+def _verify_stripe(
+    secrets: Sequence[str], body: bytes, tolerance: int, now: int, header: str
+) -> tuple[str | None, int, str]:
+    value = request.headers.get(header)
+    if not value:
+        raise WebhookRejected(401, "missing_signature", f"the {header} header is missing")
+    fields = [part.strip().partition("=") for part in value.split(",")]
+    timestamps = [v for k, sep, v in fields if sep and k == "t"]
+    if not timestamps:
+        raise WebhookRejected(400, "malformed_header", f"the {header} header has no t= timestamp")
+    if not any(sep and k == "v1" for k, sep, _ in fields):
+        raise WebhookRejected(401, "missing_signature", f"the {header} header has no v1= signature")
+    timestamp = _timestamp(timestamps[-1], tolerance, now)
+
+    def check(secret: str) -> None:
+        verify_stripe(secret, value, body, tolerance=tolerance, now=now)
+
+    if not _any_verifies(secrets, check):
+        raise WebhookRejected(401, "invalid_signature", f"no v1 signature in {header} matches the body")
+    # The Stripe-style signature does not cover webhook-id, so a replay could change it: the
+    # signed message itself (timestamp and body) is the replay cache's key.
+    key = "sha256:" + hashlib.sha256(f"{timestamp}.".encode() + body).hexdigest()
+    return request.headers.get(WEBHOOK_ID) or None, timestamp, key
+
+
+def verify_webhook(
+    secret: SecretSource,
+    *,
+    scheme: Scheme = "standard",
+    tolerance: int = DEFAULT_TOLERANCE_SECONDS,
+    replay_cache: ReplayCache | None = None,
+    signature_header: str = DEFAULT_SIGNATURE_HEADER,
+) -> Callable[[F], F]:
+    """Decorate a Flask view so that it only sees verified webhooks.
+
+    The view is called with two more keyword arguments: ``payload``, the parsed JSON body, and
+    ``delivery_id``, the ``webhook-id`` header (stable across the sender's retries). With
+    ``scheme="stripe"`` it is ``None`` when the sender sent no ``webhook-id``, and it is not
+    covered by that signature (the timestamp and body are). Refused requests are answered by
+    raising :class:`WebhookRejected` (see the module documentation for the codes).
+
+    :param secret: the signing secret, several secrets (any one verifies: use it during a
+        rotation), or a function returning them, called on every request.
+    :param scheme: ``"standard"`` checks the Standard Webhooks headers (``webhook-id``,
+        ``webhook-timestamp``, ``webhook-signature``); ``"stripe"`` checks the Stripe-style
+        ``signature_header`` (``t=...,v1=...``).
+    :param tolerance: seconds the timestamp may be away from this machine's clock.
+    :param replay_cache: where accepted ids are remembered, so a request replayed while its
+        timestamp is still within the tolerance is refused with 409. ``None`` checks nothing.
+        The Stripe scheme remembers the signed timestamp and body instead of the unsigned id.
+        The id is recorded only after the signature verified (forged requests cannot fill the
+        cache) and forgotten again if the view raises or answers non-2xx (so the retry of a
+        failed delivery is handled).
+    :param signature_header: the Stripe-style header's name (``scheme="stripe"``).
+    """
+    if scheme not in ("standard", "stripe"):
+        raise ConfigurationError(f"scheme must be 'standard' or 'stripe', not {scheme!r}")
+    if tolerance < 0:
+        raise ConfigurationError("tolerance must not be negative")
+    if not callable(secret):
+        _secrets(secret)  # a wrong secret fails at import time, not at the first request
+
+    def decorator(view: F) -> F:
+        @functools.wraps(view)
+        def wrapper(*args: Any, **kwargs: Any) -> Response:
+            body = request.get_data(cache=True)
+            secrets = _secrets(secret)
+            now = int(time.time())
+            if scheme == "standard":
+                delivery_id, timestamp = _verify_standard(secrets, body, tolerance, now)
+                key: str = delivery_id
+                found_id: str | None = delivery_id
+            else:
+                found_id, timestamp, key = _verify_stripe(secrets, body, tolerance, now, signature_header)
+            try:
+                payload = json.loads(body)
+            except ValueError:  # JSONDecodeError and UnicodeDecodeError
+                raise WebhookRejected(400, "invalid_json", "the body is not JSON") from None
+            if replay_cache is None:
+                return make_response(view(*args, payload=payload, delivery_id=found_id, **kwargs))
+            # Remembered until the timestamp leaves the tolerance: after that it is refused anyway.
+            ttl = max(1, timestamp + tolerance - now + 1)
+            if not _remember(replay_cache, key, ttl):
+                raise WebhookRejected(409, "replayed", "this delivery was already received")
+            try:
+                response = make_response(view(*args, payload=payload, delivery_id=found_id, **kwargs))
+            except BaseException:
+                _forget(replay_cache, key)
+                raise
+            if not 200 <= response.status_code < 300:
+                _forget(replay_cache, key)
+            return response
+
+        return cast(F, wrapper)
+
+    return decorator
+
+
+def _remember(cache: ReplayCache, key: str, ttl: int) -> bool:
+    try:
+        return cache.add(key, ttl)
+    except ReplayCacheError as exc:
+        raise WebhookRejected(
+            503, "replay_cache_unavailable", "the replay cache is unavailable; try again later"
+        ) from exc
+
+
+def _forget(cache: ReplayCache, key: str) -> None:
+    # The view's own outcome is what the sender must see; a cache outage here only means the
+    # sender's retry is refused as a replay until the entry expires.
+    try:
+        cache.discard(key)
+    except ReplayCacheError:
+        log.warning("harvest receiver: could not forget delivery %s in the replay cache", key, exc_info=True)
+
+
+__all__ = [
+    "MemoryReplayCache",
+    "RedisReplayCache",
+    "ReplayCache",
+    "ReplayCacheError",
+    "SecretSource",
+    "WebhookRejected",
+    "verify_webhook",
+]
