@@ -1,13 +1,19 @@
-"""Helpers for testing code that sends webhooks: a capturing receiver on 127.0.0.1.
+"""Helpers for testing code that sends webhooks: a capturing receiver on 127.0.0.1, and
+:func:`drain`, which sends an app's due deliveries synchronously.
 
 ::
 
-    from flask_harvest.testing import CapturingReceiver
+    from flask_harvest.testing import CapturingReceiver, drain
 
     with CapturingReceiver() as receiver:
         receiver.respond("/hook", status=500, times=1)   # first call fails, then 200
         ...dispatch to receiver.url("/hook")...
-        received = receiver.wait_for(1)
+        drain(app)                                       # or: received = receiver.wait_for(1)
+        received = receiver.requests
+
+With pytest, the ``harvest_receiver`` fixture (from the ``flask_harvest.pytest_plugin`` plugin,
+registered when flask-harvest is installed) is a started :class:`CapturingReceiver`. The app under
+test must allow loopback targets: ``HARVEST_WEBHOOKS_ALLOW_PRIVATE_TARGETS = True``.
 """
 
 from __future__ import annotations
@@ -23,8 +29,14 @@ from werkzeug.datastructures import Headers
 from werkzeug.serving import BaseWSGIServer, make_server
 from werkzeug.wrappers import Request, Response
 
+from .errors import ConfigurationError
+from .jobs.local import LocalBackend
+from .webhooks.models import DeliveryState, utcnow
+from .webhooks.plugin import get_state
+
 if TYPE_CHECKING:
     from _typeshed.wsgi import StartResponse, WSGIEnvironment
+    from flask import Flask
 
 #: A custom behaviour: given the request, return a werkzeug ``Response``.
 Handler = Callable[[Request], Response]
@@ -149,3 +161,56 @@ class CapturingReceiver:
             handler = scripted.pop(0) if scripted else self._handlers.get(request.path)
         response = handler(request) if handler else Response("", status=200)
         return response(environ, start_response)
+
+
+def drain(app: Flask, timeout: float = 30.0, *, retries: bool = False) -> int:
+    """Send the app's due deliveries on this thread, until none is due and none is in flight.
+
+    The simplest way that is correct with either job backend: it does not go through the backend.
+    It relays the outbox (after waiting for the relays that commits started), then makes one
+    attempt of each due ``PENDING`` delivery with the app's runner, again and again. Jobs the
+    backend already holds for those deliveries find them done and do nothing (the claim decides
+    who sends). With the ``local`` backend it first waits for the attempts its threads are making;
+    attempts made elsewhere (an RQ worker, a sweeper's relay) are waited for through the store:
+    drain returns when no delivery is due or in flight and no outbox message waits.
+
+    A failed attempt schedules its retry as usual, at ``next_attempt_at``. By default drain does
+    not wait for it; with ``retries=True`` it goes on, sleeping until each retry is due, until
+    every delivery is delivered, dead-lettered or skipped (set a short
+    ``HARVEST_WEBHOOKS_INITIAL_BACKOFF_MS`` in tests).
+
+    :returns: the number of attempts drain made itself.
+    :raises TimeoutError: deliveries were still due, in flight (or, with ``retries``, pending)
+        after ``timeout`` seconds.
+    :raises ConfigurationError: the app hands its deliveries to a delegate, which owns them.
+    """
+    state = get_state(app)
+    if state.manager.delegate is not None:
+        raise ConfigurationError("this app hands its deliveries to a delegate: drain would send them twice")
+    end = time.monotonic() + timeout
+    attempts = 0
+    with app.app_context():
+        # Wait for relays that commits started; the manager starts a new relay thread when needed.
+        state.manager.close()
+        while True:
+            while state.manager.relay_outbox().relayed:
+                pass
+            if isinstance(state.backend, LocalBackend):
+                state.backend.join(timeout=max(0.0, end - time.monotonic()))
+            due = state.store.due_deliveries(now=utcnow(), limit=100)
+            for delivery_id in due:
+                if state.runner.run(delivery_id) is not None:
+                    attempts += 1
+            if not due:
+                counts = state.store.delivery_stats()[0].counts
+                waiting = counts.get(DeliveryState.INFLIGHT.value, 0)
+                if retries:
+                    waiting += counts.get(DeliveryState.PENDING.value, 0)
+                if state.manager.outbox is not None:  # being relayed elsewhere (the sweeper)
+                    waiting += state.manager.outbox.pending_count()
+                if not waiting:
+                    return attempts
+            if time.monotonic() > end:
+                raise TimeoutError(f"deliveries were still waiting after {timeout} s")
+            if not due:
+                time.sleep(0.02)
