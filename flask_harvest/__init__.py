@@ -17,6 +17,7 @@ from .errors import (
     SubscriptionNotFoundError,
 )
 from .jobs.base import JobBackendError
+from .receiver import MemoryReplayCache, RedisReplayCache, ReplayCache, WebhookRejected, verify_webhook
 from .signing import generate_secret
 from .webhooks.manager import OutboundWebhookManager
 from .webhooks.models import (
@@ -53,20 +54,25 @@ __all__ = [
     "InvalidSecretError",
     "InvalidStateError",
     "JobBackendError",
+    "MemoryReplayCache",
     "NotFoundError",
     "OutboundWebhookHandler",
     "OutboundWebhookManager",
     "OutboundWebhookPlugin",
     "OutboundWebhookStore",
+    "RedisReplayCache",
+    "ReplayCache",
     "SignatureVerificationError",
     "SqlOutboundWebhookStore",
     "StoreError",
     "SubscriptionNotFoundError",
     "WebhookOutboundManager",
+    "WebhookRejected",
     "WebhookSubscription",
     "WebhookSubscriptionStatus",
     "__version__",
     "generate_secret",
     "get_manager",
     "signals",
+    "verify_webhook",
 ]
