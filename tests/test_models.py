@@ -263,6 +263,7 @@ def test_subscription_to_dict():
         "description": "d",
         "created_at": "2026-05-26T05:00:00Z",
         "updated_at": "2026-05-26T05:00:00Z",
+        "previous_secret_expires_at": None,
     }
 
 
