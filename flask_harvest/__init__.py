@@ -19,6 +19,7 @@ from .errors import (
 from .jobs.base import JobBackendError
 from .receiver import MemoryReplayCache, RedisReplayCache, ReplayCache, WebhookRejected, verify_webhook
 from .signing import generate_secret
+from .ssrf import SsrfError, SsrfPolicy, SsrfRejection
 from .webhooks.manager import OutboundWebhookManager
 from .webhooks.models import (
     DeliveryAttempt,
@@ -64,6 +65,9 @@ __all__ = [
     "ReplayCache",
     "SignatureVerificationError",
     "SqlOutboundWebhookStore",
+    "SsrfError",
+    "SsrfPolicy",
+    "SsrfRejection",
     "StoreError",
     "SubscriptionNotFoundError",
     "WebhookOutboundManager",
