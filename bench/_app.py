@@ -1,0 +1,60 @@
+"""The benchmark's Flask app, as the deployment docs configure one: Flask-SQLAlchemy on PostgreSQL,
+the SQL store and the ``rq`` backend. Workers run it with::
+
+    flask --app bench._app:create_app harvest worker --concurrency N
+
+``BENCH_APP_CONFIG`` (a JSON object) adds or overrides config keys, e.g. a per-subscription cap.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+import sqlalchemy as sa
+from flask import Flask
+from flask_sqlalchemy import SQLAlchemy
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+from flask_harvest import OutboundWebhookPlugin
+
+from ._services import DATABASE_URL, REDIS_URL
+
+CONFIG_ENV = "BENCH_APP_CONFIG"
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+db = SQLAlchemy(model_class=Base)
+
+
+class Order(db.Model):  # type: ignore[name-defined,misc]
+    """The application's own row, saved by S6's request transaction."""
+
+    __tablename__ = "bench_orders"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    reference: Mapped[str] = mapped_column(sa.String(64))
+    total: Mapped[int]
+
+
+def base_config() -> dict[str, Any]:
+    return {
+        "SQLALCHEMY_DATABASE_URI": DATABASE_URL,
+        "HARVEST_JOBS_BACKEND": "rq",
+        "HARVEST_REDIS_URL": REDIS_URL,
+        # The receivers run on 127.0.0.1, which the SSRF policy refuses by default.
+        "HARVEST_WEBHOOKS_ALLOW_PRIVATE_TARGETS": True,
+    }
+
+
+def create_app(config: dict[str, Any] | None = None) -> Flask:
+    app = Flask("bench")
+    app.config.update(base_config())
+    app.config.update(json.loads(os.environ.get(CONFIG_ENV, "{}")))
+    app.config.update(config or {})
+    db.init_app(app)
+    OutboundWebhookPlugin.sql(db, app)
+    return app

@@ -1,0 +1,83 @@
+"""Steps several scenarios share: subscriptions, dispatching at a steady rate, counting outcomes."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+from collections.abc import Sequence
+
+import sqlalchemy as sa
+from flask import Flask
+
+from flask_harvest import WebhookSubscription, generate_secret
+from flask_harvest.webhooks.plugin import get_state
+from flask_harvest.webhooks.stores.sql import deliveries_table
+
+
+def subscribe(app: Flask, urls: Sequence[str], topic: str = "bench.event") -> list[str]:
+    """Add one active subscription per URL to ``topic``; return their ids."""
+    ids = []
+    with app.app_context():
+        store = get_state(app).store
+        for url in urls:
+            subscription = WebhookSubscription(target_url=url, event_topics=[topic], secret=generate_secret())
+            store.add_subscription(subscription)
+            ids.append(subscription.id)
+    return ids
+
+
+def payload(number: int) -> dict[str, object]:
+    """An ordinary event body that carries its dispatch time (``sent_at``) for latency."""
+    return {
+        "sent_at": time.time(),
+        "n": number,
+        "order_id": f"ord_{number:08d}",
+        "total": 4200,
+        "currency": "EUR",
+        "items": [{"sku": "SKU-1", "qty": 1}],
+    }
+
+
+def dispatch_many(app: Flask, count: int, topic: str = "bench.event") -> float:
+    """Dispatch ``count`` events as fast as possible; return the seconds it took."""
+    started = time.perf_counter()
+    with app.app_context():
+        manager = get_state(app).manager
+        for number in range(count):
+            manager.dispatch(topic, payload(number))
+    return time.perf_counter() - started
+
+
+class SteadyDispatcher(threading.Thread):
+    """Dispatches ``count`` events at ``rate`` per second on a thread (the 'web process')."""
+
+    def __init__(self, app: Flask, count: int, rate: float, topic: str = "bench.event") -> None:
+        super().__init__(name="bench-dispatcher", daemon=True)
+        self.app, self.count, self.rate, self.topic = app, count, rate, topic
+        self.behind = 0.0  # the most the dispatcher fell behind its schedule, in seconds
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            with self.app.app_context():
+                manager = get_state(self.app).manager
+                start = time.monotonic()
+                for number in range(self.count):
+                    due = start + number / self.rate
+                    wait = due - time.monotonic()
+                    if wait > 0:
+                        time.sleep(wait)
+                    else:
+                        self.behind = max(self.behind, -wait)
+                    manager.dispatch(self.topic, payload(number))
+        except BaseException as exc:  # reported by the scenario
+            self.error = exc
+
+
+def delivery_states(engine: sa.Engine) -> Counter[str]:
+    """How many delivery rows are in each state."""
+    table = deliveries_table
+    with engine.connect() as conn:
+        rows = conn.execute(sa.select(table.c.state, sa.func.count()).group_by(table.c.state)).all()
+    return Counter({state: int(n) for state, n in rows})

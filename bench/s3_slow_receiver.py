@@ -1,0 +1,209 @@
+"""S3: deliveries per second to a receiver that takes 100 ms per request, with the documented
+production setup on this 2-core machine: 2 worker processes, ``--concurrency 32`` each, the
+default cap of 8 attempts in flight per subscription.
+
+Baseline: one delivery at a time (one process, ``--concurrency 1``), about 10/s.
+Goal: at least 200 deliveries/s (20x the baseline) with bounded memory. The chart sweeps
+``--concurrency`` (cap raised to match, so it does not bind) against deliveries in flight.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from typing import Any
+
+from . import _workers
+from ._receivers import Receiver, Record
+from ._report import Context, Result, Row, rate
+from ._scenario import delivery_states, dispatch_many, subscribe
+from ._services import reset_all
+
+ID = "S3"
+TITLE = "slow receiver (100 ms), documented production setup"
+PROCESSES = 2
+CONCURRENCY = 32
+SLOW = "/slow/100"
+
+
+def in_flight(records: list[Record]) -> float:
+    """Mean requests in flight at the receiver over the run (total time held / time span)."""
+    answered = [r for r in records if r.answered_at is not None]
+    if not answered:
+        return 0.0
+    span = max(r.answered_at for r in answered) - min(r.received_at for r in answered)  # type: ignore[type-var]
+    held = sum(r.answered_at - r.received_at for r in answered)  # type: ignore[operator]
+    return held / span if span > 0 else 0.0
+
+
+def measure(
+    ctx: Context,
+    receiver: Receiver,
+    count: int,
+    *,
+    processes: int,
+    concurrency: int,
+    config: dict[str, Any] | None = None,
+    subscriptions: int = 1,
+    tag: str,
+) -> dict[str, Any]:
+    """Dispatch ``count`` deliveries, start the workers, and time them from first to last receipt."""
+    reset_all(ctx.engine)
+    receiver.reset()
+    app = ctx.app()
+    paths = [f"{SLOW}/{tag}/{n}" for n in range(subscriptions)]
+    subscribe(app, [receiver.url(p) for p in paths])
+    dispatch_many(app, count // subscriptions)
+    prefix = f"{SLOW}/{tag}/"
+    workers = [
+        _workers.harvest_worker(ctx.log_dir, concurrency, config=config, tag=f"{tag}-{n}")
+        for n in range(processes)
+    ]
+    samples: list[tuple[float, int, list[int | None]]] = []
+    done = threading.Event()
+
+    def sample() -> None:
+        while not done.wait(0.5):
+            samples.append((time.time(), receiver.count(prefix), [w.rss_bytes() for w in workers]))
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    try:
+        if not receiver.wait_count(count, timeout=120 + count / 5, prefix=prefix):
+            got = receiver.count(prefix)
+            raise RuntimeError(f"{tag}: {got} of {count} delivered\n{workers[0].log_tail()}")
+    finally:
+        done.set()
+        sampler.join()
+        _workers.stop_all(workers)
+    records = [r for r in receiver.records() if r.path.startswith(prefix)]
+    rss = [[x for x in s[2] if x] for s in samples]
+    first = next((r for (_, n, _), r in zip(samples, rss, strict=True) if n >= count // 10 and r), None)
+    peak = [max(r[i] for r in rss if len(r) > i) for i in range(processes)] if rss and rss[-1] else []
+    return {
+        "count": count,
+        "processes": processes,
+        "concurrency": concurrency,
+        "config": config or {},
+        "subscriptions": subscriptions,
+        "per_s": rate([r.received_at for r in records]),
+        "mean_in_flight": in_flight(records),
+        "peak_in_flight": receiver.stats()["peak"],
+        "states": dict(delivery_states(ctx.engine)),
+        "rss_mib_after_10pct": [x / 2**20 for x in first] if first else None,
+        "rss_mib_peak": [x / 2**20 for x in peak],
+    }
+
+
+def chart(points: list[dict[str, Any]], default: dict[str, Any], path: Any) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    xs = [p["mean_in_flight"] for p in points]
+    ys = [p["per_s"] for p in points]
+    ax.plot(xs, ys, "o-", label=f"{PROCESSES} processes, --concurrency N, cap = N")
+    for p in points:
+        ax.annotate(
+            f"N={p['concurrency']}",
+            (p["mean_in_flight"], p["per_s"]),
+            textcoords="offset points",
+            xytext=(4, -12),
+            fontsize=8,
+        )
+    ax.plot(
+        [default["mean_in_flight"]],
+        [default["per_s"]],
+        "s",
+        color="tab:red",
+        label="documented default (N=32, cap 8), 1 subscription",
+    )
+    top = max([*xs, default["mean_in_flight"]]) * 1.1
+    ax.plot([0, top], [0, top * 10], ":", color="grey", label="ideal: 10/s per request in flight")
+    ax.axhline(200, color="tab:green", linestyle="--", linewidth=1, label="goal: 200/s")
+    ax.set_xlim(0, top)
+    ax.set_ylim(0, max([*ys, default["per_s"], 200]) * 1.3)
+    ax.set_xlabel("deliveries in flight (mean, measured at the receiver)")
+    ax.set_ylabel("deliveries/s")
+    ax.set_title("S3: 100 ms receiver, throughput vs deliveries in flight")
+    ax.legend(fontsize=8, loc="upper left")
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def run(ctx: Context) -> Result:
+    count = ctx.pick(1000, 200)
+    result = Result()
+    with Receiver() as receiver:
+        base = measure(ctx, receiver, ctx.pick(30, 15), processes=1, concurrency=1, tag="base")
+        ctx.close_apps()
+        main = measure(ctx, receiver, count, processes=PROCESSES, concurrency=CONCURRENCY, tag="main")
+        ctx.close_apps()
+        sweep: list[dict[str, Any]] = []
+        for n in ctx.pick((1, 2, 4, 8, 16, 32, 64), (32,)):
+            expected = min(2 * n * 10, 300)
+            sweep_count = max(40, min(ctx.pick(1000, 200), int(expected * ctx.pick(5, 2))))
+            cap = {"HARVEST_WEBHOOKS_MAX_INFLIGHT_PER_SUBSCRIPTION": n}
+            sweep.append(
+                measure(
+                    ctx, receiver, sweep_count, processes=PROCESSES, concurrency=n, config=cap, tag=f"n{n}"
+                )
+            )
+            ctx.close_apps()
+    chart_path = ctx.chart_dir / ("results/s3_throughput-quick.png" if ctx.quick else "s3_throughput.png")
+    chart(sweep, main, chart_path)
+    ok = main["states"] == {"delivered": count}
+    growth = None
+    if main["rss_mib_after_10pct"] and main["rss_mib_peak"]:
+        growth = max(
+            p / f - 1 for p, f in zip(main["rss_mib_peak"], main["rss_mib_after_10pct"], strict=True)
+        )
+    best = max(sweep, key=lambda p: p["per_s"])
+    result.rows += [
+        Row(
+            ID,
+            f"deliveries/s, {PROCESSES} proc x --concurrency {CONCURRENCY}, cap 8 ({count:,})",
+            main["per_s"],
+            "/s",
+            ">= 200/s and >= 20x baseline",
+            main["per_s"] >= 200 and main["per_s"] >= 20 * base["per_s"] and ok,
+            baseline=base["per_s"],
+            baseline_label="one at a time",
+            ratio=main["per_s"] / base["per_s"],
+            note=f"mean in flight {main['mean_in_flight']:.1f}, peak {main['peak_in_flight']}",
+        ),
+        Row(
+            ID,
+            "worker RSS growth, 10% -> peak (max of processes)",
+            None if growth is None else growth * 100,
+            "%",
+            "bounded (<= 10%)",
+            None if growth is None else growth <= 0.10,
+            note=f"peak RSS {', '.join(f'{x:.0f}' for x in main['rss_mib_peak'])} MiB",
+        ),
+        Row(
+            ID,
+            f"best of sweep: N={best['concurrency']}, cap=N",
+            best["per_s"],
+            "/s",
+            "report",
+            None,
+            baseline=base["per_s"],
+            baseline_label="one at a time",
+            ratio=best["per_s"] / base["per_s"],
+            note=f"mean in flight {best['mean_in_flight']:.1f}",
+        ),
+    ]
+    result.details = {"baseline": base, "main": main, "sweep": sweep, "chart": str(chart_path)}
+    return result
+
+
+if __name__ == "__main__":
+    from .__main__ import main as bench_main
+
+    raise SystemExit(bench_main(["--only", ID, *sys.argv[1:]]))
