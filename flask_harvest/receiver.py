@@ -29,10 +29,11 @@ HTTP   ``code``                        why
 =====  ==============================  ==================================================================
 
 Why 409 for a replay, not 400: the request is well formed and authentic; it conflicts with one
-already accepted. Keeping 400 for malformed requests lets the sender's logs tell the two apart.
-A sender that retries on 409 (flask-harvest does; any non-2xx is a failed attempt) is re-sending a
-delivery the receiver already has, and :func:`verify_webhook` forgets the id again when the view
-raises or answers non-2xx, so a delivery whose handling failed is accepted on its retry.
+already accepted, and keeping 400 for malformed requests lets the sender's logs tell the two apart.
+What a sender does with it: flask-harvest counts any non-2xx as a failed attempt and retries with
+the same id. So :func:`verify_webhook` forgets the id again when the view raises or answers
+non-2xx (the retry of a delivery whose handling failed is handled); and when the view succeeded
+but its answer was lost, the retries within the window get 409 and a later one is handled again.
 
 The replay cache is a guard against replayed requests within the tolerance window, not a durable
 record of processed deliveries: delivery is at-least-once, and a retry that comes after the
