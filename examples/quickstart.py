@@ -101,7 +101,8 @@ def main() -> int:
             print(f"dead-letter queue: {len(dlq)} deliveries")
             for entry in dlq:
                 print(
-                    f"  {entry.id} -> {entry.subscription_id}: {entry.last_error} after {entry.attempt} attempts"
+                    f"  {entry.id} -> {entry.subscription_id}: {entry.last_error}"
+                    f" after {entry.attempt} attempts"
                 )
             delivered = sum(store.get_delivery(i).state is DeliveryState.DELIVERED for i in ids)
             ok = delivered == 4 and len(received) == 4 and len(dlq) == 3
