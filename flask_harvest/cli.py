@@ -105,7 +105,8 @@ def worker_command(burst: bool, name: str | None, concurrency: int | None) -> No
 
 @harvest_cli.command("sweep")
 def sweep_command() -> None:
-    """Once: free expired leases and queue due deliveries that have no job."""
+    """Once: relay waiting outbox messages, purge old relayed ones, free expired leases and queue
+    due deliveries that have no job."""
     state = get_state()
     report = state.sweep()
     _finish_local_attempts(state)

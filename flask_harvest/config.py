@@ -112,13 +112,14 @@ def _coerce(name: str, value: Any, default: Any) -> Any:
         if number <= 0:
             raise ConfigurationError(f"{key} must be greater than zero, not {value!r}")
         return number
-    if default == "":  # an optional list: a comma-separated string, or a list of strings
+    if name.endswith("_cidrs"):  # a network list: a comma-separated string, or a list of strings
         if isinstance(value, list | tuple) and all(isinstance(item, str) for item in value):
             return ",".join(value)
         if not isinstance(value, str):
             raise ConfigurationError(f"{key} must be a comma-separated string or a list of strings")
         return value
-    if not isinstance(value, str) or not value:
+    # A string whose default is empty (the actuator token) may be set empty: "off".
+    if not isinstance(value, str) or (not value and default != ""):
         raise ConfigurationError(f"{key} must be a non-empty string")
     return value
 

@@ -21,7 +21,8 @@ _signals = Namespace()
 delivery_succeeded = _signals.signal("harvest.delivery-succeeded")
 #: An attempt failed and the delivery will be retried at ``delivery.next_attempt_at``.
 delivery_failed = _signals.signal("harvest.delivery-failed")
-#: An attempt dead-lettered the delivery (attempts exhausted, 410, or the attempt limit was lowered).
+#: An attempt dead-lettered the delivery (attempts exhausted, 410, an SSRF refusal, or the attempt
+#: limit was lowered).
 #: A failed enqueue dead-letters without this signal: ``dispatch`` raises ``EnqueueError`` instead.
 delivery_dead_lettered = _signals.signal("harvest.delivery-dead-lettered")
 #: The delivery was not sent because its subscription is disabled, failed or removed.

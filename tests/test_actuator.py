@@ -420,3 +420,23 @@ def test_arbitrary_json_never_gets_a_5xx_nor_a_change_on_4xx(
     if response.status_code >= 400:
         assert snapshot(store) == before
         assert response.get_json()["error"]["message"]
+
+
+def test_a_form_post_cannot_rotate_a_secret(client: FlaskClient, store: OutboundWebhookHandler) -> None:
+    store.add_subscription(WebhookSubscription("https://a.example.com/h", ["a.b"], SECRET, id="sub_1"))
+    # What a cross-site HTML form sends: no JSON body.
+    response = client.post(f"{PREFIX}/subscriptions/sub_1/rotate-secret", headers=AUTH)
+    assert response.status_code == 415
+    stored = store.get_subscription("sub_1")
+    assert stored is not None
+    assert stored.secret == SECRET
+
+
+def test_unknown_routes_answer_json_after_the_auth_check(
+    client: FlaskClient, store: OutboundWebhookHandler
+) -> None:
+    assert client.get(f"{PREFIX}/nothing-here").status_code == 401
+    missing = client.get(f"{PREFIX}/nothing-here", headers=AUTH)
+    assert missing.status_code == 404
+    assert missing.get_json()["error"]["code"] == "not_found"
+    assert make_app(store).test_client().get(f"{PREFIX}/nothing-here").status_code == 403

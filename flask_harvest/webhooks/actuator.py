@@ -262,9 +262,18 @@ def remove_subscription(subscription_id: str) -> tuple[str, int]:
 
 @actuator.post("/subscriptions/<subscription_id>/rotate-secret")
 def rotate_secret(subscription_id: str) -> Response:
-    body = _body(RotateSecretSchema()) if request.content_length else {}
+    # A JSON body is required, even if empty ({}): a cross-site form cannot send one, so a
+    # cookie-trusting authorizer cannot be tricked into rotating a secret.
+    body = _body(RotateSecretSchema())
     rotated = operations.rotate_secret(
         get_state(), subscription_id, new_secret=body.get("secret"), grace_seconds=body.get("grace_seconds")
     )
     # The one response that shows the new secret.
     return jsonify({**rotated.subscription.to_dict(), "secret": rotated.secret})
+
+
+@actuator.route("/", defaults={"path": ""}, methods=["GET", "POST", "PUT", "PATCH", "DELETE"])
+@actuator.route("/<path:path>", methods=["GET", "POST", "PUT", "PATCH", "DELETE"])
+def unknown_route(path: str) -> tuple[Response, int]:
+    """Anything else under the prefix: a JSON 404, after the auth check like every route."""
+    return _error(404, "not_found", f"no actuator route {request.method} {request.path}")
