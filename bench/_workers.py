@@ -64,6 +64,13 @@ class WorkerProcess:
             self.process.wait(timeout=5)
         return self.process.returncode
 
+    def jobs_done(self) -> int:
+        """How many RQ jobs this worker finished (RQ logs one 'Job OK' line per job)."""
+        try:
+            return self.log_path.read_text(errors="replace").count(": Job OK (")
+        except OSError:
+            return 0
+
     def log_tail(self, lines: int = 20) -> str:
         try:
             return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
