@@ -325,11 +325,12 @@ WORKER_APP = textwrap.dedent(
 
 
     def create_app():
+        level = os.environ.get("FAULTS_LOG_LEVEL", "INFO")
         logging.basicConfig(
-            level=logging.WARNING,
+            level="DEBUG" if level == "DEBUG" else "WARNING",  # DEBUG: every library too
             format="%(asctime)s %(process)d %(threadName)s %(name)s %(levelname)s %(message)s",
         )
-        logging.getLogger("flask_harvest").setLevel(os.environ.get("FAULTS_LOG_LEVEL", "INFO"))
+        logging.getLogger("flask_harvest").setLevel(level)
         app = Flask("faults_worker")
         app.config.update(json.loads(os.environ["FAULTS_CONFIG"]))
         # A small pool per process: the group shares one PostgreSQL server with other test runs.
@@ -442,6 +443,9 @@ class FaultEnv:
     folder: Path
     app_folder: Path
     receiver: ReceiverProcess
+    #: The harness's own view of the database: a fresh connection per look, so that terminated
+    #: connections (scenario 3) never get in its way.
+    inspector: sa.Engine
     config: dict[str, Any] = field(default_factory=dict)
     workers: list[Worker] = field(default_factory=list)
     secrets: list[str] = field(default_factory=list)
@@ -485,11 +489,17 @@ class FaultEnv:
     # -- workers ------------------------------------------------------------------------------
 
     def start_worker(
-        self, *args: str, concurrency: int = 16, restart: bool = False, **overrides: Any
+        self,
+        *args: str,
+        concurrency: int = 16,
+        restart: bool = False,
+        log_level: str = "INFO",
+        **overrides: Any,
     ) -> Worker:
         """Start ``flask harvest worker --concurrency N`` with this test's settings.
 
         :param restart: restart it when it exits, as a process manager would.
+        :param log_level: the level of the ``flask_harvest`` logger in the worker.
         """
         log_path = self.folder / f"worker-{len(self.workers)}.log"
         environment = {
@@ -497,7 +507,7 @@ class FaultEnv:
             "PYTHONPATH": os.pathsep.join([str(self.app_folder), os.environ.get("PYTHONPATH", "")]),
             "FAULTS_CONFIG": json.dumps(self.settings(**overrides)),
             "FAULTS_DATABASE_URL": self.database_url.render_as_string(hide_password=False),
-            "FAULTS_LOG_LEVEL": os.environ.get("FAULTS_LOG_LEVEL", "INFO"),
+            "FAULTS_LOG_LEVEL": log_level,
         }
         command = [
             sys.executable, "-m", "flask", "--app", "faults_worker_app:create_app",
@@ -520,7 +530,7 @@ class FaultEnv:
         query = (
             "SELECT id, subscription_id, state, last_error, payload, attempt FROM harvest_webhook_deliveries"
         )
-        with self.engine.connect() as conn:
+        with self.inspector.connect() as conn:
             rows = {row.id: row for row in conn.execute(sa.text(query))}
         if ids is None:
             return rows
@@ -586,7 +596,8 @@ def check_invariants(
     dispatched = list(dispatched)
     rows = env.rows()
     receipts = env.receiver.receipts()
-    names = {sub.id: _name_of(sub.target_url) for sub in env.store.list_subscriptions()}
+    subscriptions = SqlOutboundWebhookStore(env.inspector).list_subscriptions()
+    names = {sub.id: _name_of(sub.target_url) for sub in subscriptions}
     by_id: dict[str | None, list[Receipt]] = defaultdict(list)
     for receipt in receipts:
         by_id[receipt.webhook_id].append(receipt)
@@ -714,7 +725,8 @@ def faults(
     with engine.begin() as conn:
         conn.exec_driver_sql(f"TRUNCATE {names} RESTART IDENTITY")
     receiver = ReceiverProcess(tmp_path, tls=True)
-    env = FaultEnv(fault_redis, fault_database, engine, tmp_path, _app_folder, receiver)
+    inspector = sa.create_engine(fault_database, poolclass=sa.NullPool)
+    env = FaultEnv(fault_redis, fault_database, engine, tmp_path, _app_folder, receiver, inspector)
     try:
         yield env
     finally:
@@ -724,6 +736,7 @@ def faults(
             worker.kill()
         receiver.stop()
         engine.dispose()
+        inspector.dispose()
     leaks = find_canary(caplog.text) + find_canary(env.worker_logs())
     leaks += [f"secret of subscription {n}" for n, s in enumerate(env.secrets) if s in env.worker_logs()]
     assert not leaks, f"a secret leaked into the logs: {leaks}"

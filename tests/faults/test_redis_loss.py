@@ -12,6 +12,7 @@ A worker that is running a job when Redis goes away exits (RQ raises out of its 
 
 from __future__ import annotations
 
+import re
 import time
 
 import pytest
@@ -67,9 +68,9 @@ def test_the_sweeper_rebuilds_the_queue_after_redis_loses_it(faults: FaultEnv, f
         f"(retries were due up to {RETRY_AFTER} s after their first attempt); "
         f"{summary.duplicates} duplicate(s); the worker exited {len(worker.exits)} time(s) {worker.exits}"
     )
-    # Each retry is due within RETRY_AFTER s of the fault; the sweeper queues it once it is overdue
-    # by its grace period (2 s), at its next pass (every 0.5 s here).
-    assert done_at - faulted_at < RETRY_AFTER + 10
+    # The queue was rebuilt by a sweep (a periodic one, or the start-up sweep of a restarted worker).
+    rebuilt = re.compile(r"sweep released \d+(?: expired lease\(s\) and|,) requeued [1-9]")
+    assert rebuilt.search(worker.log()), worker.log()[-3000:]
 
 
 @pytest.mark.xfail(
@@ -82,15 +83,16 @@ def test_the_sweeper_rebuilds_the_queue_after_redis_loses_it(faults: FaultEnv, f
     ),
 )
 def test_a_worker_rides_out_a_redis_restart(faults: FaultEnv) -> None:
-    faults.receiver.mode("backlog", "slow", delay=0.2)
+    faults.receiver.mode("backlog", "slow", delay=1.0)
     faults.subscribe("sub_backlog", faults.receiver.url("backlog"), ["fault.backlog"])
     worker = faults.start_worker(concurrency=4)
-    ids = [faults.dispatch("fault.backlog", {"serial": n})[0] for n in range(100)]
-    wait_until(lambda: len(faults.receiver.ids("backlog")) >= 10, 30, "jobs to run")
+    ids = [faults.dispatch("fault.backlog", {"serial": n})[0] for n in range(40)]
+    # Every slot is busy: the worker's RQ job waits for one, so a job is running when Redis dies.
+    wait_until(lambda: len(faults.receiver.ids("backlog")) >= 4, 30, "every slot to be busy")
     faults.redis_server.kill()
-    time.sleep(1.0)
-    faults.redis_server.start()
     time.sleep(3.0)
+    faults.redis_server.start()
+    time.sleep(2.0)
     assert worker.alive(), "the worker exited when Redis restarted"
     faults.wait_final(ids, timeout=60)
     check_invariants(faults, ids)
