@@ -7,6 +7,7 @@ printed only by ``subscriptions add`` and ``subscriptions rotate-secret``, once.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -19,7 +20,7 @@ from .errors import DeliveryNotFoundError, HarvestError, SubscriptionNotFoundErr
 from .jobs.base import JobBackendError
 from .jobs.local import LocalBackend
 from .jobs.pool import DeliveryPool
-from .jobs.rq import HarvestWorker, RqBackend
+from .jobs.rq import HarvestWorker, RqBackend, run_worker
 from .webhooks import operations
 from .webhooks.manager import OutboundWebhookManager
 from .webhooks.models import WebhookSubscriptionStatus, isoformat, utcnow
@@ -85,22 +86,26 @@ def worker_command(burst: bool, name: str | None, concurrency: int | None) -> No
         raise click.ClickException(f"cannot reach Redis: {_one_line(exc)}") from exc
     click.echo(f"harvest: startup sweep released {report.released}, requeued {report.requeued}")
     settings = state.settings
-    pool = DeliveryPool(
-        state.runner,
-        size=concurrency or settings.worker_concurrency,
-        per_subscription=settings.webhooks_max_inflight_per_subscription,
-        context=app.app_context,
-    )
-    worker = HarvestWorker(
-        [backend.queue],
-        connection=backend.connection,
-        name=name,
-        app=app,
-        pool=pool,
-        periodic=state.sweep,
-        interval=state.settings.sweep_interval_seconds,
-    )
-    worker.work(burst=burst, with_scheduler=True)
+
+    def make_worker(on_stop: Callable[[], object]) -> HarvestWorker:
+        pool = DeliveryPool(
+            state.runner,
+            size=concurrency or settings.worker_concurrency,
+            per_subscription=settings.webhooks_max_inflight_per_subscription,
+            context=app.app_context,
+        )
+        return HarvestWorker(
+            [backend.queue],
+            connection=backend.connection,
+            name=name,
+            app=app,
+            pool=pool,
+            periodic=state.sweep,
+            interval=settings.sweep_interval_seconds,
+            on_stop=on_stop,
+        )
+
+    run_worker(app, make_worker, burst=burst, recover=state.sweep)
 
 
 @harvest_cli.command("sweep")

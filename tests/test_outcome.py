@@ -103,10 +103,14 @@ def test_retry_after_http_date_sets_a_floor_capped_by_max_backoff() -> None:
     assert result.next_attempt_at == NOW + timedelta(milliseconds=SETTINGS.webhooks_max_backoff_ms)
 
 
-def test_before_sending_skips_inactive_and_removed_subscriptions() -> None:
+def test_before_sending_dead_letters_for_an_inactive_subscription_and_skips_a_removed_one() -> None:
+    # Accepted while active, due after the subscription stopped: kept visible and replayable.
     disabled = outcome.before_sending(claim(status=WebhookSubscriptionStatus.DISABLED), SETTINGS, NOW)
-    assert disabled is not None and disabled.state is DeliveryState.SKIPPED
-    assert disabled.last_error == "subscription is disabled"
+    assert disabled is not None and disabled.state is DeliveryState.DLQ
+    assert disabled.last_error == "subscription is disabled; not sent"
+    failed = outcome.before_sending(claim(status=WebhookSubscriptionStatus.FAILED), SETTINGS, NOW)
+    assert failed is not None and failed.state is DeliveryState.DLQ
+    assert failed.attempt is None  # no request was made
     removed = Claim(claim().delivery, None, "token")
     gone = outcome.before_sending(removed, SETTINGS, NOW)
     assert gone is not None and gone.state is DeliveryState.SKIPPED

@@ -65,10 +65,18 @@ class DeliveryPool:
         finally:
             _current.reset(token)
 
+    def wait_for_slot(self) -> None:
+        """Block until an attempt slot is free (the worker calls it before taking the next job)."""
+        with self._cond:
+            while self._busy >= self.size:
+                self._cond.wait()
+
     def deliver(self, delivery_id: str) -> DeliveryState | None:
         """Claim ``delivery_id`` and start its attempt on the pool; return at once.
 
-        Waits for a free slot *before* claiming, so a claim's lease never ticks while it queues.
+        Waits for a free slot *before* claiming, so a claim's lease never ticks while it queues;
+        the worker waits for one before it even takes the job (:meth:`wait_for_slot`), so a job
+        is never left half-started by a killed worker for long.
         Returns ``PENDING`` if the delivery was deferred for its subscription's cap, ``INFLIGHT``
         if its attempt started, ``None`` if there was nothing to do.
         """

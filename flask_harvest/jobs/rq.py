@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import math
 import threading
 from collections.abc import Callable, Sequence
@@ -19,7 +20,12 @@ from ..webhooks.models import DeliveryLog
 from .base import JobBackend, JobBackendError, job_id
 from .pool import DeliveryPool
 
+_log = logging.getLogger("flask_harvest")
 TASK = "flask_harvest.jobs.tasks.deliver_webhook"
+# A STARTED job claims its row within milliseconds (the worker waits for a free attempt slot
+# before it takes a job). One that started longer ago than this while its row is still PENDING
+# belongs to a worker that was killed: the sweeper queues the delivery again.
+_STARTED_GRACE_SECONDS = 10.0
 # A job the sweeper may count on. Not SCHEDULED: the sweeper only asks about rows overdue by its
 # grace period, and a scheduled job that overdue means no scheduler is moving it (the worker that
 # held RQ's scheduler lock died), so queueing it again is what gets the retry sent.
@@ -104,9 +110,8 @@ class RqBackend(JobBackend):
             return False
         if status.decode() != JobStatus.STARTED or started_at is None:
             return True
-        # A job "started" longer ago than RQ's own timeout belongs to a worker that was killed.
         started = utcparse(started_at.decode()).replace(tzinfo=timezone.utc)
-        return (now - started).total_seconds() < self.job_timeout
+        return (now - started).total_seconds() < _STARTED_GRACE_SECONDS
 
     def close(self) -> None:
         self.connection.close()
@@ -124,8 +129,9 @@ class HarvestWorker(SimpleWorker):
 
     It never forks per job: a fork costs more than a delivery (see the deployment docs). With a
     ``pool``, a delivery job only claims its row and the attempt runs on the pool, so the process
-    keeps many attempts in flight; when the worker stops, it lets them finish. It also runs
-    ``periodic`` (the sweeper) every ``interval`` seconds on a background thread.
+    keeps many attempts in flight; the worker takes a job only when a slot is free, and when it
+    stops it lets the attempts in flight finish. It also runs ``periodic`` (the sweeper) every
+    ``interval`` seconds on a background thread.
     """
 
     def __init__(
@@ -135,6 +141,7 @@ class HarvestWorker(SimpleWorker):
         pool: DeliveryPool | None = None,
         periodic: Callable[[], object] | None = None,
         interval: float = 5.0,
+        on_stop: Callable[[], object] | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(*args, **kwargs)
@@ -142,7 +149,18 @@ class HarvestWorker(SimpleWorker):
         self.pool = pool
         self._periodic = periodic
         self._interval = interval
+        self._on_stop = on_stop
         self._stopping = threading.Event()
+
+    def request_stop(self, signum: Any, frame: Any) -> None:
+        if self._on_stop is not None:
+            self._on_stop()
+        super().request_stop(signum, frame)  # type: ignore[no-untyped-call]
+
+    def dequeue_job_and_maintain_ttl(self, timeout: int | None, max_idle_time: int | None = None) -> Any:
+        if self.pool is not None:
+            self.pool.wait_for_slot()
+        return super().dequeue_job_and_maintain_ttl(timeout, max_idle_time)
 
     def execute_job(self, job: Job, queue: Queue) -> Any:
         with self.app.app_context(), self.pool.active() if self.pool else contextlib.nullcontext():
@@ -172,9 +190,48 @@ class HarvestWorker(SimpleWorker):
                 self.log.exception("harvest sweeper failed; will try again in %s s", self._interval)
 
 
+def run_worker(
+    app: Flask,
+    make_worker: Callable[[Callable[[], object]], HarvestWorker],
+    *,
+    burst: bool,
+    recover: Callable[[], object],
+    max_delay: float = 30.0,
+) -> None:
+    """Run workers from ``make_worker`` until stopped, starting a fresh one whenever Redis drops.
+
+    RQ's worker quits when Redis goes away under it (a restart, a failover). Instead of leaving
+    that to a process manager, wait with a growing delay, run ``recover`` (a sweep: Redis may
+    have come back empty) and work again. A burst run ends when its queue is empty, a normal one
+    when SIGINT or SIGTERM asks it to.
+    """
+    stop = threading.Event()
+    delay = 1.0
+    while not stop.is_set():
+        try:
+            make_worker(stop.set).work(burst=burst, with_scheduler=True)  # connects to Redis
+            if burst:
+                return
+            reason = "the worker loop ended"
+        except redis.RedisError as exc:
+            reason = f"Redis failed ({type(exc).__name__})"
+        if stop.is_set():
+            return
+        _log.warning("harvest: %s; starting a new worker in %.0f s", reason, delay)
+        if stop.wait(delay):
+            return
+        delay = min(delay * 2, max_delay)
+        try:
+            with app.app_context():
+                recover()
+            delay = 1.0
+        except Exception:  # Redis or the database is still down: wait longer, try again
+            _log.warning("harvest: recovery sweep failed; retrying", exc_info=True)
+
+
 def job_timeout_for(deadline_seconds: float, connect_timeout: float) -> int:
     """Return an RQ job timeout comfortably longer than one attempt can take."""
     return int(deadline_seconds + connect_timeout) + 30
 
 
-__all__ = ["HarvestWorker", "RqBackend", "job_timeout_for"]
+__all__ = ["HarvestWorker", "RqBackend", "job_timeout_for", "run_worker"]

@@ -31,20 +31,21 @@ from .models import (
 def before_sending(claim: Claim, settings: Settings, now: datetime) -> AttemptResult | None:
     """Return the result of a claimed delivery that must not be sent, or ``None`` to send it.
 
-    A removed or inactive subscription skips the delivery; an attempt number past the current
-    limit (the limit was lowered while the delivery waited) dead-letters it without a request.
+    A delivery whose subscription was removed is skipped (there is nowhere to send it). One whose
+    subscription became disabled or failed after the dispatch accepted it is dead-lettered, so it
+    stays visible and can be replayed once the endpoint is back. An attempt number past the
+    current limit (the limit was lowered while the delivery waited) dead-letters it too. None of
+    these makes a request.
     """
     delivery, subscription = claim.delivery, claim.subscription
-    reason: str | None = None
-    state = DeliveryState.SKIPPED
+    state = DeliveryState.DLQ
     if subscription is None:
-        reason = "subscription was removed"
+        state, reason = DeliveryState.SKIPPED, "subscription was removed"
     elif not subscription.is_active:
-        reason = f"subscription is {subscription.status.value}"
+        reason = f"subscription is {subscription.status.value}; not sent"
     elif delivery.attempt > settings.webhooks_max_attempts:
-        state = DeliveryState.DLQ
         reason = f"attempt limit is {settings.webhooks_max_attempts}; attempt {delivery.attempt} was not made"
-    if reason is None:
+    else:
         return None
     return AttemptResult(
         state=state,
