@@ -41,7 +41,7 @@ import threading
 import time
 import uuid
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -96,15 +96,21 @@ def find_canary(text: str) -> list[str]:
 # -- waiting ---------------------------------------------------------------------------------------
 
 
-def wait_until(predicate: Callable[[], Any], timeout: float, what: str, interval: float = 0.1) -> Any:
-    """Poll ``predicate`` until it returns something true; return it, or fail after ``timeout``."""
+def wait_until(
+    predicate: Callable[[], Any], timeout: float, what: str | Callable[[], str], interval: float = 0.1
+) -> Any:
+    """Poll ``predicate`` until it returns something true; return it, or fail after ``timeout``.
+
+    ``what`` names what is awaited; a callable is asked only when the wait fails (to show state).
+    """
     end = time.monotonic() + timeout
     while True:
         value = predicate()
         if value:
             return value
         if time.monotonic() > end:
-            pytest.fail(f"timed out after {timeout:g} s waiting for {what}", pytrace=False)
+            described = what() if callable(what) else what
+            pytest.fail(f"timed out after {timeout:g} s waiting for {described}", pytrace=False)
         time.sleep(interval)
 
 
@@ -553,7 +559,7 @@ class FaultEnv:
     def wait_final(self, ids: Iterable[str], timeout: float, what: str = "every delivery final") -> float:
         """Wait until every delivery of ``ids`` is delivered, dead-lettered or skipped; return when."""
         ids = list(ids)
-        wait_until(lambda: self.all_final(ids), timeout, what, interval=0.1)
+        wait_until(lambda: self.all_final(ids), timeout, lambda: f"{what} ({self.states(ids)})", interval=0.1)
         return time.monotonic()
 
     def terminate_backends(self) -> int:
@@ -740,12 +746,3 @@ def faults(
     leaks = find_canary(caplog.text) + find_canary(env.worker_logs())
     leaks += [f"secret of subscription {n}" for n, s in enumerate(env.secrets) if s in env.worker_logs()]
     assert not leaks, f"a secret leaked into the logs: {leaks}"
-
-
-def final_or_allowed(allowed: Mapping[str, Iterable[str]]) -> Callable[[sa.Row[Any]], bool]:
-    """Accept rows in a state of ``allowed`` whose ``last_error`` is one of the listed reasons."""
-
-    def check(row: sa.Row[Any]) -> bool:
-        return row.state in allowed and row.last_error in set(allowed[row.state])
-
-    return check
