@@ -98,6 +98,8 @@ def main(argv: list[str] | None = None) -> int:
             finally:
                 ctx.close_apps()
             entry["seconds"] = round(time.monotonic() - begun, 1)
+            # Others share this machine: its load during the scenario explains outliers.
+            entry["load_average_after"] = [round(x, 2) for x in os.getloadavg()]
             report["scenarios"][scenario] = entry
             print(f"   {scenario} took {entry['seconds']} s", file=sys.stderr, flush=True)
     finally:

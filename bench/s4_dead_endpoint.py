@@ -9,6 +9,7 @@ all-healthy run.
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import Any
 
@@ -60,6 +61,8 @@ def one_run(ctx: Context, receiver: Receiver, events: int, per_s: float, *, dead
     records = [r for r in receiver.records() if r.path.startswith(f"/ok/{tag}/") and r.path != f"/ok/{tag}/9"]
     latencies = [r.latency * 1000 for r in records if r.latency is not None]
     return {
+        "latencies": latencies,
+        "load_average": os.getloadavg(),
         "events": events,
         "events_per_s": per_s,
         "dispatcher_behind_s": dispatcher.behind,
@@ -77,36 +80,56 @@ def one_run(ctx: Context, receiver: Receiver, events: int, per_s: float, *, dead
     }
 
 
+def _pooled(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    latencies = [x for run in runs for x in run.pop("latencies")]
+    return {
+        "p50": median(latencies),
+        "p90": percentile(latencies, 90),
+        "p99": percentile(latencies, 99),
+        "max": max(latencies) if latencies else None,
+        "n": len(latencies),
+    }
+
+
 def run(ctx: Context) -> Result:
     events = ctx.pick(1000, 50)
-    per_s = RATE
+    # Healthy and dead runs alternate in segments, each from a fresh database (the dead
+    # subscription starts active), so that load from other users of the machine falls on both.
+    segments = ctx.pick(4, 1)
+    per_segment = events // segments
     result = Result()
+    healthy: list[dict[str, Any]] = []
+    dead: list[dict[str, Any]] = []
     with Receiver() as receiver:
-        healthy = one_run(ctx, receiver, events, per_s, dead=False)
-        ctx.close_apps()
-        dead = one_run(ctx, receiver, events, per_s, dead=True)
-        ctx.close_apps()
-    p99, base = dead["latency_ms"]["p99"], healthy["latency_ms"]["p99"]
-    complete = dead["finished"] and healthy["finished"]
-    ratio = p99 / base
+        for _ in range(segments):
+            healthy.append(one_run(ctx, receiver, per_segment, RATE, dead=False))
+            ctx.close_apps()
+            dead.append(one_run(ctx, receiver, per_segment, RATE, dead=True))
+            ctx.close_apps()
+    ours, base = _pooled(dead), _pooled(healthy)
+    p99 = ours["p99"]
+    complete = all(r["finished"] for r in healthy + dead)
+    ratio = p99 / base["p99"]
     result.rows.append(
         Row(
             ID,
-            f"p99 latency, 9 healthy of 10, one dead ({events:,} events at {per_s:g}/s)",
+            f"p99 latency, 9 healthy of 10, one dead ({events:,} events at {RATE:g}/s)",
             p99,
             "ms",
             "<= 1,000 ms and <= 2x baseline",
             p99 <= 1000 and ratio <= 2 and complete,
-            baseline=base,
+            baseline=base["p99"],
             baseline_label="all 10 healthy",
             ratio=ratio,
             note=(
-                f"p50 {dead['latency_ms']['p50']:.0f} vs {healthy['latency_ms']['p50']:.0f} ms"
+                f"p50 {ours['p50']:.0f} vs {base['p50']:.0f} ms; worst segment p99 "
+                f"{max(r['latency_ms']['p99'] for r in dead):.0f} vs "
+                f"{max(r['latency_ms']['p99'] for r in healthy):.0f} ms"
                 + ("" if complete else "; not every healthy delivery arrived in time")
             ),
         )
     )
-    result.details = {"healthy": healthy, "dead": dead}
+    result.details = {"healthy": base, "dead": ours, "healthy_segments": healthy, "dead_segments": dead}
     return result
 
 
