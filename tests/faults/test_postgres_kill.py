@@ -16,9 +16,11 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 import pytest
+import sqlalchemy as sa
 
 from flask_harvest import HarvestError, StoreError
 
+from ..conftest import DATABASE_URL
 from .conftest import FaultEnv, check_invariants, find_canary, wait_until
 
 pytestmark = [pytest.mark.faults, pytest.mark.postgres, pytest.mark.redis, pytest.mark.slow]
@@ -46,6 +48,27 @@ def terminating_connections(faults: FaultEnv, every: tuple[float, float]) -> Ite
         thread.join(timeout=10)
 
 
+@contextmanager
+def database_down(faults: FaultEnv) -> Iterator[None]:
+    """Refuse every new connection to the group's database, and end the open ones, for a while."""
+    set_connections(faults, allowed=False)
+    try:
+        faults.terminate_backends()
+        yield
+    finally:
+        set_connections(faults, allowed=True)
+
+
+def set_connections(faults: FaultEnv, *, allowed: bool) -> None:
+    admin = sa.create_engine(sa.make_url(DATABASE_URL), isolation_level="AUTOCOMMIT", poolclass=sa.NullPool)
+    try:
+        with admin.connect() as conn:
+            name = faults.database_url.database
+            conn.exec_driver_sql(f'ALTER DATABASE "{name}" WITH ALLOW_CONNECTIONS {str(allowed).lower()}')
+    finally:
+        admin.dispose()
+
+
 def serial_of(payload: str) -> int:
     return int(json.loads(payload)["serial"])
 
@@ -54,6 +77,7 @@ def test_dispatch_succeeds_whole_or_raises_clearly_while_connections_die(faults:
     for n in range(FAN_OUT):
         faults.subscribe(f"sub_{n}", faults.receiver.url(f"r{n}"), ["fault.pg"])
     workers = [faults.start_worker(concurrency=8) for _ in range(2)]
+    wait_until(lambda: faults.worker_logs().count("startup sweep") == 2, 30, "the workers to start")
     returned: dict[int, list[str]] = {}
     raised: dict[int, BaseException] = {}
     with terminating_connections(faults, (0.02, 0.1)) as killed:
@@ -99,10 +123,13 @@ def test_workers_survive_connections_dying_under_them_and_carry_on(faults: Fault
     faults.receiver.mode("slow", "slow", delay=0.05)
     faults.subscribe("sub_slow", faults.receiver.url("slow"), ["fault.pg"])
     workers = [faults.start_worker(concurrency=8) for _ in range(2)]
-    wait_until(lambda: "startup sweep" in faults.worker_logs(), 30, "the workers to start")
+    wait_until(lambda: faults.worker_logs().count("startup sweep") == 2, 30, "the workers to start")
     ids = [faults.dispatch("fault.pg", {"serial": n})[0] for n in range(400)]
     with terminating_connections(faults, (0.1, 0.4)) as killed:
-        time.sleep(6)
+        time.sleep(4)
+        with database_down(faults):  # an outage: no connection at all for 3 s
+            time.sleep(3)
+        time.sleep(2)
     stopped_at = time.monotonic()
     done_at = faults.wait_final(ids, timeout=60)
     assert all(w.alive() for w in workers), [w.log()[-2000:] for w in workers if not w.alive()]
@@ -118,6 +145,30 @@ def test_workers_survive_connections_dying_under_them_and_carry_on(faults: Fault
     assert summary.delivered == len(ids) + len(more)
     assert all(w.alive() for w in workers)
     print(
-        f"\nscenario 3 (delivery): {sum(killed)} connections terminated over 6 s; all delivered "
+        f"\nscenario 3 (delivery): {sum(killed)} connections terminated over 9 s, with a 3 s outage; "
+        "all delivered "
         f"{done_at - stopped_at:.1f} s after the last termination; {summary.duplicates} duplicate(s)"
     )
+
+
+@pytest.mark.xfail(
+    strict=True,
+    raises=AssertionError,
+    reason=(
+        "bug: 'flask harvest worker' runs its start-up sweep outside any retry: a StoreError there "
+        "(the database restarting, a connection terminated) ends the command with exit status 1, "
+        "while the same error in a periodic sweep is logged and retried"
+    ),
+)
+def test_a_worker_started_while_the_database_is_down_waits_for_it(faults: FaultEnv) -> None:
+    faults.subscribe("sub_ok", faults.receiver.url("ok"), ["fault.pg"])
+    ids = [faults.dispatch("fault.pg", {"serial": n})[0] for n in range(20)]
+    faults.engine.dispose()
+    with database_down(faults):
+        worker = faults.start_worker(concurrency=8)
+        time.sleep(4)  # the worker starts and runs its start-up sweep meanwhile
+    wait_until(lambda: not worker.alive() or "startup sweep" in worker.log(), 30, "the worker to start")
+    time.sleep(1)
+    assert worker.alive(), worker.log()[-2000:]
+    faults.wait_final(ids, timeout=30)
+    check_invariants(faults, ids)
