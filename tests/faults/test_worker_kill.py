@@ -83,3 +83,34 @@ def test_a_full_worker_takes_no_job_it_cannot_start_so_a_kill_strands_none(fault
     faults.start_worker(concurrency=4)
     faults.wait_final(ids, timeout=60 + lease)
     check_invariants(faults, ids)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    raises=AssertionError,
+    reason=(
+        "bug: RQ's dequeue moves a job from the queue to '<queue>:intermediate' (BLMOVE) before it "
+        "marks it started; a worker killed in between leaves the job there with status 'queued', "
+        "which RqBackend.live_jobs counts as live, so the sweeper never queues the delivery again "
+        "and it waits for RQ's own intermediate-queue cleanup, which fails the job only at the "
+        "worker's second maintenance run, 10 minutes after the first (a worker's start)"
+    ),
+)
+def test_a_job_a_killed_worker_had_just_dequeued_is_recovered_within_a_lease(faults: FaultEnv) -> None:
+    lease = float(BASE_CONFIG["HARVEST_WEBHOOKS_LEASE_SECONDS"])
+    faults.subscribe("sub_ok", faults.receiver.url("ok"))
+    ids = [faults.dispatch("fault.created", {"serial": n})[0] for n in range(3)]
+    # What a worker SIGKILLed between RQ's BLMOVE and the job's start leaves in Redis (the window
+    # is a few Redis round trips per job, too short to hit with a real kill on demand).
+    client = faults.redis_server.client()
+    try:
+        stranded = client.lmove("rq:queue:faults", "rq:queue:faults:intermediate", "LEFT", "RIGHT")
+        assert stranded is not None and client.hget(b"rq:job:" + stranded, "status") == b"queued"
+    finally:
+        client.close()
+    faults.start_worker(concurrency=4)
+    end = time.monotonic() + lease + 10
+    while time.monotonic() < end and not faults.all_final(ids):
+        time.sleep(0.2)
+    assert faults.all_final(ids), f"{faults.states(ids)} {lease + 10:g} s after a new worker started"
+    check_invariants(faults, ids)
