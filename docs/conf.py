@@ -59,21 +59,5 @@ def _check_configuration_page(app: Any) -> None:
         )
 
 
-def _add_reliability_page(app: Any, docname: str, source: list[str]) -> None:
-    """List reliability.rst in the index's toctree, after security, once that page exists.
-
-    Another change writes the page; until it lands, a toctree entry for it would be an error
-    under -W, and once it lands, a page in no toctree would be one too.
-    """
-    if docname != "index" or not (Path(app.srcdir) / "reliability.rst").exists():
-        return
-    text = source[0]
-    if "\n   reliability\n" not in text:
-        source[0] = text.replace("\n   security\n", "\n   security\n   reliability\n", 1)
-
-
 def setup(app: Any) -> None:
     app.connect("builder-inited", _check_configuration_page)
-    app.connect("source-read", _add_reliability_page)
-    # Re-read the index on every build, so an incremental build sees the page appear.
-    app.connect("env-get-outdated", lambda app, env, added, changed, removed: ["index"])
