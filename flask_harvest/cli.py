@@ -17,7 +17,6 @@ from flask.cli import AppGroup
 
 from . import _cli_output as out
 from .errors import DeliveryNotFoundError, HarvestError, SubscriptionNotFoundError
-from .jobs.base import JobBackendError
 from .jobs.local import LocalBackend
 from .jobs.pool import DeliveryPool
 from .jobs.rq import HarvestWorker, RqBackend, run_worker
@@ -82,9 +81,10 @@ def worker_command(burst: bool, name: str | None, concurrency: int | None) -> No
     app = current_app._get_current_object()  # type: ignore[attr-defined]
     try:
         report = state.sweep()  # recover what a dead worker or a lost Redis left, before waiting
-    except JobBackendError as exc:
-        raise click.ClickException(f"cannot reach Redis: {_one_line(exc)}") from exc
-    click.echo(f"harvest: startup sweep released {report.released}, requeued {report.requeued}")
+        click.echo(f"harvest: startup sweep released {report.released}, requeued {report.requeued}")
+    except HarvestError as exc:
+        # The database or Redis may be restarting: the worker waits for them, and sweeps again.
+        click.echo(f"harvest: startup sweep failed ({_one_line(exc)}); the worker will retry", err=True)
     settings = state.settings
 
     def make_worker(on_stop: Callable[[], object]) -> HarvestWorker:

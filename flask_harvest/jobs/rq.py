@@ -94,20 +94,28 @@ class RqBackend(JobBackend):
         try:
             with self.connection.pipeline(transaction=False) as pipe:
                 for delivery in deliveries:
-                    pipe.hmget(Job.key_for(job_id(delivery)), "status", "started_at")
+                    identifier = job_id(delivery)
+                    pipe.hmget(Job.key_for(identifier), "status", "started_at")
+                    pipe.lpos(self.queue.key, identifier)
                 answers = pipe.execute()
         except redis.RedisError as exc:
             raise JobBackendError(f"Redis did not answer ({type(exc).__name__})") from exc
         now = datetime.now(timezone.utc)
         return {
-            d.id
-            for d, (status, started) in zip(deliveries, answers, strict=True)
-            if self._alive(status, started, now)
+            delivery.id
+            for delivery, (status, started), position in zip(
+                deliveries, answers[::2], answers[1::2], strict=True
+            )
+            if self._alive(status, started, position is not None, now)
         }
 
-    def _alive(self, status: bytes | None, started_at: bytes | None, now: datetime) -> bool:
+    def _alive(self, status: bytes | None, started_at: bytes | None, in_queue: bool, now: datetime) -> bool:
         if status is None or status.decode() not in _LIVE:
             return False
+        if status.decode() == JobStatus.QUEUED:
+            # RQ moves a job out of the queue before it marks it started; a worker killed in
+            # between leaves it "queued" but in no queue, and nothing would ever run it.
+            return in_queue
         if status.decode() != JobStatus.STARTED or started_at is None:
             return True
         started = utcparse(started_at.decode()).replace(tzinfo=timezone.utc)

@@ -151,15 +151,6 @@ def test_workers_survive_connections_dying_under_them_and_carry_on(faults: Fault
     )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason=(
-        "bug: 'flask harvest worker' runs its start-up sweep outside any retry: a StoreError there "
-        "(the database restarting, a connection terminated) ends the command with exit status 1, "
-        "while the same error in a periodic sweep is logged and retried"
-    ),
-)
 def test_a_worker_started_while_the_database_is_down_waits_for_it(faults: FaultEnv) -> None:
     faults.subscribe("sub_ok", faults.receiver.url("ok"), ["fault.pg"])
     ids = [faults.dispatch("fault.pg", {"serial": n})[0] for n in range(20)]

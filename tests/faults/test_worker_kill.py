@@ -47,7 +47,7 @@ def test_a_killed_worker_is_replaced_and_its_deliveries_recovered_within_a_lease
         f"all {COUNT} delivered {done_at - killed_at:.1f} s after it; {summary.duplicates} duplicate(s)"
     )
     # About one lease (plus a sweep and the slow answer), far below RQ's abandoned-job timeout.
-    assert recovery < lease + 5, recovery
+    assert recovery < lease + 15, recovery  # minutes if it waited for RQ; slack for a loaded machine
 
 
 def _delivery_waiting_in_a_started_job(faults: FaultEnv) -> str | None:
@@ -85,17 +85,6 @@ def test_a_full_worker_takes_no_job_it_cannot_start_so_a_kill_strands_none(fault
     check_invariants(faults, ids)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason=(
-        "bug: RQ's dequeue moves a job from the queue to '<queue>:intermediate' (BLMOVE) before it "
-        "marks it started; a worker killed in between leaves the job there with status 'queued', "
-        "which RqBackend.live_jobs counts as live, so the sweeper never queues the delivery again "
-        "and it waits for RQ's own intermediate-queue cleanup, which fails the job only at the "
-        "worker's second maintenance run, 10 minutes after the first (a worker's start)"
-    ),
-)
 def test_a_job_a_killed_worker_had_just_dequeued_is_recovered_within_a_lease(faults: FaultEnv) -> None:
     lease = float(BASE_CONFIG["HARVEST_WEBHOOKS_LEASE_SECONDS"])
     faults.subscribe("sub_ok", faults.receiver.url("ok"))
