@@ -21,11 +21,11 @@ _signals = Namespace()
 delivery_succeeded = _signals.signal("harvest.delivery-succeeded")
 #: An attempt failed and the delivery will be retried at ``delivery.next_attempt_at``.
 delivery_failed = _signals.signal("harvest.delivery-failed")
-#: An attempt dead-lettered the delivery (attempts exhausted, 410, an SSRF refusal, or the attempt
-#: limit was lowered).
+#: An attempt dead-lettered the delivery (attempts exhausted, 410, an SSRF refusal, the attempt
+#: limit was lowered, or its subscription stopped being active after the dispatch).
 #: A failed enqueue dead-letters without this signal: ``dispatch`` raises ``EnqueueError`` instead.
 delivery_dead_lettered = _signals.signal("harvest.delivery-dead-lettered")
-#: The delivery was not sent because its subscription is disabled, failed or removed.
+#: The delivery was not sent: its subscription was inactive at dispatch, or has been removed.
 delivery_skipped = _signals.signal("harvest.delivery-skipped")
 #: The receiver answered 410 Gone and its subscription was disabled.
 subscription_disabled = _signals.signal("harvest.subscription-disabled")
