@@ -1,13 +1,13 @@
 """Scenario 2: Redis loses everything while 500 deliveries wait in it.
 
-250 deliveries are scheduled for a retry (their first attempt got ``503`` with ``Retry-After: 5``)
+250 deliveries are scheduled for a retry (their first attempt got ``503`` with ``Retry-After: 8``)
 and 250 more sit in the queue behind a slow receiver when Redis is wiped (``FLUSHDB``) or crashes
-and comes back empty (``SIGKILL``, then a restart without persistence). A worker runs throughout,
-restarted when it exits as the deployment docs' process managers do. Every job is gone; the rows
-are not: the sweeper rebuilds the queue from SQL and everything is delivered.
+and comes back empty (``SIGKILL``, then a restart without persistence). A worker runs throughout
+(the harness would restart it if it exited, as a process manager does; it does not). Every job is
+gone; the rows are not: the sweeper rebuilds the queue from SQL and everything is delivered.
 
-A worker that is running a job when Redis goes away exits (RQ raises out of its work loop); see
-``test_a_worker_rides_out_a_redis_restart``.
+RQ's worker loop ends when Redis goes away under a running job; ``flask harvest worker`` starts a
+new one (``test_a_worker_rides_out_a_redis_restart``).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ TIME_LIMIT_SECONDS = 120
 
 SCHEDULED = 250
 QUEUED = 250
-RETRY_AFTER = 5
+RETRY_AFTER = 8
 
 
 @pytest.mark.parametrize("fault", ["flushdb", "restart"])
@@ -47,9 +47,9 @@ def test_the_sweeper_rebuilds_the_queue_after_redis_loses_it(faults: FaultEnv, f
     retried = [faults.dispatch("fault.retry", {"serial": n})[0] for n in range(SCHEDULED)]
     wait_until(lambda: len(faults.receiver.ids("retry")) == SCHEDULED, 60, "every first attempt")
     wait_until(
-        lambda: faults.states(retried).get("pending") == SCHEDULED,
-        10,
-        lambda: f"every retry to be scheduled (the retries are {faults.states(retried)})",
+        lambda: all(row.attempt == 2 or row.state == "delivered" for row in faults.rows(retried).values()),
+        30,
+        lambda: f"every first attempt to be recorded (the retries are {faults.states(retried)})",
     )
     queued = [faults.dispatch("fault.backlog", {"serial": n})[0] for n in range(QUEUED)]
     wait_until(lambda: faults.receiver.ids("backlog"), 10, "the backlog to start moving")
@@ -61,7 +61,9 @@ def test_the_sweeper_rebuilds_the_queue_after_redis_loses_it(faults: FaultEnv, f
         faults.redis_server.kill()
         time.sleep(1.0)  # an outage, not just a blip
         faults.redis_server.start()
-    waiting = faults.states(queued).get("pending", 0) + faults.states(retried).get("pending", 0)
+    scheduled = faults.states(retried).get("pending", 0)
+    waiting = faults.states(queued).get("pending", 0) + scheduled
+    assert scheduled, "no retry was still scheduled when Redis was lost (a very slow machine?)"
 
     done_at = faults.wait_final(retried + queued, timeout=60)
     summary = check_invariants(faults, retried + queued)
