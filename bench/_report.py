@@ -109,8 +109,8 @@ def _fmt(value: float | None, unit: str = "") -> str:
 
 
 def format_table(rows: Sequence[Row]) -> str:
-    """A Markdown table: scenario, figure, baseline, ratio, goal, met?"""
-    header = ["id", "figure", "value", "baseline", "ratio", "goal", "met?"]
+    """A Markdown table: scenario, figure, baseline, ratio, goal, met?, note."""
+    header = ["id", "figure", "value", "baseline", "ratio", "goal", "met?", "note"]
     lines = [header]
     for row in rows:
         baseline = _fmt(row.baseline, row.unit)
@@ -126,6 +126,7 @@ def format_table(rows: Sequence[Row]) -> str:
                 "-" if row.ratio is None else f"{row.ratio:.2f}",
                 row.goal,
                 met,
+                row.note,
             ]
         )
     widths = [max(len(line[i]) for line in lines) for i in range(len(header))]

@@ -1,0 +1,200 @@
+"""Profile the pieces the scenarios found slow.
+
+    python -m bench.profile dispatch --k 1      # dispatch() to K subscriptions (pyinstrument)
+    python -m bench.profile attempt            # claim, send, record of one delivery, no RQ
+    python -m bench.profile relay              # relay_outbox of committed messages (pyinstrument)
+    python -m bench.profile worker --gil       # py-spy on a worker draining a filled queue
+
+Each prints its figures and a profile; ``worker`` writes py-spy's raw stacks and sums them up.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import sqlalchemy as sa
+
+from flask_harvest.webhooks import outcome
+from flask_harvest.webhooks.models import utcnow
+from flask_harvest.webhooks.plugin import get_state
+
+from . import _workers
+from ._receivers import Receiver
+from ._report import Context, rate
+from ._scenario import dispatch_many, payload, subscribe
+from ._services import DATABASE_URL, ensure_database, reset_all
+
+
+def _context() -> Context:
+    ensure_database()
+    engine = sa.create_engine(DATABASE_URL)
+    reset_all(engine)
+    return Context(
+        quick=True,
+        log_dir=Path(tempfile.mkdtemp(prefix="harvest-profile-")),
+        engine=engine,
+        chart_dir=Path(tempfile.gettempdir()),
+    )
+
+
+def _pyinstrument(label: str, work: Any) -> None:
+    from pyinstrument import Profiler
+
+    profiler = Profiler(interval=0.0005)
+    profiler.start()
+    work()
+    profiler.stop()
+    print(f"--- {label}")
+    print(profiler.output_text(unicode=False, color=False))
+
+
+def profile_dispatch(k: int, calls: int) -> None:
+    ctx = _context()
+    app = ctx.app()
+    subscribe(app, [f"http://127.0.0.1:9/{n}" for n in range(k)], topic="bench.k")
+    event = {"order_id": "ord_1", "total": 4200}
+    with app.app_context():
+        manager = get_state(app).manager
+        for _ in range(20):
+            manager.dispatch("bench.k", event)
+        started, cpu = time.perf_counter(), time.process_time()
+        for _ in range(calls):
+            manager.dispatch("bench.k", event)
+        wall, used = time.perf_counter() - started, time.process_time() - cpu
+        print(f"dispatch K={k}: {1000 * wall / calls:.3f} ms wall, {1000 * used / calls:.3f} ms CPU per call")
+        _pyinstrument(f"dispatch K={k}", lambda: [manager.dispatch("bench.k", event) for _ in range(calls)])
+    ctx.close_apps()
+
+
+def profile_attempt(count: int) -> None:
+    ctx = _context()
+    with Receiver() as receiver:
+        app = ctx.app()
+        subscribe(app, [receiver.url("/ok/profile")])
+        with app.app_context():
+            state = get_state(app)
+            runner = state.runner
+            ids = [state.manager.dispatch("bench.event", payload(n))[0] for n in range(count + 20)]
+            for delivery_id in ids[:20]:
+                runner.run(delivery_id)
+            spent = {"claim": [0.0, 0.0], "send": [0.0, 0.0], "record": [0.0, 0.0]}
+
+            def timed(name: str, work: Any, *args: Any) -> Any:
+                cpu, wall = time.thread_time(), time.perf_counter()
+                value = work(*args)
+                spent[name][0] += time.thread_time() - cpu
+                spent[name][1] += time.perf_counter() - wall
+                return value
+
+            def send(claim: Any) -> Any:
+                return outcome.before_sending(claim, runner.settings, utcnow()) or runner._send(claim)
+
+            for delivery_id in ids[20:]:
+                claim = timed("claim", runner.claim, delivery_id)
+                result = timed("send", send, claim)
+                timed("record", runner._record, claim, result)
+        for name, (cpu, wall) in spent.items():
+            print(f"{name}: {1000 * cpu / count:.2f} ms CPU, {1000 * wall / count:.2f} ms wall per delivery")
+    ctx.close_apps()
+
+
+def profile_relay(count: int) -> None:
+    ctx = _context()
+    app = ctx.app()
+    subscribe(app, ["http://127.0.0.1:9/relay"], topic="order.created")
+    manager = get_state(app).manager
+    with ctx.engine.begin() as conn:
+        for number in range(count):
+            manager.dispatch_in_tx(conn, "order.created", payload(number))
+
+    def relay() -> None:
+        started = time.perf_counter()
+        while manager.relay_outbox(limit=500).relayed:
+            pass
+        print(f"relay: {count / (time.perf_counter() - started):.0f} messages/s (with the profiler on)")
+
+    _pyinstrument("relay_outbox", relay)
+    ctx.close_apps()
+
+
+def profile_worker(count: int, seconds: int, gil: bool) -> None:
+    ctx = _context()
+    out = ctx.log_dir / "worker-stacks.txt"
+    with Receiver() as receiver:
+        app = ctx.app()
+        subscribe(app, [receiver.url("/ok/profile")])
+        dispatch_many(app, count)
+        worker = _workers.harvest_worker(ctx.log_dir, 32)
+        try:
+            receiver.wait_count(1, timeout=60)
+            command = [
+                shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy"),
+                "record",
+                "-p",
+                str(worker.pid),
+                "-d",
+                str(seconds),
+                "-r",
+                "200",
+                "-f",
+                "raw",
+                "-o",
+                str(out),
+                "--threads",
+                "--gil" if gil else "--idle",
+            ]
+            subprocess.run(command, check=True, capture_output=True)  # noqa: S603 (our own command)
+        finally:
+            worker.stop()
+        print(f"worker: {rate([r.received_at for r in receiver.records()]):.1f} deliveries/s while sampled")
+    inclusive: Counter[str] = Counter()
+    threads: Counter[str] = Counter()
+    total = 0
+    for line in out.read_text().splitlines():
+        stack, _, samples = line.rpartition(" ")
+        frames = stack.split(";")
+        total += int(samples)
+        threads[frames[0]] += int(samples)
+        for frame in set(frames[1:]):
+            inclusive[frame] += int(samples)
+    print(f"{total} samples ({'GIL holder only' if gil else 'all threads, idle included'}); by thread:")
+    for thread, samples in threads.most_common(8):
+        print(f"  {100 * samples / total:5.1f}% {thread}")
+    print("inclusive time by frame:")
+    for frame, samples in inclusive.most_common(40):
+        print(f"  {100 * samples / total:5.1f}% {frame[:140]}")
+    ctx.close_apps()
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.profile",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("what", choices=["dispatch", "attempt", "relay", "worker"])
+    parser.add_argument("--k", type=int, default=1, help="dispatch: matching subscriptions")
+    parser.add_argument("--count", type=int, default=None, help="calls, deliveries or messages")
+    parser.add_argument("--seconds", type=int, default=8, help="worker: seconds to sample")
+    parser.add_argument("--gil", action="store_true", help="worker: sample only the thread holding the GIL")
+    args = parser.parse_args(argv)
+    if args.what == "dispatch":
+        profile_dispatch(args.k, args.count or max(20, 2000 // args.k))
+    elif args.what == "attempt":
+        profile_attempt(args.count or 500)
+    elif args.what == "relay":
+        profile_relay(args.count or 5000)
+    else:
+        profile_worker(args.count or 3000, args.seconds, args.gil)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
