@@ -21,7 +21,9 @@ def subscribe(app: Flask, urls: Sequence[str], topic: str = "bench.event") -> li
     with app.app_context():
         store = get_state(app).store
         for url in urls:
-            subscription = WebhookSubscription(target_url=url, event_topics=[topic], secret=generate_secret())
+            subscription = WebhookSubscription(
+                target_url=url, event_topics=(topic,), secret=generate_secret()
+            )
             store.add_subscription(subscription)
             ids.append(subscription.id)
     return ids

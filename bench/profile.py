@@ -159,12 +159,12 @@ def profile_worker(count: int, seconds: int, gil: bool) -> None:
     threads: Counter[str] = Counter()
     total = 0
     for line in out.read_text().splitlines():
-        stack, _, samples = line.rpartition(" ")
+        stack, _, number = line.rpartition(" ")
         frames = stack.split(";")
-        total += int(samples)
-        threads[frames[0]] += int(samples)
+        total += int(number)
+        threads[frames[0]] += int(number)
         for frame in set(frames[1:]):
-            inclusive[frame] += int(samples)
+            inclusive[frame] += int(number)
     print(f"{total} samples ({'GIL holder only' if gil else 'all threads, idle included'}); by thread:")
     for thread, samples in threads.most_common(8):
         print(f"  {100 * samples / total:5.1f}% {thread}")

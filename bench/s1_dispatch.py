@@ -87,7 +87,7 @@ def _measure(ctx: Context, app: Flask, reps: int, k: int, others: int = 0) -> tu
         for n in range(k + others):
             subscription = WebhookSubscription(
                 target_url=f"http://127.0.0.1:9/k{k}/{n}",
-                event_topics=[topic if n < k else "bench.other"],
+                event_topics=(topic if n < k else "bench.other",),
                 secret=generate_secret(),
             )
             store.add_subscription(subscription)

@@ -29,11 +29,11 @@ SLOW = "/slow/100"
 
 def in_flight(records: list[Record]) -> float:
     """Mean requests in flight at the receiver over the run (total time held / time span)."""
-    answered = [r for r in records if r.answered_at is not None]
-    if not answered:
+    spans = [(r.received_at, r.answered_at) for r in records if r.answered_at is not None]
+    if not spans:
         return 0.0
-    span = max(r.answered_at for r in answered) - min(r.received_at for r in answered)  # type: ignore[type-var]
-    held = sum(r.answered_at - r.received_at for r in answered)  # type: ignore[operator]
+    span = max(end for _, end in spans) - min(start for start, _ in spans)
+    held = sum(end - start for start, end in spans)
     return held / span if span > 0 else 0.0
 
 
