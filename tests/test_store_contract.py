@@ -318,6 +318,86 @@ def test_claim_reports_a_removed_subscription(store: OutboundWebhookHandler, now
     assert claim.subscription is None
 
 
+def test_claim_deliveries_takes_only_due_pending(store: OutboundWebhookHandler, now: datetime) -> None:
+    subscription_id, first = seed(store, now)
+    second = make_delivery(subscription_id, now, next_attempt_at=None)
+    later = make_delivery(subscription_id, now, next_attempt_at=now + timedelta(seconds=60))
+    dead = make_delivery(subscription_id, now, state=DeliveryState.DLQ, next_attempt_at=None)
+    done = make_delivery(subscription_id, now, state=DeliveryState.DELIVERED, next_attempt_at=None)
+    leased = make_delivery(subscription_id, now)
+    store.log_deliveries([second, later, dead, done, leased])
+    assert store.claim_delivery(leased.id, now=now, lease_seconds=LEASE, max_attempts=5) is not None
+    ids = [first.id, later.id, dead.id, "dlv_missing", done.id, leased.id, second.id, first.id]
+
+    claims = store.claim_deliveries(ids, now=now, lease_seconds=LEASE, max_attempts=3)
+
+    assert sorted(claim.delivery.id for claim in claims) == sorted([first.id, second.id])
+    subscription = store.get_subscription(subscription_id)
+    for claim in claims:
+        assert claim.subscription == subscription
+        assert claim.delivery.state is DeliveryState.INFLIGHT
+        assert claim.delivery.lease_expires_at == now + timedelta(seconds=LEASE)
+        assert claim.delivery.max_attempts == 3
+        assert claim.lease_token
+        assert store.get_delivery(claim.delivery.id) == claim.delivery
+    for untouched in (later, dead, done):
+        assert store.get_delivery(untouched.id) == untouched
+    assert store.claim_deliveries(ids, now=now, lease_seconds=LEASE, max_attempts=3) == []
+    assert store.claim_deliveries([], now=now, lease_seconds=LEASE, max_attempts=3) == []
+
+
+def test_claim_deliveries_returns_current_subscriptions(store: OutboundWebhookHandler, now: datetime) -> None:
+    kept_id, kept_delivery = seed(store, now)
+    removed_id, removed_delivery = seed(store, now)
+    store.update_subscription(stored_subscription(store, kept_id).replace(description="changed"))
+    store.remove_subscription(removed_id)
+
+    claims = store.claim_deliveries(
+        [kept_delivery.id, removed_delivery.id], now=now, lease_seconds=LEASE, max_attempts=5
+    )
+
+    by_id = {claim.delivery.id: claim for claim in claims}
+    assert by_id.keys() == {kept_delivery.id, removed_delivery.id}
+    kept = by_id[kept_delivery.id].subscription
+    assert kept is not None
+    assert kept == store.get_subscription(kept_id)
+    assert kept.description == "changed"
+    assert by_id[removed_delivery.id].subscription is None
+
+
+def test_claim_deliveries_leases_can_be_finished(store: OutboundWebhookHandler, now: datetime) -> None:
+    subscription = store.add_subscription(make_subscription(consecutive_failures=2))
+    deliveries = [make_delivery(subscription.id, now) for _ in range(3)]
+    store.log_deliveries(deliveries)
+    claims = store.claim_deliveries([d.id for d in deliveries], now=now, lease_seconds=LEASE, max_attempts=5)
+    assert len(claims) == 3
+
+    for claim in claims:
+        result = result_for(
+            claim.delivery,
+            now,
+            state=DeliveryState.DELIVERED,
+            effect=SubscriptionEffect.RESET_FAILURES,
+            status=200,
+        )
+        assert store.finish_attempt(claim.delivery.id, claim.lease_token, result) is None
+        assert stored_delivery(store, claim.delivery.id).state is DeliveryState.DELIVERED
+        assert store.list_attempts(claim.delivery.id) == [result.attempt]
+    assert stored_subscription(store, subscription.id).consecutive_failures == 0
+
+
+def test_claim_deliveries_beyond_one_statement(store: OutboundWebhookHandler, now: datetime) -> None:
+    # More ids than the SQL store puts in one IN list.
+    subscription = store.add_subscription(make_subscription())
+    deliveries = [make_delivery(subscription.id, now) for _ in range(1_100)]
+    store.log_deliveries(deliveries)
+    ids = [d.id for d in deliveries]
+
+    claims = store.claim_deliveries(ids + ids[:10], now=now, lease_seconds=LEASE, max_attempts=5)
+
+    assert sorted(claim.delivery.id for claim in claims) == sorted(ids)
+
+
 def test_finish_success_resets_failures(store: OutboundWebhookHandler, now: datetime) -> None:
     subscription = store.add_subscription(make_subscription(consecutive_failures=4))
     delivery = make_delivery(subscription.id, now)
@@ -599,6 +679,26 @@ def test_one_of_many_concurrent_claims_wins(store: OutboundWebhookHandler, now: 
         8, lambda _: store.claim_delivery(delivery.id, now=now, lease_seconds=LEASE, max_attempts=5)
     )
     assert sum(claim is not None for claim in claims) == 1
+
+
+def test_concurrent_batch_claims_never_share_a_delivery(store: OutboundWebhookHandler, now: datetime) -> None:
+    subscription = store.add_subscription(make_subscription())
+    deliveries = [make_delivery(subscription.id, now) for _ in range(60)]
+    store.log_deliveries(deliveries)
+    ids = [d.id for d in deliveries]
+
+    def claim(index: int) -> list[str]:
+        # Overlapping windows, half of them in reverse order: a plain UPDATE ... IN could deadlock.
+        window = ids[index * 6 : index * 6 + 30]
+        if index % 2:
+            window = window[::-1]
+        claims = store.claim_deliveries(window, now=now, lease_seconds=LEASE, max_attempts=5)
+        return [c.delivery.id for c in claims]
+
+    claimed = [delivery_id for ids_of_one in in_threads(8, claim) for delivery_id in ids_of_one]
+
+    assert len(claimed) == len(set(claimed))
+    assert set(claimed) == set(ids)
 
 
 def test_concurrent_failures_all_count(store: OutboundWebhookHandler, now: datetime) -> None:

@@ -182,6 +182,29 @@ class OutboundWebhookHandler(abc.ABC):
         was removed).
         """
 
+    def claim_deliveries(
+        self,
+        delivery_ids: Sequence[str],
+        *,
+        now: datetime,
+        lease_seconds: float,
+        max_attempts: int,
+    ) -> list[Claim]:
+        """Lease every due ``PENDING`` delivery among ``delivery_ids``, like :meth:`claim_delivery`;
+        return the claims (in no particular order), skipping ids that are not claimable.
+
+        An id given twice is claimed at most once. This default calls :meth:`claim_delivery` per
+        id; a store can override it to claim the batch in one round trip.
+        """
+        claims = []
+        for delivery_id in dict.fromkeys(delivery_ids):
+            claim = self.claim_delivery(
+                delivery_id, now=now, lease_seconds=lease_seconds, max_attempts=max_attempts
+            )
+            if claim is not None:
+                claims.append(claim)
+        return claims
+
     @abc.abstractmethod
     def finish_attempt(
         self, delivery_id: str, lease_token: str, result: AttemptResult

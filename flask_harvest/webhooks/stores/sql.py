@@ -14,7 +14,7 @@ from contextlib import contextmanager
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Connection, Engine, and_, delete, func, insert, or_, select, update
+from sqlalchemy import Connection, Engine, Row, and_, delete, func, insert, or_, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError, StatementError
 
@@ -323,6 +323,57 @@ class SqlOutboundWebhookStore(OutboundWebhookHandler):
             sub_row = conn.execute(select(_subs).where(_subs.c.id == row.subscription_id)).first()
         subscription = row_to_subscription(sub_row) if sub_row is not None else None
         return Claim(row_to_delivery(row), subscription, token)
+
+    def claim_deliveries(
+        self,
+        delivery_ids: Sequence[str],
+        *,
+        now: datetime,
+        lease_seconds: float,
+        max_attempts: int,
+    ) -> list[Claim]:
+        # Sorted so that every caller locks rows in the same order (see below), across chunks too.
+        unique = sorted(set(delivery_ids))
+        if not unique:
+            return []
+        token = uuid.uuid4().hex
+        due = (
+            _dels.c.state == _PENDING,
+            or_(_dels.c.next_attempt_at.is_(None), _dels.c.next_attempt_at <= now),
+        )
+        rows: list[Row[Any]] = []
+        with self._transaction("claim deliveries") as conn:
+            for chunk in _chunks(unique):
+                # PostgreSQL locks the rows of a plain UPDATE ... IN in plan order, so two batch
+                # claims with overlapping ids could deadlock; the subquery locks them in id order.
+                # As in claim_delivery, a row another claim took meanwhile fails the recheck after
+                # the lock wait. SQLite has no FOR UPDATE (SQLAlchemy leaves it out) and needs
+                # none: it runs one writer at a time.
+                locked = (
+                    select(_dels.c.id)
+                    .where(_dels.c.id.in_(chunk), *due)
+                    .order_by(_dels.c.id)
+                    .with_for_update()
+                )
+                rows.extend(
+                    conn.execute(
+                        update(_dels)
+                        .where(_dels.c.id.in_(locked), *due)
+                        .values(
+                            state=_INFLIGHT,
+                            lease_expires_at=now + timedelta(seconds=lease_seconds),
+                            lease_token=token,
+                            max_attempts=max_attempts,
+                        )
+                        .returning(*_dels.c)
+                    ).all()
+                )
+            subscription_ids = list({row.subscription_id for row in rows})
+            subscriptions: dict[str, WebhookSubscription] = {}
+            for chunk in _chunks(subscription_ids):
+                for sub_row in conn.execute(select(_subs).where(_subs.c.id.in_(chunk))):
+                    subscriptions[sub_row.id] = row_to_subscription(sub_row)
+        return [Claim(row_to_delivery(row), subscriptions.get(row.subscription_id), token) for row in rows]
 
     def finish_attempt(
         self, delivery_id: str, lease_token: str, result: AttemptResult
