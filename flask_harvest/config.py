@@ -60,8 +60,9 @@ class Settings:
     #: Attempts one ``flask harvest worker`` process keeps in flight at once (its thread pool).
     worker_concurrency: int = 32
     #: Attempts in flight at once for one subscription in one worker process; past it, deliveries
-    #: wait their turn so a slow or dead endpoint cannot take every slot.
-    webhooks_max_inflight_per_subscription: int = 8
+    #: wait their turn (or, for a failing or slow endpoint, are given back for later) so one
+    #: endpoint cannot take every slot.
+    webhooks_max_inflight_per_subscription: int = 16
     #: Deliver to loopback, private, link-local and other non-public addresses. Off by default
     #: (SSRF); turn on for development and tests against a receiver on 127.0.0.1.
     webhooks_allow_private_targets: bool = False

@@ -8,11 +8,14 @@ from collections.abc import Iterator
 
 import pytest
 import redis
+from flask import Flask
+from rq import Queue
+from rq.job import Job
 from werkzeug.wrappers import Request, Response
 
 from flask_harvest import DeliveryState, OutboundWebhookHandler, WebhookSubscription, generate_secret
 from flask_harvest.jobs.pool import DeliveryPool
-from flask_harvest.jobs.rq import HarvestWorker, RqBackend
+from flask_harvest.jobs.rq import HarvestWorker, RqBackend, take_delivery_jobs
 from flask_harvest.testing import CapturingReceiver
 from flask_harvest.webhooks.plugin import get_state
 
@@ -54,7 +57,9 @@ def test_a_slow_endpoint_holds_at_most_its_cap_and_never_delays_the_others(
     assert isinstance(backend, RqBackend)
     with app.app_context():
         ids = [i for n in range(6) for i in state.manager.dispatch("a.b", {"n": n})]
-    pool = DeliveryPool(state.runner, size=4, per_subscription=2, context=app.app_context)
+    # The slow endpoint's deliveries over its cap wait their turn until it counts as slow (0.2 s
+    # here), then are given back: the fast ones are never stuck behind a 1 s answer.
+    pool = DeliveryPool(state.runner, size=4, per_subscription=2, context=app.app_context, slow_after=0.2)
     HarvestWorker([backend.queue], connection=backend.connection, app=app, pool=pool).work(burst=True)
 
     fast = receiver.wait_for(6, path="/fast", timeout=1)
@@ -67,7 +72,9 @@ def test_a_slow_endpoint_holds_at_most_its_cap_and_never_delays_the_others(
             assert wait_final(store, ids, timeout=0.2) == [DeliveryState.DELIVERED]
             break
         except TimeoutError:
-            pool = DeliveryPool(state.runner, size=4, per_subscription=2, context=app.app_context)
+            pool = DeliveryPool(
+                state.runner, size=4, per_subscription=2, context=app.app_context, slow_after=0.2
+            )
             HarvestWorker([backend.queue], connection=backend.connection, app=app, pool=pool).work(
                 burst=True, with_scheduler=True
             )
@@ -76,3 +83,86 @@ def test_a_slow_endpoint_holds_at_most_its_cap_and_never_delays_the_others(
     for delivery in store.get_deliveries(ids):
         assert delivery.attempt == 1  # deferral is not an attempt
     assert in_flight["most"] == 2
+
+
+class CountingWorker(HarvestWorker):
+    """The real worker, counting the jobs RQ runs through it."""
+
+    jobs_run = 0
+
+    def execute_job(self, job: Job, queue: Queue) -> object:
+        self.jobs_run += 1
+        return super().execute_job(job, queue)
+
+
+def run_pooled_worker(app: Flask, pool: DeliveryPool) -> CountingWorker:
+    backend = get_state(app).backend
+    assert isinstance(backend, RqBackend)
+    worker = CountingWorker([backend.queue], connection=backend.connection, app=app, pool=pool)
+    worker.work(burst=True)
+    return worker
+
+
+def test_a_worker_takes_queued_deliveries_in_batches_through_one_rq_job_each(
+    store: OutboundWebhookHandler, redis_conn: redis.Redis, redis_url: str, receiver: CapturingReceiver
+) -> None:
+    store.add_subscription(WebhookSubscription(receiver.url("/hook"), ["a.*"], SECRET, id="sub"))
+    app = make_app(store, HARVEST_JOBS_BACKEND="rq", HARVEST_REDIS_URL=redis_url)
+    state = get_state(app)
+    with app.app_context():
+        ids = [i for n in range(40) for i in state.manager.dispatch("a.b", {"n": n})]
+    pool = DeliveryPool(state.runner, size=8, per_subscription=8, context=app.app_context)
+
+    worker = run_pooled_worker(app, pool)
+
+    assert wait_final(store, ids, timeout=5) == [DeliveryState.DELIVERED]
+    assert len(receiver.wait_for(40, path="/hook", timeout=1)) == 40
+    # RQ ran a job only for the first delivery of each batch; the rest were taken with it.
+    assert 5 <= worker.jobs_run < 40
+    assert redis_conn.keys("rq:job:harvest-*") == []  # no job hash left behind
+
+
+def test_a_healthy_endpoint_past_its_cap_waits_its_turn_in_the_process(
+    store: OutboundWebhookHandler, redis_conn: redis.Redis, redis_url: str, receiver: CapturingReceiver
+) -> None:
+    lock = threading.Lock()
+    in_flight = {"now": 0, "most": 0}
+
+    def busy(_request: Request) -> Response:
+        with lock:
+            in_flight["now"] += 1
+            in_flight["most"] = max(in_flight["most"], in_flight["now"])
+        time.sleep(0.05)
+        with lock:
+            in_flight["now"] -= 1
+        return Response("", 200)
+
+    receiver.handle("/busy", busy)
+    store.add_subscription(WebhookSubscription(receiver.url("/busy"), ["a.*"], SECRET, id="sub"))
+    app = make_app(store, HARVEST_JOBS_BACKEND="rq", HARVEST_REDIS_URL=redis_url)
+    state = get_state(app)
+    with app.app_context():
+        ids = [i for n in range(12) for i in state.manager.dispatch("a.b", {"n": n})]
+    pool = DeliveryPool(state.runner, size=8, per_subscription=2, context=app.app_context)
+
+    run_pooled_worker(app, pool)  # one burst, without RQ's scheduler: nothing given back returns
+
+    assert wait_final(store, ids, timeout=5) == [DeliveryState.DELIVERED]
+    assert in_flight["most"] == 2
+
+
+def test_take_delivery_jobs_stops_at_a_job_that_is_not_a_delivery(
+    redis_conn: redis.Redis,
+) -> None:
+    queue = Queue("harvest-take-test", connection=redis_conn)
+    for n in range(3):
+        queue.enqueue("flask_harvest.jobs.tasks.deliver_webhook", f"d-{n}", job_id=f"harvest-d-{n}-1-0")
+    queue.enqueue("builtins.print", "other", job_id="not-a-delivery")
+    queue.enqueue("flask_harvest.jobs.tasks.deliver_webhook", "d-9", job_id="harvest-d-9-1-0")
+
+    assert take_delivery_jobs(queue, 2) == ["d-0", "d-1"]
+    assert take_delivery_jobs(queue, 10) == ["d-2"]
+    assert queue.job_ids == ["not-a-delivery", "harvest-d-9-1-0"]
+    assert not redis_conn.exists(Job.key_for("harvest-d-0-1-0"))
+    assert redis_conn.exists(Job.key_for("not-a-delivery"))
+    assert take_delivery_jobs(queue, 0) == []

@@ -13,6 +13,9 @@ class JobBackendError(HarvestError):
     """The backend could not take a job (Redis is down, the backend was shut down)."""
 
 
+JOB_PREFIX = "harvest-"
+
+
 def job_id(delivery: DeliveryLog) -> str:
     """Return the job id of a delivery's next attempt.
 
@@ -21,7 +24,12 @@ def job_id(delivery: DeliveryLog) -> str:
     """
     due = delivery.next_attempt_at
     due_ms = int(due.timestamp() * 1000) if due is not None else 0
-    return f"harvest-{delivery.id}-{delivery.attempt}-{due_ms}"
+    return f"{JOB_PREFIX}{delivery.id}-{delivery.attempt}-{due_ms}"
+
+
+def delivery_id_of(identifier: str) -> str:
+    """Return the delivery id in a job id made by :func:`job_id`."""
+    return identifier.removeprefix(JOB_PREFIX).rsplit("-", 2)[0]
 
 
 class JobBackend(abc.ABC):

@@ -1,10 +1,16 @@
 """Attempts in flight inside one worker process, with a cap per subscription.
 
-RQ hands a worker one job at a time. A delivery job only claims its row (a few milliseconds) and
-passes the attempt to this pool, so one process keeps many slow receivers in flight at once. The
-cap per subscription keeps a slow or dead endpoint from taking every slot: past it, a delivery is
-given back unsent (no attempt used) and comes round again later, while other endpoints' deliveries
-go ahead.
+A worker takes delivery jobs off the queue in batches (a quarter of its slots at a time), claims
+their rows in one statement, and runs the attempts on this pool, so one process keeps many
+receivers in flight at once and pays the queue's per-job cost once per batch.
+
+The cap per subscription keeps one endpoint from taking every slot. A claimed delivery over its
+subscription's cap waits in the process for that subscription's next free attempt while the
+endpoint is healthy, so a busy endpoint keeps its cap in flight without the worker giving
+deliveries back and taking them again. When the endpoint is failing (its last attempt failed) or
+slow (an attempt of it has been in flight longer than ``slow_after``), deliveries over the cap are
+given back unsent instead (no attempt used) and come round again later, so a dead endpoint holds
+at most its cap while the others go ahead.
 """
 
 from __future__ import annotations
@@ -12,17 +18,24 @@ from __future__ import annotations
 import logging
 import random
 import threading
-from collections import Counter
-from collections.abc import Callable, Iterator
+import time
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager, contextmanager
 from contextvars import ContextVar
+from dataclasses import dataclass, field
 
 from ..webhooks.delivery import DeliveryRunner
 from ..webhooks.models import Claim, DeliveryState
 
 log = logging.getLogger("flask_harvest")
 _current: ContextVar[DeliveryPool | None] = ContextVar("harvest_delivery_pool", default=None)
+# How often a worker waiting for slots looks for endpoints that turned slow with deliveries
+# waiting for them.
+_CHECK_SECONDS = 0.25
+# A waiting delivery's lease must still cover its attempt when it starts.
+_LEASE_MARGIN_SECONDS = 5.0
 
 
 def current_pool() -> DeliveryPool | None:
@@ -30,13 +43,22 @@ def current_pool() -> DeliveryPool | None:
     return _current.get()
 
 
+@dataclass
+class _Endpoint:
+    """One subscription's attempts in this process."""
+
+    started: list[float] = field(default_factory=list)  # monotonic start of each attempt in flight
+    waiting: deque[tuple[Claim, float]] = field(default_factory=deque)  # (claim, since)
+
+
 class DeliveryPool:
     """A bounded thread pool for delivery attempts.
 
     :param runner: makes the attempts.
-    :param size: attempts in flight at once in this process.
+    :param size: deliveries this process holds at once (in flight or waiting their turn).
     :param per_subscription: attempts in flight at once for one subscription in this process.
     :param context: wraps each attempt (the worker pushes the Flask app context with it).
+    :param slow_after: seconds after which an attempt in flight marks its endpoint as slow.
     """
 
     def __init__(
@@ -46,15 +68,26 @@ class DeliveryPool:
         size: int,
         per_subscription: int,
         context: Callable[[], AbstractContextManager[object]] | None = None,
+        slow_after: float = 1.0,
     ) -> None:
         self.runner = runner
         self.size = size
         self.per_subscription = per_subscription
+        self.slow_after = slow_after
+        #: Slots the worker waits for before it takes more jobs: taking them in batches spreads
+        #: the queue's per-job cost and the claim's round trip over many deliveries.
+        self.batch = max(1, size // 4)
         self._context = context
         self._cond = threading.Condition()
-        self._busy = 0
-        self._by_subscription: Counter[str] = Counter()
+        self._busy = 0  # slots held: attempts in flight and deliveries waiting their turn
+        self._closing = False
+        self._endpoints: dict[str, _Endpoint] = {}
         self._executor = ThreadPoolExecutor(max_workers=size, thread_name_prefix="harvest-attempt")
+        settings = runner.settings
+        self._max_wait = max(
+            0.0,
+            settings.webhooks_lease_seconds - settings.webhooks_deadline_seconds - _LEASE_MARGIN_SECONDS,
+        )
 
     @contextmanager
     def active(self) -> Iterator[None]:
@@ -65,53 +98,76 @@ class DeliveryPool:
         finally:
             _current.reset(token)
 
-    def wait_for_slot(self) -> None:
-        """Block until an attempt slot is free (the worker calls it before taking the next job)."""
+    def free_slots(self) -> int:
+        """Return how many more deliveries this process can hold now."""
         with self._cond:
-            while self._busy >= self.size:
-                self._cond.wait()
+            return self.size - self._busy
+
+    def wait_for_slots(self) -> None:
+        """Block until a batch of slots is free (the worker calls it before taking more jobs)."""
+        while True:
+            with self._cond:
+                if self.size - self._busy >= self.batch:
+                    return
+                self._cond.wait(_CHECK_SECONDS)
+            self._give_back_stale()
 
     def deliver(self, delivery_id: str) -> DeliveryState | None:
         """Claim ``delivery_id`` and start its attempt on the pool; return at once.
 
-        Waits for a free slot *before* claiming, so a claim's lease never ticks while it queues;
-        the worker waits for one before it even takes the job (:meth:`wait_for_slot`), so a job
-        is never left half-started by a killed worker for long.
-        Returns ``PENDING`` if the delivery was deferred for its subscription's cap, ``INFLIGHT``
-        if its attempt started, ``None`` if there was nothing to do.
+        Returns ``INFLIGHT`` if the attempt started or waits its turn, ``PENDING`` if the delivery
+        was given back for its subscription's cap, ``None`` if there was nothing to do.
         """
+        states = self.deliver_many([delivery_id])
+        return states[0] if states else None
+
+    def deliver_many(self, delivery_ids: Sequence[str]) -> list[DeliveryState]:
+        """Claim the due ones among ``delivery_ids`` in one go and start their attempts.
+
+        Slots are taken *before* claiming, so a claim's lease never ticks while it queues for one.
+        Returns the state of each delivery claimed, as :meth:`deliver` does.
+        """
+        wanted = len(dict.fromkeys(delivery_ids))
+        if wanted == 0:
+            return []
         with self._cond:
-            while self._busy >= self.size:
+            while self._busy and self._busy + wanted > self.size:
                 self._cond.wait()
-            self._busy += 1
-        claim = None
+            self._busy += wanted
+        claims: list[Claim] = []
         try:
-            claim = self.runner.claim(delivery_id)
+            claims = self.runner.claim_many(delivery_ids)
         finally:
-            if claim is None:
-                self._release(None)
-        if claim is None:
-            return None
-        subscription_id = claim.delivery.subscription_id
+            self._release(wanted - len(claims))
+        return [self._start(claim) for claim in claims]
+
+    def _start(self, claim: Claim) -> DeliveryState:
+        endpoint_id = claim.delivery.subscription_id
+        now = time.monotonic()
         with self._cond:
-            crowded = self._by_subscription[subscription_id] >= self.per_subscription
-            if not crowded:
-                self._by_subscription[subscription_id] += 1
-        if crowded:
-            self._release(None)
-            self.runner.defer(claim, self._defer_seconds(claim))
-            return DeliveryState.PENDING
-        self._executor.submit(self._attempt, claim)
-        return DeliveryState.INFLIGHT
+            endpoint = self._endpoints.setdefault(endpoint_id, _Endpoint())
+            if len(endpoint.started) < self.per_subscription:
+                endpoint.started.append(now)
+                run = True
+            elif not self._closing and self._healthy(claim, endpoint, now):
+                endpoint.waiting.append((claim, now))
+                return DeliveryState.INFLIGHT
+            else:
+                run = False
+        if run:
+            self._executor.submit(self._attempt, claim, now)
+            return DeliveryState.INFLIGHT
+        self._give_back([claim])
+        return DeliveryState.PENDING
 
-    def _defer_seconds(self, claim: Claim) -> float:
-        # A failing endpoint frees its slots about once per deadline; a healthy busy one within a
-        # second. Jitter keeps deferred deliveries from coming back together.
-        failing = claim.subscription is not None and claim.subscription.consecutive_failures > 0
-        base = self.runner.settings.webhooks_deadline_seconds if failing else 1.0
-        return base * random.uniform(0.5, 1.5)  # noqa: S311 (spreading load, not security)
+    def _healthy(self, claim: Claim, endpoint: _Endpoint, now: float) -> bool:
+        failing = claim.subscription is None or claim.subscription.consecutive_failures > 0
+        return not failing and not self._slow(endpoint, now)
 
-    def _attempt(self, claim: Claim) -> None:
+    def _slow(self, endpoint: _Endpoint, now: float) -> bool:
+        return bool(endpoint.started) and now - min(endpoint.started) > self.slow_after
+
+    def _attempt(self, claim: Claim, started: float) -> None:
         try:
             if self._context is None:
                 self.runner.attempt(claim)
@@ -122,17 +178,83 @@ class DeliveryPool:
             # The lease runs out and the sweeper hands the delivery to another attempt.
             log.exception("harvest: attempt of delivery %s failed", claim.delivery.id)
         finally:
-            self._release(claim.delivery.subscription_id)
+            self._finish(claim.delivery.subscription_id, started)
 
-    def _release(self, subscription_id: str | None) -> None:
+    def _finish(self, endpoint_id: str, started: float) -> None:
+        """Free an attempt's slot; its endpoint's next waiting delivery (which holds a slot of its
+        own) starts in its place."""
+        stale: list[Claim] = []
+        successor: Claim | None = None
         with self._cond:
             self._busy -= 1
-            if subscription_id is not None:
-                self._by_subscription[subscription_id] -= 1
-                if self._by_subscription[subscription_id] <= 0:
-                    del self._by_subscription[subscription_id]
-            self._cond.notify()
+            self._cond.notify_all()
+            endpoint = self._endpoints[endpoint_id]
+            endpoint.started.remove(started)
+            now = time.monotonic()
+            while endpoint.waiting and successor is None:
+                claim, since = endpoint.waiting.popleft()
+                if self._closing or now - since > self._max_wait:
+                    stale.append(claim)
+                else:
+                    successor = claim
+                    endpoint.started.append(now)
+            if not endpoint.started and not endpoint.waiting:
+                del self._endpoints[endpoint_id]
+        if successor is not None:
+            self._executor.submit(self._attempt, successor, now)
+        self._give_back(stale)
+
+    def _give_back_stale(self) -> None:
+        """Give back the deliveries waiting for an endpoint that turned slow, or for too long."""
+        stale: list[Claim] = []
+        now = time.monotonic()
+        with self._cond:
+            for endpoint in self._endpoints.values():
+                slow = self._closing or self._slow(endpoint, now)
+                keep: deque[tuple[Claim, float]] = deque()
+                for claim, since in endpoint.waiting:
+                    if slow or now - since > self._max_wait:
+                        stale.append(claim)
+                    else:
+                        keep.append((claim, since))
+                endpoint.waiting = keep
+        self._give_back(stale)
+
+    def _give_back(self, claims: Sequence[Claim]) -> None:
+        """Return claimed deliveries unsent, without using an attempt, and free their slots."""
+        for claim in claims:
+            try:
+                self.runner.defer(claim, self._defer_seconds(claim))
+            except Exception:  # the lease runs out and the sweeper queues it again
+                log.exception("harvest: could not give back delivery %s", claim.delivery.id)
+            finally:
+                self._release(1)
+
+    def _defer_seconds(self, claim: Claim) -> float:
+        # A failing endpoint frees its slots about once per deadline; a healthy busy one within a
+        # second. Jitter keeps deferred deliveries from coming back together.
+        failing = claim.subscription is not None and claim.subscription.consecutive_failures > 0
+        base = self.runner.settings.webhooks_deadline_seconds if failing else 1.0
+        return base * random.uniform(0.5, 1.5)  # noqa: S311 (spreading load, not security)
+
+    def _release(self, slots: int) -> None:
+        if slots <= 0:
+            return
+        with self._cond:
+            self._busy -= slots
+            self._cond.notify_all()
 
     def shutdown(self, wait: bool = True) -> None:
-        """Stop taking attempts; with ``wait``, let those in flight finish (at most one deadline)."""
+        """Stop the pool. With ``wait``, let the attempts in flight finish (each within a deadline)
+        and the deliveries waiting their turn have theirs; without, give those back for later."""
+        if wait:
+            while True:
+                with self._cond:
+                    if self._busy <= 0:
+                        break
+                    self._cond.wait(_CHECK_SECONDS)
+                self._give_back_stale()
+        with self._cond:
+            self._closing = True
+        self._give_back_stale()
         self._executor.shutdown(wait=wait)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import timedelta
 
 from .._version import __version__
@@ -74,6 +74,15 @@ class DeliveryRunner:
         if claim is None:
             log.debug("harvest: delivery %s is not claimable; nothing to do", delivery_id)
         return claim
+
+    def claim_many(self, delivery_ids: Sequence[str]) -> list[Claim]:
+        """Lease the due ones among ``delivery_ids`` to this worker, in one round trip."""
+        return self.store.claim_deliveries(
+            delivery_ids,
+            now=utcnow(),
+            lease_seconds=self.settings.webhooks_lease_seconds,
+            max_attempts=self.settings.webhooks_max_attempts,
+        )
 
     def attempt(self, claim: Claim) -> DeliveryState | None:
         """Send a claimed delivery (unless it must be skipped), record the outcome, plan a retry."""
