@@ -429,6 +429,32 @@ def test_finish_success_resets_failures(store: OutboundWebhookHandler, now: date
         store.finish_attempt(delivery.id, claim.lease_token, result)
 
 
+def test_success_resets_a_failure_counted_after_its_claim(
+    store: OutboundWebhookHandler, now: datetime
+) -> None:
+    # The claim saw no failures, but another worker counted one before this success was recorded.
+    subscription_id, succeeding = seed(store, now)
+    failing = make_delivery(subscription_id, now)
+    store.log_deliveries([failing])
+    claim = store.claim_delivery(succeeding.id, now=now, lease_seconds=LEASE, max_attempts=5)
+    assert claim is not None
+    assert claim.subscription is not None
+    assert claim.subscription.consecutive_failures == 0
+    fail_once(store, failing, now, threshold=50)
+    assert stored_subscription(store, subscription_id).consecutive_failures == 1
+
+    result = result_for(
+        claim.delivery,
+        now,
+        state=DeliveryState.DELIVERED,
+        effect=SubscriptionEffect.RESET_FAILURES,
+        status=200,
+    )
+    assert store.finish_attempt(succeeding.id, claim.lease_token, result) is None
+
+    assert stored_subscription(store, subscription_id).consecutive_failures == 0
+
+
 def test_finish_failure_schedules_a_retry(store: OutboundWebhookHandler, now: datetime) -> None:
     subscription_id, delivery = seed(store, now)
     claim = store.claim_delivery(delivery.id, now=now, lease_seconds=LEASE, max_attempts=5)

@@ -8,15 +8,29 @@ worker talks to a receiver.
 
 from __future__ import annotations
 
+import functools
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Connection, Engine, Row, and_, delete, func, insert, or_, select, update
+from sqlalchemy import (
+    Connection,
+    Engine,
+    Row,
+    and_,
+    bindparam,
+    delete,
+    func,
+    insert,
+    or_,
+    select,
+    update,
+)
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError, StatementError
+from sqlalchemy.sql import Executable
 
 from ...errors import (
     ConfigurationError,
@@ -108,6 +122,8 @@ class SqlOutboundWebhookStore(OutboundWebhookHandler):
             )
         self.engine = engine
         self._insert = _INSERTS[engine.dialect.name]
+        # Only PostgreSQL has data-modifying CTEs; on SQLite a statement is an in-process call.
+        self._fold_attempt_insert = engine.dialect.name == "postgresql"
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.engine.url.render_as_string(hide_password=True)}>"
@@ -379,75 +395,69 @@ class SqlOutboundWebhookStore(OutboundWebhookHandler):
         self, delivery_id: str, lease_token: str, result: AttemptResult
     ) -> WebhookSubscriptionStatus | None:
         attempt = result.attempt
-        values: dict[str, Any] = {
-            "state": DeliveryState(result.state).value,
-            "attempt": result.attempt_number,
-            "next_attempt_at": result.next_attempt_at,
-            "last_error": result.last_error,
-            "timestamp": result.timestamp,
-            "lease_expires_at": None,
-            "lease_token": None,
+        params: dict[str, Any] = {
+            "p_id": delivery_id,
+            "p_token": lease_token,
+            "d_state": DeliveryState(result.state).value,
+            "d_attempt": result.attempt_number,
+            "d_next_attempt_at": result.next_attempt_at,
+            "d_last_error": result.last_error,
+            "d_timestamp": result.timestamp,
         }
         if result.request_headers:
-            values["request_headers"] = dict(result.request_headers)
+            params["d_request_headers"] = dict(result.request_headers)
+        attempt_params: dict[str, Any] = {}
         if attempt is not None:
-            values.update(
-                response_status=attempt.response_status,
-                response_body=attempt.response_body,
-                elapsed_ms=attempt.elapsed_ms,
+            params.update(
+                d_response_status=attempt.response_status,
+                d_response_body=attempt.response_body,
+                d_elapsed_ms=attempt.elapsed_ms,
             )
+            attempt_params = {
+                "a_delivery_id": delivery_id,
+                "a_attempt": attempt.attempt,
+                "a_started_at": attempt.started_at,
+                "a_response_status": attempt.response_status,
+                "a_response_body": attempt.response_body,
+                "a_elapsed_ms": attempt.elapsed_ms,
+                "a_error": attempt.error,
+            }
+        fold = attempt is not None and self._fold_attempt_insert
+        statement = _finish_statement(
+            headers=bool(result.request_headers), attempt=attempt is not None, fold=fold
+        )
         with self._transaction("record a delivery attempt") as conn:
-            row = conn.execute(
-                update(_dels)
-                .where(
-                    _dels.c.id == delivery_id,
-                    _dels.c.state == _INFLIGHT,
-                    _dels.c.lease_token == lease_token,
-                )
-                .values(values)
-                .returning(_dels.c.subscription_id)
-            ).first()
+            row = conn.execute(statement, {**params, **attempt_params} if fold else params).first()
             if row is None:
                 raise InvalidStateError(
                     f"the lease on delivery {delivery_id!r} was lost (it expired or was never held); "
                     "nothing was recorded"
                 )
-            if attempt is not None:
-                conn.execute(
-                    insert(_atts).values(
-                        delivery_id=delivery_id,
-                        attempt=attempt.attempt,
-                        started_at=attempt.started_at,
-                        response_status=attempt.response_status,
-                        response_body=attempt.response_body,
-                        elapsed_ms=attempt.elapsed_ms,
-                        error=attempt.error,
-                    )
-                )
-            return self._apply_effect(conn, row.subscription_id, result)
+            if attempt_params and not fold:
+                conn.execute(_APPEND_ATTEMPT, attempt_params)
+            return self._apply_effect(conn, row.subscription_id, row.failures, result)
 
     def _apply_effect(
-        self, conn: Connection, subscription_id: str, result: AttemptResult
+        self,
+        conn: Connection,
+        subscription_id: str,
+        failures: int | None,
+        result: AttemptResult,
     ) -> WebhookSubscriptionStatus | None:
-        """Apply ``result.effect`` with conditional UPDATEs; return a status this call set."""
+        """Apply ``result.effect`` with conditional UPDATEs; return a status this call set.
+
+        ``failures`` is the subscription's failure count as this transaction read it (``None``
+        if the subscription is gone).
+        """
         effect = SubscriptionEffect(result.effect)
-        this_sub = _subs.c.id == subscription_id
+        params = {"p_sub": subscription_id, "p_now": utcnow()}
         if effect is SubscriptionEffect.RESET_FAILURES:
-            # Skip the write when already zero: busy subscriptions must not serialise on the row.
-            conn.execute(
-                update(_subs)
-                .where(this_sub, _subs.c.consecutive_failures != 0)
-                .values(consecutive_failures=0, updated_at=utcnow())
-            )
+            if failures:
+                conn.execute(_RESET_FAILURES, params)
             return None
         if effect is SubscriptionEffect.COUNT_FAILURE:
-            failures = conn.execute(
-                update(_subs)
-                .where(this_sub)
-                .values(consecutive_failures=_subs.c.consecutive_failures + 1, updated_at=utcnow())
-                .returning(_subs.c.consecutive_failures)
-            ).scalar()
-            if failures is None or failures < result.failure_threshold:
+            counted = conn.execute(_COUNT_FAILURE, params).scalar()
+            if counted is None or counted < result.failure_threshold:
                 return None
             return self._deactivate(conn, subscription_id, WebhookSubscriptionStatus.FAILED)
         if effect is SubscriptionEffect.DISABLE:
@@ -531,3 +541,78 @@ class SqlOutboundWebhookStore(OutboundWebhookHandler):
                     .limit(limit)
                 ).scalars()
             )
+
+
+# -- finish_attempt's statements ----------------------------------------------------------------
+# Built once, with bind parameters: building and cache-keying a statement on every call cost about
+# as much CPU as sending it. Parameter names carry a prefix so none is taken for a column name.
+
+_ATTEMPT_COLUMNS = (
+    "delivery_id",
+    "attempt",
+    "started_at",
+    "response_status",
+    "response_body",
+    "elapsed_ms",
+    "error",
+)
+
+#: The attempt row, where it cannot ride in the delivery's UPDATE (SQLite).
+_APPEND_ATTEMPT = insert(_atts).values({name: bindparam(f"a_{name}") for name in _ATTEMPT_COLUMNS})
+
+# A success resets the count only when it is not zero already: busy subscriptions must not
+# serialise on their row.
+_RESET_FAILURES = (
+    update(_subs)
+    .where(_subs.c.id == bindparam("p_sub"), _subs.c.consecutive_failures != 0)
+    .values(consecutive_failures=0, updated_at=bindparam("p_now"))
+)
+
+_COUNT_FAILURE = (
+    update(_subs)
+    .where(_subs.c.id == bindparam("p_sub"))
+    .values(consecutive_failures=_subs.c.consecutive_failures + 1, updated_at=bindparam("p_now"))
+    .returning(_subs.c.consecutive_failures)
+)
+
+
+@functools.cache
+def _finish_statement(*, headers: bool, attempt: bool, fold: bool) -> Executable:
+    """The UPDATE that records an outcome if the lease is still held, returning the delivery's
+    subscription id and that subscription's failure count (``None`` if it is gone).
+
+    The count is read in the same statement so that a success can skip the reset when there is
+    nothing to reset; a failure counted by a call that returned before this one is visible to it.
+    ``headers``: the request headers are written; ``attempt``: the response columns are written;
+    ``fold``: the attempt row is inserted by the same statement, in a CTE (PostgreSQL only), and
+    only if the UPDATE found the lease.
+    """
+    columns = ["state", "attempt", "next_attempt_at", "last_error", "timestamp"]
+    if headers:
+        columns.append("request_headers")
+    if attempt:
+        columns += ["response_status", "response_body", "elapsed_ms"]
+    values: dict[str, Any] = {name: bindparam(f"d_{name}") for name in columns}
+    values.update(lease_expires_at=None, lease_token=None)
+    failures = (
+        select(_subs.c.consecutive_failures)
+        .where(_subs.c.id == _dels.c.subscription_id)
+        .scalar_subquery()
+        .label("failures")
+    )
+    recorded = (
+        update(_dels)
+        .where(
+            _dels.c.id == bindparam("p_id"),
+            _dels.c.state == _INFLIGHT,
+            _dels.c.lease_token == bindparam("p_token"),
+        )
+        .values(values)
+        .returning(_dels.c.subscription_id, failures)
+    )
+    if not fold:
+        return recorded
+    updated = recorded.cte("recorded")
+    row = select(*(bindparam(f"a_{name}", type_=_atts.c[name].type) for name in _ATTEMPT_COLUMNS))
+    appended = insert(_atts).from_select(list(_ATTEMPT_COLUMNS), row.select_from(updated))
+    return select(updated.c.subscription_id, updated.c.failures).add_cte(appended.cte("appended"))
