@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
 import json
 from datetime import datetime, timedelta, timezone
 
@@ -249,6 +251,23 @@ def test_replace_validates_again():
         sub.replace(target_url="ftp://example.com")
     assert info.value.field == "target_url"
     assert sub.replace(event_topics=["x", "x"]).event_topics == ("x",)
+
+
+def test_from_trusted_builds_the_same_subscription_without_validating():
+    sub = make(previous_secret=SECRET, previous_secret_expires_at=datetime(2026, 1, 1, tzinfo=timezone.utc))
+    fields = {f.name: getattr(sub, f.name) for f in dataclasses.fields(WebhookSubscription)}
+
+    trusted = WebhookSubscription.from_trusted(**fields)
+
+    assert trusted == sub
+    assert hash(trusted) == hash(sub)
+    assert repr(trusted) == repr(sub)
+    # Every field is a parameter, so a field added later cannot be left unset.
+    assert set(inspect.signature(WebhookSubscription.from_trusted).parameters) == set(fields)
+    # Trusted means unchecked: only a store reading its own validated rows may use it.
+    assert WebhookSubscription.from_trusted(**{**fields, "target_url": "not a url"}).target_url == "not a url"
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        trusted.description = "changed"  # type: ignore[misc]
 
 
 def test_subscription_to_dict():

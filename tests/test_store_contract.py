@@ -258,6 +258,29 @@ def test_log_many_deliveries_in_one_call(store: OutboundWebhookHandler, now: dat
     assert sorted(found, key=lambda d: d.id) == sorted(deliveries, key=lambda d: d.id)
 
 
+def test_log_deliveries_for_topic(store: OutboundWebhookHandler, now: datetime) -> None:
+    exact = store.add_subscription(make_subscription())
+    disabled = store.add_subscription(make_subscription(status=Disabled))
+    wildcard = store.add_subscription(make_subscription(event_topics=["order.*"]))
+    store.add_subscription(make_subscription(event_topics=["invoice.paid"]))
+    built: list[str] = []
+
+    def build(subscription: WebhookSubscription) -> DeliveryLog:
+        built.append(subscription.id)
+        return make_delivery(subscription.id, now)
+
+    pairs = store.log_deliveries_for_topic("order.created", build)
+
+    assert sorted(built) == sorted([exact.id, disabled.id, wildcard.id])
+    assert sorted(s.id for s, _ in pairs) == sorted(built)
+    for subscription, delivery in pairs:
+        assert subscription == store.get_subscription(subscription.id)
+        assert delivery.subscription_id == subscription.id
+        assert store.get_delivery(delivery.id) == delivery
+    assert store.log_deliveries_for_topic("refund.issued", build) == []
+    assert len(built) == 3
+
+
 def test_delivery_round_trips(store: OutboundWebhookHandler, now: datetime) -> None:
     delivery = make_delivery(
         "sub_1",

@@ -102,12 +102,15 @@ class OutboundWebhookManager:
         validate_topic(topic, pattern=False)
         body = encode_payload(payload)
         now = utcnow()
-        subscriptions = self.store.subscriptions_for_topic(topic)
-        deliveries = [self._delivery(topic, body, s, now, new_id("msg")) for s in subscriptions]
-        self.store.log_deliveries(deliveries)
+        # Fresh ids: the store may insert them without a duplicate check, in the transaction that
+        # reads the subscriptions.
+        pairs = self.store.log_deliveries_for_topic(
+            topic, lambda subscription: self._delivery(topic, body, subscription, now, new_id("msg"))
+        )
+        deliveries = [delivery for _, delivery in pairs]
         pending = [d for d in deliveries if d.state is DeliveryState.PENDING]
         try:
-            self._hand_over(pending, {s.id: s for s in subscriptions})
+            self._hand_over(pending, {s.id: s for s, _ in pairs})
         except JobBackendError as exc:
             ids = [d.id for d in pending]
             moved = self.store.dead_letter(ids, f"enqueue failed: {exc}", now=utcnow())

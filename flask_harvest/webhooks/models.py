@@ -177,6 +177,41 @@ class WebhookSubscription:
         if self.consecutive_failures < 0:
             raise InvalidFieldError("consecutive_failures", "must not be negative")
 
+    @classmethod
+    def from_trusted(
+        cls,
+        *,
+        id: str,
+        target_url: str,
+        event_topics: tuple[str, ...],
+        secret: str,
+        status: WebhookSubscriptionStatus,
+        consecutive_failures: int,
+        description: str,
+        created_at: datetime,
+        updated_at: datetime,
+        previous_secret: str | None,
+        previous_secret_expires_at: datetime | None,
+    ) -> WebhookSubscription:
+        """Build a subscription without validating it, from values that were validated when
+        stored (a store reading its own rows); every field is required and taken as given."""
+        subscription = cls.__new__(cls)
+        # The dataclass is frozen, so its fields are set the way __init__ sets them: in __dict__.
+        subscription.__dict__.update(
+            id=id,
+            target_url=target_url,
+            event_topics=event_topics,
+            secret=secret,
+            status=status,
+            consecutive_failures=consecutive_failures,
+            description=description,
+            created_at=created_at,
+            updated_at=updated_at,
+            previous_secret=previous_secret,
+            previous_secret_expires_at=previous_secret_expires_at,
+        )
+        return subscription
+
     @property
     def is_active(self) -> bool:
         return self.status is WebhookSubscriptionStatus.ACTIVE

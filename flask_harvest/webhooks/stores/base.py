@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import abc
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime
 
 from ...errors import SubscriptionNotFoundError
@@ -117,6 +117,21 @@ class OutboundWebhookHandler(abc.ABC):
         A delivery whose id already exists is left as it is (so relaying an outbox message twice
         is harmless) and its id is not returned.
         """
+
+    def log_deliveries_for_topic(
+        self, topic: str, build: Callable[[WebhookSubscription], DeliveryLog]
+    ) -> list[tuple[WebhookSubscription, DeliveryLog]]:
+        """Log one delivery, made by ``build``, per subscription whose topics select ``topic``
+        (whatever its status); return the ``(subscription, delivery)`` pairs.
+
+        ``build`` must give every delivery a new id: a store may insert without looking for
+        existing ones, unlike :meth:`log_deliveries`. This default calls
+        :meth:`subscriptions_for_topic` and :meth:`log_deliveries`; the SQL store does both in
+        one transaction.
+        """
+        pairs = [(subscription, build(subscription)) for subscription in self.subscriptions_for_topic(topic)]
+        self.log_deliveries([delivery for _, delivery in pairs])
+        return pairs
 
     @abc.abstractmethod
     def get_delivery(self, delivery_id: str) -> DeliveryLog | None:

@@ -50,6 +50,7 @@ from ..models import (
     SubscriptionEffect,
     WebhookSubscription,
     WebhookSubscriptionStatus,
+    topic_matches,
     utcnow,
 )
 from ._schema import (
@@ -178,6 +179,20 @@ class SqlOutboundWebhookStore(OutboundWebhookHandler):
             row = conn.execute(select(_subs).where(_subs.c.id == subscription_id)).first()
         return row_to_subscription(row) if row is not None else None
 
+    def subscriptions_for_topic(self, topic: str) -> list[WebhookSubscription]:
+        with self._transaction("read the subscriptions of a topic") as conn:
+            return self._subscriptions_for_topic(conn, topic)
+
+    @staticmethod
+    def _subscriptions_for_topic(conn: Connection, topic: str) -> list[WebhookSubscription]:
+        # Matched on the raw rows, so no model is built for the subscriptions of other topics.
+        rows = conn.execute(_ALL_SUBSCRIPTIONS).all()
+        return [
+            row_to_subscription(row)
+            for row in rows
+            if any(topic_matches(pattern, topic) for pattern in row.event_topics)
+        ]
+
     def list_subscriptions(self) -> list[WebhookSubscription]:
         with self._transaction("list subscriptions") as conn:
             rows = conn.execute(select(_subs).order_by(_subs.c.created_at, _subs.c.id)).all()
@@ -225,6 +240,19 @@ class SqlOutboundWebhookStore(OutboundWebhookHandler):
             return []
         with self._transaction("log deliveries") as conn:
             return self._insert_deliveries(conn, deliveries)
+
+    def log_deliveries_for_topic(
+        self, topic: str, build: Callable[[WebhookSubscription], DeliveryLog]
+    ) -> list[tuple[WebhookSubscription, DeliveryLog]]:
+        # One transaction, and a plain INSERT: the ids are new, so neither ON CONFLICT nor
+        # RETURNING (which only the outbox relay needs) is worth its cost here. An executemany of
+        # one prebuilt statement: psycopg pipelines the rows in one round trip, and building a
+        # multi-row VALUES statement per call measured 2 to 3 times slower in Python.
+        with self._transaction("log deliveries") as conn:
+            pairs = [(s, build(s)) for s in self._subscriptions_for_topic(conn, topic)]
+            if pairs:
+                conn.execute(_INSERT_DELIVERY, [delivery_values(delivery) for _, delivery in pairs])
+        return pairs
 
     def _insert_deliveries(self, conn: Connection, deliveries: Sequence[DeliveryLog]) -> list[str]:
         """Insert on ``conn`` (the caller's transaction); return the ids that were new."""
@@ -542,6 +570,11 @@ class SqlOutboundWebhookStore(OutboundWebhookHandler):
                 ).scalars()
             )
 
+
+# -- statements built once ----------------------------------------------------------------------
+
+_ALL_SUBSCRIPTIONS = select(_subs)
+_INSERT_DELIVERY = insert(_dels)
 
 # -- finish_attempt's statements ----------------------------------------------------------------
 # Built once, with bind parameters: building and cache-keying a statement on every call cost about
