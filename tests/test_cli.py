@@ -13,7 +13,10 @@ import sqlalchemy as sa
 from click.testing import Result
 from flask import Flask
 from rq import Queue
+from rq.job import Job
 
+from flask_harvest.jobs.base import delivery_id_of
+from flask_harvest.jobs.rq import BATCH_TASK
 from flask_harvest.webhooks.models import (
     AttemptResult,
     DeliveryAttempt,
@@ -366,7 +369,13 @@ def rq_app(store: OutboundWebhookHandler, redis_conn: redis.Redis, redis_url: st
 def enqueued(rq_app: Flask, redis_conn: redis.Redis) -> Callable[[], list[str]]:
     """Return a function listing the delivery ids of the jobs waiting in the real RQ queue."""
     queue = Queue(get_state(rq_app).settings.webhooks_queue, connection=redis_conn)
-    return lambda: sorted(job.args[0] for job in queue.jobs)
+
+    def delivery_ids(job: Job) -> list[str]:
+        if job.func_name == BATCH_TASK:  # (batch id, the members' own job ids)
+            return [delivery_id_of(member) for member in job.args[1]]
+        return [job.args[0]]
+
+    return lambda: sorted(i for job in queue.jobs for i in delivery_ids(job))
 
 
 def test_replay_one(rq_app: Flask, store: OutboundWebhookHandler, enqueued: Callable[[], list[str]]) -> None:

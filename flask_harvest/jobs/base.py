@@ -35,7 +35,7 @@ def delivery_id_of(identifier: str) -> str:
 class JobBackend(abc.ABC):
     """Runs delivery attempts: now (:meth:`enqueue`) or later (:meth:`schedule`).
 
-    A job carries only the delivery id; the attempt re-reads the row, and the claim decides who
+    A job carries only delivery ids; the attempt re-reads the row, and the claim decides who
     sends, so a duplicate job is harmless.
     """
 
@@ -44,7 +44,8 @@ class JobBackend(abc.ABC):
 
     @abc.abstractmethod
     def enqueue(self, deliveries: Sequence[DeliveryLog]) -> None:
-        """Queue one job per delivery, all in one round trip where the backend allows.
+        """Queue the deliveries (a job each, or a few per job), in one round trip where the backend
+        allows.
 
         :raises JobBackendError: the jobs could not be queued.
         """

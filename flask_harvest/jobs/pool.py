@@ -105,9 +105,14 @@ class DeliveryPool:
 
     def wait_for_slots(self) -> None:
         """Block until a batch of slots is free (the worker calls it before taking more jobs)."""
+        self._wait_until(lambda: self.size - self._busy >= self.batch)
+
+    def _wait_until(self, ready: Callable[[], bool]) -> None:
+        """Wait until ``ready()`` (called under the lock), giving back every so often the
+        deliveries that wait for an endpoint that turned slow, since they hold slots too."""
         while True:
             with self._cond:
-                if self.size - self._busy >= self.batch:
+                if ready():
                     return
                 self._cond.wait(_CHECK_SECONDS)
             self._give_back_stale()
@@ -122,24 +127,28 @@ class DeliveryPool:
         return states[0] if states else None
 
     def deliver_many(self, delivery_ids: Sequence[str]) -> list[DeliveryState]:
-        """Claim the due ones among ``delivery_ids`` in one go and start their attempts.
+        """Claim the due ones among ``delivery_ids``, as many at a time as there are free slots,
+        and start their attempts.
 
         Slots are taken *before* claiming, so a claim's lease never ticks while it queues for one.
         Returns the state of each delivery claimed, as :meth:`deliver` does.
         """
-        wanted = len(dict.fromkeys(delivery_ids))
-        if wanted == 0:
-            return []
-        with self._cond:
-            while self._busy and self._busy + wanted > self.size:
-                self._cond.wait()
-            self._busy += wanted
-        claims: list[Claim] = []
-        try:
-            claims = self.runner.claim_many(delivery_ids)
-        finally:
-            self._release(wanted - len(claims))
-        return [self._start(claim) for claim in claims]
+        waiting = list(dict.fromkeys(delivery_ids))
+        states: list[DeliveryState] = []
+        while waiting:
+            self._wait_until(lambda: self._busy < self.size)
+            with self._cond:
+                # Only this thread takes slots, so the ones just seen free are still free.
+                taken = max(1, min(len(waiting), self.size - self._busy))
+                self._busy += taken
+            chunk, waiting = waiting[:taken], waiting[taken:]
+            claims: list[Claim] = []
+            try:
+                claims = self.runner.claim_many(chunk)
+            finally:
+                self._release(taken - len(claims))
+            states.extend(self._start(claim) for claim in claims)
+        return states
 
     def _start(self, claim: Claim) -> DeliveryState:
         endpoint_id = claim.delivery.subscription_id

@@ -6,6 +6,7 @@ import contextlib
 import logging
 import math
 import threading
+import uuid
 from collections.abc import Callable, Sequence
 from datetime import datetime, timezone
 from typing import Any
@@ -30,37 +31,83 @@ _STARTED_GRACE_SECONDS = 10.0
 # grace period, and a scheduled job that overdue means no scheduler is moving it (the worker that
 # held RQ's scheduler lock died), so queueing it again is what gets the retry sent.
 _LIVE = {JobStatus.QUEUED, JobStatus.STARTED, JobStatus.DEFERRED}
-# Takes up to ARGV[1] delivery jobs from the head of the queue KEYS[1] and deletes their job hashes
-# (prefix ARGV[2]), atomically. It stops at the first job that is not a delivery job and leaves it
-# at the head, for RQ to run.
+# How long Redis keeps a failed job, and a batch's member list (which its job outlives only if
+# nothing takes it).
+_FAILURE_TTL = 24 * 3600
+#: Several deliveries queued together (one dispatch's fan-out) travel as one job of this task.
+BATCH_TASK = "flask_harvest.jobs.tasks.deliver_webhook_batch"
+# Takes delivery jobs from the head of the queue KEYS[1] while they fit in ARGV[1] deliveries,
+# atomically, and deletes what they leave in Redis: their job hashes (prefix ARGV[2]) and, for a
+# batch job, its member list (prefix ARGV[4]) and its members' entries in the alias hash KEYS[2].
+# Returns the job ids of the deliveries taken. It stops at the first job that is not a delivery
+# job (prefix ARGV[3]) or does not fit, and leaves it at the head for RQ to run.
 _TAKE_JOBS = """
 local taken = {}
-for _ = 1, tonumber(ARGV[1]) do
-    local id = redis.call('LPOP', KEYS[1])
-    if not id then break end
-    if string.sub(id, 1, #ARGV[3]) ~= ARGV[3] then
-        redis.call('LPUSH', KEYS[1], id)
-        break
+local room = tonumber(ARGV[1])
+while room > 0 do
+    local id = redis.call('LINDEX', KEYS[1], 0)
+    if not id or string.sub(id, 1, #ARGV[3]) ~= ARGV[3] then break end
+    local members = redis.call('GET', ARGV[4] .. id)
+    local size = 1
+    if members then
+        size = 0
+        for _ in string.gmatch(members, '%S+') do size = size + 1 end
     end
+    if size > room then break end
+    redis.call('LPOP', KEYS[1])
     redis.call('DEL', ARGV[2] .. id)
-    taken[#taken + 1] = id
+    if members then
+        redis.call('DEL', ARGV[4] .. id)
+        for member in string.gmatch(members, '%S+') do
+            redis.call('HDEL', KEYS[2], member)
+            taken[#taken + 1] = member
+        end
+    else
+        taken[#taken + 1] = id
+    end
+    room = room - size
 end
 return taken
 """
+_BATCH_PREFIX = "harvest:batch:"
+
+
+def _alias_key(queue: Queue) -> str:
+    """The hash that maps a batched delivery's own job id to the id of the batch job carrying it."""
+    return f"harvest:batch-of:{queue.name}"
 
 
 def take_delivery_jobs(queue: Queue, count: int) -> list[str]:
-    """Take up to ``count`` delivery jobs off the head of ``queue``; return their delivery ids.
+    """Take delivery jobs for up to ``count`` deliveries off the head of ``queue``; return the
+    delivery ids.
 
     The jobs are removed from Redis without running: the caller claims and attempts their rows
     itself. That spares RQ's bookkeeping (about 60 Redis commands a job) for all but one job of a
-    batch. If the caller dies before claiming, the rows are still ``PENDING`` with no job, and the
-    sweeper queues them again.
+    worker's batch. If the caller dies before claiming, the rows are still ``PENDING`` with no
+    job, and the sweeper queues them again.
     """
     if count <= 0:
         return []
-    taken = queue.connection.eval(_TAKE_JOBS, 1, queue.key, count, Job.redis_job_namespace_prefix, JOB_PREFIX)
+    taken = queue.connection.eval(
+        _TAKE_JOBS,
+        2,
+        queue.key,
+        _alias_key(queue),
+        count,
+        Job.redis_job_namespace_prefix,
+        JOB_PREFIX,
+        _BATCH_PREFIX,
+    )
     return [delivery_id_of(job.decode() if isinstance(job, bytes) else job) for job in taken]
+
+
+def forget_batch(queue: Queue, batch_id: str, members: Sequence[str]) -> None:
+    """Delete what a batch job left in Redis besides its job hash (RQ deletes that)."""
+    with queue.connection.pipeline() as pipe:
+        pipe.delete(_BATCH_PREFIX + batch_id)
+        if members:
+            pipe.hdel(_alias_key(queue), *members)
+        pipe.execute()
 
 
 def _due_second(when: datetime | None) -> datetime:
@@ -82,10 +129,13 @@ class RqBackend(JobBackend):
 
     durable = True
 
-    def __init__(self, connection: redis.Redis, queue_name: str, *, job_timeout: int) -> None:
+    def __init__(
+        self, connection: redis.Redis, queue_name: str, *, job_timeout: int, batch_size: int = 8
+    ) -> None:
         self.connection = connection
         self.queue = Queue(queue_name, connection=connection)
         self.job_timeout = job_timeout
+        self.batch_size = max(1, batch_size)
 
     def __repr__(self) -> str:
         return f"<RqBackend queue={self.queue.name!r}>"
@@ -95,20 +145,50 @@ class RqBackend(JobBackend):
             "job_id": job_id(delivery),
             "timeout": self.job_timeout,
             "result_ttl": 0,
-            "failure_ttl": 24 * 3600,
+            "failure_ttl": _FAILURE_TTL,
             "description": f"deliver {delivery.id}",
         }
 
     def enqueue(self, deliveries: Sequence[DeliveryLog]) -> None:
+        """Queue the deliveries, up to ``batch_size`` of them per job, in one transaction.
+
+        A batch job carries its deliveries' own job ids (:func:`~flask_harvest.jobs.base.job_id`).
+        Redis keeps the list beside it, for workers taking it without running it
+        (:func:`take_delivery_jobs`), and an alias from each member to the batch, for the
+        sweeper's question whether a delivery's job is alive (:meth:`live_jobs`).
+        """
         if not deliveries:
             return
-        jobs = [Queue.prepare_data(TASK, args=(d.id,), **self._options(d)) for d in deliveries]
-        try:
-            with self.connection.pipeline() as pipe:
+        jobs = []
+        aliases: dict[str, str] = {}
+        with self.connection.pipeline() as pipe:
+            for start in range(0, len(deliveries), self.batch_size):
+                chunk = deliveries[start : start + self.batch_size]
+                if len(chunk) == 1:
+                    jobs.append(Queue.prepare_data(TASK, args=(chunk[0].id,), **self._options(chunk[0])))
+                    continue
+                batch_id = f"{JOB_PREFIX}batch-{uuid.uuid4().hex}"
+                members = [job_id(d) for d in chunk]
+                pipe.set(_BATCH_PREFIX + batch_id, " ".join(members), ex=_FAILURE_TTL)
+                aliases.update(dict.fromkeys(members, batch_id))
+                jobs.append(
+                    Queue.prepare_data(
+                        BATCH_TASK,
+                        args=(batch_id, members),
+                        job_id=batch_id,
+                        timeout=self.job_timeout,
+                        result_ttl=0,
+                        failure_ttl=_FAILURE_TTL,
+                        description=f"deliver {len(chunk)} deliveries",
+                    )
+                )
+            if aliases:
+                pipe.hset(_alias_key(self.queue), mapping=aliases)  # type: ignore[arg-type]
+            try:
                 self.queue.enqueue_many(jobs, pipeline=pipe)
                 pipe.execute()
-        except redis.RedisError as exc:
-            raise JobBackendError(f"Redis refused the jobs ({type(exc).__name__})") from exc
+            except redis.RedisError as exc:
+                raise JobBackendError(f"Redis refused the jobs ({type(exc).__name__})") from exc
 
     def schedule(self, delivery: DeliveryLog) -> None:
         try:
@@ -122,23 +202,41 @@ class RqBackend(JobBackend):
             raise JobBackendError(f"Redis refused the retry job ({type(exc).__name__})") from exc
 
     def live_jobs(self, deliveries: Sequence[DeliveryLog]) -> set[str]:
+        identifiers = [job_id(d) for d in deliveries]
         try:
-            with self.connection.pipeline(transaction=False) as pipe:
-                for delivery in deliveries:
-                    identifier = job_id(delivery)
-                    pipe.hmget(Job.key_for(identifier), "status", "started_at")
-                    pipe.lpos(self.queue.key, identifier)
-                answers = pipe.execute()
+            own = self._job_states(identifiers)
+            found = self.connection.hmget(_alias_key(self.queue), identifiers) if identifiers else []
+            aliases = [a.decode() if isinstance(a, bytes) else a for a in found]
+            batch_ids = sorted({a for a in aliases if a is not None})
+            batches = dict(zip(batch_ids, self._job_states(batch_ids), strict=True))
         except redis.RedisError as exc:
             raise JobBackendError(f"Redis did not answer ({type(exc).__name__})") from exc
+        live = set()
+        dead_aliases = []
+        for delivery, identifier, alive, alias in zip(deliveries, identifiers, own, aliases, strict=True):
+            if alive or (alias is not None and batches[alias]):
+                live.add(delivery.id)
+            elif alias is not None:
+                dead_aliases.append(identifier)  # its batch job is gone: the entry is stale
+        if dead_aliases:
+            with contextlib.suppress(redis.RedisError):
+                self.connection.hdel(_alias_key(self.queue), *dead_aliases)
+        return live
+
+    def _job_states(self, identifiers: Sequence[str]) -> list[bool]:
+        """Return, for each job id, whether that job is alive (see :meth:`_alive`)."""
+        if not identifiers:
+            return []
+        with self.connection.pipeline(transaction=False) as pipe:
+            for identifier in identifiers:
+                pipe.hmget(Job.key_for(identifier), "status", "started_at")
+                pipe.lpos(self.queue.key, identifier)
+            answers = pipe.execute()
         now = datetime.now(timezone.utc)
-        return {
-            delivery.id
-            for delivery, (status, started), position in zip(
-                deliveries, answers[::2], answers[1::2], strict=True
-            )
-            if self._alive(status, started, position is not None, now)
-        }
+        return [
+            self._alive(status, started, position is not None, now)
+            for (status, started), position in zip(answers[::2], answers[1::2], strict=True)
+        ]
 
     def _alive(self, status: bytes | None, started_at: bytes | None, in_queue: bool, now: datetime) -> bool:
         if status is None or status.decode() not in _LIVE:
@@ -204,7 +302,7 @@ class HarvestWorker(SimpleWorker):
 
     def execute_job(self, job: Job, queue: Queue) -> Any:
         with self.app.app_context(), self.pool.active() if self.pool else contextlib.nullcontext():
-            if self.pool is not None and job.func_name == TASK:
+            if self.pool is not None and job.func_name in (TASK, BATCH_TASK):
                 self._take_batch(queue)
             return super().execute_job(job, queue)
 
@@ -287,4 +385,11 @@ def job_timeout_for(deadline_seconds: float, connect_timeout: float) -> int:
     return int(deadline_seconds + connect_timeout) + 30
 
 
-__all__ = ["HarvestWorker", "RqBackend", "job_timeout_for", "run_worker", "take_delivery_jobs"]
+__all__ = [
+    "HarvestWorker",
+    "RqBackend",
+    "forget_batch",
+    "job_timeout_for",
+    "run_worker",
+    "take_delivery_jobs",
+]

@@ -88,7 +88,8 @@ class OutboundWebhookManager:
         The payload is serialised to JSON once; those bytes are stored and sent on every attempt.
         One delivery log per matching subscription is written in one round trip: ``PENDING`` for
         an active one, ``SKIPPED`` for a disabled or failed one (their ids are not returned). Then
-        one job per pending delivery is queued.
+        the pending deliveries are queued in one round trip (the ``rq`` backend carries up to
+        ``HARVEST_WORKER_CONCURRENCY`` / 4 of them per job).
 
         Logging and queueing are two steps, not one transaction: a crash between them leaves
         pending rows that the sweeper queues later (SQL store). To tie the event to your own

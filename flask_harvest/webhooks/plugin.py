@@ -218,6 +218,8 @@ def _build_backend(app: Flask, settings: Settings, holder: list[HarvestState]) -
             job_timeout=job_timeout_for(
                 settings.webhooks_deadline_seconds, settings.webhooks_connect_timeout_seconds
             ),
+            # One job per this many deliveries of a fan-out: what a worker takes at a time.
+            batch_size=max(1, settings.worker_concurrency // 4),
         )
 
     def run(delivery_id: str) -> object:

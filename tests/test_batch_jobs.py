@@ -1,0 +1,122 @@
+"""A fan-out travels as batch jobs: fewer RQ jobs, and every delivery still accounted for."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+import redis
+from flask import Flask
+
+from flask_harvest import DeliveryState, OutboundWebhookHandler, WebhookSubscription, generate_secret
+from flask_harvest.jobs.pool import DeliveryPool
+from flask_harvest.jobs.rq import BATCH_TASK, TASK, HarvestWorker, RqBackend, take_delivery_jobs
+from flask_harvest.testing import CapturingReceiver
+from flask_harvest.webhooks.plugin import get_state
+
+from .pipeline import make_app, wait_final
+
+pytestmark = pytest.mark.redis
+SECRET = generate_secret()
+
+
+@pytest.fixture
+def receiver() -> Iterator[CapturingReceiver]:
+    with CapturingReceiver() as running:
+        yield running
+
+
+def fan_out_app(
+    store: OutboundWebhookHandler, redis_url: str, receiver: CapturingReceiver, subscribers: int
+) -> Flask:
+    for n in range(subscribers):
+        store.add_subscription(
+            WebhookSubscription(receiver.url(f"/hook/{n}"), ["a.*"], SECRET, id=f"sub_{n}")
+        )
+    # A worker concurrency of 32 makes batches of 8.
+    return make_app(
+        store, HARVEST_JOBS_BACKEND="rq", HARVEST_REDIS_URL=redis_url, HARVEST_WORKER_CONCURRENCY=32
+    )
+
+
+def backend_of(app: Flask) -> RqBackend:
+    backend = get_state(app).backend
+    assert isinstance(backend, RqBackend)
+    return backend
+
+
+def harvest_keys(redis_conn: redis.Redis) -> list[bytes]:
+    """What delivery jobs leave in Redis: job hashes, batch member lists, alias entries."""
+    keys = redis_conn.keys("rq:job:harvest-*") + redis_conn.keys("harvest:batch:*")
+    return keys + [k for k in redis_conn.keys("harvest:batch-of:*") if redis_conn.hlen(k)]
+
+
+def test_a_fan_out_is_queued_as_jobs_of_a_batch_each_and_all_delivered(
+    store: OutboundWebhookHandler, redis_conn: redis.Redis, redis_url: str, receiver: CapturingReceiver
+) -> None:
+    app = fan_out_app(store, redis_url, receiver, subscribers=20)
+    backend = backend_of(app)
+    with app.app_context():
+        ids = get_state(app).manager.dispatch("a.b", {"n": 1})
+
+    jobs = backend.queue.jobs
+    assert [job.func_name for job in jobs] == [BATCH_TASK] * 3
+    assert sorted(len(job.args[1]) for job in jobs) == [4, 8, 8]
+    assert backend.live_jobs(store.get_deliveries(ids)) == set(ids)
+
+    pool = DeliveryPool(get_state(app).runner, size=32, per_subscription=16, context=app.app_context)
+    HarvestWorker([backend.queue], connection=backend.connection, app=app, pool=pool).work(burst=True)
+
+    assert wait_final(store, ids, timeout=5) == [DeliveryState.DELIVERED]
+    assert len(receiver.wait_for(20, timeout=1)) == 20
+    assert harvest_keys(redis_conn) == []
+
+
+def test_a_worker_without_a_pool_runs_a_batch_job_itself(
+    store: OutboundWebhookHandler, redis_conn: redis.Redis, redis_url: str, receiver: CapturingReceiver
+) -> None:
+    app = fan_out_app(store, redis_url, receiver, subscribers=3)
+    backend = backend_of(app)
+    with app.app_context():
+        ids = get_state(app).manager.dispatch("a.b", {"n": 1})
+
+    HarvestWorker([backend.queue], connection=backend.connection, app=app).work(burst=True)
+
+    assert wait_final(store, ids, timeout=5) == [DeliveryState.DELIVERED]
+    assert harvest_keys(redis_conn) == []
+
+
+def test_a_batched_delivery_whose_batch_job_is_lost_is_requeued_by_the_sweeper(
+    store: OutboundWebhookHandler, redis_conn: redis.Redis, redis_url: str, receiver: CapturingReceiver
+) -> None:
+    app = fan_out_app(store, redis_url, receiver, subscribers=3)
+    backend = backend_of(app)
+    with app.app_context():
+        ids = get_state(app).manager.dispatch("a.b", {"n": 1})
+    (batch,) = backend.queue.jobs
+    deliveries = store.get_deliveries(ids)
+    assert backend.live_jobs(deliveries) == set(ids)
+
+    batch.delete()  # Redis lost the job: the member list and the aliases are all that is left
+
+    assert backend.live_jobs(deliveries) == set()
+    assert redis_conn.hlen(f"harvest:batch-of:{backend.queue.name}") == 0  # stale aliases dropped
+    backend.enqueue(deliveries)  # what the sweeper does with them
+    assert backend.live_jobs(deliveries) == set(ids)
+
+
+def test_take_delivery_jobs_takes_a_batch_whole_or_not_at_all(
+    store: OutboundWebhookHandler, redis_conn: redis.Redis, redis_url: str, receiver: CapturingReceiver
+) -> None:
+    app = fan_out_app(store, redis_url, receiver, subscribers=3)
+    store.add_subscription(WebhookSubscription(receiver.url("/other"), ["b.*"], SECRET, id="sub_other"))
+    backend = backend_of(app)
+    with app.app_context():
+        ids = get_state(app).manager.dispatch("a.b", {"n": 1})
+        (single,) = get_state(app).manager.dispatch("b.c", {"n": 2})
+
+    assert take_delivery_jobs(backend.queue, 2) == []  # the batch of 3 does not fit
+    assert sorted(take_delivery_jobs(backend.queue, 3)) == sorted(ids)
+    assert [job.func_name for job in backend.queue.jobs] == [TASK]
+    assert take_delivery_jobs(backend.queue, 5) == [single]
+    assert harvest_keys(redis_conn) == []
