@@ -49,6 +49,11 @@ class WorkerProcess:
             return None
         return None
 
+    def cpu_seconds(self) -> float:
+        """CPU time (user + system) the worker process has used so far (its children not included)."""
+        fields = Path(f"/proc/{self.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
     def alive(self) -> bool:
         return self.process.poll() is None
 

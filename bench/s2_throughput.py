@@ -40,7 +40,10 @@ def ceiling(receiver: Receiver, count: int, body: bytes) -> float:
     return count / elapsed
 
 
-def bare_baseline(ctx: Context, receiver: Receiver, count: int, body: bytes, path: str) -> float:
+def bare_baseline(
+    ctx: Context, receiver: Receiver, count: int, body: bytes, path: str
+) -> tuple[float, float]:
+    """Run the bare-job worker over ``count`` POSTs; return deliveries/s and CPU ms per delivery."""
     client = redis_client()
     queue = Queue(BARE_QUEUE, connection=client)
     url = receiver.url(path)
@@ -52,11 +55,23 @@ def bare_baseline(ctx: Context, receiver: Receiver, count: int, body: bytes, pat
     client.close()
     worker = _workers.bare_worker(ctx.log_dir, BARE_QUEUE)
     try:
-        if not receiver.wait_count(count, timeout=60 + count / 20, prefix=path):
-            raise RuntimeError(f"the bare worker sent {receiver.count(path)} of {count}\n{worker.log_tail()}")
+        cpu_ms = _cpu_ms_per_delivery(worker, receiver, count, path, "the bare worker")
     finally:
         worker.stop()
-    return rate([r.received_at for r in receiver.records() if r.path == path])
+    return rate([r.received_at for r in receiver.records() if r.path == path]), cpu_ms
+
+
+def _cpu_ms_per_delivery(
+    worker: _workers.WorkerProcess, receiver: Receiver, count: int, path: str, who: str
+) -> float:
+    """Wait for all ``count`` deliveries; return the worker's CPU per delivery from the first on
+    (its start-up excluded)."""
+    if not receiver.wait_count(1, timeout=60, prefix=path):
+        raise RuntimeError(f"{who} sent nothing\n{worker.log_tail()}")
+    cpu, first = worker.cpu_seconds(), receiver.count(path)
+    if not receiver.wait_count(count, timeout=60 + count / 20, prefix=path):
+        raise RuntimeError(f"{who} sent {receiver.count(path)} of {count}\n{worker.log_tail()}")
+    return 1000 * (worker.cpu_seconds() - cpu) / max(1, count - first)
 
 
 def harvest_run(ctx: Context, receiver: Receiver, count: int, path: str) -> tuple[float, dict[str, object]]:
@@ -66,8 +81,7 @@ def harvest_run(ctx: Context, receiver: Receiver, count: int, path: str) -> tupl
     prep = dispatch_many(app, count)
     worker = _workers.harvest_worker(ctx.log_dir, 32)
     try:
-        if not receiver.wait_count(count, timeout=60 + count / 20, prefix=path):
-            raise RuntimeError(f"the worker sent {receiver.count(path)} of {count}\n{worker.log_tail()}")
+        cpu_ms = _cpu_ms_per_delivery(worker, receiver, count, path, "the worker")
         rss = worker.rss_bytes()
     finally:
         worker.stop()
@@ -79,6 +93,7 @@ def harvest_run(ctx: Context, receiver: Receiver, count: int, path: str) -> tupl
         "distinct_ids": len({r.webhook_id for r in records}),
         "states": dict(states),
         "worker_rss_mib": (rss or 0) / 2**20,
+        "worker_cpu_ms_per_delivery": cpu_ms,
     }
 
 
@@ -91,10 +106,13 @@ def run(ctx: Context) -> Result:
         reset_all(ctx.engine)
         top = ceiling(receiver, count, body)
         bare: list[float] = []
+        bare_cpu: list[float] = []
         ours: list[float] = []
         runs: list[dict[str, object]] = []
         for number in range(rounds):
-            bare.append(bare_baseline(ctx, receiver, count, body, f"/ok/bare{number}"))
+            bare_rate, bare_cpu_ms = bare_baseline(ctx, receiver, count, body, f"/ok/bare{number}")
+            bare.append(bare_rate)
+            bare_cpu.append(bare_cpu_ms)
             value, details = harvest_run(ctx, receiver, count, f"/ok/harvest{number}")
             ours.append(value)
             runs.append(details)
@@ -128,8 +146,23 @@ def run(ctx: Context) -> Result:
             baseline_label="Session loop /s",
         )
     )
+    ours_cpu = min(float(d["worker_cpu_ms_per_delivery"]) for d in runs)  # type: ignore[arg-type]
+    result.rows.append(
+        Row(
+            ID,
+            "worker CPU per delivery (best run)",
+            ours_cpu,
+            "ms",
+            "report",
+            None,
+            baseline=min(bare_cpu),
+            baseline_label="bare RQ job",
+            ratio=ours_cpu / min(bare_cpu),
+        )
+    )
     result.details = {
         "count": count,
+        "bare_cpu_ms_per_delivery": bare_cpu,
         "ceiling_per_s": top,
         "bare_per_s": bare,
         "harvest_per_s": ours,
