@@ -200,9 +200,12 @@ class DeliveryPool:
             endpoint = self._endpoints[endpoint_id]
             endpoint.started.remove(started)
             now = time.monotonic()
+            # An attempt that took longer than slow_after shows the endpoint slow: its waiting
+            # deliveries go back rather than each holding a slot for another slow attempt.
+            slow = now - started > self.slow_after or self._slow(endpoint, now)
             while endpoint.waiting and successor is None:
                 claim, since = endpoint.waiting.popleft()
-                if self._closing or now - since > self._max_wait:
+                if self._closing or slow or now - since > self._max_wait:
                     stale.append(claim)
                 else:
                     successor = claim
