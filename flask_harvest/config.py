@@ -57,7 +57,8 @@ class Settings:
     outbox_retention_seconds: float = 7 * 24 * 3600.0
     #: Threads of the ``local`` backend.
     local_workers: int = 8
-    #: Attempts one ``flask harvest worker`` process keeps in flight at once (its thread pool).
+    #: Attempts one ``flask harvest worker`` process keeps in flight at once (its thread pool);
+    #: a quarter of it is the batch a worker takes, and the size of dispatch's batch jobs.
     worker_concurrency: int = 32
     #: Attempts in flight at once for one subscription in one worker process; past it, deliveries
     #: wait their turn (or, for a failing or slow endpoint, are given back for later) so one
