@@ -20,6 +20,7 @@ import redis
 import sqlalchemy as sa
 from sqlalchemy.engine import URL
 
+from flask_harvest.testing import CapturingReceiver
 from flask_harvest.webhooks.stores import InMemoryOutboundWebhookHandler, OutboundWebhookHandler
 from flask_harvest.webhooks.stores.sql import SqlOutboundWebhookStore, metadata
 
@@ -191,3 +192,9 @@ def _close_test_apps() -> Iterator[None]:
     """Stop the job backends of apps a test made, so their threads outlive no test."""
     yield
     close_apps()
+
+
+@pytest.fixture
+def receiver(harvest_receiver: CapturingReceiver) -> CapturingReceiver:
+    """The package's own ``harvest_receiver`` fixture (its pytest plugin), under a shorter name."""
+    return harvest_receiver

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
@@ -32,12 +31,6 @@ AUTH = {"Authorization": f"Bearer {TOKEN}"}
 PREFIX = "/actuator/webhooks"
 SECRET = generate_secret()
 T0 = datetime(2026, 12, 1, 12, 0, tzinfo=timezone.utc)
-
-
-@pytest.fixture
-def receiver() -> Iterator[CapturingReceiver]:
-    with CapturingReceiver() as running:
-        yield running
 
 
 @pytest.fixture

@@ -31,12 +31,6 @@ from .pipeline import make_app, wait_final
 SECRET = generate_secret()
 
 
-@pytest.fixture
-def receiver() -> Iterator[CapturingReceiver]:
-    with CapturingReceiver() as running:
-        yield running
-
-
 def subscribe(
     store: OutboundWebhookHandler, url: str, sub_id: str = "sub_1", **kw: Any
 ) -> WebhookSubscription:

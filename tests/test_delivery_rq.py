@@ -9,7 +9,6 @@ import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -27,12 +26,6 @@ from .pipeline import make_app, wait_final
 
 pytestmark = pytest.mark.redis
 SECRET = generate_secret()
-
-
-@pytest.fixture
-def receiver() -> Iterator[CapturingReceiver]:
-    with CapturingReceiver() as running:
-        yield running
 
 
 def rq_app(store: OutboundWebhookHandler, redis_url: str, **config: object) -> Flask:

@@ -8,7 +8,6 @@ import subprocess
 import sys
 import textwrap
 import threading
-from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -95,12 +94,6 @@ def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     request.getfixturevalue("postgres_engine")  # empties the harvest tables
     url: sa.URL = request.getfixturevalue("postgres_url")
     return url.render_as_string(hide_password=False)
-
-
-@pytest.fixture
-def receiver() -> Iterator[CapturingReceiver]:
-    with CapturingReceiver() as running:
-        yield running
 
 
 def subscribe(outbox: OutboxApp, receiver: CapturingReceiver, *ids: str) -> None:

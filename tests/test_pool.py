@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
 
 import pytest
 import redis
@@ -23,12 +22,6 @@ from .pipeline import make_app, wait_final
 
 pytestmark = pytest.mark.redis
 SECRET = generate_secret()
-
-
-@pytest.fixture
-def receiver() -> Iterator[CapturingReceiver]:
-    with CapturingReceiver() as running:
-        yield running
 
 
 def test_a_slow_endpoint_holds_at_most_its_cap_and_never_delays_the_others(

@@ -317,12 +317,6 @@ def transport(policy: SsrfPolicy, names: dict[str, list[str]]) -> Transport:
     return Transport(connect_timeout=2, read_timeout=2, deadline=5, policy=policy, resolver=resolver(names))
 
 
-@pytest.fixture
-def receiver():  # type: ignore[no-untyped-def]
-    with CapturingReceiver() as receiver:
-        yield receiver
-
-
 def test_a_name_resolving_to_loopback_is_refused_at_connect_time(receiver: CapturingReceiver) -> None:
     url = f"http://receiver.test:{receiver.port}/hook?token=s3cr3t"
     assert check_url(url, DEFAULT) is None  # nothing to see before resolving
