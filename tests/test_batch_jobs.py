@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 import redis
 from flask import Flask
@@ -13,6 +11,7 @@ from flask_harvest.jobs.pool import DeliveryPool
 from flask_harvest.jobs.rq import BATCH_TASK, TASK, HarvestWorker, RqBackend, take_delivery_jobs
 from flask_harvest.testing import CapturingReceiver
 from flask_harvest.webhooks.plugin import get_state
+from flask_harvest.webhooks.sweeper import sweep
 
 from .pipeline import make_app, wait_final
 
@@ -20,29 +19,24 @@ pytestmark = pytest.mark.redis
 SECRET = generate_secret()
 
 
-@pytest.fixture
-def receiver() -> Iterator[CapturingReceiver]:
-    with CapturingReceiver() as running:
-        yield running
-
-
-def fan_out_app(
+def fan_out(
     store: OutboundWebhookHandler, redis_url: str, receiver: CapturingReceiver, subscribers: int
-) -> Flask:
+) -> tuple[Flask, RqBackend, list[str]]:
+    """Subscribe ``subscribers`` endpoints to ``a.*``, dispatch one ``a.b`` event on the rq
+    backend, and return the app, its backend and the delivery ids (nothing is delivered yet)."""
     for n in range(subscribers):
         store.add_subscription(
             WebhookSubscription(receiver.url(f"/hook/{n}"), ["a.*"], SECRET, id=f"sub_{n}")
         )
     # A worker concurrency of 32 makes batches of 8.
-    return make_app(
+    app = make_app(
         store, HARVEST_JOBS_BACKEND="rq", HARVEST_REDIS_URL=redis_url, HARVEST_WORKER_CONCURRENCY=32
     )
-
-
-def backend_of(app: Flask) -> RqBackend:
     backend = get_state(app).backend
     assert isinstance(backend, RqBackend)
-    return backend
+    with app.app_context():
+        ids = get_state(app).manager.dispatch("a.b", {"n": 1})
+    return app, backend, ids
 
 
 def harvest_keys(redis_conn: redis.Redis) -> list[bytes]:
@@ -54,10 +48,7 @@ def harvest_keys(redis_conn: redis.Redis) -> list[bytes]:
 def test_a_fan_out_is_queued_as_jobs_of_a_batch_each_and_all_delivered(
     store: OutboundWebhookHandler, redis_conn: redis.Redis, redis_url: str, receiver: CapturingReceiver
 ) -> None:
-    app = fan_out_app(store, redis_url, receiver, subscribers=20)
-    backend = backend_of(app)
-    with app.app_context():
-        ids = get_state(app).manager.dispatch("a.b", {"n": 1})
+    app, backend, ids = fan_out(store, redis_url, receiver, subscribers=20)
 
     jobs = backend.queue.jobs
     assert [job.func_name for job in jobs] == [BATCH_TASK] * 3
@@ -75,10 +66,7 @@ def test_a_fan_out_is_queued_as_jobs_of_a_batch_each_and_all_delivered(
 def test_a_worker_without_a_pool_runs_a_batch_job_itself(
     store: OutboundWebhookHandler, redis_conn: redis.Redis, redis_url: str, receiver: CapturingReceiver
 ) -> None:
-    app = fan_out_app(store, redis_url, receiver, subscribers=3)
-    backend = backend_of(app)
-    with app.app_context():
-        ids = get_state(app).manager.dispatch("a.b", {"n": 1})
+    app, backend, ids = fan_out(store, redis_url, receiver, subscribers=3)
 
     HarvestWorker([backend.queue], connection=backend.connection, app=app).work(burst=True)
 
@@ -89,10 +77,7 @@ def test_a_worker_without_a_pool_runs_a_batch_job_itself(
 def test_a_batched_delivery_whose_batch_job_is_lost_is_requeued_by_the_sweeper(
     store: OutboundWebhookHandler, redis_conn: redis.Redis, redis_url: str, receiver: CapturingReceiver
 ) -> None:
-    app = fan_out_app(store, redis_url, receiver, subscribers=3)
-    backend = backend_of(app)
-    with app.app_context():
-        ids = get_state(app).manager.dispatch("a.b", {"n": 1})
+    _app, backend, ids = fan_out(store, redis_url, receiver, subscribers=3)
     (batch,) = backend.queue.jobs
     deliveries = store.get_deliveries(ids)
     assert backend.live_jobs(deliveries) == set(ids)
@@ -101,18 +86,17 @@ def test_a_batched_delivery_whose_batch_job_is_lost_is_requeued_by_the_sweeper(
 
     assert backend.live_jobs(deliveries) == set()
     assert redis_conn.hlen(f"harvest:batch-of:{backend.queue.name}") == 0  # stale aliases dropped
-    backend.enqueue(deliveries)  # what the sweeper does with them
+    assert sweep(store, backend, grace_seconds=0).requeued == 3
     assert backend.live_jobs(deliveries) == set(ids)
+    assert sweep(store, backend, grace_seconds=0).requeued == 0  # queued now: left alone
 
 
 def test_take_delivery_jobs_takes_a_batch_whole_or_not_at_all(
     store: OutboundWebhookHandler, redis_conn: redis.Redis, redis_url: str, receiver: CapturingReceiver
 ) -> None:
-    app = fan_out_app(store, redis_url, receiver, subscribers=3)
     store.add_subscription(WebhookSubscription(receiver.url("/other"), ["b.*"], SECRET, id="sub_other"))
-    backend = backend_of(app)
+    app, backend, ids = fan_out(store, redis_url, receiver, subscribers=3)
     with app.app_context():
-        ids = get_state(app).manager.dispatch("a.b", {"n": 1})
         (single,) = get_state(app).manager.dispatch("b.c", {"n": 2})
 
     assert take_delivery_jobs(backend.queue, 2) == []  # the batch of 3 does not fit
