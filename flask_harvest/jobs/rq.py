@@ -140,14 +140,17 @@ class RqBackend(JobBackend):
     def __repr__(self) -> str:
         return f"<RqBackend queue={self.queue.name!r}>"
 
-    def _options(self, delivery: DeliveryLog) -> dict[str, Any]:
+    def _options(self, identifier: str, description: str) -> dict[str, Any]:
         return {
-            "job_id": job_id(delivery),
+            "job_id": identifier,
             "timeout": self.job_timeout,
             "result_ttl": 0,
             "failure_ttl": _FAILURE_TTL,
-            "description": f"deliver {delivery.id}",
+            "description": description,
         }
+
+    def _delivery_options(self, delivery: DeliveryLog) -> dict[str, Any]:
+        return self._options(job_id(delivery), f"deliver {delivery.id}")
 
     def enqueue(self, deliveries: Sequence[DeliveryLog]) -> None:
         """Queue the deliveries, up to ``batch_size`` of them per job, in one transaction.
@@ -165,7 +168,9 @@ class RqBackend(JobBackend):
             for start in range(0, len(deliveries), self.batch_size):
                 chunk = deliveries[start : start + self.batch_size]
                 if len(chunk) == 1:
-                    jobs.append(Queue.prepare_data(TASK, args=(chunk[0].id,), **self._options(chunk[0])))
+                    jobs.append(
+                        Queue.prepare_data(TASK, args=(chunk[0].id,), **self._delivery_options(chunk[0]))
+                    )
                     continue
                 batch_id = f"{JOB_PREFIX}batch-{uuid.uuid4().hex}"
                 members = [job_id(d) for d in chunk]
@@ -175,11 +180,7 @@ class RqBackend(JobBackend):
                     Queue.prepare_data(
                         BATCH_TASK,
                         args=(batch_id, members),
-                        job_id=batch_id,
-                        timeout=self.job_timeout,
-                        result_ttl=0,
-                        failure_ttl=_FAILURE_TTL,
-                        description=f"deliver {len(chunk)} deliveries",
+                        **self._options(batch_id, f"deliver {len(chunk)} deliveries"),
                     )
                 )
             if aliases:
@@ -196,7 +197,7 @@ class RqBackend(JobBackend):
                 _due_second(delivery.next_attempt_at),
                 TASK,
                 delivery.id,
-                **_at_options(self._options(delivery)),
+                **_at_options(self._delivery_options(delivery)),
             )
         except redis.RedisError as exc:
             raise JobBackendError(f"Redis refused the retry job ({type(exc).__name__})") from exc
