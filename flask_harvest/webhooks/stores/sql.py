@@ -16,6 +16,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import (
+    ColumnElement,
     Connection,
     Engine,
     Row,
@@ -347,26 +348,11 @@ class SqlOutboundWebhookStore(OutboundWebhookHandler):
     ) -> Claim | None:
         token = uuid.uuid4().hex
         with self._transaction("claim a delivery") as conn:
-            row = conn.execute(
-                update(_dels)
-                .where(
-                    _dels.c.id == delivery_id,
-                    _dels.c.state == _PENDING,
-                    or_(_dels.c.next_attempt_at.is_(None), _dels.c.next_attempt_at <= now),
-                )
-                .values(
-                    state=_INFLIGHT,
-                    lease_expires_at=now + timedelta(seconds=lease_seconds),
-                    lease_token=token,
-                    max_attempts=max_attempts,
-                )
-                .returning(*_dels.c)
-            ).first()
-            if row is None:
-                return None
-            sub_row = conn.execute(select(_subs).where(_subs.c.id == row.subscription_id)).first()
-        subscription = row_to_subscription(sub_row) if sub_row is not None else None
-        return Claim(row_to_delivery(row), subscription, token)
+            rows = conn.execute(
+                _lease(_dels.c.id == delivery_id, now, lease_seconds, token, max_attempts)
+            ).all()
+            claims = _with_subscriptions(conn, rows, token)
+        return claims[0] if claims else None
 
     def claim_deliveries(
         self,
@@ -381,10 +367,6 @@ class SqlOutboundWebhookStore(OutboundWebhookHandler):
         if not unique:
             return []
         token = uuid.uuid4().hex
-        due = (
-            _dels.c.state == _PENDING,
-            or_(_dels.c.next_attempt_at.is_(None), _dels.c.next_attempt_at <= now),
-        )
         rows: list[Row[Any]] = []
         with self._transaction("claim deliveries") as conn:
             for chunk in _chunks(unique):
@@ -395,29 +377,17 @@ class SqlOutboundWebhookStore(OutboundWebhookHandler):
                 # none: it runs one writer at a time.
                 locked = (
                     select(_dels.c.id)
-                    .where(_dels.c.id.in_(chunk), *due)
+                    .where(_dels.c.id.in_(chunk), *_due(now))
                     .order_by(_dels.c.id)
                     .with_for_update()
                 )
                 rows.extend(
                     conn.execute(
-                        update(_dels)
-                        .where(_dels.c.id.in_(locked), *due)
-                        .values(
-                            state=_INFLIGHT,
-                            lease_expires_at=now + timedelta(seconds=lease_seconds),
-                            lease_token=token,
-                            max_attempts=max_attempts,
-                        )
-                        .returning(*_dels.c)
+                        _lease(_dels.c.id.in_(locked), now, lease_seconds, token, max_attempts)
                     ).all()
                 )
-            subscription_ids = list({row.subscription_id for row in rows})
-            subscriptions: dict[str, WebhookSubscription] = {}
-            for chunk in _chunks(subscription_ids):
-                for sub_row in conn.execute(select(_subs).where(_subs.c.id.in_(chunk))):
-                    subscriptions[sub_row.id] = row_to_subscription(sub_row)
-        return [Claim(row_to_delivery(row), subscriptions.get(row.subscription_id), token) for row in rows]
+            claims = _with_subscriptions(conn, rows, token)
+        return claims
 
     def finish_attempt(
         self, delivery_id: str, lease_token: str, result: AttemptResult
@@ -569,6 +539,43 @@ class SqlOutboundWebhookStore(OutboundWebhookHandler):
                     .limit(limit)
                 ).scalars()
             )
+
+
+# -- claims -------------------------------------------------------------------------------------
+
+
+def _due(now: datetime) -> tuple[ColumnElement[bool], ...]:
+    """The conditions of a claimable delivery: ``PENDING`` and due at ``now``."""
+    return (
+        _dels.c.state == _PENDING,
+        or_(_dels.c.next_attempt_at.is_(None), _dels.c.next_attempt_at <= now),
+    )
+
+
+def _lease(
+    which: ColumnElement[bool], now: datetime, lease_seconds: float, token: str, max_attempts: int
+) -> Executable:
+    """The UPDATE that leases the claimable deliveries among ``which``, returning their rows."""
+    return (
+        update(_dels)
+        .where(which, *_due(now))
+        .values(
+            state=_INFLIGHT,
+            lease_expires_at=now + timedelta(seconds=lease_seconds),
+            lease_token=token,
+            max_attempts=max_attempts,
+        )
+        .returning(*_dels.c)
+    )
+
+
+def _with_subscriptions(conn: Connection, rows: Sequence[Row[Any]], token: str) -> list[Claim]:
+    """Pair leased rows with their subscriptions as they are now (``None`` if removed)."""
+    subscriptions: dict[str, WebhookSubscription] = {}
+    for chunk in _chunks(list({row.subscription_id for row in rows})):
+        for sub_row in conn.execute(select(_subs).where(_subs.c.id.in_(chunk))):
+            subscriptions[sub_row.id] = row_to_subscription(sub_row)
+    return [Claim(row_to_delivery(row), subscriptions.get(row.subscription_id), token) for row in rows]
 
 
 # -- statements built once ----------------------------------------------------------------------
