@@ -103,6 +103,18 @@ def result_for(
     )
 
 
+def success_for(delivery: DeliveryLog, now: datetime, **changes: Any) -> AttemptResult:
+    """A 200 that resets the subscription's failure count."""
+    return result_for(
+        delivery,
+        now,
+        state=DeliveryState.DELIVERED,
+        effect=SubscriptionEffect.RESET_FAILURES,
+        status=200,
+        **changes,
+    )
+
+
 def seed(store: OutboundWebhookHandler, now: datetime, **changes: Any) -> tuple[str, DeliveryLog]:
     """Add a subscription and one due delivery for it."""
     subscription = store.add_subscription(make_subscription())
@@ -396,13 +408,7 @@ def test_claim_deliveries_leases_can_be_finished(store: OutboundWebhookHandler, 
     assert len(claims) == 3
 
     for claim in claims:
-        result = result_for(
-            claim.delivery,
-            now,
-            state=DeliveryState.DELIVERED,
-            effect=SubscriptionEffect.RESET_FAILURES,
-            status=200,
-        )
+        result = success_for(claim.delivery, now)
         assert store.finish_attempt(claim.delivery.id, claim.lease_token, result) is None
         assert stored_delivery(store, claim.delivery.id).state is DeliveryState.DELIVERED
         assert store.list_attempts(claim.delivery.id) == [result.attempt]
@@ -428,13 +434,8 @@ def test_finish_success_resets_failures(store: OutboundWebhookHandler, now: date
     claim = store.claim_delivery(delivery.id, now=now, lease_seconds=LEASE, max_attempts=5)
     assert claim is not None
     done_at = now + timedelta(seconds=1)
-    result = result_for(
-        claim.delivery,
-        done_at,
-        state=DeliveryState.DELIVERED,
-        effect=SubscriptionEffect.RESET_FAILURES,
-        status=200,
-        headers={"webhook-id": delivery.id, "webhook-timestamp": "1"},
+    result = success_for(
+        claim.delivery, done_at, headers={"webhook-id": delivery.id, "webhook-timestamp": "1"}
     )
 
     assert store.finish_attempt(delivery.id, claim.lease_token, result) is None
@@ -466,13 +467,7 @@ def test_success_resets_a_failure_counted_after_its_claim(
     fail_once(store, failing, now, threshold=50)
     assert stored_subscription(store, subscription_id).consecutive_failures == 1
 
-    result = result_for(
-        claim.delivery,
-        now,
-        state=DeliveryState.DELIVERED,
-        effect=SubscriptionEffect.RESET_FAILURES,
-        status=200,
-    )
+    result = success_for(claim.delivery, now)
     assert store.finish_attempt(succeeding.id, claim.lease_token, result) is None
 
     assert stored_subscription(store, subscription_id).consecutive_failures == 0
