@@ -24,23 +24,31 @@ pytestmark = pytest.mark.redis
 SECRET = generate_secret()
 
 
+class CountingEndpoint:
+    """A receiver handler that answers 200 after ``delay`` seconds, counting requests in flight."""
+
+    def __init__(self, delay: float) -> None:
+        self.delay = delay
+        self.most = 0  # the most requests in flight at once
+        self.started: list[float] = []  # when each request arrived, on the receiver's clock
+        self._now = 0
+        self._lock = threading.Lock()
+
+    def __call__(self, _request: Request) -> Response:
+        with self._lock:
+            self._now += 1
+            self.most = max(self.most, self._now)
+            self.started.append(time.time())
+        time.sleep(self.delay)
+        with self._lock:
+            self._now -= 1
+        return Response("", 200)
+
+
 def test_a_slow_endpoint_holds_at_most_its_cap_and_never_delays_the_others(
     store: OutboundWebhookHandler, redis_conn: redis.Redis, redis_url: str, receiver: CapturingReceiver
 ) -> None:
-    lock = threading.Lock()
-    in_flight = {"now": 0, "most": 0}
-    slow_started: list[float] = []
-
-    def slow(_request: Request) -> Response:
-        with lock:
-            in_flight["now"] += 1
-            in_flight["most"] = max(in_flight["most"], in_flight["now"])
-            slow_started.append(time.time())  # the receiver's clock
-        time.sleep(1.0)
-        with lock:
-            in_flight["now"] -= 1
-        return Response("", 200)
-
+    slow = CountingEndpoint(delay=1.0)
     receiver.handle("/slow", slow)
     store.add_subscription(WebhookSubscription(receiver.url("/slow"), ["a.*"], SECRET, id="sub_slow"))
     store.add_subscription(WebhookSubscription(receiver.url("/fast"), ["a.*"], SECRET, id="sub_fast"))
@@ -57,8 +65,8 @@ def test_a_slow_endpoint_holds_at_most_its_cap_and_never_delays_the_others(
 
     fast = receiver.wait_for(6, path="/fast", timeout=1)
     # Every fast delivery arrived before the first slow request was answered (it takes 1 s).
-    assert max(r.received_at for r in fast) < min(slow_started) + 1.0
-    assert in_flight["most"] == 2  # the cap, not the pool size
+    assert max(r.received_at for r in fast) < min(slow.started) + 1.0
+    assert slow.most == 2  # the cap, not the pool size
     # The deferred slow deliveries come round again (without using an attempt) and get through.
     for _ in range(10):
         try:
@@ -75,7 +83,7 @@ def test_a_slow_endpoint_holds_at_most_its_cap_and_never_delays_the_others(
     assert wait_final(store, ids, timeout=1) == [DeliveryState.DELIVERED]
     for delivery in store.get_deliveries(ids):
         assert delivery.attempt == 1  # deferral is not an attempt
-    assert in_flight["most"] == 2
+    assert slow.most == 2
 
 
 class CountingWorker(HarvestWorker):
@@ -118,18 +126,7 @@ def test_a_worker_takes_queued_deliveries_in_batches_through_one_rq_job_each(
 def test_a_healthy_endpoint_past_its_cap_waits_its_turn_in_the_process(
     store: OutboundWebhookHandler, redis_conn: redis.Redis, redis_url: str, receiver: CapturingReceiver
 ) -> None:
-    lock = threading.Lock()
-    in_flight = {"now": 0, "most": 0}
-
-    def busy(_request: Request) -> Response:
-        with lock:
-            in_flight["now"] += 1
-            in_flight["most"] = max(in_flight["most"], in_flight["now"])
-        time.sleep(0.05)
-        with lock:
-            in_flight["now"] -= 1
-        return Response("", 200)
-
+    busy = CountingEndpoint(delay=0.05)
     receiver.handle("/busy", busy)
     store.add_subscription(WebhookSubscription(receiver.url("/busy"), ["a.*"], SECRET, id="sub"))
     app = make_app(store, HARVEST_JOBS_BACKEND="rq", HARVEST_REDIS_URL=redis_url)
@@ -141,7 +138,7 @@ def test_a_healthy_endpoint_past_its_cap_waits_its_turn_in_the_process(
     run_pooled_worker(app, pool)  # one burst, without RQ's scheduler: nothing given back returns
 
     assert wait_final(store, ids, timeout=5) == [DeliveryState.DELIVERED]
-    assert in_flight["most"] == 2
+    assert busy.most == 2
 
 
 def test_take_delivery_jobs_stops_at_a_job_that_is_not_a_delivery(
