@@ -7,7 +7,7 @@ import sys
 
 from rq import Queue
 
-from flask_harvest.jobs.rq import HarvestWorker
+from flask_harvest.worker import HarvestWorker
 
 from ._app import create_app
 from ._services import redis_client

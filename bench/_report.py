@@ -60,13 +60,13 @@ class Context:
         return app
 
     def close_apps(self) -> None:
-        from flask_harvest.webhooks.plugin import get_state
+        from flask_harvest import get_engine
 
         from ._app import db
 
         for app in self.apps:
             with app.app_context():
-                get_state(app).close()
+                get_engine(app).close()
                 db.engine.dispose()
         self.apps.clear()
 

@@ -10,8 +10,7 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from flask import Flask
 
-from flask_harvest import WebhookSubscription, generate_secret
-from flask_harvest.webhooks.plugin import get_state
+from flask_harvest import WebhookSubscription, generate_secret, get_engine
 from flask_harvest.webhooks.stores.sql import deliveries_table
 
 
@@ -19,7 +18,7 @@ def subscribe(app: Flask, urls: Sequence[str], topic: str = "bench.event") -> li
     """Add one active subscription per URL to ``topic``; return their ids."""
     ids = []
     with app.app_context():
-        store = get_state(app).store
+        store = get_engine(app).store
         for url in urls:
             subscription = WebhookSubscription(
                 target_url=url, event_topics=(topic,), secret=generate_secret()
@@ -45,7 +44,7 @@ def dispatch_many(app: Flask, count: int, topic: str = "bench.event") -> float:
     """Dispatch ``count`` events as fast as possible; return the seconds it took."""
     started = time.perf_counter()
     with app.app_context():
-        manager = get_state(app).manager
+        manager = get_engine(app).manager
         for number in range(count):
             manager.dispatch(topic, payload(number))
     return time.perf_counter() - started
@@ -63,7 +62,7 @@ class SteadyDispatcher(threading.Thread):
     def run(self) -> None:
         try:
             with self.app.app_context():
-                manager = get_state(self.app).manager
+                manager = get_engine(self.app).manager
                 start = time.monotonic()
                 for number in range(self.count):
                     due = start + number / self.rate

@@ -22,9 +22,9 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from flask_harvest import get_engine
 from flask_harvest.webhooks import outcome
 from flask_harvest.webhooks.models import utcnow
-from flask_harvest.webhooks.plugin import get_state
 
 from . import _workers
 from ._receivers import Receiver
@@ -62,7 +62,7 @@ def profile_dispatch(k: int, calls: int) -> None:
     subscribe(app, [f"http://127.0.0.1:9/{n}" for n in range(k)], topic="bench.k")
     event = {"order_id": "ord_1", "total": 4200}
     with app.app_context():
-        manager = get_state(app).manager
+        manager = get_engine(app).manager
         for _ in range(20):
             manager.dispatch("bench.k", event)
         started, cpu = time.perf_counter(), time.process_time()
@@ -80,7 +80,7 @@ def profile_attempt(count: int) -> None:
         app = ctx.app()
         subscribe(app, [receiver.url("/ok/profile")])
         with app.app_context():
-            state = get_state(app)
+            state = get_engine(app)
             runner = state.runner
             ids = [state.manager.dispatch("bench.event", payload(n))[0] for n in range(count + 20)]
             for delivery_id in ids[:20]:
@@ -110,7 +110,7 @@ def profile_relay(count: int) -> None:
     ctx = _context()
     app = ctx.app()
     subscribe(app, ["http://127.0.0.1:9/relay"], topic="order.created")
-    manager = get_state(app).manager
+    manager = get_engine(app).manager
     with ctx.engine.begin() as conn:
         for number in range(count):
             manager.dispatch_in_tx(conn, "order.created", payload(number))

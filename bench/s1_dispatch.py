@@ -17,9 +17,8 @@ import sqlalchemy as sa
 from flask import Flask
 from rq import Queue
 
-from flask_harvest import WebhookSubscription, generate_secret
+from flask_harvest import WebhookSubscription, generate_secret, get_engine
 from flask_harvest.webhooks.payload import encode_payload
-from flask_harvest.webhooks.plugin import get_state
 from flask_harvest.webhooks.stores.sql import deliveries_table, subscriptions_table
 
 from ._report import Context, Result, Row, median, percentile
@@ -79,7 +78,7 @@ def _measure(ctx: Context, app: Flask, reps: int, k: int, others: int = 0) -> tu
         conn.execute(sa.delete(subscriptions_table))
     topic = f"bench.k{k}"
     with app.app_context():
-        state = get_state(app)
+        state = get_engine(app)
         store, manager = state.store, state.manager
         engine = store.engine  # type: ignore[attr-defined]
         baseline_queue = Queue("bench-s1-baseline", connection=state.backend.connection)  # type: ignore[attr-defined]

@@ -12,7 +12,7 @@ import time
 
 import sqlalchemy as sa
 
-from flask_harvest.webhooks.plugin import get_state
+from flask_harvest import get_engine
 from flask_harvest.webhooks.stores.sql import deliveries_table
 
 from ._app import Order, db
@@ -28,7 +28,7 @@ TOPIC = "order.created"
 def request_transactions(ctx: Context, count: int) -> dict[str, list[float]]:
     app = ctx.app()
     subscribe(app, ["http://127.0.0.1:9/s6"], topic=TOPIC)
-    manager = get_state(app).manager
+    manager = get_engine(app).manager
     times: dict[str, list[float]] = {"with": [], "without": []}
     for number in range(count + 20):
         order = ("without", "with") if number % 2 == 0 else ("with", "without")
@@ -51,8 +51,8 @@ def relay(ctx: Context, count: int) -> dict[str, float]:
     reset_all(ctx.engine)
     app = ctx.app()
     subscribe(app, ["http://127.0.0.1:9/s6"], topic=TOPIC)
-    manager = get_state(app).manager
-    engine = get_state(app).store.engine  # type: ignore[attr-defined]
+    manager = get_engine(app).manager
+    engine = get_engine(app).store.engine  # type: ignore[attr-defined]
     for start in range(0, count, 500):
         with engine.begin() as conn:  # a bare connection: no relay after commit, it waits
             for number in range(start, min(count, start + 500)):
@@ -69,7 +69,7 @@ def relay(ctx: Context, count: int) -> dict[str, float]:
     with engine.connect() as conn:
         deliveries = conn.execute(sa.select(sa.func.count()).select_from(deliveries_table)).scalar_one()
     client = redis_client()
-    queued = client.llen(f"rq:queue:{get_state(app).settings.webhooks_queue}")
+    queued = client.llen(f"rq:queue:{get_engine(app).settings.webhooks_queue}")
     client.close()
     return {
         "messages": count,

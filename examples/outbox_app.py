@@ -32,12 +32,12 @@ from flask_harvest import (
     OutboundWebhookPlugin,
     WebhookSubscription,
     generate_secret,
+    get_engine,
     get_manager,
 )
 from flask_harvest.signing import verify_standard
 from flask_harvest.testing import CapturingReceiver
 from flask_harvest.webhooks.manager import outbox_delivery_id
-from flask_harvest.webhooks.plugin import get_state
 
 SECRET = generate_secret()
 
@@ -96,7 +96,7 @@ def wait_delivered(app: Flask, delivery_id: str) -> bool:
     """Wait until the delivery's outcome is recorded (just after the receiver answers)."""
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
-        delivery = get_state(app).store.get_delivery(delivery_id)
+        delivery = get_engine(app).store.get_delivery(delivery_id)
         if delivery is not None and delivery.state is DeliveryState.DELIVERED:
             return True
         time.sleep(0.05)
@@ -108,7 +108,7 @@ def main() -> int:
     logging.getLogger("werkzeug").setLevel(logging.ERROR)  # no access log from the receiver
     with tempfile.TemporaryDirectory() as folder, CapturingReceiver() as receiver:
         app = create_app(Path(folder) / "outbox.sqlite3")
-        state = get_state(app)
+        state = get_engine(app)
         state.store.add_subscription(
             WebhookSubscription(receiver.url("/hooks/orders"), ["order.*"], SECRET, id="sub_orders")
         )

@@ -1,7 +1,9 @@
 """flask-harvest: reliable outbound webhooks for Flask."""
 
 from . import signals
+from ._app import get_engine
 from ._version import __version__
+from .engine import HarvestEngine, build_engine
 from .errors import (
     ConfigurationError,
     DeliveryNotFoundError,
@@ -16,6 +18,7 @@ from .errors import (
     StoreError,
     SubscriptionNotFoundError,
 )
+from .extension import OutboundWebhookPlugin, get_manager
 from .jobs.base import JobBackendError
 from .receiver import MemoryReplayCache, RedisReplayCache, ReplayCache, WebhookRejected, verify_webhook
 from .signing import generate_secret
@@ -28,7 +31,6 @@ from .webhooks.models import (
     WebhookSubscription,
     WebhookSubscriptionStatus,
 )
-from .webhooks.plugin import OutboundWebhookPlugin, get_manager
 from .webhooks.stores import (
     InMemoryOutboundWebhookHandler,
     InMemoryOutboundWebhookStore,
@@ -48,6 +50,7 @@ __all__ = [
     "DeliveryState",
     "DuplicateSubscriptionError",
     "EnqueueError",
+    "HarvestEngine",
     "HarvestError",
     "InMemoryOutboundWebhookHandler",
     "InMemoryOutboundWebhookStore",
@@ -75,7 +78,9 @@ __all__ = [
     "WebhookSubscription",
     "WebhookSubscriptionStatus",
     "__version__",
+    "build_engine",
     "generate_secret",
+    "get_engine",
     "get_manager",
     "signals",
     "verify_webhook",

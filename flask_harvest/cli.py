@@ -7,7 +7,6 @@ printed only by ``subscriptions add`` and ``subscriptions rotate-secret``, once.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -16,16 +15,12 @@ from flask import current_app
 from flask.cli import AppGroup
 
 from . import _cli_output as out
-from .errors import DeliveryNotFoundError, HarvestError, SubscriptionNotFoundError
-from .jobs.local import LocalBackend
-from .jobs.pool import DeliveryPool
-from .jobs.rq import HarvestWorker, RqBackend, run_worker
-from .webhooks import operations
-from .webhooks.manager import OutboundWebhookManager
+from ._app import get_engine
+from .engine import HarvestEngine
+from .errors import HarvestError
 from .webhooks.models import WebhookSubscriptionStatus, isoformat, utcnow
-from .webhooks.operations import MAX_BULK_REPLAY, NewSecret
-from .webhooks.plugin import HarvestState, get_state
-from .webhooks.stores.sql import SqlOutboundWebhookStore
+from .webhooks.operations import MAX_BULK_REPLAY, NewSecret, WebhookOperations
+from .worker import serve
 
 
 def _one_line(exc: BaseException) -> str:
@@ -71,67 +66,37 @@ def worker_command(burst: bool, name: str | None, concurrency: int | None) -> No
     The process keeps up to --concurrency attempts in flight on a thread pool; run one or two
     per core (see the deployment docs).
     """
-    state = get_state()
-    backend = state.backend
-    if not isinstance(backend, RqBackend):
-        raise click.ClickException(
-            "the worker needs the rq backend: set HARVEST_JOBS_BACKEND = 'rq' (the local backend "
-            "runs deliveries inside the web process)"
-        )
     app = current_app._get_current_object()  # type: ignore[attr-defined]
-    try:
-        report = state.sweep()  # recover what a dead worker or a lost Redis left, before waiting
-        click.echo(f"harvest: startup sweep released {report.released}, requeued {report.requeued}")
-    except HarvestError as exc:
-        # The database or Redis may be restarting: the worker waits for them, and sweeps again.
-        click.echo(f"harvest: startup sweep failed ({_one_line(exc)}); the worker will retry", err=True)
-    settings = state.settings
-
-    def make_worker(on_stop: Callable[[], object]) -> HarvestWorker:
-        pool = DeliveryPool(
-            state.runner,
-            size=concurrency or settings.worker_concurrency,
-            per_subscription=settings.webhooks_max_inflight_per_subscription,
-            context=app.app_context,
-        )
-        return HarvestWorker(
-            [backend.queue],
-            connection=backend.connection,
-            name=name,
-            app=app,
-            pool=pool,
-            periodic=state.sweep,
-            interval=settings.sweep_interval_seconds,
-            on_stop=on_stop,
-        )
-
-    run_worker(app, make_worker, burst=burst, recover=state.sweep)
+    serve(app, burst=burst, name=name, concurrency=concurrency, say=click.echo)
 
 
 @harvest_cli.command("sweep")
 def sweep_command() -> None:
     """Once: relay waiting outbox messages, purge old relayed ones, free expired leases and queue
     due deliveries that have no job."""
-    state = get_state()
-    report = state.sweep()
-    _finish_local_attempts(state)
+    engine = get_engine()
+    report = engine.sweep()
+    _finish_local_jobs(engine)
     click.echo(
         f"relayed {report.relayed} outbox message(s), released {report.released} expired lease(s), "
         f"requeued {report.requeued} delivery(ies)"
     )
 
 
-def _finish_local_attempts(state: HarvestState) -> None:
-    """The local backend runs queued attempts on this process's threads: let them finish."""
-    if isinstance(state.backend, LocalBackend):
-        state.backend.join(timeout=state.settings.webhooks_deadline_seconds * 2)
+def _finish_local_jobs(engine: HarvestEngine) -> None:
+    """A backend that runs jobs on this process's threads (the local one): let them finish."""
+    engine.backend.join(timeout=engine.settings.webhooks_deadline_seconds * 2)
+
+
+def _ops() -> WebhookOperations:
+    return get_engine().operations
 
 
 @harvest_cli.command("init-db")
 def init_db_command() -> None:
     """Create the webhook tables where they do not exist yet (existing ones are left alone)."""
-    store = get_state().store
-    if not isinstance(store, SqlOutboundWebhookStore):
+    store = get_engine().store
+    if not store.keeps_tables:
         click.echo(f"{type(store).__name__} keeps no tables: there is nothing to create")
         return
     store.ensure_schema()
@@ -150,7 +115,7 @@ def purge_command(before: datetime | None, older_than: float | None, as_json: bo
     if (before is None) == (older_than is None):
         raise click.UsageError("give exactly one of --before and --older-than")
     cutoff = before if before is not None else utcnow() - timedelta(seconds=older_than or 0)
-    removed = get_state().store.purge_deliveries_before(cutoff)
+    removed = _ops().purge_delivered(cutoff)
     data = {"removed": removed, "before": isoformat(cutoff)}
     out.output(data, as_json, lambda d: f"removed {d['removed']} delivered log(s) from before {d['before']}")
 
@@ -159,7 +124,7 @@ def purge_command(before: datetime | None, older_than: float | None, as_json: bo
 @out.json_option
 def stats_command(as_json: bool) -> None:
     """Delivery counts by state, DLQ depth and the oldest pending delivery's age."""
-    out.output(operations.stats(get_state()), as_json, out.stats)
+    out.output(_ops().stats(), as_json, out.stats)
 
 
 # -- subscriptions ---------------------------------------------------------------------------------
@@ -192,8 +157,7 @@ def subscriptions_add(
     as_json: bool,
 ) -> None:
     """Subscribe URL to events; prints the signing secret, once."""
-    created = operations.create_subscription(
-        get_state(),
+    created = _ops().create_subscription(
         target_url=url,
         event_topics=topics,
         secret=secret,
@@ -207,7 +171,7 @@ def subscriptions_add(
 @out.json_option
 def subscriptions_list(as_json: bool) -> None:
     """Every subscription, oldest first."""
-    data = [s.to_dict() for s in get_state().store.list_subscriptions()]
+    data = [s.to_dict() for s in _ops().list_subscriptions()]
     out.output(data, as_json, out.subscription_rows)
 
 
@@ -216,11 +180,11 @@ def subscriptions_list(as_json: bool) -> None:
 @out.json_option
 def subscriptions_show(subscription_id: str, as_json: bool) -> None:
     """One subscription (its secret is never shown)."""
-    out.output(operations.get_subscription(get_state(), subscription_id).to_dict(), as_json, out.fields)
+    out.output(_ops().get_subscription(subscription_id).to_dict(), as_json, out.fields)
 
 
 def _set_status(subscription_id: str, status: WebhookSubscriptionStatus, as_json: bool) -> None:
-    updated = operations.update_subscription(get_state(), subscription_id, status=status)
+    updated = _ops().update_subscription(subscription_id, status=status)
     out.output(updated.to_dict(), as_json, lambda d: f"subscription {d['id']} is now {d['status']}")
 
 
@@ -254,9 +218,7 @@ def subscriptions_rotate_secret(
     subscription_id: str, secret: str | None, grace_seconds: float | None, as_json: bool
 ) -> None:
     """Give the subscription a new secret; prints it, once."""
-    rotated = operations.rotate_secret(
-        get_state(), subscription_id, new_secret=secret, grace_seconds=grace_seconds
-    )
+    rotated = _ops().rotate_secret(subscription_id, new_secret=secret, grace_seconds=grace_seconds)
     _print_new_secret(rotated, as_json)
 
 
@@ -265,12 +227,10 @@ def subscriptions_rotate_secret(
 @click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
 def subscriptions_remove(subscription_id: str, yes: bool) -> None:
     """Delete the subscription; its delivery logs stay."""
-    state = get_state()
-    subscription = operations.get_subscription(state, subscription_id)
+    subscription = _ops().get_subscription(subscription_id)
     if not yes:
         click.confirm(f"Remove subscription {subscription.id} ({subscription.target_url})?", abort=True)
-    if not state.store.remove_subscription(subscription_id):
-        raise SubscriptionNotFoundError(subscription_id)
+    _ops().remove_subscription(subscription_id)
     click.echo(f"removed subscription {subscription_id}; its delivery logs stay")
 
 
@@ -290,8 +250,8 @@ def dlq_list(
     limit: int, cursor: str | None, subscription_id: str | None, topic: str | None, as_json: bool
 ) -> None:
     """Dead-lettered deliveries, newest first."""
-    page, next_cursor = operations.dlq_page(
-        get_state(), limit=limit, cursor=cursor, subscription_id=subscription_id, topic=topic
+    page, next_cursor = _ops().dlq_page(
+        limit=limit, cursor=cursor, subscription_id=subscription_id, topic=topic
     )
     data = {"deliveries": [d.to_dict() for d in page], "next_cursor": next_cursor}
     out.output(data, as_json, out.dlq_page)
@@ -327,12 +287,10 @@ def dlq_replay(
     bulk = subscription_id is not None or since is not None or until is not None
     if log_id is not None and (bulk or limit is not None or dry_run):
         raise click.UsageError("give LOG_ID or the bulk options (--subscription, --since, --until), not both")
-    state = get_state()
     if log_id is not None:
-        result = operations.replay(state, log_id)
+        result = _ops().replay(log_id)
     elif bulk:
-        result = operations.replay_many(
-            state,
+        result = _ops().replay_many(
             subscription_id=subscription_id,
             since=since,
             until=until,
@@ -361,12 +319,7 @@ harvest_cli.add_command(deliveries_cli)
 @out.json_option
 def deliveries_show(delivery_id: str, as_json: bool) -> None:
     """One delivery and its attempt history."""
-    store = get_state().store
-    delivery = store.get_delivery(delivery_id)
-    if delivery is None:
-        raise DeliveryNotFoundError(delivery_id)
-    data = {**delivery.to_dict(), "attempts": [a.to_dict() for a in store.list_attempts(delivery_id)]}
-    out.output(data, as_json, out.delivery)
+    out.output(_ops().delivery_with_attempts(delivery_id), as_json, out.delivery)
 
 
 # -- outbox ----------------------------------------------------------------------------------------
@@ -375,28 +328,14 @@ outbox_cli = _Group("outbox", help="The transactional outbox of dispatch_in_tx."
 harvest_cli.add_command(outbox_cli)
 
 
-def _outbox_manager() -> OutboundWebhookManager:
-    manager = get_state().manager
-    if manager.outbox is None:
-        raise click.ClickException("the outbox needs the SQL store; this app uses another store")
-    return manager
-
-
 @outbox_cli.command("relay")
 @click.option(
     "--limit", type=click.IntRange(min=1), default=500, show_default=True, help="Messages per batch."
 )
 def outbox_relay_command(limit: int) -> None:
     """Relay committed messages whose relay never ran, until none are left."""
-    manager = _outbox_manager()
-    relayed = failed = 0
-    while True:
-        report = manager.relay_outbox(limit=limit)
-        relayed += report.relayed
-        failed += report.failed
-        if report.relayed + report.failed < limit or report.failed:
-            break
-    _finish_local_attempts(get_state())
+    relayed, failed = _ops().relay_outbox(limit=limit)
+    _finish_local_jobs(get_engine())
     click.echo(f"relayed {relayed} outbox message(s), {failed} failed")
     if failed:
         raise SystemExit(1)
@@ -411,8 +350,5 @@ def outbox_relay_command(limit: int) -> None:
 )
 def outbox_purge_command(older_than: float | None) -> None:
     """Delete relayed outbox messages older than the retention period."""
-    manager = _outbox_manager()
-    assert manager.outbox is not None
-    seconds = older_than if older_than is not None else manager.settings.outbox_retention_seconds
-    removed = manager.outbox.purge_relayed_before(utcnow() - timedelta(seconds=seconds))
+    removed, seconds = _ops().purge_outbox(older_than)
     click.echo(f"removed {removed} relayed outbox message(s) older than {seconds:g} s")

@@ -29,10 +29,9 @@ from werkzeug.datastructures import Headers
 from werkzeug.serving import BaseWSGIServer, make_server
 from werkzeug.wrappers import Request, Response
 
+from ._app import get_engine
 from .errors import ConfigurationError
-from .jobs.local import LocalBackend
 from .webhooks.models import DeliveryState, utcnow
-from .webhooks.plugin import get_state
 
 if TYPE_CHECKING:
     from _typeshed.wsgi import StartResponse, WSGIEnvironment
@@ -184,30 +183,29 @@ def drain(app: Flask, timeout: float = 30.0, *, retries: bool = False) -> int:
         after ``timeout`` seconds.
     :raises ConfigurationError: the app hands its deliveries to a delegate, which owns them.
     """
-    state = get_state(app)
-    if state.manager.delegate is not None:
+    engine = get_engine(app)
+    if engine.manager.delegate is not None:
         raise ConfigurationError("this app hands its deliveries to a delegate: drain would send them twice")
     end = time.monotonic() + timeout
     attempts = 0
     with app.app_context():
         # Wait for relays that commits started; the manager starts a new relay thread when needed.
-        state.manager.close()
+        engine.manager.close()
         while True:
-            while state.manager.relay_outbox().relayed:
+            while engine.manager.relay_outbox().relayed:
                 pass
-            if isinstance(state.backend, LocalBackend):
-                state.backend.join(timeout=max(0.0, end - time.monotonic()))
-            due = state.store.due_deliveries(now=utcnow(), limit=100)
+            engine.backend.join(timeout=max(0.0, end - time.monotonic()))
+            due = engine.store.due_deliveries(now=utcnow(), limit=100)
             for delivery_id in due:
-                if state.runner.run(delivery_id) is not None:
+                if engine.runner.run(delivery_id) is not None:
                     attempts += 1
             if not due:
-                counts = state.store.delivery_stats()[0].counts
+                counts = engine.store.delivery_stats()[0].counts
                 waiting = counts.get(DeliveryState.INFLIGHT.value, 0)
                 if retries:
                     waiting += counts.get(DeliveryState.PENDING.value, 0)
-                if state.manager.outbox is not None:  # being relayed elsewhere (the sweeper)
-                    waiting += state.manager.outbox.pending_count()
+                if engine.manager.outbox is not None:  # being relayed elsewhere (the sweeper)
+                    waiting += engine.manager.outbox.pending_count()
                 if not waiting:
                     return attempts
             if time.monotonic() > end:

@@ -8,9 +8,8 @@ from typing import Any
 
 from flask import Flask
 
-from flask_harvest import DeliveryState, OutboundWebhookHandler, OutboundWebhookPlugin
+from flask_harvest import DeliveryState, OutboundWebhookHandler, OutboundWebhookPlugin, get_engine
 from flask_harvest.webhooks.models import FINAL_STATES
-from flask_harvest.webhooks.plugin import get_state
 
 #: Quick retries so tests don't wait on the production schedule.
 FAST = {
@@ -48,7 +47,7 @@ def close_apps() -> None:
     """Stop the job backends of every app :func:`make_app` made."""
     while _apps:
         app = _apps.pop()
-        get_state(app).close()
+        get_engine(app).close()
         flask_sqlalchemy = app.extensions.get("sqlalchemy")
         if flask_sqlalchemy is not None:  # its engines belong to the app: close their connections
             with app.app_context():

@@ -19,9 +19,9 @@ from flask_harvest import (
     OutboundWebhookHandler,
     WebhookSubscription,
     generate_secret,
+    get_engine,
 )
 from flask_harvest.testing import CapturingReceiver
-from flask_harvest.webhooks.plugin import get_state
 
 from .pipeline import make_app, wait_final
 from .test_models import SEED_DLQ_FIELDS
@@ -114,7 +114,7 @@ def test_a_missing_or_wrong_token_is_refused(client: FlaskClient, method: str, p
 
 def test_an_authorizer_decides_when_registered(store: OutboundWebhookHandler) -> None:
     app = make_app(store)
-    state = get_state(app)
+    state = get_engine(app)
     assert state.access.authorizer is None
 
     def only_admins(request: Any) -> bool:
@@ -139,7 +139,7 @@ def test_the_plugin_decorator_registers_the_authorizer(store: OutboundWebhookHan
     try:
         assert app.test_client().get(f"{PREFIX}/stats").status_code == 200
     finally:
-        get_state(app).close()
+        get_engine(app).close()
 
 
 # -- subscriptions ---------------------------------------------------------------------------------
@@ -302,7 +302,7 @@ def test_delivery_detail_and_stats(
     store.add_subscription(WebhookSubscription(receiver.url("/hook"), ["a.b"], SECRET, id="sub_1"))
     receiver.respond("/hook", 500)
     with app.app_context():
-        [delivery_id] = get_state().manager.dispatch("a.b", {"x": 1})
+        [delivery_id] = get_engine().manager.dispatch("a.b", {"x": 1})
     assert wait_final(store, [delivery_id]) == [DeliveryState.DELIVERED]
     dead_letters(store, 2)
     detail = call(client, "GET", f"/deliveries/{delivery_id}").get_json()
@@ -328,7 +328,7 @@ def test_rotation_signs_with_both_secrets_during_the_grace_period(
     new_secret = rotated.get_json()["secret"]
     assert new_secret != SECRET
     with app.app_context():
-        get_state().manager.dispatch("a.b", {"during": "grace"})
+        get_engine().manager.dispatch("a.b", {"during": "grace"})
     [during] = receiver.wait_for(1)
     assert len(during.headers["webhook-signature"].split(" ")) == 2
     for secret in (SECRET, new_secret):  # a receiver on either secret accepts it
@@ -339,7 +339,7 @@ def test_rotation_signs_with_both_secrets_during_the_grace_period(
     newest = store.get_subscription("sub_1")
     assert newest is not None
     with app.app_context():
-        get_state().manager.dispatch("a.b", {"after": "grace"})
+        get_engine().manager.dispatch("a.b", {"after": "grace"})
     after = receiver.wait_for(2)[1]
     assert len(after.headers["webhook-signature"].split(" ")) == 1
     standardwebhooks.Webhook(newest.secret).verify(after.body, dict(after.headers))

@@ -6,12 +6,19 @@ import pytest
 import redis
 from flask import Flask
 
-from flask_harvest import DeliveryState, OutboundWebhookHandler, WebhookSubscription, generate_secret
-from flask_harvest.jobs.pool import DeliveryPool
-from flask_harvest.jobs.rq import BATCH_TASK, TASK, HarvestWorker, RqBackend, take_delivery_jobs
+from flask_harvest import (
+    DeliveryLog,
+    DeliveryState,
+    OutboundWebhookHandler,
+    WebhookSubscription,
+    generate_secret,
+    get_engine,
+)
+from flask_harvest.jobs.rq import BATCH_TASK, TASK, RqBackend, take_jobs
 from flask_harvest.testing import CapturingReceiver
-from flask_harvest.webhooks.plugin import get_state
+from flask_harvest.webhooks.delivery import WEBHOOK_JOB, delivery_job
 from flask_harvest.webhooks.sweeper import sweep
+from flask_harvest.worker import DeliveryPool, HarvestWorker
 
 from .pipeline import make_app, wait_final
 
@@ -32,11 +39,16 @@ def fan_out(
     app = make_app(
         store, HARVEST_JOBS_BACKEND="rq", HARVEST_REDIS_URL=redis_url, HARVEST_WORKER_CONCURRENCY=32
     )
-    backend = get_state(app).backend
+    backend = get_engine(app).backend
     assert isinstance(backend, RqBackend)
     with app.app_context():
-        ids = get_state(app).manager.dispatch("a.b", {"n": 1})
+        ids = get_engine(app).manager.dispatch("a.b", {"n": 1})
     return app, backend, ids
+
+
+def live(backend: RqBackend, deliveries: list[DeliveryLog]) -> set[str]:
+    """The ids of the deliveries whose job the backend says is alive."""
+    return {ref.id for ref in backend.live_jobs([delivery_job(d) for d in deliveries])}
 
 
 def harvest_keys(redis_conn: redis.Redis) -> list[bytes]:
@@ -52,10 +64,10 @@ def test_a_fan_out_is_queued_as_jobs_of_a_batch_each_and_all_delivered(
 
     jobs = backend.queue.jobs
     assert [job.func_name for job in jobs] == [BATCH_TASK] * 3
-    assert sorted(len(job.args[1]) for job in jobs) == [4, 8, 8]
-    assert backend.live_jobs(store.get_deliveries(ids)) == set(ids)
+    assert sorted(len(job.args[2]) for job in jobs) == [4, 8, 8]  # (kind, batch id, members)
+    assert live(backend, store.get_deliveries(ids)) == set(ids)
 
-    pool = DeliveryPool(get_state(app).runner, size=32, per_subscription=16, context=app.app_context)
+    pool = DeliveryPool(get_engine(app).runner, size=32, per_subscription=16, context=app.app_context)
     HarvestWorker([backend.queue], connection=backend.connection, app=app, pool=pool).work(burst=True)
 
     assert wait_final(store, ids, timeout=5) == [DeliveryState.DELIVERED]
@@ -80,27 +92,27 @@ def test_a_batched_delivery_whose_batch_job_is_lost_is_requeued_by_the_sweeper(
     _app, backend, ids = fan_out(store, redis_url, receiver, subscribers=3)
     (batch,) = backend.queue.jobs
     deliveries = store.get_deliveries(ids)
-    assert backend.live_jobs(deliveries) == set(ids)
+    assert live(backend, deliveries) == set(ids)
 
     batch.delete()  # Redis lost the job: the member list and the aliases are all that is left
 
-    assert backend.live_jobs(deliveries) == set()
+    assert live(backend, deliveries) == set()
     assert redis_conn.hlen(f"harvest:batch-of:{backend.queue.name}") == 0  # stale aliases dropped
     assert sweep(store, backend, grace_seconds=0).requeued == 3
-    assert backend.live_jobs(deliveries) == set(ids)
+    assert live(backend, deliveries) == set(ids)
     assert sweep(store, backend, grace_seconds=0).requeued == 0  # queued now: left alone
 
 
-def test_take_delivery_jobs_takes_a_batch_whole_or_not_at_all(
+def test_take_jobs_takes_a_batch_whole_or_not_at_all(
     store: OutboundWebhookHandler, redis_conn: redis.Redis, redis_url: str, receiver: CapturingReceiver
 ) -> None:
     store.add_subscription(WebhookSubscription(receiver.url("/other"), ["b.*"], SECRET, id="sub_other"))
     app, backend, ids = fan_out(store, redis_url, receiver, subscribers=3)
     with app.app_context():
-        (single,) = get_state(app).manager.dispatch("b.c", {"n": 2})
+        (single,) = get_engine(app).manager.dispatch("b.c", {"n": 2})
 
-    assert take_delivery_jobs(backend.queue, 2) == []  # the batch of 3 does not fit
-    assert sorted(take_delivery_jobs(backend.queue, 3)) == sorted(ids)
+    assert take_jobs(backend.queue, WEBHOOK_JOB, 2) == []  # the batch of 3 does not fit
+    assert sorted(take_jobs(backend.queue, WEBHOOK_JOB, 3)) == sorted(ids)
     assert [job.func_name for job in backend.queue.jobs] == [TASK]
-    assert take_delivery_jobs(backend.queue, 5) == [single]
+    assert take_jobs(backend.queue, WEBHOOK_JOB, 5) == [single]
     assert harvest_keys(redis_conn) == []

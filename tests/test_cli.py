@@ -15,7 +15,8 @@ from flask import Flask
 from rq import Queue
 from rq.job import Job
 
-from flask_harvest.jobs.base import delivery_id_of
+from flask_harvest import get_engine
+from flask_harvest.jobs.base import row_id_of
 from flask_harvest.jobs.rq import BATCH_TASK
 from flask_harvest.webhooks.models import (
     AttemptResult,
@@ -26,7 +27,6 @@ from flask_harvest.webhooks.models import (
     WebhookSubscriptionStatus,
     utcnow,
 )
-from flask_harvest.webhooks.plugin import get_state
 from flask_harvest.webhooks.stores import OutboundWebhookHandler
 from flask_harvest.webhooks.stores.sql import SqlOutboundWebhookStore
 
@@ -368,12 +368,12 @@ def rq_app(store: OutboundWebhookHandler, redis_conn: redis.Redis, redis_url: st
 @pytest.fixture
 def enqueued(rq_app: Flask, redis_conn: redis.Redis) -> Callable[[], list[str]]:
     """Return a function listing the delivery ids of the jobs waiting in the real RQ queue."""
-    queue = Queue(get_state(rq_app).settings.webhooks_queue, connection=redis_conn)
+    queue = Queue(get_engine(rq_app).settings.webhooks_queue, connection=redis_conn)
 
     def delivery_ids(job: Job) -> list[str]:
-        if job.func_name == BATCH_TASK:  # (batch id, the members' own job ids)
-            return [delivery_id_of(member) for member in job.args[1]]
-        return [job.args[0]]
+        if job.func_name == BATCH_TASK:  # (kind, batch id, the members' own job ids)
+            return [row_id_of(member, job.args[0]) for member in job.args[2]]
+        return [job.args[1]]  # (kind, delivery id)
 
     return lambda: sorted(i for job in queue.jobs for i in delivery_ids(job))
 

@@ -20,11 +20,11 @@ from flask_harvest import (
     WebhookSubscriptionStatus,
     __version__,
     generate_secret,
+    get_engine,
     signals,
 )
 from flask_harvest.signing import verify_standard, verify_stripe
 from flask_harvest.testing import CapturingReceiver
-from flask_harvest.webhooks.plugin import get_state
 
 from .pipeline import make_app, wait_final
 
@@ -43,7 +43,7 @@ def test_dispatch_delivers_a_signed_request(
     app = make_app(store)
     subscribe(store, receiver.url("/hook"))
     with app.app_context():
-        [delivery_id] = get_state().manager.dispatch("order.created", {"order_id": "ord_1", "total": 4.2})
+        [delivery_id] = get_engine().manager.dispatch("order.created", {"order_id": "ord_1", "total": 4.2})
         assert wait_final(store, [delivery_id]) == [DeliveryState.DELIVERED]
     [request] = receiver.requests
     assert request.body == b'{"order_id":"ord_1","total":4.2}'
@@ -68,7 +68,7 @@ def test_retry_keeps_the_id_and_signs_a_fresh_timestamp(
     subscribe(store, receiver.url("/hook"))
     receiver.respond("/hook", 503, "busy", {"Retry-After": "1"})
     with app.app_context():
-        [delivery_id] = get_state().manager.dispatch("order.created", {"n": 1})
+        [delivery_id] = get_engine().manager.dispatch("order.created", {"n": 1})
         assert wait_final(store, [delivery_id]) == [DeliveryState.DELIVERED]
     first, second = receiver.requests
     assert first.webhook_id == second.webhook_id == delivery_id
@@ -101,7 +101,7 @@ def test_410_gone_disables_the_subscription(
         disabled.append(subscription_id)
 
     with signals.subscription_disabled.connected_to(on_disabled, app), app.app_context():
-        [delivery_id] = get_state().manager.dispatch("order.created", {})
+        [delivery_id] = get_engine().manager.dispatch("order.created", {})
         assert wait_final(store, [delivery_id]) == [DeliveryState.DLQ]
     assert len(receiver.requests) == 1  # no retry after 410
     subscription = store.get_subscription("sub_1")
@@ -117,7 +117,7 @@ def test_redirect_is_a_failure_and_never_followed(
     subscribe(store, receiver.url("/moved"))
     receiver.handle("/moved", lambda r: Response("", 302, {"Location": receiver.url("/elsewhere")}))
     with app.app_context():
-        [delivery_id] = get_state().manager.dispatch("order.created", {})
+        [delivery_id] = get_engine().manager.dispatch("order.created", {})
         assert wait_final(store, [delivery_id]) == [DeliveryState.DLQ]
     assert [r.path for r in receiver.requests] == ["/moved", "/moved"]
     stored = store.get_delivery(delivery_id)
@@ -129,7 +129,7 @@ def test_connection_refused_is_retried_then_dead_lettered(store: OutboundWebhook
     app = make_app(store, HARVEST_WEBHOOKS_MAX_ATTEMPTS=2)
     subscribe(store, "http://127.0.0.1:9/closed")  # the discard port: nothing listens here
     with app.app_context():
-        [delivery_id] = get_state().manager.dispatch("order.created", {})
+        [delivery_id] = get_engine().manager.dispatch("order.created", {})
         assert wait_final(store, [delivery_id]) == [DeliveryState.DLQ]
     stored = store.get_delivery(delivery_id)
     assert stored is not None
@@ -148,7 +148,7 @@ def test_read_timeout_is_a_failure(store: OutboundWebhookHandler, receiver: Capt
     receiver.handle("/slow", slow)
     subscribe(store, receiver.url("/slow"))
     with app.app_context():
-        [delivery_id] = get_state().manager.dispatch("order.created", {})
+        [delivery_id] = get_engine().manager.dispatch("order.created", {})
         assert wait_final(store, [delivery_id]) == [DeliveryState.DLQ]
     stored = store.get_delivery(delivery_id)
     assert stored is not None
@@ -176,7 +176,7 @@ def test_a_dripping_receiver_is_cut_off_at_the_deadline(
     receiver.handle("/drip", drip)
     subscribe(store, receiver.url("/drip"))
     with app.app_context():
-        [delivery_id] = get_state().manager.dispatch("order.created", {})
+        [delivery_id] = get_engine().manager.dispatch("order.created", {})
         assert wait_final(store, [delivery_id]) == [DeliveryState.DLQ]
     stored = store.get_delivery(delivery_id)
     assert stored is not None
@@ -197,7 +197,7 @@ def test_a_huge_response_is_read_only_up_to_the_limit(
     receiver.handle("/huge", huge)
     subscribe(store, receiver.url("/huge"))
     with app.app_context():
-        [delivery_id] = get_state().manager.dispatch("order.created", {})
+        [delivery_id] = get_engine().manager.dispatch("order.created", {})
         assert wait_final(store, [delivery_id]) == [DeliveryState.DELIVERED]
     stored = store.get_delivery(delivery_id)
     assert stored is not None
@@ -215,7 +215,7 @@ def test_failures_disable_at_the_threshold_and_success_resets_the_count(
         failed.append(subscription_id)
 
     def dispatch_one() -> DeliveryState:
-        [delivery_id] = get_state().manager.dispatch("order.created", {})
+        [delivery_id] = get_engine().manager.dispatch("order.created", {})
         [state] = wait_final(store, [delivery_id])
         return state
 
@@ -239,7 +239,7 @@ def test_failures_disable_at_the_threshold_and_success_resets_the_count(
         assert failed == ["sub_1"]
         # A failed subscription gets SKIPPED rows and no requests.
         before = len(receiver.requests)
-        assert get_state().manager.dispatch("order.created", {}) == []
+        assert get_engine().manager.dispatch("order.created", {}) == []
         assert len(receiver.requests) == before
 
 
@@ -255,7 +255,7 @@ def test_inactive_subscriptions_get_skipped_rows(
         skipped.append(delivery.id)
 
     with signals.delivery_skipped.connected_to(on_skipped, app), app.app_context():
-        ids = get_state().manager.dispatch("order.created", {})
+        ids = get_engine().manager.dispatch("order.created", {})
         assert wait_final(store, ids) == [DeliveryState.DELIVERED]
     [skipped_id] = skipped
     row = store.get_delivery(skipped_id)
@@ -271,7 +271,7 @@ def test_an_enqueue_failure_dead_letters_and_names_the_deliveries(
     app = make_app(store, HARVEST_JOBS_BACKEND="rq", HARVEST_REDIS_URL="redis://127.0.0.1:9/0")
     subscribe(store, receiver.url("/hook"))
     with app.app_context(), pytest.raises(EnqueueError) as caught:
-        get_state().manager.dispatch("order.created", {"n": 1})
+        get_engine().manager.dispatch("order.created", {"n": 1})
     [delivery_id] = caught.value.delivery_ids
     assert delivery_id in str(caught.value)
     stored = store.get_delivery(delivery_id)
@@ -295,13 +295,13 @@ def test_a_delegate_takes_over_and_its_error_reaches_the_caller(
     app = make_app(store, delegate=delegate)
     subscribe(store, receiver.url("/hook"))
     with app.app_context():
-        [first] = get_state().manager.dispatch("order.created", {})
+        [first] = get_engine().manager.dispatch("order.created", {})
         with pytest.raises(RuntimeError, match="delegate is down"):
-            get_state().manager.dispatch("order.created", {})
+            get_engine().manager.dispatch("order.created", {})
     assert handed[0] == first
     time.sleep(2.1)  # past the sweeper's grace period: the rows are due and have no job...
     with app.app_context():
-        assert get_state().sweep().requeued == 0  # ...but the delegate owns them
+        assert get_engine().sweep().requeued == 0  # ...but the delegate owns them
     for delivery_id in handed:  # handed over, not sent, and never dead-lettered
         stored = store.get_delivery(delivery_id)
         assert stored is not None

@@ -16,11 +16,17 @@ import redis
 from flask import Flask
 from werkzeug.wrappers import Request, Response
 
-from flask_harvest import DeliveryState, OutboundWebhookHandler, WebhookSubscription, generate_secret
-from flask_harvest.jobs.rq import HarvestWorker, RqBackend
+from flask_harvest import (
+    DeliveryState,
+    OutboundWebhookHandler,
+    WebhookSubscription,
+    generate_secret,
+    get_engine,
+)
+from flask_harvest.jobs.rq import RqBackend
 from flask_harvest.testing import CapturingReceiver
-from flask_harvest.webhooks.plugin import get_state
 from flask_harvest.webhooks.stores.sql import SqlOutboundWebhookStore
+from flask_harvest.worker import HarvestWorker
 
 from .pipeline import make_app, wait_final
 
@@ -34,7 +40,7 @@ def rq_app(store: OutboundWebhookHandler, redis_url: str, **config: object) -> F
 
 def work_until_final(app: Flask, delivery_ids: list[str], rounds: int = 10) -> list[DeliveryState]:
     """Run burst workers (each also moves due scheduled retries) until every delivery is final."""
-    state = get_state(app)
+    state = get_engine(app)
     backend = state.backend
     assert isinstance(backend, RqBackend)
     for _ in range(rounds):
@@ -55,7 +61,7 @@ def test_simple_worker_delivers_and_retries(
     store.add_subscription(WebhookSubscription(receiver.url("/hook"), ["order.*"], SECRET, id="sub_1"))
     receiver.respond("/hook", 500)
     with app.app_context():
-        ids = get_state().manager.dispatch("order.created", {"n": 1})
+        ids = get_engine().manager.dispatch("order.created", {"n": 1})
     assert len(redis_conn.lrange("rq:queue:harvest-webhooks", 0, -1)) == 1
     assert work_until_final(app, ids) == [DeliveryState.DELIVERED]
     first, second = receiver.requests
@@ -69,12 +75,12 @@ def test_lowering_the_attempt_limit_dead_letters_a_waiting_delivery_without_a_re
     store.add_subscription(WebhookSubscription(receiver.url("/hook"), ["order.*"], SECRET, id="sub_1"))
     receiver.respond("/hook", 500, times=2)
     with app.app_context():
-        [delivery_id] = get_state().manager.dispatch("order.created", {})
-        assert get_state().runner.run(delivery_id) is DeliveryState.PENDING
+        [delivery_id] = get_engine().manager.dispatch("order.created", {})
+        assert get_engine().runner.run(delivery_id) is DeliveryState.PENDING
     time.sleep(0.1)  # the retry becomes due (backoff is at most 20 ms)
     lowered = rq_app(store, redis_url, HARVEST_WEBHOOKS_MAX_ATTEMPTS=1)
     with lowered.app_context():
-        assert get_state().runner.run(delivery_id) is DeliveryState.DLQ
+        assert get_engine().runner.run(delivery_id) is DeliveryState.DLQ
     assert len(receiver.requests) == 1
     stored = store.get_delivery(delivery_id)
     assert stored is not None
@@ -87,13 +93,13 @@ def test_sweeper_rebuilds_the_queue_after_redis_loses_it(
     app = rq_app(store, redis_url)
     store.add_subscription(WebhookSubscription(receiver.url("/hook"), ["order.*"], SECRET, id="sub_1"))
     with app.app_context():
-        ids = [get_state().manager.dispatch("order.created", {"n": n})[0] for n in range(5)]
+        ids = [get_engine().manager.dispatch("order.created", {"n": n})[0] for n in range(5)]
     redis_conn.flushdb()  # Redis restarted empty: every job is gone, the rows are not
     time.sleep(2.1)  # the sweeper leaves alone rows due less than its grace period ago
     with app.app_context():
-        report = get_state().sweep()
+        report = get_engine().sweep()
         assert report.requeued == 5
-        assert get_state().sweep().requeued == 0  # the jobs exist now: no duplicates
+        assert get_engine().sweep().requeued == 0  # the jobs exist now: no duplicates
     assert work_until_final(app, ids) == [DeliveryState.DELIVERED]
     assert sorted(r.webhook_id or "" for r in receiver.requests) == sorted(ids)
 
@@ -170,7 +176,7 @@ def test_flask_harvest_worker_command_delivers(
     app = rq_app(sql_store, redis_url)
     sql_store.add_subscription(WebhookSubscription(receiver.url("/hook"), ["order.*"], SECRET, id="sub_1"))
     with app.app_context():
-        ids = [get_state().manager.dispatch("order.created", {"n": n})[0] for n in range(3)]
+        ids = [get_engine().manager.dispatch("order.created", {"n": n})[0] for n in range(3)]
     worker = _worker(tmp_path, sql_store, redis_url, "--burst")
     try:
         assert worker.wait(timeout=60) == 0, (tmp_path / "worker.log").read_text()
@@ -199,7 +205,7 @@ def test_a_killed_worker_is_recovered_after_one_lease(
     app = rq_app(sql_store, redis_url)
     sql_store.add_subscription(WebhookSubscription(receiver.url("/slow"), ["order.*"], SECRET, id="sub_1"))
     with app.app_context():
-        [delivery_id] = get_state().manager.dispatch("order.created", {})
+        [delivery_id] = get_engine().manager.dispatch("order.created", {})
     lease = {"TEST_LEASE": "3", "TEST_DEADLINE": "2.5"}
     doomed = _worker(tmp_path, sql_store, redis_url, **lease)
     try:

@@ -22,14 +22,15 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 from flask_harvest import (
     ConfigurationError,
     DeliveryState,
+    HarvestEngine,
     InMemoryOutboundWebhookHandler,
     OutboundWebhookPlugin,
     WebhookSubscription,
     generate_secret,
+    get_engine,
 )
 from flask_harvest.testing import CapturingReceiver
 from flask_harvest.webhooks.manager import outbox_delivery_id
-from flask_harvest.webhooks.plugin import HarvestState, get_state
 from flask_harvest.webhooks.stores._schema import outbox_table
 from flask_harvest.webhooks.stores.sql import SqlOutboundWebhookStore
 
@@ -60,8 +61,8 @@ class OutboxApp:
     url: str
 
     @property
-    def state(self) -> HarvestState:
-        return get_state(self.app)
+    def state(self) -> HarvestEngine:
+        return get_engine(self.app)
 
     @property
     def engine(self) -> sa.Engine:
@@ -174,7 +175,7 @@ def test_the_in_memory_store_refuses_dispatch_in_tx() -> None:
     close_later(app)
     engine = sa.create_engine("sqlite://")
     with app.app_context(), Session(engine) as session, pytest.raises(ConfigurationError, match="SQL store"):
-        get_state().manager.dispatch_in_tx(session, "order.created", {})
+        get_engine().manager.dispatch_in_tx(session, "order.created", {})
 
 
 def test_racing_relays_create_exactly_one_delivery_per_message_and_subscription(

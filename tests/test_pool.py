@@ -12,11 +12,17 @@ from rq import Queue
 from rq.job import Job
 from werkzeug.wrappers import Request, Response
 
-from flask_harvest import DeliveryState, OutboundWebhookHandler, WebhookSubscription, generate_secret
-from flask_harvest.jobs.pool import DeliveryPool
-from flask_harvest.jobs.rq import HarvestWorker, RqBackend, take_delivery_jobs
+from flask_harvest import (
+    DeliveryState,
+    OutboundWebhookHandler,
+    WebhookSubscription,
+    generate_secret,
+    get_engine,
+)
+from flask_harvest.jobs.rq import TASK, RqBackend, take_jobs
 from flask_harvest.testing import CapturingReceiver
-from flask_harvest.webhooks.plugin import get_state
+from flask_harvest.webhooks.delivery import WEBHOOK_JOB
+from flask_harvest.worker import DeliveryPool, HarvestWorker
 
 from .pipeline import make_app, wait_final
 
@@ -53,7 +59,7 @@ def test_a_slow_endpoint_holds_at_most_its_cap_and_never_delays_the_others(
     store.add_subscription(WebhookSubscription(receiver.url("/slow"), ["a.*"], SECRET, id="sub_slow"))
     store.add_subscription(WebhookSubscription(receiver.url("/fast"), ["a.*"], SECRET, id="sub_fast"))
     app = make_app(store, HARVEST_JOBS_BACKEND="rq", HARVEST_REDIS_URL=redis_url)
-    state = get_state(app)
+    state = get_engine(app)
     backend = state.backend
     assert isinstance(backend, RqBackend)
     with app.app_context():
@@ -97,7 +103,7 @@ class CountingWorker(HarvestWorker):
 
 
 def run_pooled_worker(app: Flask, pool: DeliveryPool) -> CountingWorker:
-    backend = get_state(app).backend
+    backend = get_engine(app).backend
     assert isinstance(backend, RqBackend)
     worker = CountingWorker([backend.queue], connection=backend.connection, app=app, pool=pool)
     worker.work(burst=True)
@@ -109,7 +115,7 @@ def test_a_worker_takes_queued_deliveries_in_batches_through_one_rq_job_each(
 ) -> None:
     store.add_subscription(WebhookSubscription(receiver.url("/hook"), ["a.*"], SECRET, id="sub"))
     app = make_app(store, HARVEST_JOBS_BACKEND="rq", HARVEST_REDIS_URL=redis_url)
-    state = get_state(app)
+    state = get_engine(app)
     with app.app_context():
         ids = [i for n in range(40) for i in state.manager.dispatch("a.b", {"n": n})]
     pool = DeliveryPool(state.runner, size=8, per_subscription=8, context=app.app_context)
@@ -130,7 +136,7 @@ def test_a_healthy_endpoint_past_its_cap_waits_its_turn_in_the_process(
     receiver.handle("/busy", busy)
     store.add_subscription(WebhookSubscription(receiver.url("/busy"), ["a.*"], SECRET, id="sub"))
     app = make_app(store, HARVEST_JOBS_BACKEND="rq", HARVEST_REDIS_URL=redis_url)
-    state = get_state(app)
+    state = get_engine(app)
     with app.app_context():
         ids = [i for n in range(12) for i in state.manager.dispatch("a.b", {"n": n})]
     pool = DeliveryPool(state.runner, size=8, per_subscription=2, context=app.app_context)
@@ -141,18 +147,21 @@ def test_a_healthy_endpoint_past_its_cap_waits_its_turn_in_the_process(
     assert busy.most == 2
 
 
-def test_take_delivery_jobs_stops_at_a_job_that_is_not_a_delivery(
+def test_take_jobs_stops_at_a_job_of_another_kind(
     redis_conn: redis.Redis,
 ) -> None:
     queue = Queue("harvest-take-test", connection=redis_conn)
     for n in range(3):
-        queue.enqueue("flask_harvest.jobs.tasks.deliver_webhook", f"d-{n}", job_id=f"harvest-d-{n}-1-0")
-    queue.enqueue("builtins.print", "other", job_id="not-a-delivery")
-    queue.enqueue("flask_harvest.jobs.tasks.deliver_webhook", "d-9", job_id="harvest-d-9-1-0")
+        queue.enqueue(TASK, WEBHOOK_JOB, f"d-{n}", job_id=f"harvest-webhook-d-{n}-1-0")
+    queue.enqueue(TASK, "workflow", "w-1", job_id="harvest-workflow-w-1-0-0")
+    queue.enqueue("builtins.print", "other", job_id="not-a-harvest-job")
+    queue.enqueue(TASK, WEBHOOK_JOB, "d-9", job_id="harvest-webhook-d-9-1-0")
 
-    assert take_delivery_jobs(queue, 2) == ["d-0", "d-1"]
-    assert take_delivery_jobs(queue, 10) == ["d-2"]
-    assert queue.job_ids == ["not-a-delivery", "harvest-d-9-1-0"]
-    assert not redis_conn.exists(Job.key_for("harvest-d-0-1-0"))
-    assert redis_conn.exists(Job.key_for("not-a-delivery"))
-    assert take_delivery_jobs(queue, 0) == []
+    assert take_jobs(queue, WEBHOOK_JOB, 2) == ["d-0", "d-1"]
+    assert take_jobs(queue, WEBHOOK_JOB, 10) == ["d-2"]
+    assert queue.job_ids == ["harvest-workflow-w-1-0-0", "not-a-harvest-job", "harvest-webhook-d-9-1-0"]
+    assert not redis_conn.exists(Job.key_for("harvest-webhook-d-0-1-0"))
+    assert redis_conn.exists(Job.key_for("harvest-workflow-w-1-0-0"))
+    assert take_jobs(queue, WEBHOOK_JOB, 0) == []
+    assert take_jobs(queue, "workflow", 5) == ["w-1"]
+    assert take_jobs(queue, WEBHOOK_JOB, 5) == []  # the head is not a harvest job

@@ -28,6 +28,7 @@ from flask_harvest import (
     InvalidSecretError,
     WebhookSubscription,
     generate_secret,
+    get_engine,
 )
 from flask_harvest.receiver import (
     MemoryReplayCache,
@@ -37,7 +38,6 @@ from flask_harvest.receiver import (
     verify_webhook,
 )
 from flask_harvest.signing import DEFAULT_SIGNATURE_HEADER, sign_headers
-from flask_harvest.webhooks.plugin import get_state
 
 from .pipeline import make_app, wait_final
 
@@ -114,8 +114,8 @@ def test_deliveries_of_our_own_pipeline_are_accepted(scheme: str, secret: str) -
         url = f"http://127.0.0.1:{server.server_port}/webhooks"
         store.add_subscription(WebhookSubscription(url, ["order.*"], secret, id="sub_1"))
         with app.app_context():
-            ids = get_state().manager.dispatch("order.created", {"order_id": "ord_1"})
-            ids += get_state().manager.dispatch("order.paid", {"order_id": "ord_1", "total": 42})
+            ids = get_engine().manager.dispatch("order.created", {"order_id": "ord_1"})
+            ids += get_engine().manager.dispatch("order.paid", {"order_id": "ord_1", "total": 42})
         assert wait_final(store, ids) == [DeliveryState.DELIVERED]
     finally:
         server.shutdown()

@@ -22,6 +22,7 @@ from flask_harvest import (
     WebhookSubscription,
     WebhookSubscriptionStatus,
     generate_secret,
+    get_engine,
 )
 from flask_harvest.config import load_settings
 from flask_harvest.errors import ConfigurationError, InvalidFieldError
@@ -36,7 +37,6 @@ from flask_harvest.ssrf import (
 )
 from flask_harvest.testing import CapturingReceiver
 from flask_harvest.transport import FailureKind, HttpResponse, Transport, TransportError, resolve
-from flask_harvest.webhooks.plugin import get_state
 
 from .conftest import IN_CI
 from .pipeline import make_app, wait_final
@@ -441,7 +441,7 @@ def test_a_delivery_to_a_refused_target_is_dead_lettered_at_once_naming_the_reas
     )
     app = make_app(store, HARVEST_WEBHOOKS_ALLOW_PRIVATE_TARGETS=False)  # the default, spelled out
     with app.app_context():
-        [delivery_id] = get_state().manager.dispatch("order.created", {"n": 1})
+        [delivery_id] = get_engine().manager.dispatch("order.created", {"n": 1})
     assert wait_final(store, [delivery_id]) == [DeliveryState.DLQ]
     delivery = store.get_delivery(delivery_id)
     assert delivery is not None

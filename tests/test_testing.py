@@ -22,11 +22,12 @@ from flask_harvest import (
     OutboundWebhookHandler,
     WebhookSubscription,
     generate_secret,
+    get_engine,
 )
-from flask_harvest.jobs.rq import HarvestWorker, RqBackend
+from flask_harvest.jobs.rq import RqBackend
 from flask_harvest.testing import CapturingReceiver, drain
-from flask_harvest.webhooks.plugin import get_state
 from flask_harvest.webhooks.stores.sql import SqlOutboundWebhookStore
+from flask_harvest.worker import HarvestWorker
 
 from .pipeline import make_app
 
@@ -110,7 +111,7 @@ def test_drain_sends_everything_due_before_returning(
     app = make_app(store)
     subscribe(store, harvest_receiver)
     with app.app_context():
-        ids = [i for n in range(5) for i in get_state().manager.dispatch("order.created", {"n": n})]
+        ids = [i for n in range(5) for i in get_engine().manager.dispatch("order.created", {"n": n})]
     drain(app)  # no waiting afterwards: everything was sent when drain returned
     assert states(store, ids) == [DeliveryState.DELIVERED] * 5
     assert sorted(r.webhook_id or "" for r in harvest_receiver.requests) == sorted(ids)
@@ -123,7 +124,7 @@ def test_drain_leaves_a_retry_for_later_unless_asked(harvest_receiver: Capturing
     subscribe(store, harvest_receiver)
     harvest_receiver.respond("/hook", status=500, times=1)
     with app.app_context():
-        ids = get_state().manager.dispatch("order.created", {"n": 1})
+        ids = get_engine().manager.dispatch("order.created", {"n": 1})
     drain(app)
     [delivery] = store.get_deliveries(ids)
     assert (delivery.state, delivery.attempt) == (DeliveryState.PENDING, 2)
@@ -144,11 +145,11 @@ def test_drain_runs_rq_jobs_without_a_worker_and_the_jobs_then_do_nothing(
     subscribe(store, harvest_receiver)
     harvest_receiver.respond("/hook", status=503, times=2)
     with app.app_context():
-        ids = [i for n in range(3) for i in get_state().manager.dispatch("order.created", {"n": n})]
+        ids = [i for n in range(3) for i in get_engine().manager.dispatch("order.created", {"n": n})]
     assert redis_conn.llen("rq:queue:harvest-webhooks") == 3
     assert drain(app, retries=True, timeout=20) == 5  # 3 first attempts, 2 retries
     assert states(store, ids) == [DeliveryState.DELIVERED] * 3
-    backend = get_state(app).backend
+    backend = get_engine(app).backend
     assert isinstance(backend, RqBackend)
     HarvestWorker([backend.queue], connection=backend.connection, app=app).work(burst=True)
     assert len(harvest_receiver.requests) == 5  # the queued jobs found their rows delivered
@@ -161,7 +162,7 @@ def test_drain_relays_outbox_messages_written_on_a_bare_connection(
     app = make_app(store, HARVEST_SWEEP_INTERVAL_SECONDS=3600)  # no sweeper to do it for us
     subscribe(store, harvest_receiver)
     with sqlite_engine.begin() as conn:
-        get_state(app).manager.dispatch_in_tx(conn, "order.created", {"n": 1})
+        get_engine(app).manager.dispatch_in_tx(conn, "order.created", {"n": 1})
     drain(app)
     [request] = harvest_receiver.requests
     assert request.body == b'{"n":1}'
@@ -178,7 +179,7 @@ def test_drain_waits_for_attempts_in_flight_and_times_out(harvest_receiver: Capt
 
     harvest_receiver.handle("/hook", slow)
     with app.app_context():
-        ids = get_state().manager.dispatch("order.created", {})
+        ids = get_engine().manager.dispatch("order.created", {})
     with pytest.raises(TimeoutError):
         drain(app, timeout=0.3)
     drain(app, timeout=10)

@@ -1,12 +1,19 @@
-"""The contract every job backend fulfils."""
+"""The job seam: a small reference to a unit of work, the backends that carry it, and the kinds of
+work they carry.
+
+A job carries only a :class:`JobRef`; whoever runs it re-reads the row it names, and a claim in SQL
+decides who acts, so a duplicate or stale job is harmless. The seam knows nothing of webhooks or
+workflows: each feature registers its *kind* of work in :class:`JobKinds`.
+"""
 
 from __future__ import annotations
 
 import abc
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
 
 from ..errors import HarvestError
-from ..webhooks.models import DeliveryLog
 
 
 class JobBackendError(HarvestError):
@@ -16,50 +23,115 @@ class JobBackendError(HarvestError):
 JOB_PREFIX = "harvest-"
 
 
-def job_id(delivery: DeliveryLog) -> str:
-    """Return the job id of a delivery's next attempt.
+@dataclass(frozen=True)
+class JobRef:
+    """What a job carries: which row to work on, and which attempt of it the job is for.
 
-    It changes with every attempt, retry and replay, so a job that is finishing never shares an id
-    with the retry it scheduled, and the sweeper can ask whether the job a row waits for exists.
+    :param kind: the kind of work (``"webhook"``, ``"workflow"``), a registered :class:`JobKinds` name.
+    :param id: the row's id.
+    :param attempt: the attempt the job is for; with ``due``, it makes each attempt's job id new.
+    :param due: when the job should run; ``None`` for now.
     """
-    due = delivery.next_attempt_at
-    due_ms = int(due.timestamp() * 1000) if due is not None else 0
-    return f"{JOB_PREFIX}{delivery.id}-{delivery.attempt}-{due_ms}"
+
+    kind: str
+    id: str
+    attempt: int = 0
+    due: datetime | None = None
+
+    @property
+    def job_id(self) -> str:
+        """The job's id. It changes with every attempt, retry and replay, so a finishing job never
+        shares an id with the retry it scheduled, and the sweeper can ask whether the job a row
+        waits for exists."""
+        due_ms = int(self.due.timestamp() * 1000) if self.due is not None else 0
+        return f"{JOB_PREFIX}{self.kind}-{self.id}-{self.attempt}-{due_ms}"
 
 
-def delivery_id_of(identifier: str) -> str:
-    """Return the delivery id in a job id made by :func:`job_id`."""
-    return identifier.removeprefix(JOB_PREFIX).rsplit("-", 2)[0]
+def kind_prefix(kind: str) -> str:
+    """Return the prefix of the job ids of one kind of work."""
+    return f"{JOB_PREFIX}{kind}-"
+
+
+def row_id_of(job_id: str, kind: str) -> str:
+    """Return the row id in a job id of ``kind`` made by :attr:`JobRef.job_id`."""
+    return job_id.removeprefix(kind_prefix(kind)).rsplit("-", 2)[0]
+
+
+#: Runs a batch of one kind's rows, by id, on the calling thread.
+RunJobs = Callable[[Sequence[str]], object]
+
+
+class JobKinds:
+    """The kinds of work the seam carries, each with the function that runs its rows."""
+
+    def __init__(self, handlers: Mapping[str, RunJobs] | None = None) -> None:
+        self._handlers: dict[str, RunJobs] = dict(handlers or {})
+
+    def __repr__(self) -> str:
+        return f"<JobKinds {sorted(self._handlers)}>"
+
+    def __contains__(self, kind: object) -> bool:
+        return kind in self._handlers
+
+    def register(self, kind: str, run: RunJobs) -> None:
+        """Add a kind of work.
+
+        :raises ValueError: the kind is registered already, or its name has a ``-`` (job ids use it).
+        """
+        if kind in self._handlers:
+            raise ValueError(f"the job kind {kind!r} is registered already")
+        if not kind or "-" in kind:
+            raise ValueError(f"a job kind is a non-empty name without '-', not {kind!r}")
+        self._handlers[kind] = run
+
+    def with_handler(self, kind: str, run: RunJobs) -> JobKinds:
+        """Return a copy whose ``kind`` is run by ``run`` (a worker routes webhooks to its pool)."""
+        return JobKinds({**self._handlers, kind: run})
+
+    def run(self, kind: str, ids: Sequence[str]) -> None:
+        """Run the rows ``ids`` of ``kind``.
+
+        :raises JobBackendError: no such kind is registered (a job from another app or version).
+        """
+        try:
+            handler = self._handlers[kind]
+        except KeyError:
+            raise JobBackendError(f"no job kind {kind!r} is registered in this app") from None
+        handler(ids)
 
 
 class JobBackend(abc.ABC):
-    """Runs delivery attempts: now (:meth:`enqueue`) or later (:meth:`schedule`).
-
-    A job carries only delivery ids; the attempt re-reads the row, and the claim decides who
-    sends, so a duplicate job is harmless.
-    """
+    """Carries jobs to whoever runs them: now (:meth:`enqueue`) or later (:meth:`schedule`)."""
 
     #: Whether jobs survive the web process that enqueued them.
     durable: bool = False
 
     @abc.abstractmethod
-    def enqueue(self, deliveries: Sequence[DeliveryLog]) -> None:
-        """Queue the deliveries (a job each, or a few per job), in one round trip where the backend
-        allows.
+    def enqueue(self, refs: Sequence[JobRef]) -> None:
+        """Queue the jobs now (a job each, or a few of one kind per job), in one round trip where
+        the backend allows.
 
         :raises JobBackendError: the jobs could not be queued.
         """
 
     @abc.abstractmethod
-    def schedule(self, delivery: DeliveryLog) -> None:
-        """Queue a job to run at ``delivery.next_attempt_at``.
+    def schedule(self, ref: JobRef) -> None:
+        """Queue a job to run at ``ref.due``.
 
         :raises JobBackendError: the job could not be queued.
         """
 
     @abc.abstractmethod
-    def live_jobs(self, deliveries: Sequence[DeliveryLog]) -> set[str]:
-        """Return the ids of the deliveries whose job is queued, scheduled or running."""
+    def live_jobs(self, refs: Sequence[JobRef]) -> set[JobRef]:
+        """Return those of ``refs`` whose job is queued, scheduled or running.
+
+        :raises JobBackendError: the backend could not answer.
+        """
+
+    def join(self, timeout: float = 30.0) -> bool:
+        """Wait until the jobs this process queued and runs itself are done; return whether they
+        were within ``timeout`` seconds. A backend whose jobs run elsewhere has none to wait for."""
+        return True
 
     def close(self) -> None:  # noqa: B027 (optional hook, nothing to do by default)
         """Release the backend's resources."""

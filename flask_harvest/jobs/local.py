@@ -1,7 +1,7 @@
-"""The ``local`` backend: delivery attempts on threads inside this process. Not durable.
+"""The ``local`` backend: jobs on threads inside this process. Not durable.
 
 Jobs live in process memory: a process that exits or crashes loses its queue (rows stay in the
-store as ``PENDING``; with a SQL store, the sweeper of the next process or of an RQ worker sends
+store as ``PENDING``; with a SQL store, the sweeper of the next process or of an RQ worker runs
 them). It is the default so that a new app works without Redis, as the seed's
 ``jobs.backend = "local"``; production uses ``rq``.
 """
@@ -11,25 +11,24 @@ from __future__ import annotations
 import heapq
 import itertools
 import logging
-import os
-import queue
 import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timezone
 
-from ..webhooks.models import DeliveryLog
-from .base import JobBackend, JobBackendError
+from .._threads import PerProcess
+from .base import JobBackend, JobBackendError, JobRef
 
-log = logging.getLogger("flask_harvest")
+log = logging.getLogger(__name__)
 
 
 class LocalBackend(JobBackend):
-    """A pool of daemon threads fed by a queue, plus one timer thread for retries and sweeps.
+    """A thread pool for jobs due now, and one timer thread for jobs due later and for sweeps.
 
-    :param run: called with a delivery id on a pool thread (it pushes the app context).
-    :param workers: number of pool threads, i.e. attempts in flight at once.
+    :param run: runs one job on a pool thread (the extension pushes the app context around it).
+    :param workers: pool threads, i.e. jobs running at once.
     :param periodic: called every ``interval`` seconds on the timer thread (the sweeper).
     """
 
@@ -37,7 +36,7 @@ class LocalBackend(JobBackend):
 
     def __init__(
         self,
-        run: Callable[[str], object],
+        run: Callable[[JobRef], object],
         *,
         workers: int,
         periodic: Callable[[], object] | None = None,
@@ -48,55 +47,54 @@ class LocalBackend(JobBackend):
         self._periodic = periodic
         self._interval = interval
         self._lock = threading.Condition()
-        self._queue: queue.SimpleQueue[str | None] = queue.SimpleQueue()
-        self._timers: list[tuple[float, int, str]] = []
+        self._timers: list[tuple[float, int, JobRef]] = []
         self._seq = itertools.count()
-        self._waiting: Counter[str] = Counter()  # jobs queued, scheduled or running, per delivery
+        self._waiting: Counter[JobRef] = Counter()  # jobs queued, scheduled or running
         self._busy = 0
-        self._pid: int | None = None
         self._closed = False
-        self._threads: list[threading.Thread] = []
+        self._executor = PerProcess(
+            lambda: ThreadPoolExecutor(max_workers=self._workers, thread_name_prefix="harvest-local")
+        )
+        self._timer = PerProcess(self._start_timer)
 
     def __repr__(self) -> str:
         return f"<LocalBackend workers={self._workers}>"
 
-    def _start(self) -> None:
-        # Lazily, and again in a forked child (e.g. gunicorn with --preload): threads don't fork.
-        if self._pid == os.getpid():
-            return
+    def _start_timer(self) -> threading.Thread:
+        thread = threading.Thread(target=self._tick, name="harvest-local-timer", daemon=True)
+        thread.start()
+        return thread
+
+    def _check_open(self) -> None:
         if self._closed:
             raise JobBackendError("the local job backend was shut down")
-        self._pid = os.getpid()
-        self._threads = [
-            threading.Thread(target=self._work, name=f"harvest-local-{number}", daemon=True)
-            for number in range(self._workers)
-        ]
-        self._threads.append(threading.Thread(target=self._tick, name="harvest-local-timer", daemon=True))
-        for thread in self._threads:
-            thread.start()
+        self._timer.get()
 
-    def enqueue(self, deliveries: Sequence[DeliveryLog]) -> None:
+    def enqueue(self, refs: Sequence[JobRef]) -> None:
         with self._lock:
-            self._start()
-            for delivery in deliveries:
-                self._waiting[delivery.id] += 1
-                self._queue.put(delivery.id)
+            self._check_open()
+            for ref in refs:
+                self._waiting[ref] += 1
+                self._submit(ref)
 
-    def schedule(self, delivery: DeliveryLog) -> None:
-        due = delivery.next_attempt_at or datetime.now(timezone.utc)
+    def _submit(self, ref: JobRef) -> None:
+        self._executor.get().submit(self._work, ref)
+
+    def schedule(self, ref: JobRef) -> None:
+        due = ref.due or datetime.now(timezone.utc)
         delay = max(0.0, (due - datetime.now(timezone.utc)).total_seconds())
         with self._lock:
-            self._start()
-            self._waiting[delivery.id] += 1
-            heapq.heappush(self._timers, (time.monotonic() + delay, next(self._seq), delivery.id))
+            self._check_open()
+            self._waiting[ref] += 1
+            heapq.heappush(self._timers, (time.monotonic() + delay, next(self._seq), ref))
             self._lock.notify_all()
 
-    def live_jobs(self, deliveries: Sequence[DeliveryLog]) -> set[str]:
+    def live_jobs(self, refs: Sequence[JobRef]) -> set[JobRef]:
         with self._lock:
-            return {d.id for d in deliveries if d.id in self._waiting}
+            return {ref for ref in refs if ref in self._waiting}
 
     def join(self, timeout: float = 30.0) -> bool:
-        """Wait until no attempt is queued or running (scheduled retries don't count).
+        """Wait until no job is queued or running (scheduled ones don't count).
 
         Returns whether that happened within ``timeout`` seconds. For tests and scripts.
         """
@@ -110,40 +108,38 @@ class LocalBackend(JobBackend):
             return True
 
     def close(self, timeout: float = 30.0) -> None:
-        """Stop the threads after the attempts they are making; queued jobs are dropped.
+        """Stop after the jobs that are running; queued and scheduled ones are dropped (their rows
+        stay in the store for a sweeper).
 
-        Waits up to ``timeout`` seconds in all, so no attempt holds a database connection after.
+        Waits up to ``timeout`` seconds, so no job holds a database connection after.
         """
         with self._lock:
             self._closed = True
-            while not self._queue.empty():  # drop what is queued: the rows stay PENDING
-                self._queue.get_nowait()
-            for _ in range(self._workers):
-                self._queue.put(None)
+            self._timers.clear()
             self._lock.notify_all()
-            threads = self._threads if self._pid == os.getpid() else []
+        executor = self._executor.take()
+        if executor is None:
+            return
+        executor.shutdown(wait=False, cancel_futures=True)
         end = time.monotonic() + timeout
-        for thread in threads:
-            thread.join(max(0.0, end - time.monotonic()))
+        with self._lock:
+            while self._busy and time.monotonic() < end:
+                self._lock.wait(min(0.05, max(0.0, end - time.monotonic())))
 
-    def _work(self) -> None:
-        while True:
-            delivery_id = self._queue.get()
-            if delivery_id is None:
-                return
+    def _work(self, ref: JobRef) -> None:
+        with self._lock:
+            self._busy += 1
+        try:
+            self._run(ref)
+        except Exception:
+            log.exception("harvest: local job %s failed", ref.job_id)
+        finally:
             with self._lock:
-                self._busy += 1
-            try:
-                self._run(delivery_id)
-            except Exception:
-                log.exception("harvest: local delivery job %s failed", delivery_id)
-            finally:
-                with self._lock:
-                    self._busy -= 1
-                    self._waiting[delivery_id] -= 1
-                    if self._waiting[delivery_id] <= 0:
-                        del self._waiting[delivery_id]
-                    self._lock.notify_all()
+                self._busy -= 1
+                self._waiting[ref] -= 1
+                if self._waiting[ref] <= 0:
+                    del self._waiting[ref]
+                self._lock.notify_all()
 
     def _tick(self) -> None:
         next_sweep = time.monotonic() + self._interval
@@ -153,8 +149,8 @@ class LocalBackend(JobBackend):
                     return
                 now = time.monotonic()
                 while self._timers and self._timers[0][0] <= now:
-                    _, _, delivery_id = heapq.heappop(self._timers)
-                    self._queue.put(delivery_id)
+                    _, _, ref = heapq.heappop(self._timers)
+                    self._submit(ref)
                 wake = min(next_sweep, self._timers[0][0] if self._timers else next_sweep)
                 self._lock.wait(max(0.0, wake - now))
                 if self._closed:

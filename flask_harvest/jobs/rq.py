@@ -1,31 +1,30 @@
-"""The ``rq`` backend: delivery jobs on Redis Queue, and the worker that runs them in app context."""
+"""The ``rq`` backend: jobs on Redis Queue. Everything that knows RQ's internal Redis layout (job
+hashes, queue lists, the script that takes jobs without running them) lives in this module, tested
+against the RQ versions ``setup.cfg`` allows."""
 
 from __future__ import annotations
 
 import contextlib
-import logging
 import math
-import threading
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from datetime import datetime, timezone
 from typing import Any
 
 import redis
-from flask import Flask
-from rq import Queue, SimpleWorker
+from rq import Queue
 from rq.job import Job, JobStatus
 from rq.utils import utcparse
 
-from ..webhooks.models import DeliveryLog
-from .base import JOB_PREFIX, JobBackend, JobBackendError, delivery_id_of, job_id
-from .pool import DeliveryPool
+from .base import JobBackend, JobBackendError, JobRef, kind_prefix, row_id_of
 
-_log = logging.getLogger("flask_harvest")
-TASK = "flask_harvest.jobs.tasks.deliver_webhook"
-# A STARTED job claims its row within milliseconds (the worker waits for a free attempt slot
-# before it takes a job). One that started longer ago than this while its row is still PENDING
-# belongs to a worker that was killed: the sweeper queues the delivery again.
+#: The task of a job that carries one row; its arguments are the kind and the row id.
+TASK = "flask_harvest.jobs.tasks.run_job"
+#: The task of a job that carries several rows of one kind (one dispatch's fan-out).
+BATCH_TASK = "flask_harvest.jobs.tasks.run_batch"
+# A STARTED job claims its row within milliseconds (the worker waits for a free slot before it
+# takes a job). One that started longer ago than this while its row is still due belongs to a
+# worker that was killed: the sweeper queues the row again.
 _STARTED_GRACE_SECONDS = 10.0
 # A job the sweeper may count on. Not SCHEDULED: the sweeper only asks about rows overdue by its
 # grace period, and a scheduled job that overdue means no scheduler is moving it (the worker that
@@ -34,13 +33,11 @@ _LIVE = {JobStatus.QUEUED, JobStatus.STARTED, JobStatus.DEFERRED}
 # How long Redis keeps a failed job, and a batch's member list (which its job outlives only if
 # nothing takes it).
 _FAILURE_TTL = 24 * 3600
-#: Several deliveries queued together (one dispatch's fan-out) travel as one job of this task.
-BATCH_TASK = "flask_harvest.jobs.tasks.deliver_webhook_batch"
-# Takes delivery jobs from the head of the queue KEYS[1] while they fit in ARGV[1] deliveries,
+# Takes jobs of one kind from the head of the queue KEYS[1] while they fit in ARGV[1] rows,
 # atomically, and deletes what they leave in Redis: their job hashes (prefix ARGV[2]) and, for a
 # batch job, its member list (prefix ARGV[4]) and its members' entries in the alias hash KEYS[2].
-# Returns the job ids of the deliveries taken. It stops at the first job that is not a delivery
-# job (prefix ARGV[3]) or does not fit, and leaves it at the head for RQ to run.
+# Returns the job ids of the rows taken. It stops at the first job that is not of the kind
+# (prefix ARGV[3]) or does not fit, and leaves it at the head for RQ to run.
 _TAKE_JOBS = """
 local taken = {}
 local room = tonumber(ARGV[1])
@@ -73,18 +70,17 @@ _BATCH_PREFIX = "harvest:batch:"
 
 
 def _alias_key(queue: Queue) -> str:
-    """The hash that maps a batched delivery's own job id to the id of the batch job carrying it."""
+    """The hash that maps a batched row's own job id to the id of the batch job carrying it."""
     return f"harvest:batch-of:{queue.name}"
 
 
-def take_delivery_jobs(queue: Queue, count: int) -> list[str]:
-    """Take delivery jobs for up to ``count`` deliveries off the head of ``queue``; return the
-    delivery ids.
+def take_jobs(queue: Queue, kind: str, count: int) -> list[str]:
+    """Take jobs of ``kind`` for up to ``count`` rows off the head of ``queue``; return the row ids.
 
-    The jobs are removed from Redis without running: the caller claims and attempts their rows
-    itself. That spares RQ's bookkeeping (about 60 Redis commands a job) for all but one job of a
-    worker's batch. If the caller dies before claiming, the rows are still ``PENDING`` with no
-    job, and the sweeper queues them again.
+    The jobs are removed from Redis without running: the caller claims and runs their rows itself.
+    That spares RQ's bookkeeping (about 60 Redis commands a job) for all but one job of a worker's
+    batch. If the caller dies before claiming, the rows are still due with no job, and the sweeper
+    queues them again.
     """
     if count <= 0:
         return []
@@ -95,10 +91,10 @@ def take_delivery_jobs(queue: Queue, count: int) -> list[str]:
         _alias_key(queue),
         count,
         Job.redis_job_namespace_prefix,
-        JOB_PREFIX,
+        kind_prefix(kind),
         _BATCH_PREFIX,
     )
-    return [delivery_id_of(job.decode() if isinstance(job, bytes) else job) for job in taken]
+    return [row_id_of(job.decode() if isinstance(job, bytes) else job, kind) for job in taken]
 
 
 def forget_batch(queue: Queue, batch_id: str, members: Sequence[str]) -> None:
@@ -118,13 +114,14 @@ def _due_second(when: datetime | None) -> datetime:
 
 
 class RqBackend(JobBackend):
-    """Delivery jobs on an RQ queue; delayed retries through RQ's scheduler.
+    """Jobs on an RQ queue; delayed ones through RQ's scheduler.
 
     Jobs keep no result (``result_ttl=0``): the outcome lives in SQL, and Redis stays small.
 
     :param connection: the Redis connection.
     :param queue_name: the queue the workers listen on.
     :param job_timeout: seconds after which RQ kills a job (longer than an attempt's deadline).
+    :param batch_size: rows of one kind carried by one job when several are queued together.
     """
 
     durable = True
@@ -149,40 +146,42 @@ class RqBackend(JobBackend):
             "description": description,
         }
 
-    def _delivery_options(self, delivery: DeliveryLog) -> dict[str, Any]:
-        return self._options(job_id(delivery), f"deliver {delivery.id}")
+    def _ref_options(self, ref: JobRef) -> dict[str, Any]:
+        return self._options(ref.job_id, f"{ref.kind} {ref.id}")
 
-    def enqueue(self, deliveries: Sequence[DeliveryLog]) -> None:
-        """Queue the deliveries, up to ``batch_size`` of them per job, in one transaction.
+    def take(self, kind: str, count: int) -> list[str]:
+        """Take jobs of ``kind`` for up to ``count`` rows off this backend's queue (:func:`take_jobs`)."""
+        return take_jobs(self.queue, kind, count)
 
-        A batch job carries its deliveries' own job ids (:func:`~flask_harvest.jobs.base.job_id`).
-        Redis keeps the list beside it, for workers taking it without running it
-        (:func:`take_delivery_jobs`), and an alias from each member to the batch, for the
-        sweeper's question whether a delivery's job is alive (:meth:`live_jobs`).
+    def enqueue(self, refs: Sequence[JobRef]) -> None:
+        """Queue the jobs, up to ``batch_size`` rows of one kind per job, in one transaction.
+
+        A batch job carries its rows' own job ids (:attr:`JobRef.job_id`). Redis keeps the list
+        beside it, for workers taking it without running it (:func:`take_jobs`), and an alias from
+        each member to the batch, for the sweeper's question whether a row's job is alive
+        (:meth:`live_jobs`).
         """
-        if not deliveries:
+        if not refs:
             return
         jobs = []
         aliases: dict[str, str] = {}
+        by_kind: dict[str, list[JobRef]] = {}
+        for ref in refs:
+            by_kind.setdefault(ref.kind, []).append(ref)
         with self.connection.pipeline() as pipe:
-            for start in range(0, len(deliveries), self.batch_size):
-                chunk = deliveries[start : start + self.batch_size]
-                if len(chunk) == 1:
-                    jobs.append(
-                        Queue.prepare_data(TASK, args=(chunk[0].id,), **self._delivery_options(chunk[0]))
-                    )
-                    continue
-                batch_id = f"{JOB_PREFIX}batch-{uuid.uuid4().hex}"
-                members = [job_id(d) for d in chunk]
-                pipe.set(_BATCH_PREFIX + batch_id, " ".join(members), ex=_FAILURE_TTL)
-                aliases.update(dict.fromkeys(members, batch_id))
-                jobs.append(
-                    Queue.prepare_data(
-                        BATCH_TASK,
-                        args=(batch_id, members),
-                        **self._options(batch_id, f"deliver {len(chunk)} deliveries"),
-                    )
-                )
+            for kind, same_kind in by_kind.items():
+                for start in range(0, len(same_kind), self.batch_size):
+                    chunk = same_kind[start : start + self.batch_size]
+                    if len(chunk) == 1:
+                        options = self._ref_options(chunk[0])
+                        jobs.append(Queue.prepare_data(TASK, args=(kind, chunk[0].id), **options))
+                        continue
+                    batch_id = f"{kind_prefix(kind)}batch_{uuid.uuid4().hex}"
+                    members = [ref.job_id for ref in chunk]
+                    pipe.set(_BATCH_PREFIX + batch_id, " ".join(members), ex=_FAILURE_TTL)
+                    aliases.update(dict.fromkeys(members, batch_id))
+                    options = self._options(batch_id, f"{kind} x{len(chunk)}")
+                    jobs.append(Queue.prepare_data(BATCH_TASK, args=(kind, batch_id, members), **options))
             if aliases:
                 pipe.hset(_alias_key(self.queue), mapping=aliases)  # type: ignore[arg-type]
             try:
@@ -191,19 +190,17 @@ class RqBackend(JobBackend):
             except redis.RedisError as exc:
                 raise JobBackendError(f"Redis refused the jobs ({type(exc).__name__})") from exc
 
-    def schedule(self, delivery: DeliveryLog) -> None:
+    def schedule(self, ref: JobRef) -> None:
+        options = self._ref_options(ref)
+        # enqueue_at spells the job timeout ``job_timeout``, prepare_data spells it ``timeout``.
+        options["job_timeout"] = options.pop("timeout")
         try:
-            self.queue.enqueue_at(
-                _due_second(delivery.next_attempt_at),
-                TASK,
-                delivery.id,
-                **_at_options(self._delivery_options(delivery)),
-            )
+            self.queue.enqueue_at(_due_second(ref.due), TASK, ref.kind, ref.id, **options)
         except redis.RedisError as exc:
-            raise JobBackendError(f"Redis refused the retry job ({type(exc).__name__})") from exc
+            raise JobBackendError(f"Redis refused the delayed job ({type(exc).__name__})") from exc
 
-    def live_jobs(self, deliveries: Sequence[DeliveryLog]) -> set[str]:
-        identifiers = [job_id(d) for d in deliveries]
+    def live_jobs(self, refs: Sequence[JobRef]) -> set[JobRef]:
+        identifiers = [ref.job_id for ref in refs]
         try:
             own = self._job_states(identifiers)
             found = self.connection.hmget(_alias_key(self.queue), identifiers) if identifiers else []
@@ -214,9 +211,9 @@ class RqBackend(JobBackend):
             raise JobBackendError(f"Redis did not answer ({type(exc).__name__})") from exc
         live = set()
         dead_aliases = []
-        for delivery, identifier, alive, alias in zip(deliveries, identifiers, own, aliases, strict=True):
+        for ref, identifier, alive, alias in zip(refs, identifiers, own, aliases, strict=True):
             if alive or (alias is not None and batches[alias]):
-                live.add(delivery.id)
+                live.add(ref)
             elif alias is not None:
                 dead_aliases.append(identifier)  # its batch job is gone: the entry is stale
         if dead_aliases:
@@ -255,142 +252,9 @@ class RqBackend(JobBackend):
         self.connection.close()
 
 
-def _at_options(options: dict[str, Any]) -> dict[str, Any]:
-    # enqueue_at spells the job timeout ``job_timeout``, prepare_data spells it ``timeout``.
-    renamed = dict(options)
-    renamed["job_timeout"] = renamed.pop("timeout")
-    return renamed
-
-
-class HarvestWorker(SimpleWorker):
-    """An RQ worker that runs each job inside the Flask app's context, in its own process.
-
-    It never forks per job: a fork costs more than a delivery (see the deployment docs). With a
-    ``pool``, the worker waits for a batch of free slots, takes a delivery job, and with it the
-    delivery jobs queued behind it that fit (:func:`take_delivery_jobs`); it claims their rows in
-    one statement and runs the attempts on the pool, so the process keeps many attempts in flight.
-    When it stops it lets the attempts in flight finish. It also runs ``periodic`` (the sweeper) every
-    ``interval`` seconds on a background thread.
-    """
-
-    def __init__(
-        self,
-        *args: Any,
-        app: Flask,
-        pool: DeliveryPool | None = None,
-        periodic: Callable[[], object] | None = None,
-        interval: float = 5.0,
-        on_stop: Callable[[], object] | None = None,
-        **kwargs: Any,
-    ) -> None:
-        super().__init__(*args, **kwargs)
-        self.app = app
-        self.pool = pool
-        self._periodic = periodic
-        self._interval = interval
-        self._on_stop = on_stop
-        self._stopping = threading.Event()
-
-    def request_stop(self, signum: Any, frame: Any) -> None:
-        if self._on_stop is not None:
-            self._on_stop()
-        super().request_stop(signum, frame)  # type: ignore[no-untyped-call]
-
-    def dequeue_job_and_maintain_ttl(self, timeout: int | None, max_idle_time: int | None = None) -> Any:
-        if self.pool is not None:
-            self.pool.wait_for_slots()
-        return super().dequeue_job_and_maintain_ttl(timeout, max_idle_time)
-
-    def execute_job(self, job: Job, queue: Queue) -> Any:
-        with self.app.app_context(), self.pool.active() if self.pool else contextlib.nullcontext():
-            if self.pool is not None and job.func_name in (TASK, BATCH_TASK):
-                self._take_batch(queue)
-            return super().execute_job(job, queue)
-
-    def _take_batch(self, queue: Queue) -> None:
-        """Start the delivery jobs queued behind this one that fit in the free slots (the job
-        itself keeps one), without a round of RQ's bookkeeping each."""
-        assert self.pool is not None
-        try:
-            delivery_ids = take_delivery_jobs(queue, self.pool.free_slots() - 1)
-            if delivery_ids:
-                self.pool.deliver_many(delivery_ids)
-        except Exception:  # the rows stay PENDING, and the sweeper queues them again
-            self.log.exception("harvest: could not start a batch of deliveries")
-
-    def work(self, *args: Any, **kwargs: Any) -> bool:
-        thread = None
-        if self._periodic is not None:
-            thread = threading.Thread(target=self._run_periodic, name="harvest-sweeper", daemon=True)
-            thread.start()
-        try:
-            return bool(super().work(*args, **kwargs))
-        finally:
-            self._stopping.set()
-            if self.pool is not None:
-                self.pool.shutdown(wait=True)
-            if thread is not None:
-                thread.join(timeout=self._interval + 5)
-
-    def _run_periodic(self) -> None:
-        assert self._periodic is not None
-        while not self._stopping.wait(self._interval):
-            try:
-                with self.app.app_context():
-                    self._periodic()
-            except Exception:  # the sweeper must outlive a database or Redis outage
-                self.log.exception("harvest sweeper failed; will try again in %s s", self._interval)
-
-
-def run_worker(
-    app: Flask,
-    make_worker: Callable[[Callable[[], object]], HarvestWorker],
-    *,
-    burst: bool,
-    recover: Callable[[], object],
-    max_delay: float = 30.0,
-) -> None:
-    """Run workers from ``make_worker`` until stopped, starting a fresh one whenever Redis drops.
-
-    RQ's worker quits when Redis goes away under it (a restart, a failover). Instead of leaving
-    that to a process manager, wait with a growing delay, run ``recover`` (a sweep: Redis may
-    have come back empty) and work again. A burst run ends when its queue is empty, a normal one
-    when SIGINT or SIGTERM asks it to.
-    """
-    stop = threading.Event()
-    delay = 1.0
-    while not stop.is_set():
-        try:
-            make_worker(stop.set).work(burst=burst, with_scheduler=True)  # connects to Redis
-            if burst:
-                return
-            reason = "the worker loop ended"
-        except redis.RedisError as exc:
-            reason = f"Redis failed ({type(exc).__name__})"
-        if stop.is_set():
-            return
-        _log.warning("harvest: %s; starting a new worker in %.0f s", reason, delay)
-        if stop.wait(delay):
-            return
-        delay = min(delay * 2, max_delay)
-        try:
-            with app.app_context():
-                recover()
-            delay = 1.0
-        except Exception:  # Redis or the database is still down: wait longer, try again
-            _log.warning("harvest: recovery sweep failed; retrying", exc_info=True)
-
-
 def job_timeout_for(deadline_seconds: float, connect_timeout: float) -> int:
     """Return an RQ job timeout comfortably longer than one attempt can take."""
     return int(deadline_seconds + connect_timeout) + 30
 
 
-__all__ = [
-    "HarvestWorker",
-    "RqBackend",
-    "forget_batch",
-    "job_timeout_for",
-    "run_worker",
-    "take_delivery_jobs",
-]
+__all__ = ["BATCH_TASK", "TASK", "RqBackend", "forget_batch", "job_timeout_for", "take_jobs"]

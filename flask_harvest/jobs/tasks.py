@@ -1,45 +1,54 @@
-"""Job functions: importable, module-level, taking ids only (RQ pickles the reference)."""
+"""Job functions: importable, module-level, taking a kind and row ids only (RQ pickles the reference).
+
+They run the rows through the :class:`~flask_harvest.jobs.base.JobKinds` of the worker running the
+job (:func:`running_kinds`), which is how a worker process routes each kind of work.
+"""
 
 from __future__ import annotations
 
-from flask import current_app
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+
+from rq import Queue, get_current_job
+
+from .base import JobBackendError, JobKinds, row_id_of
+from .rq import forget_batch
+
+_kinds: ContextVar[JobKinds | None] = ContextVar("harvest_job_kinds", default=None)
 
 
-def deliver_webhook(delivery_id: str) -> str | None:
-    """Make one attempt of a delivery in the current app.
+@contextmanager
+def running_kinds(kinds: JobKinds) -> Iterator[None]:
+    """Run the jobs started in this context with ``kinds`` (the worker wraps each job in it)."""
+    token = _kinds.set(kinds)
+    try:
+        yield
+    finally:
+        _kinds.reset(token)
 
-    Workers push the app context around each job (see :class:`flask_harvest.jobs.rq.HarvestWorker`).
-    Returns the state the delivery is in when the job ends (``inflight`` when a worker's pool took
-    the attempt), or ``None`` when there was nothing to do.
+
+def _current_kinds() -> JobKinds:
+    kinds = _kinds.get()
+    if kinds is None:
+        raise JobBackendError(
+            "harvest jobs run in `flask harvest worker` (HarvestWorker), not another worker"
+        )
+    return kinds
+
+
+def run_job(kind: str, row_id: str) -> None:
+    """Run one row of ``kind``."""
+    _current_kinds().run(kind, [row_id])
+
+
+def run_batch(kind: str, batch_id: str, member_job_ids: list[str]) -> None:
+    """Run the rows of a batch job (see :meth:`flask_harvest.jobs.rq.RqBackend.enqueue`).
+
+    ``member_job_ids`` are the rows' own job ids; the row ids are read from them.
     """
-    from ..webhooks.plugin import get_state
-    from .pool import current_pool
-
-    pool = current_pool()
-    # In a pooled worker the job only claims the row and starts the attempt on the pool.
-    outcome = (
-        pool.deliver(delivery_id) if pool is not None else get_state(current_app).runner.run(delivery_id)
-    )
-    return outcome.value if outcome is not None else None
-
-
-def deliver_webhook_batch(batch_id: str, member_job_ids: list[str]) -> None:
-    """Attempt the deliveries of a batch job (see :meth:`flask_harvest.jobs.rq.RqBackend.enqueue`).
-
-    ``member_job_ids`` are the deliveries' own job ids; the delivery ids are read from them.
-    """
-    from ..webhooks.plugin import get_state
-    from .base import delivery_id_of
-    from .pool import current_pool
-    from .rq import RqBackend, forget_batch
-
-    state = get_state(current_app)
-    if isinstance(state.backend, RqBackend):
-        forget_batch(state.backend.queue, batch_id, member_job_ids)
-    delivery_ids = [delivery_id_of(member) for member in member_job_ids]
-    pool = current_pool()
-    if pool is not None:
-        pool.deliver_many(delivery_ids)
-        return
-    for delivery_id in delivery_ids:
-        state.runner.run(delivery_id)
+    kinds = _current_kinds()
+    job = get_current_job()
+    if job is not None:
+        forget_batch(Queue(job.origin, connection=job.connection), batch_id, member_job_ids)
+    kinds.run(kind, [row_id_of(member, kind) for member in member_job_ids])

@@ -1,7 +1,7 @@
 """The ``/actuator/webhooks`` blueprint: JSON endpoints for on-call operators.
 
 Deny by default: with no ``HARVEST_ACTUATOR_TOKEN`` and no authorizer registered with
-:meth:`~flask_harvest.webhooks.plugin.OutboundWebhookPlugin.actuator_authorizer`, every route
+:meth:`~flask_harvest.extension.OutboundWebhookPlugin.actuator_authorizer`, every route
 answers 403. Secrets appear only in the responses that create a subscription or rotate its secret.
 """
 
@@ -15,6 +15,7 @@ from flask import Blueprint, Response, jsonify, request
 from marshmallow import Schema, ValidationError
 from werkzeug.exceptions import HTTPException
 
+from .._app import get_engine
 from ..errors import (
     DuplicateSubscriptionError,
     HarvestError,
@@ -23,9 +24,7 @@ from ..errors import (
     NotFoundError,
     StoreError,
 )
-from . import operations
 from .models import WebhookSubscriptionStatus
-from .plugin import get_state
 from .schemas import (
     DlqQuerySchema,
     ReplaySchema,
@@ -67,13 +66,13 @@ def _error(
 @actuator.before_request
 def _authorize() -> tuple[Response, int] | None:
     request.max_content_length = MAX_BODY_BYTES
-    state = get_state()
-    token = state.settings.actuator_token
+    engine = get_engine()
+    token = engine.settings.actuator_token
     given = request.headers.get("Authorization", "")
     scheme, _, credentials = given.partition(" ")
     if token and scheme.lower() == "bearer" and hmac.compare_digest(credentials.encode(), token.encode()):
         return None
-    authorizer = state.access.authorizer
+    authorizer = engine.access.authorizer
     if authorizer is not None:
         if authorizer(request):
             return None
@@ -161,7 +160,7 @@ def _query(schema: Schema) -> dict[str, Any]:
 def list_dlq() -> Response:
     """Dead-lettered deliveries, newest first; ``X-Next-Cursor`` continues the listing."""
     query = _query(DlqQuerySchema())
-    page, next_cursor = operations.dlq_page(get_state(), **query)
+    page, next_cursor = get_engine().operations.dlq_page(**query)
     response = jsonify([d.to_dict() for d in page])
     if next_cursor:
         response.headers["X-Next-Cursor"] = next_cursor
@@ -172,12 +171,11 @@ def list_dlq() -> Response:
 def replay() -> tuple[Response, int]:
     """Replay one dead-lettered delivery (``log_id``) or many (subscription and/or window)."""
     body = _body(ReplaySchema())
-    state = get_state()
+    engine = get_engine()
     if "log_id" in body:
-        result = operations.replay(state, body["log_id"])
+        result = engine.operations.replay(body["log_id"])
     else:
-        result = operations.replay_many(
-            state,
+        result = engine.operations.replay_many(
             subscription_id=body.get("subscription_id"),
             since=body.get("since"),
             until=body.get("until"),
@@ -196,18 +194,12 @@ def replay() -> tuple[Response, int]:
 
 @actuator.get("/deliveries/<delivery_id>")
 def show_delivery(delivery_id: str) -> Response:
-    state = get_state()
-    delivery = state.store.get_delivery(delivery_id)
-    if delivery is None:
-        raise ApiError(404, "not_found", f"no delivery with id {delivery_id!r}")
-    body = delivery.to_dict()
-    body["attempts"] = [a.to_dict() for a in state.store.list_attempts(delivery_id)]
-    return jsonify(body)
+    return jsonify(get_engine().operations.delivery_with_attempts(delivery_id))
 
 
 @actuator.get("/stats")
 def stats() -> Response:
-    return jsonify(operations.stats(get_state()))
+    return jsonify(get_engine().operations.stats())
 
 
 # -- subscriptions ---------------------------------------------------------------------------------
@@ -215,14 +207,13 @@ def stats() -> Response:
 
 @actuator.get("/subscriptions")
 def list_subscriptions() -> Response:
-    return jsonify([s.to_dict() for s in get_state().store.list_subscriptions()])
+    return jsonify([s.to_dict() for s in get_engine().operations.list_subscriptions()])
 
 
 @actuator.post("/subscriptions")
 def create_subscription() -> tuple[Response, int]:
     body = _body(SubscriptionCreateSchema())
-    created = operations.create_subscription(
-        get_state(),
+    created = get_engine().operations.create_subscription(
         target_url=body["target_url"],
         event_topics=body["event_topics"],
         secret=body.get("secret"),
@@ -235,15 +226,14 @@ def create_subscription() -> tuple[Response, int]:
 
 @actuator.get("/subscriptions/<subscription_id>")
 def show_subscription(subscription_id: str) -> Response:
-    return jsonify(operations.get_subscription(get_state(), subscription_id).to_dict())
+    return jsonify(get_engine().operations.get_subscription(subscription_id).to_dict())
 
 
 @actuator.patch("/subscriptions/<subscription_id>")
 def update_subscription(subscription_id: str) -> Response:
     body = _body(SubscriptionPatchSchema())
     status = body.get("status")
-    updated = operations.update_subscription(
-        get_state(),
+    updated = get_engine().operations.update_subscription(
         subscription_id,
         target_url=body.get("target_url"),
         event_topics=body.get("event_topics"),
@@ -255,8 +245,7 @@ def update_subscription(subscription_id: str) -> Response:
 
 @actuator.delete("/subscriptions/<subscription_id>")
 def remove_subscription(subscription_id: str) -> tuple[str, int]:
-    if not get_state().store.remove_subscription(subscription_id):
-        raise ApiError(404, "not_found", f"no subscription with id {subscription_id!r}")
+    get_engine().operations.remove_subscription(subscription_id)
     return "", 204
 
 
@@ -265,8 +254,8 @@ def rotate_secret(subscription_id: str) -> Response:
     # A JSON body is required, even if empty ({}): a cross-site form cannot send one, so a
     # cookie-trusting authorizer cannot be tricked into rotating a secret.
     body = _body(RotateSecretSchema())
-    rotated = operations.rotate_secret(
-        get_state(), subscription_id, new_secret=body.get("secret"), grace_seconds=body.get("grace_seconds")
+    rotated = get_engine().operations.rotate_secret(
+        subscription_id, new_secret=body.get("secret"), grace_seconds=body.get("grace_seconds")
     )
     # The one response that shows the new secret.
     return jsonify({**rotated.subscription.to_dict(), "secret": rotated.secret})

@@ -15,21 +15,30 @@ from datetime import timedelta
 from .._version import __version__
 from ..config import Settings
 from ..errors import InvalidStateError
-from ..jobs.base import JobBackend, JobBackendError
+from ..jobs.base import JobBackend, JobBackendError, JobRef
 from ..signing import sign_headers
 from ..transport import Transport
 from . import outcome
 from .models import (
     AttemptResult,
     Claim,
+    DeliveryLog,
     DeliveryState,
     WebhookSubscriptionStatus,
     utcnow,
 )
 from .stores.base import OutboundWebhookHandler
 
-log = logging.getLogger("flask_harvest")
+log = logging.getLogger(__name__)
 USER_AGENT = f"flask-harvest/{__version__}"
+#: The job seam's kind for webhook deliveries.
+WEBHOOK_JOB = "webhook"
+
+
+def delivery_job(delivery: DeliveryLog) -> JobRef:
+    """Return the job reference of a delivery's next attempt."""
+    return JobRef(WEBHOOK_JOB, delivery.id, delivery.attempt, delivery.next_attempt_at)
+
 
 #: Called after an attempt is recorded: (claim, result, subscription status change or None).
 AttemptListener = Callable[[Claim, AttemptResult, WebhookSubscriptionStatus | None], None]
@@ -62,6 +71,11 @@ class DeliveryRunner:
         """
         claim = self.claim(delivery_id)
         return self.attempt(claim) if claim is not None else None
+
+    def run_many(self, delivery_ids: Sequence[str]) -> None:
+        """Make one attempt of each of ``delivery_ids`` in turn, on this thread (a job's rows)."""
+        for delivery_id in delivery_ids:
+            self.run(delivery_id)
 
     def claim(self, delivery_id: str) -> Claim | None:
         """Lease ``delivery_id`` to this worker if it is due; ``None`` if there is nothing to do."""
@@ -126,7 +140,8 @@ class DeliveryRunner:
 
     def _send(self, claim: Claim) -> AttemptResult:
         delivery, subscription = claim.delivery, claim.subscription
-        assert subscription is not None  # before_sending skipped the ones without
+        if subscription is None:  # before_sending skips these; reaching here is a bug, not a send
+            raise InvalidStateError(f"delivery {delivery.id} has no subscription to send to")
         body = delivery.payload.encode("utf-8")
         # A fresh timestamp on every attempt: receivers reject stale ones. The id never changes.
         timestamp = int(time.time())
@@ -159,7 +174,7 @@ class DeliveryRunner:
             attempt=result.attempt_number, next_attempt_at=result.next_attempt_at, state=result.state
         )
         try:
-            self.backend.schedule(retry)
+            self.backend.schedule(delivery_job(retry))
         except JobBackendError as exc:
             # The row is PENDING with its due time: the sweeper enqueues it when the backend is back.
             log.warning("harvest: could not schedule retry of %s (%s); the sweeper will", retry.id, exc)

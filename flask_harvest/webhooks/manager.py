@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import logging
-import os
-import threading
 import uuid
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -12,9 +10,11 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from .._threads import PerProcess
 from ..config import Settings
 from ..errors import ConfigurationError, EnqueueError, HarvestError
 from ..jobs.base import JobBackend, JobBackendError
+from .delivery import delivery_job
 from .models import (
     DeliveryLog,
     DeliveryState,
@@ -27,7 +27,7 @@ from .outbox import OutboxMessage, SqlOutbox, TransactionTarget
 from .payload import encode_payload
 from .stores.base import OutboundWebhookHandler
 
-log = logging.getLogger("flask_harvest")
+log = logging.getLogger(__name__)
 
 #: Takes over a delivery instead of the job backend (the seed's ``WebhookDelegateExt``).
 Delegate = Callable[[DeliveryLog, WebhookSubscription], None]
@@ -76,9 +76,9 @@ class OutboundWebhookManager:
         self.outbox = outbox
         self.delegate = delegate
         self._on_skipped = on_skipped
-        self._relay_lock = threading.Lock()
-        self._relay_executor: ThreadPoolExecutor | None = None
-        self._relay_pid: int | None = None
+        self._relay_executor = PerProcess(
+            lambda: ThreadPoolExecutor(max_workers=2, thread_name_prefix="harvest-relay")
+        )
 
     # -- dispatch ------------------------------------------------------------------------------
 
@@ -190,12 +190,7 @@ class OutboundWebhookManager:
 
     def _relay_soon(self, message_ids: list[str]) -> None:
         """After a commit: relay these messages on a background thread (the sweeper backs it up)."""
-        with self._relay_lock:
-            if self._relay_executor is None or self._relay_pid != os.getpid():
-                self._relay_executor = ThreadPoolExecutor(max_workers=2, thread_name_prefix="harvest-relay")
-                self._relay_pid = os.getpid()
-            executor = self._relay_executor
-        executor.submit(self._relay_quietly, message_ids)
+        self._relay_executor.get().submit(self._relay_quietly, message_ids)
 
     def _relay_quietly(self, message_ids: list[str]) -> None:
         try:
@@ -205,8 +200,7 @@ class OutboundWebhookManager:
 
     def close(self) -> None:
         """Wait for relays started after commits, and stop their thread."""
-        with self._relay_lock:
-            executor, self._relay_executor = self._relay_executor, None
+        executor = self._relay_executor.take()
         if executor is not None:
             executor.shutdown(wait=True)
 
@@ -240,4 +234,4 @@ class OutboundWebhookManager:
                 # A delegate error reaches the caller as it is, and the row is not dead-lettered.
                 self.delegate(delivery, subscriptions[delivery.subscription_id])
             return
-        self.backend.enqueue(pending)
+        self.backend.enqueue([delivery_job(d) for d in pending])

@@ -1,8 +1,5 @@
-"""What an operator can do, in one place: the actuator blueprint and the CLI are thin over these.
-
-Each function takes the app's :class:`~flask_harvest.webhooks.plugin.HarvestState`, validates its
-input fully before it changes anything, and raises the package's own errors.
-"""
+"""What an operator can do with webhooks, in one place (:class:`WebhookOperations`): the actuator
+blueprint and the CLI are thin over it."""
 
 from __future__ import annotations
 
@@ -11,16 +8,18 @@ import binascii
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from ..errors import InvalidFieldError, SubscriptionNotFoundError
-from ..jobs.base import JobBackendError
+from ..config import Settings
+from ..errors import ConfigurationError, DeliveryNotFoundError, InvalidFieldError, SubscriptionNotFoundError
+from ..jobs.base import JobBackend, JobBackendError
 from ..signing import generate_secret
+from ..ssrf import validate_target
+from .delivery import delivery_job
+from .manager import OutboundWebhookManager
 from .models import DeliveryLog, WebhookSubscription, WebhookSubscriptionStatus, utcnow
-from .stores.base import DlqCursor
-
-if TYPE_CHECKING:
-    from .plugin import HarvestState
+from .outbox import SqlOutbox
+from .stores.base import DlqCursor, OutboundWebhookHandler
 
 #: The most deliveries one bulk replay may touch.
 MAX_BULK_REPLAY = 1000
@@ -34,106 +33,6 @@ class NewSecret:
     secret: str
 
 
-def _check_target(state: HarvestState, url: str) -> None:
-    from ..ssrf import validate_target
-
-    validate_target(url, state.settings.ssrf_policy)
-
-
-def create_subscription(
-    state: HarvestState,
-    *,
-    target_url: str,
-    event_topics: Sequence[str],
-    secret: str | None = None,
-    subscription_id: str | None = None,
-    description: str = "",
-) -> NewSecret:
-    """Validate and store a subscription; a missing secret is generated.
-
-    :raises InvalidFieldError: a field is invalid, or the URL is refused by the SSRF policy.
-    :raises DuplicateSubscriptionError: the id is taken.
-    """
-    chosen = secret if secret is not None else generate_secret()
-    extra: dict[str, Any] = {"id": subscription_id} if subscription_id is not None else {}
-    subscription = WebhookSubscription(
-        target_url=target_url,
-        event_topics=tuple(event_topics),
-        secret=chosen,
-        description=description,
-        **extra,
-    )
-    _check_target(state, target_url)
-    return NewSecret(state.store.add_subscription(subscription), chosen)
-
-
-def get_subscription(state: HarvestState, subscription_id: str) -> WebhookSubscription:
-    """Return the subscription or raise :class:`SubscriptionNotFoundError`."""
-    subscription = state.store.get_subscription(subscription_id)
-    if subscription is None:
-        raise SubscriptionNotFoundError(subscription_id)
-    return subscription
-
-
-def update_subscription(
-    state: HarvestState,
-    subscription_id: str,
-    *,
-    target_url: str | None = None,
-    event_topics: Sequence[str] | None = None,
-    description: str | None = None,
-    status: WebhookSubscriptionStatus | None = None,
-) -> WebhookSubscription:
-    """Change a subscription's URL, topics, description or status (enable/disable).
-
-    Enabling clears the failure count. A ``failed`` status cannot be set by hand.
-    """
-    current = get_subscription(state, subscription_id)
-    changes: dict[str, Any] = {}
-    if target_url is not None:
-        _check_target(state, target_url)
-        changes["target_url"] = target_url
-    if event_topics is not None:
-        changes["event_topics"] = tuple(event_topics)
-    if description is not None:
-        changes["description"] = description
-    if status is not None:
-        if status is WebhookSubscriptionStatus.FAILED:
-            raise InvalidFieldError(
-                "status", "set 'active' or 'disabled'; 'failed' is set by the failure threshold"
-            )
-        changes["status"] = status
-        if status is WebhookSubscriptionStatus.ACTIVE:
-            changes["consecutive_failures"] = 0
-    updated = current.replace(**changes)  # validates before anything is written
-    return state.store.update_subscription(updated) if changes else current
-
-
-def rotate_secret(
-    state: HarvestState,
-    subscription_id: str,
-    *,
-    new_secret: str | None = None,
-    grace_seconds: float | None = None,
-) -> NewSecret:
-    """Give a subscription a new secret; the old one keeps signing for ``grace_seconds``.
-
-    During the grace period every delivery carries signatures from both secrets, so the receiver
-    can switch without downtime. The default grace is ``HARVEST_WEBHOOKS_SECRET_GRACE_SECONDS``.
-    """
-    current = get_subscription(state, subscription_id)
-    grace = state.settings.webhooks_secret_grace_seconds if grace_seconds is None else grace_seconds
-    if grace < 0:
-        raise InvalidFieldError("grace_seconds", "must not be negative")
-    chosen = new_secret if new_secret is not None else generate_secret()
-    rotated = current.replace(
-        secret=chosen,
-        previous_secret=current.secret,
-        previous_secret_expires_at=utcnow() + timedelta(seconds=grace),
-    )
-    return NewSecret(state.store.update_subscription(rotated), chosen)
-
-
 @dataclass(frozen=True)
 class ReplayResult:
     """What a replay did: the deliveries moved back to pending, and whether jobs were queued."""
@@ -142,54 +41,6 @@ class ReplayResult:
     dry_run: bool = False
     #: Why the jobs could not be queued (the sweeper sends them later), or ``None``.
     enqueue_error: str | None = None
-
-
-def replay(state: HarvestState, delivery_id: str) -> ReplayResult:
-    """Replay one dead-lettered delivery: attempt 1 again, same id, a fresh job.
-
-    :raises DeliveryNotFoundError: no such delivery.
-    :raises InvalidStateError: the delivery is not dead-lettered.
-    """
-    replayed = state.store.replay_delivery(delivery_id, now=utcnow())
-    return ReplayResult([replayed.id], enqueue_error=_enqueue(state, [replayed]))
-
-
-def replay_many(
-    state: HarvestState,
-    *,
-    subscription_id: str | None = None,
-    since: datetime | None = None,
-    until: datetime | None = None,
-    limit: int = 100,
-    dry_run: bool = False,
-) -> ReplayResult:
-    """Replay the DLQ of one subscription and/or a time window, newest first, at most ``limit``.
-
-    With ``dry_run``, report what would be replayed and change nothing.
-    """
-    if subscription_id is None and since is None and until is None:
-        raise InvalidFieldError("subscription_id", "give a subscription_id, a since/until window, or both")
-    if not 1 <= limit <= MAX_BULK_REPLAY:
-        raise InvalidFieldError("limit", f"must be between 1 and {MAX_BULK_REPLAY}")
-    if since is not None and until is not None and since >= until:
-        raise InvalidFieldError("since", "must be earlier than until")
-    if subscription_id is not None:
-        get_subscription(state, subscription_id)
-    candidates = state.store.list_dlq(limit=limit, subscription_id=subscription_id, since=since, until=until)
-    if dry_run:
-        return ReplayResult([d.id for d in candidates], dry_run=True)
-    now = utcnow()
-    replayed = [state.store.replay_delivery(d.id, now=now) for d in candidates]
-    return ReplayResult([d.id for d in replayed], enqueue_error=_enqueue(state, replayed))
-
-
-def _enqueue(state: HarvestState, deliveries: list[DeliveryLog]) -> str | None:
-    try:
-        state.backend.enqueue(deliveries)
-    except JobBackendError as exc:
-        # The rows are PENDING and due: the sweeper queues them once the backend is back.
-        return str(exc)
-    return None
 
 
 def encode_cursor(delivery: DeliveryLog) -> str:
@@ -214,27 +65,250 @@ def decode_cursor(cursor: str) -> DlqCursor:
     return when, delivery_id
 
 
-def dlq_page(
-    state: HarvestState,
-    *,
-    limit: int = 50,
-    cursor: str | None = None,
-    subscription_id: str | None = None,
-    topic: str | None = None,
-) -> tuple[list[DeliveryLog], str | None]:
-    """Return one page of the DLQ, newest first, and the cursor of the next page (or ``None``)."""
-    before = decode_cursor(cursor) if cursor else None
-    rows = state.store.list_dlq(limit=limit + 1, before=before, subscription_id=subscription_id, topic=topic)
-    page = rows[:limit]
-    return page, encode_cursor(page[-1]) if len(rows) > limit else None
+class WebhookOperations:
+    """What an operator can do with webhooks; the actuator and the CLI are thin over it.
 
+    Every method validates its input fully before it changes anything, and raises the package's
+    own errors.
+    """
 
-def stats(state: HarvestState) -> dict[str, Any]:
-    """Return delivery counts by state, DLQ depth and oldest pending age: overall and per
-    subscription."""
-    now = utcnow()
-    overall, per_subscription = state.store.delivery_stats()
-    return {
-        "overall": overall.to_dict(now),
-        "subscriptions": {sub: s.to_dict(now) for sub, s in sorted(per_subscription.items())},
-    }
+    def __init__(
+        self,
+        store: OutboundWebhookHandler,
+        backend: JobBackend,
+        manager: OutboundWebhookManager,
+        settings: Settings,
+    ) -> None:
+        self.store = store
+        self.backend = backend
+        self.manager = manager
+        self.settings = settings
+
+    def __repr__(self) -> str:
+        return f"<WebhookOperations store={self.store!r}>"
+
+    def _check_target(self, url: str) -> None:
+        validate_target(url, self.settings.ssrf_policy)
+
+    def create_subscription(
+        self,
+        *,
+        target_url: str,
+        event_topics: Sequence[str],
+        secret: str | None = None,
+        subscription_id: str | None = None,
+        description: str = "",
+    ) -> NewSecret:
+        """Validate and store a subscription; a missing secret is generated.
+
+        :raises InvalidFieldError: a field is invalid, or the URL is refused by the SSRF policy.
+        :raises DuplicateSubscriptionError: the id is taken.
+        """
+        chosen = secret if secret is not None else generate_secret()
+        extra: dict[str, Any] = {"id": subscription_id} if subscription_id is not None else {}
+        subscription = WebhookSubscription(
+            target_url=target_url,
+            event_topics=tuple(event_topics),
+            secret=chosen,
+            description=description,
+            **extra,
+        )
+        self._check_target(target_url)
+        return NewSecret(self.store.add_subscription(subscription), chosen)
+
+    def list_subscriptions(self) -> list[WebhookSubscription]:
+        """Return every subscription, oldest first."""
+        return self.store.list_subscriptions()
+
+    def remove_subscription(self, subscription_id: str) -> None:
+        """Delete a subscription; its delivery logs stay.
+
+        :raises SubscriptionNotFoundError: no such subscription.
+        """
+        if not self.store.remove_subscription(subscription_id):
+            raise SubscriptionNotFoundError(subscription_id)
+
+    def get_subscription(self, subscription_id: str) -> WebhookSubscription:
+        """Return the subscription or raise :class:`SubscriptionNotFoundError`."""
+        subscription = self.store.get_subscription(subscription_id)
+        if subscription is None:
+            raise SubscriptionNotFoundError(subscription_id)
+        return subscription
+
+    def update_subscription(
+        self,
+        subscription_id: str,
+        *,
+        target_url: str | None = None,
+        event_topics: Sequence[str] | None = None,
+        description: str | None = None,
+        status: WebhookSubscriptionStatus | None = None,
+    ) -> WebhookSubscription:
+        """Change a subscription's URL, topics, description or status (enable/disable).
+
+        Enabling clears the failure count. A ``failed`` status cannot be set by hand.
+        """
+        current = self.get_subscription(subscription_id)
+        changes: dict[str, Any] = {}
+        if target_url is not None:
+            self._check_target(target_url)
+            changes["target_url"] = target_url
+        if event_topics is not None:
+            changes["event_topics"] = tuple(event_topics)
+        if description is not None:
+            changes["description"] = description
+        if status is not None:
+            if status is WebhookSubscriptionStatus.FAILED:
+                raise InvalidFieldError(
+                    "status", "set 'active' or 'disabled'; 'failed' is set by the failure threshold"
+                )
+            changes["status"] = status
+            if status is WebhookSubscriptionStatus.ACTIVE:
+                changes["consecutive_failures"] = 0
+        updated = current.replace(**changes)  # validates before anything is written
+        return self.store.update_subscription(updated) if changes else current
+
+    def rotate_secret(
+        self,
+        subscription_id: str,
+        *,
+        new_secret: str | None = None,
+        grace_seconds: float | None = None,
+    ) -> NewSecret:
+        """Give a subscription a new secret; the old one keeps signing for ``grace_seconds``.
+
+        During the grace period every delivery carries signatures from both secrets, so the receiver
+        can switch without downtime. The default grace is ``HARVEST_WEBHOOKS_SECRET_GRACE_SECONDS``.
+        """
+        current = self.get_subscription(subscription_id)
+        grace = self.settings.webhooks_secret_grace_seconds if grace_seconds is None else grace_seconds
+        if grace < 0:
+            raise InvalidFieldError("grace_seconds", "must not be negative")
+        chosen = new_secret if new_secret is not None else generate_secret()
+        rotated = current.replace(
+            secret=chosen,
+            previous_secret=current.secret,
+            previous_secret_expires_at=utcnow() + timedelta(seconds=grace),
+        )
+        return NewSecret(self.store.update_subscription(rotated), chosen)
+
+    def replay(self, delivery_id: str) -> ReplayResult:
+        """Replay one dead-lettered delivery: attempt 1 again, same id, a fresh job.
+
+        :raises DeliveryNotFoundError: no such delivery.
+        :raises InvalidStateError: the delivery is not dead-lettered.
+        """
+        replayed = self.store.replay_delivery(delivery_id, now=utcnow())
+        return ReplayResult([replayed.id], enqueue_error=self._enqueue([replayed]))
+
+    def replay_many(
+        self,
+        *,
+        subscription_id: str | None = None,
+        since: datetime | None = None,
+        until: datetime | None = None,
+        limit: int = 100,
+        dry_run: bool = False,
+    ) -> ReplayResult:
+        """Replay the DLQ of one subscription and/or a time window, newest first, at most ``limit``.
+
+        With ``dry_run``, report what would be replayed and change nothing.
+        """
+        if subscription_id is None and since is None and until is None:
+            raise InvalidFieldError(
+                "subscription_id", "give a subscription_id, a since/until window, or both"
+            )
+        if not 1 <= limit <= MAX_BULK_REPLAY:
+            raise InvalidFieldError("limit", f"must be between 1 and {MAX_BULK_REPLAY}")
+        if since is not None and until is not None and since >= until:
+            raise InvalidFieldError("since", "must be earlier than until")
+        if subscription_id is not None:
+            self.get_subscription(subscription_id)
+        candidates = self.store.list_dlq(
+            limit=limit, subscription_id=subscription_id, since=since, until=until
+        )
+        if dry_run:
+            return ReplayResult([d.id for d in candidates], dry_run=True)
+        now = utcnow()
+        replayed = [self.store.replay_delivery(d.id, now=now) for d in candidates]
+        return ReplayResult([d.id for d in replayed], enqueue_error=self._enqueue(replayed))
+
+    def _enqueue(self, deliveries: list[DeliveryLog]) -> str | None:
+        try:
+            self.backend.enqueue([delivery_job(d) for d in deliveries])
+        except JobBackendError as exc:
+            # The rows are PENDING and due: the sweeper queues them once the backend is back.
+            return str(exc)
+        return None
+
+    def dlq_page(
+        self,
+        *,
+        limit: int = 50,
+        cursor: str | None = None,
+        subscription_id: str | None = None,
+        topic: str | None = None,
+    ) -> tuple[list[DeliveryLog], str | None]:
+        """Return one page of the DLQ, newest first, and the cursor of the next page (or ``None``)."""
+        before = decode_cursor(cursor) if cursor else None
+        rows = self.store.list_dlq(
+            limit=limit + 1, before=before, subscription_id=subscription_id, topic=topic
+        )
+        page = rows[:limit]
+        return page, encode_cursor(page[-1]) if len(rows) > limit else None
+
+    def stats(self) -> dict[str, Any]:
+        """Return delivery counts by state, DLQ depth and oldest pending age: overall and per
+        subscription."""
+        now = utcnow()
+        overall, per_subscription = self.store.delivery_stats()
+        return {
+            "overall": overall.to_dict(now),
+            "subscriptions": {sub: s.to_dict(now) for sub, s in sorted(per_subscription.items())},
+        }
+
+    def delivery_with_attempts(self, delivery_id: str) -> dict[str, Any]:
+        """Return a delivery's JSON form with its attempt history under ``attempts``.
+
+        :raises DeliveryNotFoundError: no such delivery.
+        """
+        delivery = self.store.get_delivery(delivery_id)
+        if delivery is None:
+            raise DeliveryNotFoundError(delivery_id)
+        return {
+            **delivery.to_dict(),
+            "attempts": [a.to_dict() for a in self.store.list_attempts(delivery_id)],
+        }
+
+    def purge_delivered(self, cutoff: datetime) -> int:
+        """Delete delivered logs whose last attempt is before ``cutoff``; return how many."""
+        return self.store.purge_deliveries_before(cutoff)
+
+    def relay_outbox(self, *, limit: int = 500) -> tuple[int, int]:
+        """Relay committed outbox messages until none are left or one fails; return (relayed, failed).
+
+        :raises ConfigurationError: the store has no outbox.
+        """
+        self._outbox()
+        relayed = failed = 0
+        while True:
+            report = self.manager.relay_outbox(limit=limit)
+            relayed += report.relayed
+            failed += report.failed
+            if report.relayed + report.failed < limit or report.failed:
+                return relayed, failed
+
+    def purge_outbox(self, older_than_seconds: float | None = None) -> tuple[int, float]:
+        """Delete relayed outbox messages older than ``older_than_seconds`` (default: the retention
+        setting); return how many and the age used.
+
+        :raises ConfigurationError: the store has no outbox.
+        """
+        seconds = self.settings.outbox_retention_seconds if older_than_seconds is None else older_than_seconds
+        removed = self._outbox().purge_relayed_before(utcnow() - timedelta(seconds=seconds))
+        return removed, seconds
+
+    def _outbox(self) -> SqlOutbox:
+        if self.manager.outbox is None:
+            raise ConfigurationError("the outbox needs the SQL store; this app uses another store")
+        return self.manager.outbox

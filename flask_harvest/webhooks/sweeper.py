@@ -1,42 +1,25 @@
-"""The sweeper: SQL is the source of truth, so rebuild the job queue from it.
+"""The webhook steps of the sweeper (:class:`flask_harvest.sweeper.Sweeper`).
 
-It frees deliveries whose lease expired (the worker died mid-attempt) and queues again those that
-are due but have no live job (Redis lost its data, an enqueue was lost, a process died between
-logging and queueing). Running it more often, or in several processes at once, is harmless: the
-claim decides who sends.
+Deliveries: free those whose lease expired (the worker died mid-attempt) and queue again those
+that are due but have no live job (Redis lost its data, an enqueue was lost, a process died
+between logging and queueing). The outbox: relay committed messages whose after-commit relay never
+ran, and purge relayed ones past their retention.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import logging
-from dataclasses import dataclass
 from datetime import timedelta
 
+from ..errors import HarvestError
 from ..jobs.base import JobBackend
-from .manager import RelayReport
+from ..sweeper import SweepReport, requeue_missing
+from .delivery import delivery_job
+from .manager import OutboundWebhookManager
 from .models import utcnow
 from .stores.base import OutboundWebhookHandler
 
-log = logging.getLogger("flask_harvest")
-
-
-@dataclass(frozen=True)
-class SweepReport:
-    """What one sweep did."""
-
-    #: Deliveries whose expired lease was released.
-    released: int
-    #: Deliveries queued again because no job was waiting for them.
-    requeued: int
-    #: Outbox messages relayed by this sweep (their after-commit relay never ran or failed).
-    relayed: int = 0
-    #: Outbox messages whose relay failed; they are tried again at the next sweep.
-    relay_failed: int = 0
-
-    def with_relay(self, relay: RelayReport) -> SweepReport:
-        """Return this report with the outbox relay's counts added."""
-        return dataclasses.replace(self, relayed=relay.relayed, relay_failed=relay.failed)
+log = logging.getLogger(__name__)
 
 
 def sweep(
@@ -47,7 +30,7 @@ def sweep(
     batch: int = 1000,
     requeue: bool = True,
 ) -> SweepReport:
-    """Run one sweep and return what it did.
+    """Free expired delivery leases and requeue due deliveries without a job; return what it did.
 
     :param grace_seconds: leave alone rows that became due less than this long ago; their job
         is most likely on its way (the scheduler moves due jobs about once a second).
@@ -57,12 +40,10 @@ def sweep(
     now = utcnow()
     released = store.release_expired_leases(now=now)
     if not requeue:
-        return SweepReport(released=len(released), requeued=0)
+        return SweepReport(released=len(released))
     due_ids = store.due_deliveries(now=now - timedelta(seconds=grace_seconds), limit=batch)
     candidates = store.get_deliveries(sorted(set(due_ids) | set(released)))
-    live = backend.live_jobs(candidates)
-    orphans = [d for d in candidates if d.id not in live]
-    backend.enqueue(orphans)
+    orphans = requeue_missing(backend, [delivery_job(d) for d in candidates])
     if released or orphans:
         log.warning(
             "harvest: sweep released %d expired lease(s) and requeued %d delivery(ies)",
@@ -70,3 +51,19 @@ def sweep(
             len(orphans),
         )
     return SweepReport(released=len(released), requeued=len(orphans))
+
+
+def relay_outbox(manager: OutboundWebhookManager, retention_seconds: float) -> SweepReport:
+    """Relay outbox messages whose relay never ran, then purge relayed ones past ``retention_seconds``."""
+    outbox = manager.outbox
+    if outbox is None:
+        return SweepReport()
+    try:
+        relay = manager.relay_outbox()
+        outbox.purge_relayed_before(utcnow() - timedelta(seconds=retention_seconds))
+    except HarvestError as exc:
+        # The outbox table may be missing (a deploy whose migration has not run yet): that is no
+        # reason to report the whole sweep as failed, and the delivery step runs regardless.
+        log.error("harvest: outbox relay failed (%s); sweeping deliveries anyway", exc)
+        return SweepReport()
+    return SweepReport(relayed=relay.relayed, relay_failed=relay.failed)

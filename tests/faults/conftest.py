@@ -51,8 +51,7 @@ import redis
 import sqlalchemy as sa
 from flask import Flask
 
-from flask_harvest import OutboundWebhookPlugin, WebhookSubscription
-from flask_harvest.webhooks.plugin import HarvestState, get_state
+from flask_harvest import HarvestEngine, OutboundWebhookPlugin, WebhookSubscription, get_engine
 from flask_harvest.webhooks.stores.sql import SqlOutboundWebhookStore, metadata
 
 from ..conftest import DATABASE_URL, service_unavailable
@@ -472,10 +471,10 @@ class FaultEnv:
         return close_later(app)
 
     @property
-    def state(self) -> HarvestState:
+    def state(self) -> HarvestEngine:
         if not self._apps:
             self.app()
-        return get_state(self._apps[0])
+        return get_engine(self._apps[0])
 
     @property
     def store(self) -> SqlOutboundWebhookStore:

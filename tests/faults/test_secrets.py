@@ -25,8 +25,8 @@ from flask_harvest import (
     InvalidSecretError,
     StoreError,
     WebhookSubscription,
+    get_engine,
 )
-from flask_harvest.webhooks.plugin import get_state
 
 from .conftest import CANARY, CANARY_PATTERNS, FaultEnv, canary_secret, find_canary, wait_until
 
@@ -168,7 +168,7 @@ def test_secrets_appear_nowhere_but_where_they_are_created(
 
     # The DLQ listing, as the store returns it.
     with app.app_context():
-        look("store.list_dlq", repr([d.to_dict() for d in get_state().store.list_dlq(limit=100)]))
+        look("store.list_dlq", repr([d.to_dict() for d in get_engine().store.list_dlq(limit=100)]))
 
     # Exception messages and tracebacks, database errors included.
     errors: list[BaseException] = []

@@ -11,6 +11,9 @@ import time
 
 import pytest
 
+from flask_harvest.jobs.base import row_id_of
+from flask_harvest.webhooks.delivery import WEBHOOK_JOB
+
 from .conftest import BASE_CONFIG, FaultEnv, check_invariants, wait_until
 
 pytestmark = [pytest.mark.faults, pytest.mark.postgres, pytest.mark.redis, pytest.mark.slow]
@@ -58,8 +61,8 @@ def _delivery_waiting_in_a_started_job(faults: FaultEnv) -> str | None:
     finally:
         client.close()
     for execution in executions:
-        job_id = execution.decode().split(":")[0]  # harvest-<delivery id>-<attempt>-<due ms>
-        delivery_id = job_id.split("-")[1]
+        job_id = execution.decode().split(":")[0]  # harvest-webhook-<delivery id>-<attempt>-<due ms>
+        delivery_id = row_id_of(job_id, WEBHOOK_JOB)
         row = faults.rows([delivery_id]).get(delivery_id)
         if row is not None and row.state == "pending":
             return delivery_id

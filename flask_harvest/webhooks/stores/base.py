@@ -62,6 +62,11 @@ class OutboundWebhookHandler(abc.ABC):
     #: Whether :meth:`~flask_harvest.webhooks.manager.OutboundWebhookManager.dispatch_in_tx` can
     #: write into the caller's transaction (only SQL stores can).
     supports_transactions: bool = False
+    #: Whether the store keeps tables, which :meth:`ensure_schema` creates (SQL stores do).
+    keeps_tables: bool = False
+
+    def ensure_schema(self) -> None:  # noqa: B027 (nothing to create by default)
+        """Create the store's tables where they do not exist yet; a store without tables does nothing."""
 
     # -- subscriptions -------------------------------------------------------------------------
 

@@ -116,6 +116,7 @@ class SqlOutboundWebhookStore(OutboundWebhookHandler):
     """
 
     supports_transactions = True
+    keeps_tables = True
 
     def __init__(self, engine: Engine) -> None:
         if engine.dialect.name not in _INSERTS:

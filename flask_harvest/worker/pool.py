@@ -20,27 +20,20 @@ import random
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import AbstractContextManager, contextmanager
-from contextvars import ContextVar
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 
 from ..webhooks.delivery import DeliveryRunner
 from ..webhooks.models import Claim, DeliveryState
 
-log = logging.getLogger("flask_harvest")
-_current: ContextVar[DeliveryPool | None] = ContextVar("harvest_delivery_pool", default=None)
+log = logging.getLogger(__name__)
 # How often a worker waiting for slots looks for endpoints that turned slow with deliveries
 # waiting for them.
 _CHECK_SECONDS = 0.25
 # A waiting delivery's lease must still cover its attempt when it starts.
 _LEASE_MARGIN_SECONDS = 5.0
-
-
-def current_pool() -> DeliveryPool | None:
-    """Return the pool of the worker running the current job, if it has one."""
-    return _current.get()
 
 
 @dataclass
@@ -88,15 +81,6 @@ class DeliveryPool:
             0.0,
             settings.webhooks_lease_seconds - settings.webhooks_deadline_seconds - _LEASE_MARGIN_SECONDS,
         )
-
-    @contextmanager
-    def active(self) -> Iterator[None]:
-        """Make this the pool that delivery jobs in this context hand their attempts to."""
-        token = _current.set(self)
-        try:
-            yield
-        finally:
-            _current.reset(token)
 
     def free_slots(self) -> int:
         """Return how many more deliveries this process can hold now."""

@@ -1,82 +1,35 @@
-"""The Flask extension: reads the configuration once and wires store, jobs and delivery per app."""
+"""The Flask extension: reads the configuration once, builds the engine and registers it on an app.
+
+Everything that runs (store, jobs, delivery, sweeper) is the Flask-free engine of
+:mod:`flask_harvest.engine`; this module only wires it to Flask: configuration, signals, the
+actuator blueprint and the ``flask harvest`` commands.
+"""
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-import redis
-from flask import Flask, Request, current_app
+from flask import Flask
 
-from .. import signals
-from ..config import KEYS, Settings, load_settings
-from ..errors import ConfigurationError, HarvestError
-from ..jobs.base import JobBackend
-from ..jobs.local import LocalBackend
-from ..jobs.rq import RqBackend, job_timeout_for
-from ..transport import Transport
-from .delivery import DeliveryRunner
-from .manager import Delegate, OutboundWebhookManager, RelayReport
-from .models import AttemptResult, Claim, DeliveryLog, DeliveryState, WebhookSubscriptionStatus, utcnow
-from .outbox import SqlOutbox
-from .stores.base import OutboundWebhookHandler
-from .stores.sql import SqlOutboundWebhookStore
-from .sweeper import SweepReport, sweep
+from . import signals
+from ._app import EXTENSION_KEY, get_engine
+from .cli import harvest_cli
+from .config import KEYS, Settings, load_settings
+from .engine import AdminAccess, Authorizer, HarvestEngine, build_engine
+from .errors import ConfigurationError
+from .webhooks.actuator import actuator
+from .webhooks.delivery import AttemptListener
+from .webhooks.manager import Delegate, OutboundWebhookManager
+from .webhooks.models import AttemptResult, Claim, DeliveryLog, DeliveryState, WebhookSubscriptionStatus
+from .webhooks.stores.base import OutboundWebhookHandler
+from .webhooks.stores.sql import SqlOutboundWebhookStore
 
 if TYPE_CHECKING:
     from flask_sqlalchemy import SQLAlchemy
 
-EXTENSION_KEY = "harvest"
-log = logging.getLogger("flask_harvest")
-
-
-#: Decides whether a request may use the actuator (return ``True`` to allow it).
-Authorizer = Callable[[Request], bool]
-
-
-@dataclass
-class ActuatorAccess:
-    """Who may use the actuator: the authorizer registered on the extension, if any."""
-
-    authorizer: Authorizer | None = None
-
-
-@dataclass
-class HarvestState:
-    """Everything the extension built for one app, kept in ``app.extensions["harvest"]``."""
-
-    settings: Settings
-    store: OutboundWebhookHandler
-    backend: JobBackend
-    transport: Transport
-    runner: DeliveryRunner
-    manager: OutboundWebhookManager
-    access: ActuatorAccess
-
-    def sweep(self) -> SweepReport:
-        """Run one sweep: relay outbox messages whose relay never ran, purge old relayed ones,
-        then free expired leases and queue due deliveries that have no job."""
-        relay = RelayReport(0, 0)
-        outbox = self.manager.outbox
-        if outbox is not None:
-            # An outbox failure (its table missing, say) must not stop the delivery sweep below.
-            try:
-                relay = self.manager.relay_outbox()
-                cutoff = utcnow() - timedelta(seconds=self.settings.outbox_retention_seconds)
-                outbox.purge_relayed_before(cutoff)
-            except HarvestError as exc:
-                log.error("harvest: outbox relay failed (%s); sweeping deliveries anyway", exc)
-        # A delegate owns the deliveries handed to it: queueing them here would send them twice.
-        requeue = self.manager.delegate is None
-        return sweep(self.store, self.backend, batch=1000, requeue=requeue).with_relay(relay)
-
-    def close(self) -> None:
-        """Finish after-commit relays, stop the job backend and release its connections."""
-        self.manager.close()
-        self.backend.close()
+log = logging.getLogger(__name__)
 
 
 class OutboundWebhookPlugin:
@@ -105,7 +58,7 @@ class OutboundWebhookPlugin:
         self._store_factory: Callable[[Flask], OutboundWebhookHandler] | None = None
         self._delegate = delegate
         self._options = options
-        self._access = ActuatorAccess()
+        self._access = AdminAccess()
         unknown = set(options) - set(KEYS)
         if unknown:
             raise ConfigurationError(
@@ -154,29 +107,19 @@ class OutboundWebhookPlugin:
                 "choose a store: OutboundWebhookPlugin(InMemoryOutboundWebhookHandler()) for tests, "
                 "or OutboundWebhookPlugin.sql(db) for the SQL store"
             )
-        transport = Transport(
-            connect_timeout=settings.webhooks_connect_timeout_seconds,
-            read_timeout=settings.webhooks_timeout_seconds,
-            deadline=settings.webhooks_deadline_seconds,
-            policy=settings.ssrf_policy,
+        engine = build_engine(
+            settings,
+            store,
+            delegate=self._delegate,
+            job_context=app.app_context,
+            on_attempt=_signal_listener(app),
+            on_skipped=_skip_listener(app),
+            access=self._access,
         )
-        holder: list[HarvestState] = []
-        backend = _build_backend(app, settings, holder)
-        runner = DeliveryRunner(store, settings, transport, backend, listener=_signal_listener(app))
-        outbox = SqlOutbox(store.engine) if isinstance(store, SqlOutboundWebhookStore) else None
-        manager = OutboundWebhookManager(
-            store, backend, settings, outbox=outbox, delegate=self._delegate, on_skipped=_skip_listener(app)
-        )
-        state = HarvestState(settings, store, backend, transport, runner, manager, self._access)
-        holder.append(state)
-        app.extensions[EXTENSION_KEY] = state
-
-        from ..cli import harvest_cli
-        from .actuator import actuator
-
+        app.extensions[EXTENSION_KEY] = engine
         app.cli.add_command(harvest_cli)
         app.register_blueprint(actuator, url_prefix=settings.actuator_prefix)
-        if not backend.durable:
+        if not engine.backend.durable:
             app.logger.warning(
                 "flask-harvest uses the 'local' job backend: delivery jobs live in this process "
                 "and are lost if it exits; set %s = 'rq' in production",
@@ -196,46 +139,32 @@ class OutboundWebhookPlugin:
         return authorizer
 
     @property
+    def engine(self) -> HarvestEngine:
+        """The engine of the current app (needs an app context)."""
+        return get_engine()
+
+    @property
     def store(self) -> OutboundWebhookHandler:
-        """The store of the current app."""
-        return get_state().store
+        """The store of the current app (needs an app context)."""
+        return get_engine().store
 
     @property
     def manager(self) -> OutboundWebhookManager:
         """The manager of the current app (needs an app context)."""
-        return get_state().manager
+        return get_engine().manager
 
     @property
     def settings(self) -> Settings:
-        return get_state().settings
+        """The settings of the current app (needs an app context)."""
+        return get_engine().settings
+
+    def close(self, app: Flask | None = None) -> None:
+        """Stop the engine of ``app`` (default: the current app): finish after-commit relays, stop
+        the job backend's threads and release its connections. Call it when a script or test ends."""
+        get_engine(app).close()
 
 
-def _build_backend(app: Flask, settings: Settings, holder: list[HarvestState]) -> JobBackend:
-    if settings.jobs_backend == "rq":
-        return RqBackend(
-            redis.Redis.from_url(settings.redis_url),
-            settings.webhooks_queue,
-            job_timeout=job_timeout_for(
-                settings.webhooks_deadline_seconds, settings.webhooks_connect_timeout_seconds
-            ),
-            # One job per this many deliveries of a fan-out: what a worker takes at a time.
-            batch_size=max(1, settings.worker_concurrency // 4),
-        )
-
-    def run(delivery_id: str) -> object:
-        with app.app_context():
-            return holder[0].runner.run(delivery_id)
-
-    def periodic() -> object:
-        with app.app_context():
-            return holder[0].sweep()
-
-    return LocalBackend(
-        run, workers=settings.local_workers, periodic=periodic, interval=settings.sweep_interval_seconds
-    )
-
-
-def _signal_listener(app: Flask) -> Callable[[Claim, AttemptResult, WebhookSubscriptionStatus | None], None]:
+def _signal_listener(app: Flask) -> AttemptListener:
     by_state = {
         DeliveryState.DELIVERED: signals.delivery_succeeded,
         DeliveryState.PENDING: signals.delivery_failed,
@@ -268,18 +197,6 @@ def _skip_listener(app: Flask) -> Callable[[Sequence[DeliveryLog]], None]:
     return listener
 
 
-def get_state(app: Flask | None = None) -> HarvestState:
-    """Return the extension's state for ``app`` (default: the current app)."""
-    target = app if app is not None else current_app
-    try:
-        state: HarvestState = target.extensions[EXTENSION_KEY]
-    except KeyError:
-        raise ConfigurationError(
-            "flask-harvest is not registered on this app; call OutboundWebhookPlugin(...).init_app(app)"
-        ) from None
-    return state
-
-
 def get_manager() -> OutboundWebhookManager:
     """Return the current app's :class:`OutboundWebhookManager` (needs an app context)."""
-    return get_state().manager
+    return get_engine().manager

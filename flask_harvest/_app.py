@@ -1,0 +1,30 @@
+"""Where a Flask app keeps its engine: the one lookup the extension, blueprints, CLI and worker share."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from flask import Flask, current_app
+
+from .errors import ConfigurationError
+
+if TYPE_CHECKING:
+    from .engine import HarvestEngine
+
+#: The key of the engine in ``app.extensions``.
+EXTENSION_KEY = "harvest"
+
+
+def get_engine(app: Flask | None = None) -> HarvestEngine:
+    """Return the engine registered on ``app`` (default: the current app).
+
+    :raises ConfigurationError: flask-harvest is not registered on the app.
+    """
+    target = app if app is not None else current_app
+    try:
+        engine: HarvestEngine = target.extensions[EXTENSION_KEY]
+    except KeyError:
+        raise ConfigurationError(
+            "flask-harvest is not registered on this app; call OutboundWebhookPlugin(...).init_app(app)"
+        ) from None
+    return engine

@@ -1,0 +1,152 @@
+"""The engine: store, job backend, transport, runners, manager and sweeper, wired without Flask.
+
+:func:`build_engine` is the one place that assembles them; the Flask extension
+(:class:`~flask_harvest.extension.OutboundWebhookPlugin`) only reads the configuration, calls
+it and registers the result on an app. Scripts, tests and other frameworks can call it directly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any
+
+import redis
+
+from .config import Settings
+from .jobs.base import JobBackend, JobKinds, JobRef
+from .jobs.local import LocalBackend
+from .jobs.rq import RqBackend, job_timeout_for
+from .sweeper import Sweeper, SweepReport
+from .transport import Transport
+from .webhooks import sweeper as webhook_sweeps
+from .webhooks.delivery import WEBHOOK_JOB, AttemptListener, DeliveryRunner
+from .webhooks.manager import Delegate, OutboundWebhookManager, SkipListener
+from .webhooks.operations import WebhookOperations
+from .webhooks.outbox import SqlOutbox
+from .webhooks.stores.base import OutboundWebhookHandler
+from .webhooks.stores.sql import SqlOutboundWebhookStore
+
+#: Wraps every job and sweep the engine runs on its own threads (the extension passes
+#: ``app.app_context`` so that signal receivers find the app).
+JobContext = Callable[[], AbstractContextManager[Any]]
+
+#: Decides whether a request may use the admin surfaces (the actuator): only ``True`` allows it.
+Authorizer = Callable[[Any], bool]
+
+
+@dataclass
+class AdminAccess:
+    """Who may use the admin surfaces besides a bearer of ``HARVEST_ACTUATOR_TOKEN``."""
+
+    authorizer: Authorizer | None = None
+
+
+@dataclass
+class HarvestEngine:
+    """Everything flask-harvest runs for one app, built by :func:`build_engine`."""
+
+    settings: Settings
+    store: OutboundWebhookHandler
+    backend: JobBackend
+    transport: Transport
+    runner: DeliveryRunner
+    manager: OutboundWebhookManager
+    sweeper: Sweeper
+    #: The kinds of work the job seam carries, and what runs each.
+    jobs: JobKinds
+    #: What operators can do (the actuator and the CLI are thin over it).
+    operations: WebhookOperations
+    access: AdminAccess = field(default_factory=AdminAccess)
+
+    def sweep(self) -> SweepReport:
+        """Run one sweep of every kind of work (see :mod:`flask_harvest.sweeper`)."""
+        return self.sweeper.sweep()
+
+    def close(self) -> None:
+        """Finish after-commit relays, stop the job backend and release its connections."""
+        self.manager.close()
+        self.backend.close()
+
+
+def build_engine(
+    settings: Settings,
+    store: OutboundWebhookHandler,
+    *,
+    delegate: Delegate | None = None,
+    job_context: JobContext = nullcontext,
+    on_attempt: AttemptListener | None = None,
+    on_skipped: SkipListener | None = None,
+    access: AdminAccess | None = None,
+) -> HarvestEngine:
+    """Assemble an engine from settings and a store.
+
+    :param delegate: hand each delivery to this callable instead of the job backend.
+    :param job_context: entered around each job and sweep run on the engine's own threads.
+    :param on_attempt: told about every recorded attempt (the extension sends signals).
+    :param on_skipped: told about deliveries a dispatch skipped.
+    """
+    jobs = JobKinds()
+    sweeper = Sweeper()
+    backend = _build_backend(settings, jobs, sweeper, job_context)
+    transport = Transport(
+        connect_timeout=settings.webhooks_connect_timeout_seconds,
+        read_timeout=settings.webhooks_timeout_seconds,
+        deadline=settings.webhooks_deadline_seconds,
+        policy=settings.ssrf_policy,
+    )
+    runner = DeliveryRunner(store, settings, transport, backend, listener=on_attempt)
+    outbox = (
+        SqlOutbox(store.engine) if isinstance(store, SqlOutboundWebhookStore) else None
+    )  # FIXME capability
+    manager = OutboundWebhookManager(
+        store, backend, settings, outbox=outbox, delegate=delegate, on_skipped=on_skipped
+    )
+    jobs.register(WEBHOOK_JOB, runner.run_many)
+    sweeper.add_step(
+        "outbox", partial(webhook_sweeps.relay_outbox, manager, settings.outbox_retention_seconds)
+    )
+    # A delegate owns the deliveries handed to it: queueing them again would send them twice.
+    sweeper.add_step(
+        "webhooks", partial(webhook_sweeps.sweep, store, backend, batch=1000, requeue=delegate is None)
+    )
+    operations = WebhookOperations(store, backend, manager, settings)
+    return HarvestEngine(
+        settings,
+        store,
+        backend,
+        transport,
+        runner,
+        manager,
+        sweeper,
+        jobs,
+        operations,
+        access or AdminAccess(),
+    )
+
+
+def _build_backend(settings: Settings, jobs: JobKinds, sweeper: Sweeper, context: JobContext) -> JobBackend:
+    if settings.jobs_backend == "rq":
+        return RqBackend(
+            redis.Redis.from_url(settings.redis_url),
+            settings.webhooks_queue,
+            job_timeout=job_timeout_for(
+                settings.webhooks_deadline_seconds, settings.webhooks_connect_timeout_seconds
+            ),
+            # One job per this many rows of a fan-out: what a worker takes at a time.
+            batch_size=max(1, settings.worker_concurrency // 4),
+        )
+
+    def run(ref: JobRef) -> None:
+        with context():
+            jobs.run(ref.kind, [ref.id])
+
+    def periodic() -> None:
+        with context():
+            sweeper.sweep()
+
+    return LocalBackend(
+        run, workers=settings.local_workers, periodic=periodic, interval=settings.sweep_interval_seconds
+    )

@@ -1,0 +1,82 @@
+"""The one sweeper: SQL is the source of truth, so rebuild the job queue from it.
+
+Each kind of work adds a *step* (webhook deliveries: free expired leases and requeue due rows with
+no job; the outbox: relay what no relay took). The worker runs :meth:`Sweeper.sweep` periodically
+(the local backend on its timer), and ``flask harvest sweep`` once. Running it more often, or in
+several processes at once, is harmless: a claim in SQL decides who acts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from .errors import HarvestError
+from .jobs.base import JobBackend, JobRef
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class SweepReport:
+    """What one sweep (or one of its steps) did."""
+
+    #: Rows whose expired lease was released.
+    released: int = 0
+    #: Rows queued again because no job was waiting for them.
+    requeued: int = 0
+    #: Outbox messages relayed by this sweep (their after-commit relay never ran or failed).
+    relayed: int = 0
+    #: Outbox messages whose relay failed; they are tried again at the next sweep.
+    relay_failed: int = 0
+
+    def __add__(self, other: SweepReport) -> SweepReport:
+        return SweepReport(
+            **{f.name: getattr(self, f.name) + getattr(other, f.name) for f in dataclasses.fields(self)}
+        )
+
+
+#: One kind of work's part of a sweep.
+SweepStep = Callable[[], SweepReport]
+
+
+def requeue_missing(backend: JobBackend, refs: Sequence[JobRef]) -> list[JobRef]:
+    """Queue the jobs among ``refs`` that the backend does not have; return them."""
+    live = backend.live_jobs(refs)
+    missing = [ref for ref in refs if ref not in live]
+    backend.enqueue(missing)
+    return missing
+
+
+class Sweeper:
+    """Runs every registered step; one step's failure never keeps the others from running."""
+
+    def __init__(self) -> None:
+        self._steps: list[tuple[str, SweepStep]] = []
+
+    def __repr__(self) -> str:
+        return f"<Sweeper steps={[name for name, _ in self._steps]}>"
+
+    def add_step(self, name: str, step: SweepStep) -> None:
+        """Run ``step`` in every sweep, after the steps added before it."""
+        self._steps.append((name, step))
+
+    def sweep(self) -> SweepReport:
+        """Run one sweep and return what it did.
+
+        :raises HarvestError: the first step that failed (the store or the backend is down),
+            after the other steps ran.
+        """
+        total = SweepReport()
+        first_error: HarvestError | None = None
+        for name, step in self._steps:
+            try:
+                total += step()
+            except HarvestError as exc:
+                log.error("harvest: sweep step %r failed (%s); the other steps go on", name, exc)
+                first_error = first_error or exc
+        if first_error is not None:
+            raise first_error
+        return total

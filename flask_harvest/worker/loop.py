@@ -1,0 +1,111 @@
+"""The worker process's outer loop: recover, work, and start a fresh worker when Redis drops."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+
+import redis
+from flask import Flask
+
+from .._app import get_engine
+from ..errors import ConfigurationError, HarvestError
+from ..jobs.rq import RqBackend
+from .pool import DeliveryPool
+from .process import HarvestWorker
+
+log = logging.getLogger(__name__)
+
+
+def serve(
+    app: Flask,
+    *,
+    burst: bool = False,
+    name: str | None = None,
+    concurrency: int | None = None,
+    say: Callable[[str], object] = log.warning,
+) -> None:
+    """Run ``flask harvest worker`` for ``app``: sweep once, then work until stopped.
+
+    :param burst: quit when the queue is empty.
+    :param name: the worker's name in RQ (default: random).
+    :param concurrency: attempts in flight at once (default: ``HARVEST_WORKER_CONCURRENCY``).
+    :param say: tells the operator how the start-up sweep went (the CLI prints it).
+    :raises ConfigurationError: the app does not use the ``rq`` backend.
+    """
+    engine = get_engine(app)
+    backend = engine.backend
+    # The worker is an RQ worker: it needs the RQ queue and connection, which only this backend has.
+    if not isinstance(backend, RqBackend):
+        raise ConfigurationError(
+            "the worker needs the rq backend: set HARVEST_JOBS_BACKEND = 'rq' (the local backend "
+            "runs jobs inside the web process)"
+        )
+    settings = engine.settings
+    with app.app_context():
+        try:
+            report = engine.sweep()  # recover what a dead worker or a lost Redis left, before waiting
+            say(f"harvest: startup sweep released {report.released}, requeued {report.requeued}")
+        except HarvestError as exc:
+            # The database or Redis may be restarting: the worker waits for them, and sweeps again.
+            say(f"harvest: startup sweep failed ({exc}); the worker will retry")
+
+    def make_worker(on_stop: Callable[[], object]) -> HarvestWorker:
+        pool = DeliveryPool(
+            engine.runner,
+            size=concurrency or settings.worker_concurrency,
+            per_subscription=settings.webhooks_max_inflight_per_subscription,
+            context=app.app_context,
+        )
+        return HarvestWorker(
+            [backend.queue],
+            connection=backend.connection,
+            name=name,
+            app=app,
+            pool=pool,
+            periodic=engine.sweep,
+            interval=settings.sweep_interval_seconds,
+            on_stop=on_stop,
+        )
+
+    run_worker(app, make_worker, burst=burst, recover=engine.sweep)
+
+
+def run_worker(
+    app: Flask,
+    make_worker: Callable[[Callable[[], object]], HarvestWorker],
+    *,
+    burst: bool,
+    recover: Callable[[], object],
+    max_delay: float = 30.0,
+) -> None:
+    """Run workers from ``make_worker`` until stopped, starting a fresh one whenever Redis drops.
+
+    RQ's worker quits when Redis goes away under it (a restart, a failover). Instead of leaving
+    that to a process manager, wait with a growing delay, run ``recover`` (a sweep: Redis may
+    have come back empty) and work again. A burst run ends when its queue is empty, a normal one
+    when SIGINT or SIGTERM asks it to.
+    """
+    stop = threading.Event()
+    delay = 1.0
+    while not stop.is_set():
+        try:
+            make_worker(stop.set).work(burst=burst, with_scheduler=True)  # connects to Redis
+            if burst:
+                return
+            reason = "the worker loop ended"
+        except redis.RedisError as exc:
+            reason = f"Redis failed ({type(exc).__name__})"
+        if stop.is_set():
+            return
+        log.warning("harvest: %s; starting a new worker in %.0f s", reason, delay)
+        if stop.wait(delay):
+            return
+        delay = min(delay * 2, max_delay)
+        try:
+            with app.app_context():
+                recover()
+            delay = 1.0
+        except Exception:  # Redis or the database is still down: wait longer, try again
+            log.warning("harvest: recovery sweep failed; retrying", exc_info=True)
