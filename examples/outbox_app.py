@@ -108,8 +108,8 @@ def main() -> int:
     logging.getLogger("werkzeug").setLevel(logging.ERROR)  # no access log from the receiver
     with tempfile.TemporaryDirectory() as folder, CapturingReceiver() as receiver:
         app = create_app(Path(folder) / "outbox.sqlite3")
-        state = get_engine(app)
-        state.store.add_subscription(
+        engine = get_engine(app)
+        engine.store.add_subscription(
             WebhookSubscription(receiver.url("/hooks/orders"), ["order.*"], SECRET, id="sub_orders")
         )
         client = app.test_client()
@@ -131,9 +131,9 @@ def main() -> int:
             json={"orders": [{"reference": "ord_1002", "total": 7}, {"reference": "ord_1001", "total": 9}]},
         )
         print(f"POST /orders/import [ord_1002, ord_1001] -> {failed.status_code}, rolled back")
-        state.manager.close()  # wait for any relay a commit started
+        engine.manager.close()  # wait for any relay a commit started
         with app.app_context():
-            swept = state.sweep()  # relays committed messages whose relay never ran: there are none
+            swept = engine.sweep()  # relays committed messages whose relay never ran: there are none
             orders = db.session.scalar(sa.select(sa.func.count()).select_from(Order))
             deliveries = db.session.scalar(sa.text("SELECT count(*) FROM harvest_webhook_deliveries"))
         time.sleep(0.5)  # a stray request would have arrived by now
@@ -141,7 +141,7 @@ def main() -> int:
             f"after the failed import: {orders} order(s), {deliveries} delivery(ies), "
             f"sweep relayed {swept.relayed}, receiver has {len(receiver.requests)} request(s)"
         )
-        state.close()
+        engine.close()
 
         ok = (
             created.status_code == 201

@@ -26,6 +26,7 @@ from flask_harvest import (
     OutboundWebhookPlugin,
     WebhookSubscription,
     generate_secret,
+    get_engine,
     get_manager,
 )
 from flask_harvest.signing import verify_standard, verify_stripe
@@ -77,7 +78,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as folder:
         app = create_app(Path(folder) / "quickstart.sqlite3")
         with app.app_context():
-            store = app.extensions["harvest"].store
+            store = get_engine(app).store
             store.add_subscription(
                 WebhookSubscription(f"{base_url}/orders", ["order.*"], SECRET, id="sub_orders")
             )

@@ -33,7 +33,7 @@ from .schemas import (
     SubscriptionPatchSchema,
 )
 
-log = logging.getLogger("flask_harvest")
+log = logging.getLogger(__name__)
 actuator = Blueprint("harvest_actuator", __name__)
 
 #: Request bodies larger than this are refused with 413 before they are read.
