@@ -19,7 +19,6 @@ from collections import Counter
 import pytest
 import sqlalchemy as sa
 
-from flask_harvest.webhooks import operations
 
 from .conftest import FaultEnv, check_invariants
 
@@ -91,7 +90,7 @@ def test_load_with_a_permanently_failing_subscription(faults: FaultEnv) -> None:
     receipts_before = Counter(r.webhook_id for r in faults.receiver.receipts())
     replay_started = time.monotonic()
     with faults.app().app_context():
-        replayed = operations.replay_many(faults.state, subscription_id=FAILING, limit=1000)
+        replayed = faults.state.operations.replay_many(subscription_id=FAILING, limit=1000)
     assert sorted(replayed.delivery_ids) == sorted(dlq)
     replay_done = faults.wait_final(list(dlq), timeout=60, what="the replayed deliveries")
     assert {row.state for row in faults.rows(dlq).values()} == {"delivered"}
