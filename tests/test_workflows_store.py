@@ -56,8 +56,13 @@ def test_the_workflow_tables_are_on_the_shared_metadata() -> None:
 
 
 def test_start_stores_a_pending_due_execution(store: SqlWorkflowStore) -> None:
-    execution = start(store, "refund-r-1", deadline=START + timedelta(minutes=5), trigger_depth=2,
-                      completion_callbacks=[{"url": "https://h.example/cb"}])
+    execution = start(
+        store,
+        "refund-r-1",
+        deadline=START + timedelta(minutes=5),
+        trigger_depth=2,
+        completion_callbacks=[{"url": "https://h.example/cb"}],
+    )
     assert execution.state is S.PENDING and not execution.terminal
     assert execution.input == {"order": 1}
     assert execution.workflow_id == "refund-r-1"
@@ -137,10 +142,16 @@ def test_ten_concurrent_starts_of_one_workflow_id_give_one_execution(store: SqlW
     assert len(store.list_executions()) == 1
 
 
-def test_a_start_inside_the_callers_transaction_commits_or_rolls_back_with_it(store: SqlWorkflowStore) -> None:
-    with pytest.raises(RuntimeError), store.engine.begin() as conn:
-        store.start("refund", 1, "tx", now=START, conn=conn)
-        raise RuntimeError("the caller's transaction fails")
+def test_a_start_inside_the_callers_transaction_commits_or_rolls_back_with_it(
+    store: SqlWorkflowStore,
+) -> None:
+    def fail_after_start() -> None:
+        with store.engine.begin() as conn:
+            store.start("refund", 1, "tx", now=START, conn=conn)
+            raise RuntimeError("the caller's transaction fails")
+
+    with pytest.raises(RuntimeError):
+        fail_after_start()
     assert store.get_by_workflow_id("tx") is None
     with store.engine.begin() as conn:
         inside, created = store.start("refund", 1, "tx", now=START, conn=conn)
@@ -322,7 +333,10 @@ def test_expired_leases_are_requeued_then_failed_as_a_poison_pill(store: SqlWork
     now = START
     for recoveries in (1, 2):
         assert store.claim(eid, now=now, lease_seconds=LEASE) is not None
-        assert store.expired_leases(now=now + timedelta(seconds=LEASE - 1), max_recovery_attempts=2) == ([], [])
+        assert store.expired_leases(now=now + timedelta(seconds=LEASE - 1), max_recovery_attempts=2) == (
+            [],
+            [],
+        )
         now += timedelta(seconds=LEASE + 1)
         assert store.expired_leases(now=now, max_recovery_attempts=2) == ([eid], [])
         requeued = store.get(eid)
@@ -348,7 +362,9 @@ def test_enforce_timeouts_once_ends_overdue_open_executions(store: SqlWorkflowSt
     assert sorted(ended) == sorted([pending.execution_id, running.execution_id])
     for eid in ended:
         timed_out = store.get(eid)
-        assert timed_out is not None and timed_out.state is S.TIMED_OUT and "deadline" in (timed_out.error or "")
+        assert (
+            timed_out is not None and timed_out.state is S.TIMED_OUT and "deadline" in (timed_out.error or "")
+        )
     assert store.get(later.execution_id).state is S.PENDING  # type: ignore[union-attr]
     assert store.get(done.execution_id).state is S.COMPLETED  # type: ignore[union-attr]
 

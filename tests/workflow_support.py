@@ -44,9 +44,7 @@ def record_run(engine: sa.Engine, label: str) -> None:
 
 def run_counts(engine: sa.Engine) -> dict[str, int]:
     with engine.connect() as conn:
-        rows = conn.execute(
-            sa.select(runs_table.c.label, sa.func.count()).group_by(runs_table.c.label)
-        ).all()
+        rows = conn.execute(sa.select(runs_table.c.label, sa.func.count()).group_by(runs_table.c.label)).all()
     return {label: count for label, count in rows}
 
 
