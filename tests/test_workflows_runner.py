@@ -3,6 +3,7 @@ durable sleep, cancel, terminate, timeouts, poison pills, step errors and retrie
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
@@ -354,3 +355,63 @@ def test_a_step_retries_with_backoff(h: Harness) -> None:
     done = h.runner.run(execution.execution_id)
     assert done is not None and done.output == "ok" and len(tries) == 3
     assert len(h.waits) == 2 and all(0 <= w <= 2.0 for w in h.waits)
+
+
+def test_a_step_that_keeps_failing_fails_the_run_after_its_retries(h: Harness) -> None:
+    def broken() -> None:
+        record_run(h.store.engine, "broken")
+        raise ConnectionError("down")
+
+    h.registry.workflow("broken")(lambda ctx, value: ctx.step("call", broken, retries=1))
+    execution, _ = h.runner.start("broken", None)
+    failed = h.runner.run(execution.execution_id)
+    assert failed is not None and failed.state is S.FAILED
+    assert failed.error == "StepFailedError: step 'call' failed: ConnectionError: down"
+    assert run_counts(h.store.engine) == {"broken": 2}
+    assert [s.error for s in h.store.list_steps(execution.execution_id)] == ["ConnectionError: down"]
+
+
+def test_steps_cannot_nest(h: Harness) -> None:
+    h.registry.workflow("nested")(lambda ctx, value: ctx.step("outer", lambda: ctx.step("inner", lambda: 1)))
+    execution, _ = h.runner.start("nested", None)
+    failed = h.runner.run(execution.execution_id)
+    assert failed is not None and failed.state is S.FAILED
+    assert "ctx.step cannot be called inside a step" in (failed.error or "")
+    assert [s.name for s in h.store.list_steps(execution.execution_id)] == ["outer"]
+
+
+def test_a_job_that_fires_before_the_wake_time_reschedules_itself(h: Harness) -> None:
+    @h.registry.workflow("nap")
+    def nap(ctx: WorkflowContext, value: Any) -> Any:
+        ctx.sleep(60)
+        return "up"
+
+    execution, _ = h.runner.start("nap", None)
+    h.runner.run(execution.execution_id)
+    wake = h.clock() + timedelta(seconds=60)
+    h.scheduled.calls.clear()
+    h.clock.advance(seconds=59)
+    assert h.runner.run(execution.execution_id) is None
+    assert h.scheduled.calls == [(execution.execution_id, wake)]
+
+
+def test_the_heartbeat_thread_renews_the_lease_while_a_step_runs(request: pytest.FixtureRequest) -> None:
+    h = Harness(workflow_store(request, "sqlite"))
+    h.runner.heartbeat_interval = 0.02
+
+    @h.registry.workflow("long")
+    def long(ctx: WorkflowContext, value: Any) -> Any:
+        def wait_for_a_heartbeat() -> bool:
+            target = h.clock.advance(seconds=20) + timedelta(seconds=LEASE)
+            for _ in range(200):
+                current = h.store.get(ctx.execution_id)
+                if current is not None and current.lease_expires_at == target:
+                    return True
+                time.sleep(0.01)
+            return False
+
+        return ctx.step("long", wait_for_a_heartbeat)
+
+    execution, _ = h.runner.start("long", None)
+    done = h.runner.run(execution.execution_id)
+    assert done is not None and done.output is True

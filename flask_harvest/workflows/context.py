@@ -16,7 +16,7 @@ from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
 from ..backoff import retry_delay_ms
-from ..errors import InvalidFieldError
+from ..errors import InvalidFieldError, InvalidStateError
 from .errors import NonDeterminismError, StepFailedError
 from .models import Execution, ExecutionState, JsonValue, StepRecord, encode_json, timeout_message
 from .store import SqlWorkflowStore
@@ -81,6 +81,7 @@ class WorkflowContext:
         self._schedule = schedule
         self._wait = wait
         self._seq = 0
+        self._in_step = False
         #: A non-determinism error, kept even if the workflow code catches it.
         self.fatal: NonDeterminismError | None = None
 
@@ -128,6 +129,7 @@ class WorkflowContext:
             )
         if retries < 0:
             raise InvalidFieldError("retries", f"must be 0 or more, not {retries}")
+        self._refuse_inside_step("ctx.step")
         seq = self._next_position()
         self._boundary()
         recorded = self._replay(seq, name)
@@ -140,7 +142,11 @@ class WorkflowContext:
         attempt = 0
         while True:
             try:
-                result = fn(*args, **kwargs)
+                self._in_step = True
+                try:
+                    result = fn(*args, **kwargs)
+                finally:
+                    self._in_step = False
                 encode_json(result, field=f"step {name!r} result")
             except Exception as exc:
                 attempt += 1
@@ -163,6 +169,7 @@ class WorkflowContext:
         :param duration: a ``timedelta`` or seconds.
         """
         delta = duration if isinstance(duration, timedelta) else timedelta(seconds=duration)
+        self._refuse_inside_step("ctx.sleep")
         seq = self._next_position()
         self._boundary()
         recorded = self._replay(seq, SLEEP_STEP)
@@ -185,6 +192,12 @@ class WorkflowContext:
         raise _Suspended
 
     # -- internals -------------------------------------------------------------------------------
+
+    def _refuse_inside_step(self, what: str) -> None:
+        # A step's checkpoint stands for all it did: positions taken inside it would be replayed
+        # differently (the outer step does not run again), so nesting is refused outright.
+        if self._in_step:
+            raise InvalidStateError(f"{what} cannot be called inside a step; call it from the workflow")
 
     def _next_position(self) -> int:
         seq = self._seq

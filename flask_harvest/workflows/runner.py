@@ -156,6 +156,7 @@ class WorkflowRunner:
         now = self.clock()
         claimed = self.store.claim(execution_id, now=now, lease_seconds=self.lease_seconds)
         if claimed is None or claimed.lease_token is None:
+            self._reschedule_if_early(execution_id, now)
             return None
         token = claimed.lease_token
         if claimed.cancel_requested:
@@ -221,6 +222,18 @@ class WorkflowRunner:
                 state.value,
             )
         return ended
+
+    def _reschedule_if_early(self, execution_id: str, now: datetime) -> None:
+        # A job that fires before the row's wake time (a backend that runs scheduled jobs early, or
+        # clocks that differ between hosts) would otherwise leave the run to the sweeper's scan.
+        current = self.store.get(execution_id)
+        if (
+            current is not None
+            and current.state is ExecutionState.PENDING
+            and current.next_run_at is not None
+            and current.next_run_at > now
+        ):
+            self._schedule(execution_id, current.next_run_at)
 
     def _schedule(self, execution_id: str, due: datetime | None) -> None:
         try:
