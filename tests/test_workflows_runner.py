@@ -9,9 +9,11 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
+import sqlalchemy as sa
 
 from flask_harvest.errors import InvalidFieldError
 from flask_harvest.workflows import (
+    Execution,
     ExecutionState,
     InputTooLargeError,
     NonDeterminismError,
@@ -415,3 +417,43 @@ def test_the_heartbeat_thread_renews_the_lease_while_a_step_runs(request: pytest
     execution, _ = h.runner.start("long", None)
     done = h.runner.run(execution.execution_id)
     assert done is not None and done.output is True
+
+
+def test_a_terminal_hook_starts_a_workflow_in_the_transition_and_it_is_scheduled_after_commit(
+    h: Harness,
+) -> None:
+    h.registry.workflow("source")(lambda ctx, value: {"region": "EU"})
+    h.registry.workflow("target")(lambda ctx, value: value)
+    started: list[list[str]] = []
+    h.store.on_started = started.append
+    fail = {"armed": False}
+
+    def trigger(conn: sa.Connection, execution: Execution) -> None:
+        if execution.workflow_name != "source":
+            return
+        h.runner.start(
+            "target",
+            execution.output,
+            workflow_id=f"after-{execution.execution_id}",
+            trigger_depth=execution.trigger_depth + 1,
+            conn=conn,
+        )
+        assert started == []  # not before the commit
+        if fail["armed"]:
+            raise RuntimeError("hook failed after starting")
+
+    h.store.hooks.register(trigger)
+    broken, _ = h.runner.start("source", None)
+    fail["armed"] = True
+    with pytest.raises(RuntimeError):
+        h.runner.run(broken.execution_id)
+    assert h.store.get_by_workflow_id(f"after-{broken.execution_id}") is None and started == []
+
+    fail["armed"] = False
+    execution, _ = h.runner.start("source", None)
+    h.runner.run(execution.execution_id)
+    target = h.store.get_by_workflow_id(f"after-{execution.execution_id}")
+    assert target is not None and target.input == {"region": "EU"} and target.trigger_depth == 1
+    assert started == [[target.execution_id]]
+    done = h.runner.run(target.execution_id)
+    assert done is not None and done.output == {"region": "EU"}

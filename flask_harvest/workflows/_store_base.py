@@ -32,21 +32,34 @@ _INSERTS: dict[str, Callable[..., Any]] = {"postgresql": postgresql.insert, "sql
 _SCHEMA_HINT = "create the tables with ensure_schema()"
 
 
+#: ``conn.info`` key of the executions created by ``start(conn=...)`` in that transaction.
+_STARTED = "harvest_workflows_started"
+
+#: Called with the ids of executions started in a transaction, once it has committed.
+OnStarted = Callable[[list[str]], None]
+
+
 class _StoreBase:
     """The engine, its transactions and the terminal transition, shared by the store's parts.
 
     :param engine: a SQLAlchemy engine on PostgreSQL or SQLite (a file database, so that threads
         and processes share it).
     :param hooks: the terminal hooks :meth:`finish` runs; a fresh empty registry if not given.
+    :param on_started: called after commit with the ids of the executions that terminal hooks
+        started inside a transaction the store owns (bind it to the job backend's schedule); errors
+        are logged, and the sweeper's due scan queues those executions anyway.
     """
 
-    def __init__(self, engine: Engine, *, hooks: TerminalHooks | None = None) -> None:
+    def __init__(
+        self, engine: Engine, *, hooks: TerminalHooks | None = None, on_started: OnStarted | None = None
+    ) -> None:
         if engine.dialect.name not in _INSERTS:
             raise ConfigurationError(
                 f"SqlWorkflowStore supports PostgreSQL and SQLite, not {engine.dialect.name!r}"
             )
         self.engine = engine
         self.hooks = hooks if hooks is not None else TerminalHooks()
+        self.on_started = on_started
         self._insert = _INSERTS[engine.dialect.name]
         self._postgres = engine.dialect.name == "postgresql"
 
@@ -55,15 +68,42 @@ class _StoreBase:
 
     @contextmanager
     def _transaction(self, action: str, conn: Connection | None = None) -> Iterator[Connection]:
-        """Yield ``conn`` (the caller's transaction) or a new one; driver errors become StoreError."""
+        """Yield ``conn`` (the caller's transaction) or a new one; driver errors become StoreError.
+
+        A transaction of its own hands the executions started in it to ``on_started`` after commit.
+        """
+        started: list[str] = []
         try:
             if conn is not None:
                 yield conn
             else:
                 with self.engine.begin() as own:
-                    yield own
+                    # info belongs to the pooled DBAPI connection: drop what a rolled-back use left.
+                    own.info.pop(_STARTED, None)
+                    try:
+                        yield own
+                    except BaseException:
+                        own.info.pop(_STARTED, None)
+                        raise
+                    started = own.info.pop(_STARTED, [])
         except SQLAlchemyError as exc:
             raise store_error(action, exc, self.engine, hint=_SCHEMA_HINT) from exc
+        if started and self.on_started is not None:
+            try:
+                self.on_started(started)
+            except Exception:
+                logger.warning("could not schedule started workflow executions %s", started, exc_info=True)
+
+    @staticmethod
+    def started_in(conn: Connection) -> list[str]:
+        """Return (and forget) the ids of the executions ``start(conn=conn)`` created in ``conn``'s
+        transaction: schedule them once it has committed."""
+        started: list[str] = conn.info.pop(_STARTED, [])
+        return started
+
+    @staticmethod
+    def _note_started(conn: Connection, execution_id: str) -> None:
+        conn.info.setdefault(_STARTED, []).append(execution_id)
 
     def ensure_schema(self) -> None:
         """Create every flask-harvest table and index that does not exist yet."""

@@ -235,7 +235,7 @@ class WorkflowContext:
                 token=self._token,
             )
             raise _Stopped
-        if row.deadline is not None and row.deadline <= now:
+        if row.deadline is not None and row.deadline < now:
             self._store.finish(
                 self.execution_id,
                 ExecutionState.TIMED_OUT,

@@ -36,7 +36,7 @@ __all__ = ["SweepReport", "WorkflowRunner"]
 logger = logging.getLogger(__name__)
 
 #: ``schedule(execution_id, due)``: queue a job running the execution at ``due`` (``None``: now).
-Schedule = Callable[[str, "datetime | None"], None]
+Schedule = Callable[[str, datetime | None], None]
 
 #: The default limit on a workflow input, as JSON (``HARVEST_WORKFLOW_MAX_INPUT_BYTES``).
 DEFAULT_MAX_INPUT_BYTES = 256 * 1024
@@ -114,8 +114,9 @@ class WorkflowRunner:
     ) -> tuple[Execution, bool]:
         """Start a run of the registered workflow ``name`` (or load the open run of ``workflow_id``).
 
-        With ``conn`` the run is created in the caller's transaction and NOT scheduled: the caller
-        schedules it after the commit (or leaves it to the sweeper's due scan).
+        With ``conn`` the run is created in the caller's transaction and NOT scheduled here: the
+        transaction's owner schedules it after the commit (``store.started_in(conn)`` lists it; the
+        store's ``on_started`` does it for terminal hooks), else the sweeper's due scan does.
 
         :returns: ``(execution, created)``.
         :raises UnknownWorkflowError: no workflow is registered as ``name``.
@@ -163,7 +164,7 @@ class WorkflowRunner:
             return self._end(
                 claimed, token, ExecutionState.CANCELLED, error=claimed.cancel_reason or "cancelled"
             )
-        if claimed.deadline is not None and claimed.deadline <= now:
+        if claimed.deadline is not None and claimed.deadline < now:
             return self._end(
                 claimed, token, ExecutionState.TIMED_OUT, error=timeout_message(claimed.deadline)
             )
@@ -197,7 +198,7 @@ class WorkflowRunner:
             encode_json(output, field="output")
         except InvalidFieldError as exc:
             return self._end(claimed, token, ExecutionState.FAILED, error=f"the workflow returned {exc}")
-        if claimed.deadline is not None and claimed.deadline <= self.clock():
+        if claimed.deadline is not None and claimed.deadline < self.clock():
             return self._end(
                 claimed, token, ExecutionState.TIMED_OUT, error=timeout_message(claimed.deadline)
             )

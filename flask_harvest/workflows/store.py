@@ -60,7 +60,9 @@ class SqlWorkflowStore(_SweepQueries):
 
         While a run with ``workflow_id`` is open it is returned (``created`` False); once closed,
         ``policy`` decides. At most one open run per ``workflow_id`` is enforced by a unique index,
-        so concurrent starts give one run. The caller schedules a created run (after commit).
+        so concurrent starts give one run. The caller schedules a created run after commit; with
+        ``conn``, :meth:`started_in` lists the runs created in it (and a terminal hook's starts are
+        handed to ``on_started`` by the store itself).
 
         :param workflow_id: the business key; a fresh UUID when absent.
         :param conn: run inside the caller's transaction (the run exists once it commits).
@@ -78,8 +80,9 @@ class SqlWorkflowStore(_SweepQueries):
                     return row_to_execution(existing), False
                 if policy is not IdReusePolicy.ALLOW_DUPLICATE:
                     self._check_reuse(c, key, policy)
+                execution_id = str(uuid.uuid4())
                 values = {
-                    "execution_id": str(uuid.uuid4()),
+                    "execution_id": execution_id,
                     "workflow_name": name,
                     "workflow_id": key,
                     "input": input_text,
@@ -103,6 +106,8 @@ class SqlWorkflowStore(_SweepQueries):
                 )
                 row = c.execute(stmt).first()
                 if row is not None:
+                    if conn is not None:
+                        self._note_started(conn, execution_id)
                     return row_to_execution(row), True
         raise StoreError(f"could not start workflow_id {key!r}: its open run kept changing; try again")
 
