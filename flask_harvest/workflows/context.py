@@ -18,7 +18,15 @@ from typing import Any, TypeVar
 from ..backoff import retry_delay_ms
 from ..errors import InvalidFieldError, InvalidStateError
 from .errors import NonDeterminismError, StepFailedError
-from .models import Execution, ExecutionState, JsonValue, StepRecord, encode_json, timeout_message
+from .models import (
+    Execution,
+    ExecutionState,
+    JsonValue,
+    StepRecord,
+    decode_json,
+    encode_json,
+    timeout_message,
+)
 from .store import SqlWorkflowStore
 
 __all__ = ["StepRetryPolicy", "WorkflowContext"]
@@ -131,13 +139,14 @@ class WorkflowContext:
             raise InvalidFieldError("retries", f"must be 0 or more, not {retries}")
         self._refuse_inside_step("ctx.step")
         seq = self._next_position()
-        self._boundary()
         recorded = self._replay(seq, name)
         if recorded is not None:
+            # A replayed position does no work: no boundary (the claim has just read the row).
             if recorded.error is not None:
                 raise StepFailedError(name, recorded.error)
             output: T = recorded.output
             return output
+        self._boundary()
         policy = backoff or self._retry
         attempt = 0
         while True:
@@ -147,7 +156,9 @@ class WorkflowContext:
                     result = fn(*args, **kwargs)
                 finally:
                     self._in_step = False
-                encode_json(result, field=f"step {name!r} result")
+                # What a replay will return: the first run sees the same value, not a look-alike
+                # (a str enum member comes back as a str).
+                result = decode_json(encode_json(result, field=f"step {name!r} result"))
             except Exception as exc:
                 attempt += 1
                 # A result that is not JSON is a bug of the step: trying again would not help.
@@ -171,15 +182,18 @@ class WorkflowContext:
         delta = duration if isinstance(duration, timedelta) else timedelta(seconds=duration)
         self._refuse_inside_step("ctx.sleep")
         seq = self._next_position()
-        self._boundary()
         recorded = self._replay(seq, SLEEP_STEP)
         if recorded is not None:
             wake_at = datetime.fromisoformat(recorded.output)
+            if self._clock() >= wake_at:
+                return
+            self._boundary()
         else:
+            self._boundary()
             wake_at = self._clock() + delta
             self._record(seq, SLEEP_STEP, output=wake_at.isoformat())
-        if self._clock() >= wake_at:
-            return
+            if self._clock() >= wake_at:
+                return
         if not self._store.suspend(self.execution_id, self._token, wake_at=wake_at):
             raise _Stopped
         try:
