@@ -168,7 +168,19 @@ def test_bad_input_is_refused_and_changes_nothing(store: SqlWorkflowStore) -> No
         store.start("refund", {1: "int key"}, now=START)
     with pytest.raises(InvalidFieldError):
         store.start("refund", float("nan"), now=START)
+    for bad in (
+        {"workflow_id": ""},
+        {"workflow_id": "k" * 256},
+        {"policy": "Sometimes"},
+        {"trigger_depth": -1},
+    ):
+        with pytest.raises(InvalidFieldError):
+            store.start("refund", 1, now=START, **bad)
+    with pytest.raises(InvalidFieldError, match="name"):
+        store.start("", 1, now=START)
     assert store.list_executions() == []
+    by_value, created = store.start("refund", 1, "k" * 255, "RejectDuplicate", now=START)  # type: ignore[arg-type]
+    assert created and by_value.workflow_id == "k" * 255
 
 
 # -- claim, heartbeat, checkpoints, suspend ------------------------------------------------------

@@ -13,8 +13,8 @@ from datetime import datetime, timedelta
 from sqlalchemy import Connection, Text, literal, or_, select, text, update
 
 from .._sql import UTCDateTime
-from ..errors import StoreError
-from ._schema import _OPEN, row_to_execution, row_to_step, steps_table
+from ..errors import InvalidFieldError, StoreError
+from ._schema import _OPEN, NAME_LENGTH, row_to_execution, row_to_step, steps_table
 from ._store_base import _coalesce_time, _ex, _open
 from ._sweep import LeaseSweep, _SweepQueries
 from .errors import ExecutionNotFoundError, WorkflowIdReusedError
@@ -68,10 +68,20 @@ class SqlWorkflowStore(_SweepQueries):
         :param conn: run inside the caller's transaction (the run exists once it commits).
         :returns: ``(execution, created)``.
         :raises WorkflowIdReusedError: ``policy`` refuses a new run after a closed one.
-        :raises InvalidFieldError: ``input`` is not JSON, or too large (``InputTooLargeError``).
+        :raises InvalidFieldError: ``input`` is not JSON, or too large (``InputTooLargeError``); the
+            name or ``workflow_id`` is empty or longer than 255 characters; an unknown policy.
         """
         input_text = encode_json(input, field="input", max_bytes=max_input_bytes)
-        policy = IdReusePolicy(policy)
+        _check_key("name", name)
+        if workflow_id is not None:
+            _check_key("workflow_id", workflow_id)
+        try:
+            policy = IdReusePolicy(policy)
+        except ValueError:
+            choices = ", ".join(p.value for p in IdReusePolicy)
+            raise InvalidFieldError("policy", f"must be one of {choices}, not {policy!r}") from None
+        if isinstance(trigger_depth, bool) or not isinstance(trigger_depth, int) or trigger_depth < 0:
+            raise InvalidFieldError("trigger_depth", f"must be an integer, 0 or more, not {trigger_depth!r}")
         key = workflow_id if workflow_id is not None else str(uuid.uuid4())
         with self._transaction("start a workflow execution", conn) as c:
             for _ in range(_START_ROUNDS):
@@ -343,3 +353,10 @@ class SqlWorkflowStore(_SweepQueries):
         if current is None:
             raise ExecutionNotFoundError(execution_id)
         return current
+
+
+def _check_key(field: str, value: str) -> None:
+    if not isinstance(value, str) or not value or len(value) > NAME_LENGTH:
+        raise InvalidFieldError(
+            field, f"must be a string of 1 to {NAME_LENGTH} characters, not {value!r:.80}"
+        )
