@@ -395,3 +395,48 @@ def test_listing_filters_and_pages_newest_first(store: SqlWorkflowStore) -> None
     assert [e.execution_id for e in first_page + second_page] == ids[:4]
     assert [e.input for e in store.list_executions(name="refund")] == [3, 1]
     assert [e.input for e in store.list_executions(name="refund", state=S.PENDING)] == [1]
+
+
+def test_concurrent_terminal_transitions_land_once_and_run_the_hooks_once(store: SqlWorkflowStore) -> None:
+    ran: list[ExecutionState] = []
+    store.hooks.register(lambda conn, execution: ran.append(execution.state))
+    execution = start(store)
+    states = [S.COMPLETED, S.FAILED, S.CANCELLED, S.TERMINATED, S.TIMED_OUT] * 2
+    barrier = threading.Barrier(len(states))
+    landed: list[Execution | None] = []
+
+    def end(state: ExecutionState) -> None:
+        barrier.wait()
+        landed.append(store.finish(execution.execution_id, state, output=1, error="e", now=START))
+
+    threads = [threading.Thread(target=end, args=(state,)) for state in states]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    winners = [e for e in landed if e is not None]
+    assert len(landed) == len(states) and len(winners) == 1
+    assert ran == [winners[0].state]
+    assert store.get(execution.execution_id) == winners[0]
+
+
+def test_a_checkpoint_racing_a_terminate_waits_for_it_and_is_refused(store: SqlWorkflowStore) -> None:
+    execution = start(store)
+    claimed = store.claim(execution.execution_id, now=START, lease_seconds=LEASE)
+    assert claimed is not None and claimed.lease_token is not None
+    token = claimed.lease_token
+    results: list[bool] = []
+
+    def checkpoint() -> None:
+        results.append(store.record_step(execution.execution_id, token, 0, "a", output=1, now=START))
+
+    racer = threading.Thread(target=checkpoint)
+    with store.engine.begin() as conn:
+        assert store.finish(execution.execution_id, S.TERMINATED, error="stop", now=START, conn=conn)
+        racer.start()
+        racer.join(0.5)
+        # The checkpoint waits for the terminate's transaction instead of slipping in beside it.
+        assert racer.is_alive()
+    racer.join(10)
+    assert results == [False]
+    assert store.list_steps(execution.execution_id) == []
