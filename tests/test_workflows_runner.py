@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
-from flask_harvest.errors import InvalidFieldError
+from flask_harvest.errors import InvalidFieldError, StoreError
 from flask_harvest.workflows import (
     Execution,
     ExecutionState,
@@ -457,3 +457,24 @@ def test_a_terminal_hook_starts_a_workflow_in_the_transition_and_it_is_scheduled
     assert started == [[target.execution_id]]
     done = h.runner.run(target.execution_id)
     assert done is not None and done.output == {"region": "EU"}
+
+
+def test_a_database_failure_leaves_the_run_open_for_recovery(h: Harness) -> None:
+    broken = {"armed": True}
+
+    def drop_the_steps_table() -> str:
+        if broken.pop("armed", False):
+            with h.store.engine.begin() as conn:
+                conn.execute(sa.text("DROP TABLE harvest_workflow_steps"))
+        return "ok"
+
+    h.registry.workflow("fragile")(lambda ctx, value: ctx.step("drop", drop_the_steps_table))
+    execution, _ = h.runner.start("fragile", None)
+    with pytest.raises(StoreError, match="ensure_schema"):
+        h.runner.run(execution.execution_id)
+    still = h.store.get(execution.execution_id)
+    assert still is not None and still.state is S.RUNNING and still.error is None
+    h.store.ensure_schema()
+    h.recover()
+    done = h.runner.run(execution.execution_id)
+    assert done is not None and done.state is S.COMPLETED and done.output == "ok"

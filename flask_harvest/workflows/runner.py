@@ -16,7 +16,7 @@ from datetime import datetime, timedelta
 
 from sqlalchemy import Connection
 
-from ..errors import HarvestError, InvalidFieldError
+from ..errors import HarvestError, InvalidFieldError, StoreError
 from .context import StepRetryPolicy, WorkflowContext, _Unwind
 from .errors import UnknownWorkflowError
 from .models import (
@@ -149,8 +149,9 @@ class WorkflowRunner:
         """Claim the execution and run its workflow function until it ends or sleeps.
 
         A job for an execution that is not due, leased by another worker or already ended does
-        nothing. An exception that is not an ``Exception`` (a crash, ``KeyboardInterrupt``) leaves
-        the lease to expire, and the sweeper requeues the execution.
+        nothing. An exception that is not an ``Exception`` (a crash, ``KeyboardInterrupt``), or a
+        :class:`~flask_harvest.errors.StoreError` of the engine's own calls, propagates and leaves
+        the lease to expire: the sweeper requeues the execution.
 
         :returns: the execution if this run ended it, else ``None`` (asleep, stopped, not claimed).
         """
@@ -188,6 +189,11 @@ class WorkflowRunner:
                 output = definition.fn(ctx, claimed.input)
             except _Unwind:
                 return None
+            except StoreError:
+                # The database failed under the engine's own calls (a checkpoint, a boundary), not
+                # the workflow: leave the run open; its lease expires and the sweeper requeues it.
+                logger.warning("workflow execution %s stopped: the store failed", execution_id, exc_info=True)
+                raise
             except Exception as exc:
                 error = str(ctx.fatal) if ctx.fatal is not None else f"{type(exc).__name__}: {exc}"
                 return self._end(claimed, token, ExecutionState.FAILED, error=error)
