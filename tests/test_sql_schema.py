@@ -93,7 +93,8 @@ def test_schema_sql_names_every_table_and_index() -> None:
         for table in metadata.sorted_tables:
             assert f"CREATE TABLE IF NOT EXISTS {table.name} (" in sql
             for index in table.indexes:
-                assert f"CREATE INDEX IF NOT EXISTS {index.name} ON {table.name}" in sql
+                unique = "UNIQUE " if index.unique else ""
+                assert f"CREATE {unique}INDEX IF NOT EXISTS {index.name} ON {table.name}" in sql
 
 
 def test_schema_sql_applies_on_a_fresh_sqlite_database(tmp_path: Path) -> None:

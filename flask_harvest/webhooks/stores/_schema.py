@@ -6,26 +6,26 @@ the same objects to DDL, and the store queries them, so the three cannot drift a
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
 from typing import Any
 
 from sqlalchemy import (
     JSON,
     BigInteger,
     Column,
-    DateTime,
-    Dialect,
     Index,
     Integer,
-    MetaData,
     String,
     Table,
     Text,
-    TypeDecorator,
 )
 from sqlalchemy.engine import URL, Row
 from sqlalchemy.schema import CreateIndex, CreateTable
 
+# The workflow tables share the one metadata: importing them here puts them in schema_sql() and in
+# what Alembic sees through this module's metadata, whatever the caller imported first.
+from ..._sql import UTCDateTime as UTCDateTime
+from ..._sql import metadata as metadata
+from ...workflows import _schema as _workflow_schema  # noqa: F401
 from ..models import (
     DeliveryAttempt,
     DeliveryLog,
@@ -37,36 +37,6 @@ from ..models import (
 #: Ids are at most this long (the models' limit for subscription ids).
 ID_LENGTH = 255
 
-
-class UTCDateTime(TypeDecorator[datetime]):
-    """A ``DateTime`` stored as naive UTC and always read back as an aware UTC datetime.
-
-    Naive UTC is the one representation every backend keeps alike: SQLite has no time zone type
-    and drops ``tzinfo``, so aware values would come back naive there and compare wrongly.
-    A naive value given to it is taken to be UTC already.
-    """
-
-    impl = DateTime(timezone=False)
-    cache_ok = True
-
-    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
-        if value is None or value.tzinfo is None:
-            return value
-        return value.astimezone(timezone.utc).replace(tzinfo=None)
-
-    def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
-        return value.replace(tzinfo=timezone.utc) if value is not None else None
-
-
-# Named constraints make Alembic's diffs stable across backends; indexes are named explicitly.
-metadata = MetaData(
-    naming_convention={
-        "pk": "pk_%(table_name)s",
-        "uq": "uq_%(table_name)s_%(column_0_name)s",
-        "ck": "ck_%(table_name)s_%(constraint_name)s",
-        "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
-    }
-)
 
 subscriptions_table = Table(
     "harvest_webhook_subscriptions",

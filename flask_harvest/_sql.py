@@ -1,0 +1,73 @@
+"""SQL plumbing shared by every SQL-backed part of flask-harvest: the one ``MetaData`` and a column type.
+
+Every table (webhooks, workflows, and what plugs into them) is declared on :data:`metadata`, so one
+``create_all`` creates them all and Alembic (or Flask-Migrate) autogenerates migrations for them all
+from one object.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+
+from sqlalchemy import DateTime, Dialect, Engine, MetaData, TypeDecorator
+from sqlalchemy.exc import SQLAlchemyError, StatementError
+
+from .errors import StoreError
+
+__all__ = ["UTCDateTime", "metadata", "store_error"]
+
+
+class UTCDateTime(TypeDecorator[datetime]):
+    """A ``DateTime`` stored as naive UTC and always read back as an aware UTC datetime.
+
+    Naive UTC is the one representation every backend keeps alike: SQLite has no time zone type
+    and drops ``tzinfo``, so aware values would come back naive there and compare wrongly.
+    A naive value given to it is taken to be UTC already.
+    """
+
+    impl = DateTime(timezone=False)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None or value.tzinfo is None:
+            return value
+        return value.astimezone(timezone.utc).replace(tzinfo=None)
+
+    def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        return value.replace(tzinfo=timezone.utc) if value is not None else None
+
+
+# Named constraints make Alembic's diffs stable across backends; indexes are named explicitly.
+metadata = MetaData(
+    naming_convention={
+        "pk": "pk_%(table_name)s",
+        "uq": "uq_%(table_name)s_%(column_0_name)s",
+        "ck": "ck_%(table_name)s_%(constraint_name)s",
+        "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    }
+)
+
+
+def store_error(action: str, exc: SQLAlchemyError, engine: Engine, *, hint: str = "") -> StoreError:
+    """Return a :class:`StoreError` saying what failed, without the statement's bound values.
+
+    Bound values are inputs, payloads and secrets: the message keeps the first line of the driver's
+    error and the database password is masked. Raise it ``from exc``.
+
+    :param hint: appended when the error says a ``harvest_`` table is missing.
+    """
+    if isinstance(exc, StatementError):
+        # The cause ends up in tracebacks and logs: keep its SQL, drop the bound values.
+        exc.hide_parameters = True
+        cause: BaseException = exc.orig if exc.orig is not None else exc
+    else:
+        cause = exc
+    lines = str(cause).strip().splitlines() if isinstance(cause, Exception) else []
+    detail = f"{type(cause).__name__}: {lines[0][:300]}" if lines else type(cause).__name__
+    message = f"could not {action} in {engine.dialect.name}: {detail}"
+    if hint and "harvest_" in detail and ("no such table" in detail or "does not exist" in detail):
+        message += f"; {hint}"
+    password = engine.url.password
+    if password:
+        message = message.replace(str(password), "***")
+    return StoreError(message)

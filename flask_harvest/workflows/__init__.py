@@ -1,0 +1,50 @@
+"""Durable workflows: registered functions whose steps are checkpointed in SQL and replayed.
+
+This package is the engine, free of Flask and of any job backend: a :class:`WorkflowRegistry`, a
+:class:`SqlWorkflowStore` (executions, step checkpoints, THE terminal transition and its
+:class:`TerminalHooks`), and a :class:`WorkflowRunner` that starts and runs executions through a
+``schedule(execution_id, due)`` callable bound to the job backend.
+"""
+
+from __future__ import annotations
+
+from .context import StepRetryPolicy, WorkflowContext
+from .errors import (
+    ExecutionNotFoundError,
+    InputTooLargeError,
+    NonDeterminismError,
+    StepFailedError,
+    UnknownWorkflowError,
+    WorkflowError,
+    WorkflowIdReusedError,
+)
+from .hooks import TerminalHook, TerminalHooks
+from .models import Execution, ExecutionState, IdReusePolicy, StepRecord
+from .registry import WorkflowDefinition, WorkflowRegistry
+from .runner import SweepReport, WorkflowRunner
+from .store import ExecutionCursor, LeaseSweep, SqlWorkflowStore
+
+__all__ = [
+    "Execution",
+    "ExecutionCursor",
+    "ExecutionNotFoundError",
+    "ExecutionState",
+    "IdReusePolicy",
+    "InputTooLargeError",
+    "LeaseSweep",
+    "NonDeterminismError",
+    "SqlWorkflowStore",
+    "StepFailedError",
+    "StepRecord",
+    "StepRetryPolicy",
+    "SweepReport",
+    "TerminalHook",
+    "TerminalHooks",
+    "UnknownWorkflowError",
+    "WorkflowContext",
+    "WorkflowDefinition",
+    "WorkflowError",
+    "WorkflowIdReusedError",
+    "WorkflowRegistry",
+    "WorkflowRunner",
+]

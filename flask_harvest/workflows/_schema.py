@@ -1,0 +1,114 @@
+"""The workflow tables, on the one shared :data:`flask_harvest._sql.metadata`, and the row mapping."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import JSON, Boolean, Column, Index, Integer, PrimaryKeyConstraint, String, Table, Text, text
+from sqlalchemy.engine import Row
+
+from .._sql import UTCDateTime, metadata
+from .models import Execution, ExecutionState, StepRecord, decode_json
+
+__all__ = ["executions_table", "row_to_execution", "row_to_step", "steps_table"]
+
+#: An execution id is a UUID in its 36-character text form.
+EXECUTION_ID_LENGTH = 36
+NAME_LENGTH = 255
+
+# The partial index's condition, as literal SQL both PostgreSQL and SQLite accept (it is compiled
+# into DDL, where bound parameters are not allowed).
+_OPEN = "state IN ('Pending', 'Running')"
+
+executions_table = Table(
+    "harvest_workflow_executions",
+    metadata,
+    Column("execution_id", String(EXECUTION_ID_LENGTH), primary_key=True),
+    Column("workflow_name", String(NAME_LENGTH), nullable=False),
+    Column("workflow_id", String(NAME_LENGTH), nullable=False),
+    # JSON as text: the exact bytes encode_json produced, so size limits and replays see one form.
+    Column("input", Text, nullable=False),
+    Column("output", Text, nullable=True),
+    Column("error", Text, nullable=True),
+    Column("state", String(16), nullable=False),
+    Column("created_at", UTCDateTime, nullable=False),
+    Column("started_at", UTCDateTime, nullable=True),
+    Column("completed_at", UTCDateTime, nullable=True),
+    Column("deadline", UTCDateTime, nullable=True),
+    Column("attempt", Integer, nullable=False, default=0),
+    Column("recovery_count", Integer, nullable=False, default=0),
+    Column("lease_token", String(32), nullable=True),
+    Column("lease_expires_at", UTCDateTime, nullable=True),
+    Column("next_run_at", UTCDateTime, nullable=True),
+    Column("cancel_requested", Boolean, nullable=False, default=False),
+    Column("cancel_reason", Text, nullable=True),
+    Column("trigger_depth", Integer, nullable=False, default=0),
+    Column("completion_callbacks", JSON(none_as_null=True), nullable=True),
+    # At most one open run per workflow_id: what makes concurrent starts collapse into one.
+    Index(
+        "ux_harvest_workflow_executions_open_workflow_id",
+        "workflow_id",
+        unique=True,
+        postgresql_where=text(_OPEN),
+        sqlite_where=text(_OPEN),
+    ),
+    # The id reuse policy's look at earlier runs.
+    Index("ix_harvest_workflow_executions_workflow_id", "workflow_id", "created_at"),
+    # The sweeper: due pending runs, expired leases, overdue deadlines.
+    Index("ix_harvest_workflow_executions_due", "state", "next_run_at"),
+    Index("ix_harvest_workflow_executions_lease", "state", "lease_expires_at"),
+    Index("ix_harvest_workflow_executions_deadline", "state", "deadline"),
+    # Listing's keyset paging, filtered by name or not.
+    Index("ix_harvest_workflow_executions_name_created", "workflow_name", "created_at", "execution_id"),
+    Index("ix_harvest_workflow_executions_created", "created_at", "execution_id"),
+)
+
+# One checkpoint per (execution, position). No foreign key: the sweeper may purge executions and
+# their steps separately, and SQLite does not enforce foreign keys by default anyway.
+steps_table = Table(
+    "harvest_workflow_steps",
+    metadata,
+    Column("execution_id", String(EXECUTION_ID_LENGTH), nullable=False),
+    Column("seq", Integer, nullable=False),
+    Column("name", String(NAME_LENGTH), nullable=False),
+    Column("output", Text, nullable=True),
+    Column("error", Text, nullable=True),
+    Column("created_at", UTCDateTime, nullable=False),
+    PrimaryKeyConstraint("execution_id", "seq"),
+)
+
+
+def row_to_execution(row: Row[Any]) -> Execution:
+    return Execution(
+        execution_id=row.execution_id,
+        workflow_name=row.workflow_name,
+        workflow_id=row.workflow_id,
+        input=decode_json(row.input),
+        state=ExecutionState(row.state),
+        created_at=row.created_at,
+        output=decode_json(row.output),
+        error=row.error,
+        started_at=row.started_at,
+        completed_at=row.completed_at,
+        deadline=row.deadline,
+        attempt=row.attempt,
+        recovery_count=row.recovery_count,
+        lease_token=row.lease_token,
+        lease_expires_at=row.lease_expires_at,
+        next_run_at=row.next_run_at,
+        cancel_requested=bool(row.cancel_requested),
+        cancel_reason=row.cancel_reason,
+        trigger_depth=row.trigger_depth,
+        completion_callbacks=row.completion_callbacks,
+    )
+
+
+def row_to_step(row: Row[Any]) -> StepRecord:
+    return StepRecord(
+        execution_id=row.execution_id,
+        seq=row.seq,
+        name=row.name,
+        output=decode_json(row.output),
+        error=row.error,
+        created_at=row.created_at,
+    )

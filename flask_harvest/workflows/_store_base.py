@@ -1,0 +1,201 @@
+"""The SQL plumbing of the workflow store: its engine, transactions, and THE terminal transition.
+
+Every move of an execution is one short transaction around a guarded ``UPDATE ... RETURNING``
+(only a row in the expected state, under the expected lease, moves), so concurrent workers, sweepers
+and API calls never both win. Every place an execution ends goes through :meth:`_StoreBase.finish`,
+which runs the :class:`~flask_harvest.workflows.hooks.TerminalHooks` in the same transaction.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import ColumnElement, Connection, Engine, func, literal, update
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.exc import SQLAlchemyError
+
+from .._sql import UTCDateTime, store_error
+from ..errors import ConfigurationError, InvalidStateError
+from ._schema import executions_table, row_to_execution
+from .hooks import TerminalHooks
+from .models import OPEN_STATES, Execution, ExecutionState, JsonValue, encode_json
+
+logger = logging.getLogger(__name__)
+
+_ex = executions_table
+_OPEN_VALUES = [s.value for s in OPEN_STATES]
+_INSERTS: dict[str, Callable[..., Any]] = {"postgresql": postgresql.insert, "sqlite": sqlite.insert}
+_SCHEMA_HINT = "create the tables with ensure_schema()"
+
+
+#: ``conn.info`` key of the executions created by ``start(conn=...)`` in that transaction.
+_STARTED = "harvest_workflows_started"
+
+#: Called with the ids of executions started in a transaction, once it has committed.
+OnStarted = Callable[[list[str]], None]
+
+
+class _StoreBase:
+    """The engine, its transactions and the terminal transition, shared by the store's parts.
+
+    :param engine: a SQLAlchemy engine on PostgreSQL or SQLite (a file database, so that threads
+        and processes share it).
+    :param hooks: the terminal hooks :meth:`finish` runs; a fresh empty registry if not given.
+    :param on_started: called after commit with the ids of the executions that terminal hooks
+        started inside a transaction the store owns (bind it to the job backend's schedule); errors
+        are logged, and the sweeper's due scan queues those executions anyway.
+    """
+
+    def __init__(
+        self, engine: Engine, *, hooks: TerminalHooks | None = None, on_started: OnStarted | None = None
+    ) -> None:
+        if engine.dialect.name not in _INSERTS:
+            raise ConfigurationError(
+                f"SqlWorkflowStore supports PostgreSQL and SQLite, not {engine.dialect.name!r}"
+            )
+        self.engine = engine
+        self.hooks = hooks if hooks is not None else TerminalHooks()
+        self.on_started = on_started
+        self._insert = _INSERTS[engine.dialect.name]
+        self._postgres = engine.dialect.name == "postgresql"
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.engine.url.render_as_string(hide_password=True)}>"
+
+    @contextmanager
+    def _transaction(self, action: str, conn: Connection | None = None) -> Iterator[Connection]:
+        """Yield ``conn`` (the caller's transaction) or a new one; driver errors become StoreError.
+
+        A transaction of its own hands the executions started in it to ``on_started`` after commit.
+        """
+        started: list[str] = []
+        try:
+            if conn is not None:
+                yield conn
+            else:
+                with self.engine.begin() as own:
+                    # info belongs to the pooled DBAPI connection: drop what a rolled-back use left.
+                    own.info.pop(_STARTED, None)
+                    try:
+                        yield own
+                    except BaseException:
+                        own.info.pop(_STARTED, None)
+                        raise
+                    started = own.info.pop(_STARTED, [])
+        except SQLAlchemyError as exc:
+            raise store_error(action, exc, self.engine, hint=_SCHEMA_HINT) from exc
+        if started and self.on_started is not None:
+            try:
+                self.on_started(started)
+            except Exception:
+                logger.warning("could not schedule started workflow executions %s", started, exc_info=True)
+
+    @staticmethod
+    def started_in(conn: Connection) -> list[str]:
+        """Return (and forget) the ids of the executions ``start(conn=conn)`` created in ``conn``'s
+        transaction: schedule them once it has committed."""
+        started: list[str] = conn.info.pop(_STARTED, [])
+        return started
+
+    @staticmethod
+    def _note_started(conn: Connection, execution_id: str) -> None:
+        conn.info.setdefault(_STARTED, []).append(execution_id)
+
+    def ensure_schema(self) -> None:
+        """Create every flask-harvest table and index that does not exist yet."""
+        try:
+            _ex.metadata.create_all(self.engine, checkfirst=True)
+        except SQLAlchemyError as exc:
+            raise store_error("create the workflow tables", exc, self.engine) from exc
+
+    # -- the terminal transition ---------------------------------------------------------------
+
+    def finish(
+        self,
+        execution_id: str,
+        state: ExecutionState,
+        *,
+        output: JsonValue = None,
+        error: str | None = None,
+        now: datetime,
+        token: str | None = None,
+        conn: Connection | None = None,
+    ) -> Execution | None:
+        """THE terminal transition: move an open execution to terminal ``state``, once.
+
+        Only a ``Pending`` or ``Running`` row moves (and, with ``token``, only under that lease).
+        When it lands, the terminal hooks run in the same transaction: what they write commits with
+        the state change, and an exception from a hook rolls both back and propagates.
+
+        :param output: the result, for ``Completed`` only.
+        :param error: the error message, reason or cause, for the other terminal states.
+        :returns: the execution after the transition, or ``None`` if it did not land.
+        """
+        state = ExecutionState(state)
+        if not state.terminal:
+            raise InvalidStateError(f"finish() moves to a terminal state, not {state.value}")
+        output_text = encode_json(output, field="output") if state is ExecutionState.COMPLETED else None
+        extra = [_ex.c.lease_token == token] if token is not None else []
+        with self._transaction(f"end a workflow execution as {state.value}", conn) as c:
+            return self._finish(c, execution_id, state, output_text, error, now, extra)
+
+    def _finish(
+        self,
+        conn: Connection,
+        execution_id: str,
+        state: ExecutionState,
+        output_text: str | None,
+        error: str | None,
+        now: datetime,
+        extra: Sequence[ColumnElement[bool]] = (),
+    ) -> Execution | None:
+        stmt = (
+            update(_ex)
+            .where(_ex.c.execution_id == execution_id, _open(), *extra)
+            .values(
+                state=state.value,
+                output=output_text,
+                error=error,
+                completed_at=now,
+                lease_token=None,
+                lease_expires_at=None,
+                next_run_at=None,
+            )
+            .returning(*_ex.c)
+        )
+        row = conn.execute(stmt).first()
+        if row is None:
+            return None
+        execution = row_to_execution(row)
+        self.hooks.run(conn, execution)
+        return execution
+
+    def _sweep_finish(
+        self,
+        execution_id: str,
+        state: ExecutionState,
+        error: str,
+        now: datetime,
+        extra: Sequence[ColumnElement[bool]],
+    ) -> bool:
+        # One transaction per execution: a failing terminal hook leaves that execution open (to be
+        # tried again next sweep) without stopping the sweep of the others.
+        try:
+            with self._transaction(f"end a workflow execution as {state.value}") as conn:
+                return self._finish(conn, execution_id, state, None, error, now, extra) is not None
+        except Exception:
+            logger.exception("could not end workflow execution %s as %s", execution_id, state.value)
+            return False
+
+
+def _open() -> ColumnElement[bool]:
+    return _ex.c.state.in_(_OPEN_VALUES)
+
+
+def _coalesce_time(column: Any, value: datetime) -> Any:
+    # Typed literal: a bare datetime would bind as a plain DateTime and keep its time zone.
+    return func.coalesce(column, literal(value, UTCDateTime()))

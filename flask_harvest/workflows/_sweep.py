@@ -1,0 +1,89 @@
+"""The workflow store's sweeper queries: due executions, expired leases, overdue deadlines."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import NamedTuple
+
+from sqlalchemy import select, update
+
+from ._store_base import _OPEN_VALUES, _ex, _StoreBase
+from .models import ExecutionState, timeout_message
+
+_PENDING = ExecutionState.PENDING.value
+_RUNNING = ExecutionState.RUNNING.value
+
+
+class LeaseSweep(NamedTuple):
+    """What :meth:`SqlWorkflowStore.expired_leases` did: requeued ids (to schedule) and failed ids."""
+
+    requeued: list[str]
+    failed: list[str]
+
+
+class _SweepQueries(_StoreBase):
+    """What the worker's periodic sweep asks the store."""
+
+    def due_executions(self, *, now: datetime, limit: int = 500) -> list[str]:
+        """Return the ids of ``Pending`` executions due at ``now``, oldest due first."""
+        query = (
+            select(_ex.c.execution_id)
+            .where(_ex.c.state == _PENDING, _ex.c.next_run_at <= now)
+            .order_by(_ex.c.next_run_at)
+            .limit(limit)
+        )
+        with self._transaction("find due workflow executions") as conn:
+            return list(conn.execute(query).scalars().all())
+
+    def expired_leases(self, *, now: datetime, max_recovery_attempts: int) -> LeaseSweep:
+        """Requeue ``Running`` executions whose lease expired (their worker died).
+
+        Each is back to ``Pending`` (due now) with ``recovery_count`` plus one, unless it has been
+        recovered ``max_recovery_attempts`` times already: then it ends ``Failed`` as a poison pill.
+        """
+        expired = (_ex.c.state == _RUNNING) & (_ex.c.lease_expires_at < now)
+        with self._transaction("requeue expired workflow leases") as conn:
+            requeued = (
+                conn.execute(
+                    update(_ex)
+                    .where(expired, _ex.c.recovery_count < max_recovery_attempts)
+                    .values(
+                        state=_PENDING,
+                        recovery_count=_ex.c.recovery_count + 1,
+                        next_run_at=now,
+                        lease_token=None,
+                        lease_expires_at=None,
+                    )
+                    .returning(_ex.c.execution_id)
+                )
+                .scalars()
+                .all()
+            )
+            poisoned = conn.execute(select(_ex.c.execution_id, _ex.c.recovery_count).where(expired)).all()
+        failed = []
+        for execution_id, recoveries in poisoned:
+            error = (
+                f"poison pill: the worker running this execution stopped without finishing it "
+                f"{recoveries + 1} times (its lease expired), more than the {max_recovery_attempts} "
+                "recovery attempts allowed (HARVEST_WORKFLOW_MAX_RECOVERY_ATTEMPTS)"
+            )
+            if self._sweep_finish(execution_id, ExecutionState.FAILED, error, now, [expired]):
+                failed.append(execution_id)
+        return LeaseSweep(list(requeued), failed)
+
+    def enforce_timeouts_once(self, *, now: datetime, limit: int = 500) -> list[str]:
+        """End open executions whose deadline has passed as ``TimedOut``; return their ids."""
+        overdue = (_ex.c.state.in_(_OPEN_VALUES)) & (_ex.c.deadline < now)
+        with self._transaction("find overdue workflow executions") as conn:
+            rows = conn.execute(
+                select(_ex.c.execution_id, _ex.c.deadline)
+                .where(overdue)
+                .order_by(_ex.c.deadline)
+                .limit(limit)
+            ).all()
+        timed_out = []
+        for execution_id, deadline in rows:
+            error = timeout_message(deadline)
+            if self._sweep_finish(execution_id, ExecutionState.TIMED_OUT, error, now, [overdue]):
+                timed_out.append(execution_id)
+        return timed_out

@@ -1,0 +1,260 @@
+"""What a workflow function gets: ``ctx.step`` (checkpointed, replayed) and ``ctx.sleep`` (durable).
+
+A run replays the function from the top: each ``ctx.step`` takes the next position; a position with
+a checkpoint returns it (or raises its error again) without running the step, a fresh position runs
+the step and checkpoints it. Before each step and sleep (a *boundary*) the context renews the lease
+and looks at the row: a cancel request ends the run ``Cancelled``, a passed deadline ``TimedOut``, and
+a lost lease (terminated, or taken over) stops the code without writing anything.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any, TypeVar
+
+from ..backoff import retry_delay_ms
+from ..errors import InvalidFieldError, InvalidStateError
+from .errors import NonDeterminismError, StepFailedError
+from .models import (
+    Execution,
+    ExecutionState,
+    JsonValue,
+    StepRecord,
+    decode_json,
+    encode_json,
+    timeout_message,
+)
+from .store import SqlWorkflowStore
+
+__all__ = ["StepRetryPolicy", "WorkflowContext"]
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+#: The checkpoint name of ``ctx.sleep``; user step names may not start with ``harvest:``.
+SLEEP_STEP = "harvest:sleep"
+_MAX_STEP_NAME = 255
+
+
+class _Unwind(BaseException):
+    """Stops the workflow function without it being an error of the workflow.
+
+    A ``BaseException``, so that ``except Exception`` in workflow code cannot swallow it.
+    """
+
+
+class _Suspended(_Unwind):
+    """The run went to sleep durably: the row is ``Pending`` until its wake time."""
+
+
+class _Stopped(_Unwind):
+    """The run must stop: it ended (cancelled, timed out, terminated) or its lease is lost."""
+
+
+@dataclass(frozen=True)
+class StepRetryPolicy:
+    """How long a step waits between retries: full-jitter exponential backoff (``backoff.py``)."""
+
+    initial_ms: int = 1000
+    max_ms: int = 60_000
+
+
+class WorkflowContext:
+    """The handle a workflow function gets; built by the runner for one run of one execution."""
+
+    def __init__(
+        self,
+        execution: Execution,
+        token: str,
+        store: SqlWorkflowStore,
+        *,
+        steps: dict[int, StepRecord],
+        clock: Callable[[], datetime],
+        lease_seconds: float,
+        retry: StepRetryPolicy,
+        schedule: Callable[[str, datetime | None], None],
+        wait: Callable[[float], None],
+    ) -> None:
+        self._execution = execution
+        self._token = token
+        self._store = store
+        self._steps = steps
+        self._clock = clock
+        self._lease_seconds = lease_seconds
+        self._retry = retry
+        self._schedule = schedule
+        self._wait = wait
+        self._seq = 0
+        self._in_step = False
+        #: A non-determinism error, kept even if the workflow code catches it.
+        self.fatal: NonDeterminismError | None = None
+
+    def __repr__(self) -> str:
+        return f"<WorkflowContext {self.workflow_name} {self.execution_id}>"
+
+    @property
+    def execution_id(self) -> str:
+        return self._execution.execution_id
+
+    @property
+    def workflow_id(self) -> str:
+        return self._execution.workflow_id
+
+    @property
+    def workflow_name(self) -> str:
+        return self._execution.workflow_name
+
+    @property
+    def attempt(self) -> int:
+        """How many times this execution was claimed, this run included."""
+        return self._execution.attempt
+
+    def step(
+        self,
+        name: str,
+        fn: Callable[..., T],
+        *args: Any,
+        retries: int = 0,
+        backoff: StepRetryPolicy | None = None,
+        **kwargs: Any,
+    ) -> T:
+        """Run ``fn(*args, **kwargs)`` once and checkpoint its JSON result; on a replay, return it.
+
+        :param name: names the step; a replay must meet the same name at the same position.
+        :param retries: how many times to run ``fn`` again after it raised (with backoff).
+        :raises StepFailedError: ``fn`` raised on its last try (also on every replay of it).
+        :raises NonDeterminismError: the checkpoint at this position has another name.
+        """
+        if not isinstance(name, str) or not name or len(name) > _MAX_STEP_NAME or name.startswith("harvest:"):
+            raise InvalidFieldError(
+                "name",
+                f"a step name is 1 to {_MAX_STEP_NAME} characters, not "
+                f"starting with 'harvest:'; got {name!r}",
+            )
+        if retries < 0:
+            raise InvalidFieldError("retries", f"must be 0 or more, not {retries}")
+        self._refuse_inside_step("ctx.step")
+        seq = self._next_position()
+        recorded = self._replay(seq, name)
+        if recorded is not None:
+            # A replayed position does no work: no boundary (the claim has just read the row).
+            if recorded.error is not None:
+                raise StepFailedError(name, recorded.error)
+            output: T = recorded.output
+            return output
+        self._boundary()
+        policy = backoff or self._retry
+        attempt = 0
+        while True:
+            try:
+                self._in_step = True
+                try:
+                    result = fn(*args, **kwargs)
+                finally:
+                    self._in_step = False
+                # What a replay will return: the first run sees the same value, not a look-alike
+                # (a str enum member comes back as a str).
+                result = decode_json(encode_json(result, field=f"step {name!r} result"))
+            except Exception as exc:
+                attempt += 1
+                # A result that is not JSON is a bug of the step: trying again would not help.
+                if attempt <= retries and not isinstance(exc, InvalidFieldError):
+                    self._wait(retry_delay_ms(attempt, policy.initial_ms, policy.max_ms) / 1000)
+                    self._boundary()
+                    continue
+                message = f"{type(exc).__name__}: {exc}"
+                self._record(seq, name, error=message)
+                raise StepFailedError(name, message) from exc
+            self._record(seq, name, output=result)
+            return result
+
+    def sleep(self, duration: timedelta | float) -> None:
+        """Sleep durably: the worker is given back and the run resumes at the wake time.
+
+        The wake time is checkpointed by the first run, so a replay sleeps until the same moment.
+
+        :param duration: a ``timedelta`` or seconds.
+        """
+        delta = duration if isinstance(duration, timedelta) else timedelta(seconds=duration)
+        self._refuse_inside_step("ctx.sleep")
+        seq = self._next_position()
+        recorded = self._replay(seq, SLEEP_STEP)
+        if recorded is not None:
+            wake_at = datetime.fromisoformat(recorded.output)
+            if self._clock() >= wake_at:
+                return
+            self._boundary()
+        else:
+            self._boundary()
+            wake_at = self._clock() + delta
+            self._record(seq, SLEEP_STEP, output=wake_at.isoformat())
+            if self._clock() >= wake_at:
+                return
+        if not self._store.suspend(self.execution_id, self._token, wake_at=wake_at):
+            raise _Stopped
+        try:
+            self._schedule(self.execution_id, wake_at)
+        except Exception:
+            # The row is Pending with its wake time: the sweeper's due scan queues it anyway.
+            logger.warning(
+                "could not schedule workflow execution %s at %s", self.execution_id, wake_at, exc_info=True
+            )
+        raise _Suspended
+
+    # -- internals -------------------------------------------------------------------------------
+
+    def _refuse_inside_step(self, what: str) -> None:
+        # A step's checkpoint stands for all it did: positions taken inside it would be replayed
+        # differently (the outer step does not run again), so nesting is refused outright.
+        if self._in_step:
+            raise InvalidStateError(f"{what} cannot be called inside a step; call it from the workflow")
+
+    def _next_position(self) -> int:
+        seq = self._seq
+        self._seq += 1
+        return seq
+
+    def _replay(self, seq: int, name: str) -> StepRecord | None:
+        recorded = self._steps.get(seq)
+        if recorded is not None and recorded.name != name:
+            self.fatal = NonDeterminismError(self.execution_id, seq, recorded.name, name)
+            raise self.fatal
+        return recorded
+
+    def _record(self, seq: int, name: str, *, output: JsonValue = None, error: str | None = None) -> None:
+        landed = self._store.record_step(
+            self.execution_id, self._token, seq, name, output=output, error=error, now=self._clock()
+        )
+        if not landed:
+            # Terminated, timed out or taken over since the last boundary: write nothing more.
+            raise _Stopped
+        self._steps[seq] = StepRecord(self.execution_id, seq, name, output, error)
+
+    def _boundary(self) -> None:
+        """Renew the lease and act on what the row says: cancel, deadline, or lost."""
+        now = self._clock()
+        row = self._store.renew(self.execution_id, self._token, now=now, lease_seconds=self._lease_seconds)
+        if row is None:
+            raise _Stopped
+        if row.cancel_requested:
+            self._store.finish(
+                self.execution_id,
+                ExecutionState.CANCELLED,
+                error=row.cancel_reason or "cancelled",
+                now=now,
+                token=self._token,
+            )
+            raise _Stopped
+        if row.deadline is not None and row.deadline < now:
+            self._store.finish(
+                self.execution_id,
+                ExecutionState.TIMED_OUT,
+                error=timeout_message(row.deadline),
+                now=now,
+                token=self._token,
+            )
+            raise _Stopped

@@ -1,0 +1,96 @@
+"""The errors of durable workflows; every one derives from :class:`~flask_harvest.errors.HarvestError`."""
+
+from __future__ import annotations
+
+from ..errors import HarvestError, InvalidFieldError, NotFoundError
+
+
+class WorkflowError(HarvestError):
+    """Base class of the errors raised by durable workflows."""
+
+
+class UnknownWorkflowError(WorkflowError, NotFoundError):
+    """No workflow is registered under this name (in this process)."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(
+            f"no workflow named {name!r} is registered; register it with @registry.workflow({name!r}) "
+            "in a module that the web process and every worker import"
+        )
+        self.name = name
+
+
+class ExecutionNotFoundError(WorkflowError, NotFoundError):
+    """No workflow execution has this id."""
+
+    def __init__(self, execution_id: str) -> None:
+        super().__init__(f"no workflow execution with id {execution_id!r}")
+        self.execution_id = execution_id
+
+
+class WorkflowIdReusedError(WorkflowError):
+    """The id reuse policy refused to start another run of a closed ``workflow_id``.
+
+    :param workflow_id: the business key the caller asked for.
+    :param policy: the policy that refused (its value, e.g. ``RejectDuplicate``).
+    :param previous_execution_id: the closed run that caused the refusal.
+    :param previous_state: that run's terminal state.
+    """
+
+    def __init__(
+        self, workflow_id: str, policy: str, previous_execution_id: str, previous_state: str
+    ) -> None:
+        super().__init__(
+            f"workflow_id {workflow_id!r} was already used by execution {previous_execution_id} "
+            f"(ended {previous_state}) and the id reuse policy {policy} refuses another run; "
+            "choose another workflow_id or start with the AllowDuplicate policy"
+        )
+        self.workflow_id = workflow_id
+        self.policy = policy
+        self.previous_execution_id = previous_execution_id
+        self.previous_state = previous_state
+
+
+class InputTooLargeError(InvalidFieldError):
+    """A workflow input (or output) is larger, encoded as JSON, than the configured limit."""
+
+    def __init__(self, field: str, size: int, limit: int) -> None:
+        super().__init__(
+            field,
+            f"is {size} bytes as JSON, more than the limit of {limit} bytes; pass a reference "
+            "(an id, a URL) instead of the data, or raise HARVEST_WORKFLOW_MAX_INPUT_BYTES",
+        )
+        self.size = size
+        self.limit = limit
+
+
+class NonDeterminismError(WorkflowError):
+    """Replaying an execution met a different step than the checkpoint at that position.
+
+    Workflow code must call the same steps in the same order on every run: decisions that can change
+    (the clock, random numbers, I/O) belong inside steps, whose results are checkpointed.
+    """
+
+    def __init__(self, execution_id: str, seq: int, expected: str, found: str) -> None:
+        super().__init__(
+            f"non-deterministic workflow: execution {execution_id} position {seq} was checkpointed as "
+            f"step {expected!r} but the code now calls {found!r}; workflow code must call the same "
+            "steps in the same order on every run (put clocks, randomness and I/O inside steps)"
+        )
+        self.execution_id = execution_id
+        self.seq = seq
+        self.expected = expected
+        self.found = found
+
+
+class StepFailedError(WorkflowError):
+    """A step raised (after its retries); raised again, with the same message, on every replay.
+
+    :param step: the step's name.
+    :param message: the step's error as checkpointed (``ExceptionType: message``).
+    """
+
+    def __init__(self, step: str, message: str) -> None:
+        super().__init__(f"step {step!r} failed: {message}")
+        self.step = step
+        self.message = message

@@ -1,0 +1,168 @@
+"""What a workflow execution is: its states, its row as a value, its step checkpoints. Pure.
+
+Inputs, outputs and step results are JSON values. :func:`encode_json` is the one gate they pass:
+it refuses what would not come back equal from the database (NaN, tuples, non-string keys, sets,
+objects), so a replay sees exactly what the first run saw.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any
+
+from ..errors import InvalidFieldError
+from .errors import InputTooLargeError
+
+__all__ = [
+    "Execution",
+    "ExecutionState",
+    "IdReusePolicy",
+    "JsonValue",
+    "StepRecord",
+    "decode_json",
+    "encode_json",
+    "timeout_message",
+    "utcnow",
+]
+
+#: A JSON value: ``None``, ``bool``, ``int``, ``float``, ``str``, ``list`` or ``dict`` with ``str`` keys.
+JsonValue = Any
+
+
+class ExecutionState(str, enum.Enum):
+    """The states of a workflow execution. ``Pending`` and ``Running`` are open; the rest terminal."""
+
+    PENDING = "Pending"
+    RUNNING = "Running"
+    COMPLETED = "Completed"
+    FAILED = "Failed"
+    CANCELLED = "Cancelled"
+    TIMED_OUT = "TimedOut"
+    TERMINATED = "Terminated"
+
+    @property
+    def terminal(self) -> bool:
+        """Whether an execution in this state has ended (it never changes state again)."""
+        return self not in (ExecutionState.PENDING, ExecutionState.RUNNING)
+
+
+#: The states an execution can leave; a terminal transition only moves a row in one of these.
+OPEN_STATES = (ExecutionState.PENDING, ExecutionState.RUNNING)
+TERMINAL_STATES = tuple(s for s in ExecutionState if s.terminal)
+
+
+class IdReusePolicy(str, enum.Enum):
+    """What starting a ``workflow_id`` whose previous run has closed does (Temporal's policies).
+
+    While a run with the ``workflow_id`` is open, starting again always returns that run.
+    """
+
+    #: Start a new run whatever the previous one ended as.
+    ALLOW_DUPLICATE = "AllowDuplicate"
+    #: Start a new run only if no previous run ended ``Completed``.
+    ALLOW_DUPLICATE_FAILED_ONLY = "AllowDuplicateFailedOnly"
+    #: Never start a second run of a ``workflow_id``.
+    REJECT_DUPLICATE = "RejectDuplicate"
+
+
+@dataclass(frozen=True)
+class Execution:
+    """One run of a workflow, as stored.
+
+    :param execution_id: the run's id (a UUID string), unique across every run.
+    :param workflow_id: the caller's business key; at most one open run has it at a time.
+    :param attempt: how many times the run was claimed by a worker.
+    :param recovery_count: how many times its lease expired (its worker died) and it was requeued.
+    :param next_run_at: when a ``Pending`` run is due (its start, or its wake time after a sleep).
+    :param trigger_depth: how many completion triggers led to this run (0 when started directly).
+    :param completion_callbacks: the completion-callback targets registered with the run, if any.
+    """
+
+    execution_id: str
+    workflow_name: str
+    workflow_id: str
+    input: JsonValue
+    state: ExecutionState
+    created_at: datetime
+    output: JsonValue = None
+    error: str | None = None
+    started_at: datetime | None = None
+    completed_at: datetime | None = None
+    deadline: datetime | None = None
+    attempt: int = 0
+    recovery_count: int = 0
+    lease_token: str | None = None
+    lease_expires_at: datetime | None = None
+    next_run_at: datetime | None = None
+    cancel_requested: bool = False
+    cancel_reason: str | None = None
+    trigger_depth: int = 0
+    completion_callbacks: JsonValue = None
+
+    @property
+    def terminal(self) -> bool:
+        """Whether the run has ended."""
+        return self.state.terminal
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    """A step's checkpoint: its position, name, and either its JSON result or its error message."""
+
+    execution_id: str
+    seq: int
+    name: str
+    output: JsonValue = None
+    error: str | None = None
+    created_at: datetime | None = None
+
+    @property
+    def failed(self) -> bool:
+        return self.error is not None
+
+
+def encode_json(value: JsonValue, *, field: str, max_bytes: int | None = None) -> str:
+    """Return ``value`` as compact JSON text, refusing what is not a JSON value or is too large.
+
+    :param field: names the value in errors (``input``, ``output``, ``step 'charge'``).
+    :param max_bytes: refuse a UTF-8 encoding longer than this, if given.
+    :raises InvalidFieldError: ``value`` is not a JSON value that comes back equal after decoding.
+    :raises InputTooLargeError: its encoding is longer than ``max_bytes``.
+    """
+    try:
+        text = json.dumps(value, allow_nan=False, ensure_ascii=False, separators=(",", ":"))
+    except (TypeError, ValueError, RecursionError) as exc:
+        raise InvalidFieldError(field, f"is not a JSON value ({exc})") from exc
+    # dumps quietly turns tuples into lists and int keys into strings: the round trip catches
+    # those, which would otherwise replay as a different value than the first run saw.
+    try:
+        same = json.loads(text) == value
+    except RecursionError as exc:
+        raise InvalidFieldError(field, "is nested too deeply") from exc
+    if not same:
+        raise InvalidFieldError(
+            field, "is not a JSON value (use dict with str keys, list, str, int, float, bool, None)"
+        )
+    if max_bytes is not None:
+        size = len(text.encode("utf-8"))
+        if size > max_bytes:
+            raise InputTooLargeError(field, size, max_bytes)
+    return text
+
+
+def decode_json(text: str | None) -> JsonValue:
+    """Return the value of JSON text written by :func:`encode_json` (``None`` for ``None``)."""
+    return None if text is None else json.loads(text)
+
+
+def timeout_message(deadline: datetime) -> str:
+    """The error of a run that ended ``TimedOut``."""
+    return f"timed out: the workflow's deadline {deadline.isoformat()} passed"
+
+
+def utcnow() -> datetime:
+    """Return the current time as an aware UTC datetime."""
+    return datetime.now(timezone.utc)

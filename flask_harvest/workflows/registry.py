@@ -1,0 +1,108 @@
+"""Which workflow functions exist: a name → function table filled by a decorator. Pure."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import TYPE_CHECKING, TypeVar
+
+from ..errors import ConfigurationError
+from .errors import UnknownWorkflowError
+from .models import JsonValue
+
+if TYPE_CHECKING:
+    from .context import WorkflowContext
+
+__all__ = ["WorkflowDefinition", "WorkflowFunction", "WorkflowRegistry"]
+
+#: A workflow: called with its context and its JSON input, returns its JSON output.
+WorkflowFunction = Callable[["WorkflowContext", JsonValue], JsonValue]
+
+F = TypeVar("F", bound=WorkflowFunction)
+
+#: Workflow names are stored in a column of this width.
+MAX_NAME_LENGTH = 255
+
+
+@dataclass(frozen=True)
+class WorkflowDefinition:
+    """A registered workflow.
+
+    :param timeout: how long a run may take from its start; ``None`` for no deadline.
+    """
+
+    name: str
+    fn: WorkflowFunction
+    timeout: timedelta | None = None
+
+
+class WorkflowRegistry:
+    """The workflows this process knows, by name.
+
+    Register them in a module that the web process and every worker import, so that a run started
+    by one is understood by the others::
+
+        registry = WorkflowRegistry()
+
+        @registry.workflow("process_refund", timeout=timedelta(minutes=10))
+        def process_refund(ctx, input):
+            ...
+    """
+
+    def __init__(self) -> None:
+        self._definitions: dict[str, WorkflowDefinition] = {}
+
+    def workflow(self, name: str, *, timeout: timedelta | None = None) -> Callable[[F], F]:
+        """Return a decorator registering a function as the workflow ``name``.
+
+        :raises ConfigurationError: the name is empty, too long, or taken by another function; the
+            timeout is not positive.
+        """
+        if not isinstance(name, str) or not name.strip() or len(name) > MAX_NAME_LENGTH:
+            raise ConfigurationError(
+                f"a workflow name must be a non-empty string of at most {MAX_NAME_LENGTH} characters, "
+                f"not {name!r}"
+            )
+        if timeout is not None and timeout <= timedelta(0):
+            raise ConfigurationError(f"workflow {name!r}: the timeout must be positive, not {timeout}")
+
+        def register(fn: F) -> F:
+            existing = self._definitions.get(name)
+            if existing is not None and existing.fn is not fn:
+                raise ConfigurationError(
+                    f"workflow {name!r} is already registered (by {_qualname(existing.fn)}); "
+                    "give each workflow its own name"
+                )
+            self._definitions[name] = WorkflowDefinition(name, fn, timeout)
+            return fn
+
+        return register
+
+    def get(self, name: str) -> WorkflowDefinition:
+        """Return the workflow registered as ``name``.
+
+        :raises UnknownWorkflowError: none is.
+        """
+        try:
+            return self._definitions[name]
+        except KeyError:
+            raise UnknownWorkflowError(name) from None
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._definitions
+
+    def __iter__(self) -> Iterator[WorkflowDefinition]:
+        return iter(list(self._definitions.values()))
+
+    def __len__(self) -> int:
+        return len(self._definitions)
+
+    def names(self) -> list[str]:
+        """Return the registered names, sorted."""
+        return sorted(self._definitions)
+
+
+def _qualname(fn: object) -> str:
+    module = getattr(fn, "__module__", "?")
+    return f"{module}.{getattr(fn, '__qualname__', repr(fn))}"

@@ -1,0 +1,297 @@
+"""Runs workflow executions: start (validate, store, schedule), run (claim, replay, end), sweep.
+
+Flask-free and job-backend-agnostic: the job seam is one callable, ``schedule(execution_id, due)``,
+that queues a job which calls :meth:`WorkflowRunner.run` with the id (``due`` is ``None`` for now).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from sqlalchemy import Connection
+
+from ..errors import HarvestError, InvalidFieldError, StoreError
+from .context import StepRetryPolicy, WorkflowContext, _Unwind
+from .errors import UnknownWorkflowError
+from .models import (
+    Execution,
+    ExecutionState,
+    IdReusePolicy,
+    JsonValue,
+    encode_json,
+    timeout_message,
+    utcnow,
+)
+from .registry import WorkflowRegistry
+from .store import SqlWorkflowStore
+
+__all__ = ["SweepReport", "WorkflowRunner"]
+
+logger = logging.getLogger(__name__)
+
+#: ``schedule(execution_id, due)``: queue a job running the execution at ``due`` (``None``: now).
+Schedule = Callable[[str, datetime | None], None]
+
+#: The default limit on a workflow input, as JSON (``HARVEST_WORKFLOW_MAX_INPUT_BYTES``).
+DEFAULT_MAX_INPUT_BYTES = 256 * 1024
+
+
+@dataclass(frozen=True)
+class SweepReport:
+    """What one :meth:`WorkflowRunner.sweep_once` did, by execution id."""
+
+    requeued: list[str]
+    poisoned: list[str]
+    timed_out: list[str]
+    rescheduled: list[str]
+
+
+class WorkflowRunner:
+    """Starts and runs the executions of the workflows in ``registry``, stored in ``store``.
+
+    :param schedule: queues a job that calls :meth:`run`; errors are logged (the sweeper's due scan
+        queues the execution again).
+    :param lease_seconds: how long a claim holds an execution without a heartbeat.
+    :param max_recovery_attempts: how many expired leases (dead workers) an execution survives
+        before it fails as a poison pill.
+    :param step_retry: the backoff between a step's retries, unless the step gives its own.
+    :param max_input_bytes: the largest input accepted, as UTF-8 JSON.
+    :param heartbeat_interval: seconds between lease renewals while a workflow function runs (in a
+        thread); ``None`` for a third of the lease, ``0`` to renew only at step boundaries.
+    :param clock: the current time (tests pass a fake one).
+    :param wait: sleeps between a step's retries (tests pass a fake one).
+    """
+
+    def __init__(
+        self,
+        store: SqlWorkflowStore,
+        registry: WorkflowRegistry,
+        *,
+        schedule: Schedule,
+        lease_seconds: float = 30.0,
+        max_recovery_attempts: int = 5,
+        step_retry: StepRetryPolicy | None = None,
+        max_input_bytes: int = DEFAULT_MAX_INPUT_BYTES,
+        heartbeat_interval: float | None = None,
+        clock: Callable[[], datetime] = utcnow,
+        wait: Callable[[float], None] = time.sleep,
+    ) -> None:
+        if lease_seconds <= 0:
+            raise InvalidFieldError("lease_seconds", f"must be positive, not {lease_seconds}")
+        if max_recovery_attempts < 0:
+            raise InvalidFieldError(
+                "max_recovery_attempts", f"must be 0 or more, not {max_recovery_attempts}"
+            )
+        self.store = store
+        self.registry = registry
+        self.schedule = schedule
+        self.lease_seconds = lease_seconds
+        self.max_recovery_attempts = max_recovery_attempts
+        self.step_retry = step_retry or StepRetryPolicy()
+        self.max_input_bytes = max_input_bytes
+        self.heartbeat_interval = lease_seconds / 3 if heartbeat_interval is None else heartbeat_interval
+        self.clock = clock
+        self.wait = wait
+
+    # -- starting --------------------------------------------------------------------------------
+
+    def start(
+        self,
+        name: str,
+        input: JsonValue,
+        *,
+        workflow_id: str | None = None,
+        policy: IdReusePolicy = IdReusePolicy.ALLOW_DUPLICATE,
+        trigger_depth: int = 0,
+        completion_callbacks: JsonValue = None,
+        conn: Connection | None = None,
+    ) -> tuple[Execution, bool]:
+        """Start a run of the registered workflow ``name`` (or load the open run of ``workflow_id``).
+
+        With ``conn`` the run is created in the caller's transaction and NOT scheduled here: the
+        transaction's owner schedules it after the commit (``store.started_in(conn)`` lists it; the
+        store's ``on_started`` does it for terminal hooks), else the sweeper's due scan does.
+
+        :returns: ``(execution, created)``.
+        :raises UnknownWorkflowError: no workflow is registered as ``name``.
+        :raises InputTooLargeError: the input is larger than ``max_input_bytes``.
+        :raises InvalidFieldError: the input is not a JSON value.
+        :raises WorkflowIdReusedError: the id reuse policy refuses another run.
+        """
+        definition = self.registry.get(name)
+        now = self.clock()
+        deadline = now + definition.timeout if definition.timeout is not None else None
+        execution, created = self.store.start(
+            name,
+            input,
+            workflow_id,
+            policy,
+            now=now,
+            deadline=deadline,
+            trigger_depth=trigger_depth,
+            completion_callbacks=completion_callbacks,
+            max_input_bytes=self.max_input_bytes,
+            conn=conn,
+        )
+        if created and conn is None:
+            self._schedule(execution.execution_id, None)
+        return execution, created
+
+    # -- running ---------------------------------------------------------------------------------
+
+    def run(self, execution_id: str) -> Execution | None:
+        """Claim the execution and run its workflow function until it ends or sleeps.
+
+        A job for an execution that is not due, leased by another worker or already ended does
+        nothing. An exception that is not an ``Exception`` (a crash, ``KeyboardInterrupt``), or a
+        :class:`~flask_harvest.errors.StoreError` of the engine's own calls, propagates and leaves
+        the lease to expire: the sweeper requeues the execution.
+
+        :returns: the execution if this run ended it, else ``None`` (asleep, stopped, not claimed).
+        """
+        now = self.clock()
+        claimed = self.store.claim(execution_id, now=now, lease_seconds=self.lease_seconds)
+        if claimed is None or claimed.lease_token is None:
+            self._reschedule_if_early(execution_id, now)
+            return None
+        token = claimed.lease_token
+        if claimed.cancel_requested:
+            return self._end(
+                claimed, token, ExecutionState.CANCELLED, error=claimed.cancel_reason or "cancelled"
+            )
+        if claimed.deadline is not None and claimed.deadline < now:
+            return self._end(
+                claimed, token, ExecutionState.TIMED_OUT, error=timeout_message(claimed.deadline)
+            )
+        try:
+            definition = self.registry.get(claimed.workflow_name)
+        except UnknownWorkflowError as exc:
+            return self._end(claimed, token, ExecutionState.FAILED, error=str(exc))
+        ctx = WorkflowContext(
+            claimed,
+            token,
+            self.store,
+            steps={step.seq: step for step in self.store.list_steps(execution_id)},
+            clock=self.clock,
+            lease_seconds=self.lease_seconds,
+            retry=self.step_retry,
+            schedule=self._schedule,
+            wait=self.wait,
+        )
+        with self._heartbeat(execution_id, token):
+            try:
+                output = definition.fn(ctx, claimed.input)
+            except _Unwind:
+                return None
+            except StoreError:
+                # The database failed under the engine's own calls (a checkpoint, a boundary), not
+                # the workflow: leave the run open; its lease expires and the sweeper requeues it.
+                logger.warning("workflow execution %s stopped: the store failed", execution_id, exc_info=True)
+                raise
+            except Exception as exc:
+                error = str(ctx.fatal) if ctx.fatal is not None else f"{type(exc).__name__}: {exc}"
+                return self._end(claimed, token, ExecutionState.FAILED, error=error)
+        if ctx.fatal is not None:
+            # The workflow code caught the non-determinism error; the run is still wrong.
+            return self._end(claimed, token, ExecutionState.FAILED, error=str(ctx.fatal))
+        try:
+            encode_json(output, field="output")
+        except InvalidFieldError as exc:
+            return self._end(claimed, token, ExecutionState.FAILED, error=f"the workflow returned {exc}")
+        if claimed.deadline is not None and claimed.deadline < self.clock():
+            return self._end(
+                claimed, token, ExecutionState.TIMED_OUT, error=timeout_message(claimed.deadline)
+            )
+        return self._end(claimed, token, ExecutionState.COMPLETED, output=output)
+
+    def _end(
+        self,
+        execution: Execution,
+        token: str,
+        state: ExecutionState,
+        *,
+        output: JsonValue = None,
+        error: str | None = None,
+    ) -> Execution | None:
+        ended = self.store.finish(
+            execution.execution_id, state, output=output, error=error, now=self.clock(), token=token
+        )
+        if ended is None:
+            logger.info(
+                "workflow execution %s was not ended %s by this run: it was ended or taken over meanwhile",
+                execution.execution_id,
+                state.value,
+            )
+        return ended
+
+    def _reschedule_if_early(self, execution_id: str, now: datetime) -> None:
+        # A job that fires before the row's wake time (a backend that runs scheduled jobs early, or
+        # clocks that differ between hosts) would otherwise leave the run to the sweeper's scan.
+        current = self.store.get(execution_id)
+        if (
+            current is not None
+            and current.state is ExecutionState.PENDING
+            and current.next_run_at is not None
+            and current.next_run_at > now
+        ):
+            self._schedule(execution_id, current.next_run_at)
+
+    def _schedule(self, execution_id: str, due: datetime | None) -> None:
+        try:
+            self.schedule(execution_id, due)
+        except Exception:
+            # The row is Pending and due: the sweeper's due scan queues it again.
+            logger.warning("could not schedule workflow execution %s", execution_id, exc_info=True)
+
+    @contextmanager
+    def _heartbeat(self, execution_id: str, token: str) -> Iterator[None]:
+        if self.heartbeat_interval <= 0:
+            yield
+            return
+        stop = threading.Event()
+
+        def beat() -> None:
+            while not stop.wait(self.heartbeat_interval):
+                try:
+                    alive = self.store.heartbeat(
+                        execution_id, token, now=self.clock(), lease_seconds=self.lease_seconds
+                    )
+                except HarvestError:
+                    logger.warning("heartbeat of workflow execution %s failed", execution_id, exc_info=True)
+                    continue
+                if not alive:
+                    # Ended or taken over: the code stops at its next boundary, which finds out too.
+                    return
+
+        thread = threading.Thread(target=beat, name=f"harvest-heartbeat-{execution_id}", daemon=True)
+        thread.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            thread.join()
+
+    # -- sweeping --------------------------------------------------------------------------------
+
+    def sweep_once(self, *, stale_after: timedelta = timedelta(seconds=30)) -> SweepReport:
+        """One pass of the worker's periodic sweep over workflow executions.
+
+        Requeues (and schedules) executions whose lease expired, fails poison pills, ends overdue
+        executions ``TimedOut``, and schedules ``Pending`` executions due for longer than
+        ``stale_after`` (their job was lost, e.g. with a flushed Redis).
+        """
+        now = self.clock()
+        leases = self.store.expired_leases(now=now, max_recovery_attempts=self.max_recovery_attempts)
+        for execution_id in leases.requeued:
+            self._schedule(execution_id, None)
+        timed_out = self.store.enforce_timeouts_once(now=now)
+        stale = self.store.due_executions(now=now - stale_after)
+        for execution_id in stale:
+            self._schedule(execution_id, None)
+        return SweepReport(leases.requeued, leases.failed, timed_out, stale)

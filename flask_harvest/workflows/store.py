@@ -1,0 +1,362 @@
+"""Workflow executions and step checkpoints in SQL (SQLAlchemy 2 Core, PostgreSQL or SQLite).
+
+Start-or-load, reads, the lease of a running execution, its step checkpoints, cancel and terminate.
+The terminal transition and the transactions live in :mod:`._store_base`, the sweeper's queries in
+:mod:`._sweep`.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime, timedelta
+
+from sqlalchemy import Connection, Text, literal, or_, select, text, update
+
+from .._sql import UTCDateTime
+from ..errors import InvalidFieldError, StoreError
+from ._schema import _OPEN, NAME_LENGTH, row_to_execution, row_to_step, steps_table
+from ._store_base import _coalesce_time, _ex, _open
+from ._sweep import LeaseSweep, _SweepQueries
+from .errors import ExecutionNotFoundError, WorkflowIdReusedError
+from .models import Execution, ExecutionState, IdReusePolicy, JsonValue, StepRecord, encode_json
+
+__all__ = ["ExecutionCursor", "LeaseSweep", "SqlWorkflowStore"]
+
+_steps = steps_table
+_PENDING = ExecutionState.PENDING.value
+_RUNNING = ExecutionState.RUNNING.value
+# A start that keeps losing the race between "the open run closed" and "ours conflicts" gives up.
+_START_ROUNDS = 5
+
+#: A listing position: the ``(created_at, execution_id)`` of the last execution of a page.
+ExecutionCursor = tuple[datetime, str]
+
+
+class SqlWorkflowStore(_SweepQueries):
+    """Executions and their step checkpoints, shared by every process through the database.
+
+    :param engine: a SQLAlchemy engine on PostgreSQL or SQLite (a file database, so that threads
+        and processes share it).
+    :param hooks: the terminal hooks :meth:`finish` runs; a fresh empty registry if not given.
+    """
+
+    # -- starting ------------------------------------------------------------------------------
+
+    def start(
+        self,
+        name: str,
+        input: JsonValue,
+        workflow_id: str | None = None,
+        policy: IdReusePolicy = IdReusePolicy.ALLOW_DUPLICATE,
+        *,
+        now: datetime,
+        deadline: datetime | None = None,
+        trigger_depth: int = 0,
+        completion_callbacks: JsonValue = None,
+        max_input_bytes: int | None = None,
+        conn: Connection | None = None,
+    ) -> tuple[Execution, bool]:
+        """Start a run of ``name``, or load the open run of ``workflow_id``.
+
+        While a run with ``workflow_id`` is open it is returned (``created`` False); once closed,
+        ``policy`` decides. At most one open run per ``workflow_id`` is enforced by a unique index,
+        so concurrent starts give one run. The caller schedules a created run after commit; with
+        ``conn``, :meth:`started_in` lists the runs created in it (and a terminal hook's starts are
+        handed to ``on_started`` by the store itself).
+
+        :param workflow_id: the business key; a fresh UUID when absent.
+        :param conn: run inside the caller's transaction (the run exists once it commits).
+        :returns: ``(execution, created)``.
+        :raises WorkflowIdReusedError: ``policy`` refuses a new run after a closed one.
+        :raises InvalidFieldError: ``input`` is not JSON, or too large (``InputTooLargeError``); the
+            name or ``workflow_id`` is empty or longer than 255 characters; an unknown policy.
+        """
+        input_text = encode_json(input, field="input", max_bytes=max_input_bytes)
+        _check_key("name", name)
+        if workflow_id is not None:
+            _check_key("workflow_id", workflow_id)
+        try:
+            policy = IdReusePolicy(policy)
+        except ValueError:
+            choices = ", ".join(p.value for p in IdReusePolicy)
+            raise InvalidFieldError("policy", f"must be one of {choices}, not {policy!r}") from None
+        if isinstance(trigger_depth, bool) or not isinstance(trigger_depth, int) or trigger_depth < 0:
+            raise InvalidFieldError("trigger_depth", f"must be an integer, 0 or more, not {trigger_depth!r}")
+        key = workflow_id if workflow_id is not None else str(uuid.uuid4())
+        with self._transaction("start a workflow execution", conn) as c:
+            for _ in range(_START_ROUNDS):
+                existing = c.execute(select(_ex).where(_ex.c.workflow_id == key, _open())).first()
+                if existing is not None:
+                    return row_to_execution(existing), False
+                if policy is not IdReusePolicy.ALLOW_DUPLICATE:
+                    self._check_reuse(c, key, policy)
+                execution_id = str(uuid.uuid4())
+                values = {
+                    "execution_id": execution_id,
+                    "workflow_name": name,
+                    "workflow_id": key,
+                    "input": input_text,
+                    "state": _PENDING,
+                    "created_at": now,
+                    "next_run_at": now,
+                    "deadline": deadline,
+                    "attempt": 0,
+                    "recovery_count": 0,
+                    "cancel_requested": False,
+                    "trigger_depth": trigger_depth,
+                    "completion_callbacks": completion_callbacks,
+                }
+                # DO NOTHING rather than catching IntegrityError: an error would abort the caller's
+                # PostgreSQL transaction. PostgreSQL waits here for a concurrent inserter to commit.
+                stmt = (
+                    self._insert(_ex)
+                    .values(values)
+                    .on_conflict_do_nothing(index_elements=[_ex.c.workflow_id], index_where=text(_OPEN))
+                    .returning(*_ex.c)
+                )
+                row = c.execute(stmt).first()
+                if row is not None:
+                    if conn is not None:
+                        self._note_started(conn, execution_id)
+                    return row_to_execution(row), True
+        raise StoreError(f"could not start workflow_id {key!r}: its open run kept changing; try again")
+
+    @staticmethod
+    def _check_reuse(conn: Connection, key: str, policy: IdReusePolicy) -> None:
+        last = conn.execute(
+            select(_ex.c.execution_id, _ex.c.state)
+            .where(_ex.c.workflow_id == key)
+            .order_by(_ex.c.created_at.desc(), _ex.c.execution_id.desc())
+            .limit(1)
+        ).first()
+        if last is None:
+            return
+        if policy is IdReusePolicy.REJECT_DUPLICATE or last.state == ExecutionState.COMPLETED.value:
+            raise WorkflowIdReusedError(key, policy.value, last.execution_id, last.state)
+
+    # -- reading -------------------------------------------------------------------------------
+
+    def get(self, execution_id: str) -> Execution | None:
+        """Return the execution with this id, or ``None``."""
+        with self._transaction("read a workflow execution") as conn:
+            row = conn.execute(select(_ex).where(_ex.c.execution_id == execution_id)).first()
+        return row_to_execution(row) if row is not None else None
+
+    def get_by_workflow_id(self, workflow_id: str) -> Execution | None:
+        """Return the latest run of ``workflow_id`` (the open one if any), or ``None``."""
+        with self._transaction("read a workflow execution") as conn:
+            row = conn.execute(
+                select(_ex)
+                .where(_ex.c.workflow_id == workflow_id)
+                .order_by(_ex.c.created_at.desc(), _ex.c.execution_id.desc())
+                .limit(1)
+            ).first()
+        return row_to_execution(row) if row is not None else None
+
+    def list_executions(
+        self,
+        *,
+        name: str | None = None,
+        state: ExecutionState | None = None,
+        cursor: ExecutionCursor | None = None,
+        limit: int = 100,
+    ) -> list[Execution]:
+        """Return executions newest first by ``(created_at, execution_id)``.
+
+        :param cursor: return only executions after this position (the last one of the previous
+            page: ``(execution.created_at, execution.execution_id)``).
+        """
+        query = select(_ex)
+        if name is not None:
+            query = query.where(_ex.c.workflow_name == name)
+        if state is not None:
+            query = query.where(_ex.c.state == ExecutionState(state).value)
+        if cursor is not None:
+            created, last_id = cursor
+            query = query.where(
+                or_(
+                    _ex.c.created_at < created, (_ex.c.created_at == created) & (_ex.c.execution_id < last_id)
+                )
+            )
+        query = query.order_by(_ex.c.created_at.desc(), _ex.c.execution_id.desc()).limit(max(0, limit))
+        with self._transaction("list workflow executions") as conn:
+            return [row_to_execution(row) for row in conn.execute(query).all()]
+
+    def list_steps(self, execution_id: str) -> list[StepRecord]:
+        """Return the execution's step checkpoints in order."""
+        with self._transaction("list workflow steps") as conn:
+            rows = conn.execute(
+                select(_steps).where(_steps.c.execution_id == execution_id).order_by(_steps.c.seq)
+            ).all()
+        return [row_to_step(row) for row in rows]
+
+    def get_step(self, execution_id: str, seq: int) -> StepRecord | None:
+        """Return the checkpoint at position ``seq``, or ``None``."""
+        with self._transaction("read a workflow step") as conn:
+            row = conn.execute(
+                select(_steps).where(_steps.c.execution_id == execution_id, _steps.c.seq == seq)
+            ).first()
+        return row_to_step(row) if row is not None else None
+
+    # -- running -------------------------------------------------------------------------------
+
+    def claim(self, execution_id: str, *, now: datetime, lease_seconds: float) -> Execution | None:
+        """Lease a due ``Pending`` execution to the caller: ``Running`` with a fresh lease token.
+
+        :returns: the claimed execution (its ``lease_token`` is the caller's), or ``None`` when it
+            is not due, already running, terminal or absent.
+        """
+        stmt = (
+            update(_ex)
+            .where(
+                _ex.c.execution_id == execution_id,
+                _ex.c.state == _PENDING,
+                or_(_ex.c.next_run_at.is_(None), _ex.c.next_run_at <= now),
+            )
+            .values(
+                state=_RUNNING,
+                lease_token=uuid.uuid4().hex,
+                lease_expires_at=now + timedelta(seconds=lease_seconds),
+                started_at=_coalesce_time(_ex.c.started_at, now),
+                attempt=_ex.c.attempt + 1,
+                next_run_at=None,
+            )
+            .returning(*_ex.c)
+        )
+        with self._transaction("claim a workflow execution") as conn:
+            row = conn.execute(stmt).first()
+        return row_to_execution(row) if row is not None else None
+
+    def renew(
+        self, execution_id: str, token: str, *, now: datetime, lease_seconds: float
+    ) -> Execution | None:
+        """Extend the caller's lease and return the row (to see a cancel request or the deadline).
+
+        :returns: ``None`` when the lease is lost: the execution ended (terminated, timed out) or
+            another worker holds it.
+        """
+        stmt = (
+            update(_ex)
+            .where(_ex.c.execution_id == execution_id, _ex.c.state == _RUNNING, _ex.c.lease_token == token)
+            .values(lease_expires_at=now + timedelta(seconds=lease_seconds))
+            .returning(*_ex.c)
+        )
+        with self._transaction("renew a workflow lease") as conn:
+            row = conn.execute(stmt).first()
+        return row_to_execution(row) if row is not None else None
+
+    def heartbeat(self, execution_id: str, token: str, *, now: datetime, lease_seconds: float) -> bool:
+        """Extend the caller's lease; ``False`` when it is lost (see :meth:`renew`)."""
+        return self.renew(execution_id, token, now=now, lease_seconds=lease_seconds) is not None
+
+    def record_step(
+        self,
+        execution_id: str,
+        token: str,
+        seq: int,
+        name: str,
+        *,
+        output: JsonValue = None,
+        error: str | None = None,
+        now: datetime,
+    ) -> bool:
+        """Checkpoint step ``seq``'s result (or its ``error``) while the caller still runs the execution.
+
+        The insert is guarded in SQL by the execution being ``Running`` under ``token`` (and, on
+        PostgreSQL, share-locks that row), so once a terminate commits no checkpoint lands.
+
+        :returns: whether the checkpoint was written.
+        :raises InvalidFieldError: ``output`` is not a JSON value.
+        """
+        output_text = None if error is not None else encode_json(output, field=f"step {name!r} result")
+        guard = (
+            select(
+                literal(execution_id),
+                literal(seq),
+                literal(name),
+                literal(output_text, Text()),
+                literal(error, Text()),
+                literal(now, UTCDateTime()),
+            )
+            .select_from(_ex)
+            .where(_ex.c.execution_id == execution_id, _ex.c.state == _RUNNING, _ex.c.lease_token == token)
+        )
+        if self._postgres:
+            # Waits for a concurrent terminal UPDATE, then sees its result: no checkpoint after it.
+            guard = guard.with_for_update(read=True)
+        columns = ["execution_id", "seq", "name", "output", "error", "created_at"]
+        stmt = (
+            self._insert(_steps)
+            .from_select(columns, guard)
+            .on_conflict_do_nothing(index_elements=[_steps.c.execution_id, _steps.c.seq])
+            .returning(_steps.c.seq)
+        )
+        with self._transaction("record a workflow step") as conn:
+            return conn.execute(stmt).first() is not None
+
+    def suspend(self, execution_id: str, token: str, *, wake_at: datetime) -> bool:
+        """Give the execution back until ``wake_at`` (a durable sleep): ``Pending``, lease released.
+
+        :returns: whether the caller still held the lease (else nothing changed).
+        """
+        stmt = (
+            update(_ex)
+            .where(_ex.c.execution_id == execution_id, _ex.c.state == _RUNNING, _ex.c.lease_token == token)
+            .values(state=_PENDING, next_run_at=wake_at, lease_token=None, lease_expires_at=None)
+            .returning(_ex.c.execution_id)
+        )
+        with self._transaction("suspend a workflow execution") as conn:
+            return conn.execute(stmt).first() is not None
+
+    # -- ending --------------------------------------------------------------------------------
+
+    def request_cancel(self, execution_id: str, reason: str | None = None, *, now: datetime) -> Execution:
+        """Cancel cooperatively: a ``Pending`` run ends ``Cancelled`` now; a ``Running`` one is
+        flagged and ends ``Cancelled`` at its next step or sleep boundary. A terminal run is left
+        as it is. The reason becomes the run's error.
+
+        :returns: the execution after the request.
+        :raises ExecutionNotFoundError: no execution has this id.
+        """
+        error = reason or "cancelled"
+        with self._transaction("cancel a workflow execution") as conn:
+            for _ in range(_START_ROUNDS):
+                done = self._finish(
+                    conn, execution_id, ExecutionState.CANCELLED, None, error, now, [_ex.c.state == _PENDING]
+                )
+                if done is not None:
+                    return done
+                row = conn.execute(
+                    update(_ex)
+                    .where(_ex.c.execution_id == execution_id, _ex.c.state == _RUNNING)
+                    .values(cancel_requested=True, cancel_reason=error)
+                    .returning(*_ex.c)
+                ).first()
+                if row is None:
+                    row = conn.execute(select(_ex).where(_ex.c.execution_id == execution_id)).first()
+                if row is None:
+                    raise ExecutionNotFoundError(execution_id)
+                if row.state != _PENDING:
+                    return row_to_execution(row)
+        raise StoreError(f"could not cancel execution {execution_id}: its state kept changing; try again")
+
+    def terminate(self, execution_id: str, reason: str | None = None, *, now: datetime) -> Execution:
+        """End an open execution ``Terminated`` at once; its running code can record nothing more.
+
+        :returns: the execution after the call (unchanged if it had already ended).
+        :raises ExecutionNotFoundError: no execution has this id.
+        """
+        ended = self.finish(execution_id, ExecutionState.TERMINATED, error=reason or "terminated", now=now)
+        if ended is not None:
+            return ended
+        current = self.get(execution_id)
+        if current is None:
+            raise ExecutionNotFoundError(execution_id)
+        return current
+
+
+def _check_key(field: str, value: str) -> None:
+    if not isinstance(value, str) or not value or len(value) > NAME_LENGTH:
+        raise InvalidFieldError(
+            field, f"must be a string of 1 to {NAME_LENGTH} characters, not {value!r:.80}"
+        )
