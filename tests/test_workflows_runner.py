@@ -51,7 +51,7 @@ class Harness:
         self.runner = WorkflowRunner(
             store,
             self.registry,
-            schedule=self.scheduled,
+            self.scheduled,
             lease_seconds=LEASE,
             max_recovery_attempts=max_recovery_attempts,
             max_input_bytes=1000,

@@ -242,7 +242,7 @@ def test_suspend_releases_the_lease_until_the_wake_time(store: SqlWorkflowStore)
     assert asleep.next_run_at == wake
     assert store.due_executions(now=wake - timedelta(seconds=1)) == []
     assert store.claim(execution.execution_id, now=wake - timedelta(seconds=1), lease_seconds=LEASE) is None
-    assert store.due_executions(now=wake) == [execution.execution_id]
+    assert store.due_executions(now=wake) == [(execution.execution_id, wake)]
     assert store.claim(execution.execution_id, now=wake, lease_seconds=LEASE) is not None
 
 

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Sequence
 from datetime import datetime, timedelta, timezone
 
 import pytest
 import sqlalchemy as sa
 
+from flask_harvest.jobs.base import JobBackend, JobRef
 from flask_harvest.workflows import SqlWorkflowStore, TerminalHooks
 
 from .conftest import STORE_KINDS
@@ -65,14 +67,21 @@ class Clock:
             return self._now
 
 
-class Scheduled:
-    """Records the runner's ``schedule(execution_id, due)`` calls instead of queuing jobs."""
+class Scheduled(JobBackend):
+    """A job backend that records the runner's jobs as ``(execution_id, due)`` instead of running
+    them; none of them counts as live, as if Redis had lost every one."""
 
     def __init__(self) -> None:
         self.calls: list[tuple[str, datetime | None]] = []
 
-    def __call__(self, execution_id: str, due: datetime | None) -> None:
-        self.calls.append((execution_id, due))
+    def enqueue(self, refs: Sequence[JobRef]) -> None:
+        self.calls.extend((ref.id, ref.due) for ref in refs)
+
+    def schedule(self, ref: JobRef) -> None:
+        self.calls.append((ref.id, ref.due))
+
+    def live_jobs(self, refs: Sequence[JobRef]) -> set[JobRef]:
+        return set()
 
 
 class SimulatedCrash(BaseException):

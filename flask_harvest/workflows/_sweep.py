@@ -24,16 +24,16 @@ class LeaseSweep(NamedTuple):
 class _SweepQueries(_StoreBase):
     """What the worker's periodic sweep asks the store."""
 
-    def due_executions(self, *, now: datetime, limit: int = 500) -> list[str]:
-        """Return the ids of ``Pending`` executions due at ``now``, oldest due first."""
+    def due_executions(self, *, now: datetime, limit: int = 500) -> list[tuple[str, datetime]]:
+        """Return the ids and due times of ``Pending`` executions due at ``now``, oldest due first."""
         query = (
-            select(_ex.c.execution_id)
+            select(_ex.c.execution_id, _ex.c.next_run_at)
             .where(_ex.c.state == _PENDING, _ex.c.next_run_at <= now)
             .order_by(_ex.c.next_run_at)
             .limit(limit)
         )
         with self._transaction("find due workflow executions") as conn:
-            return list(conn.execute(query).scalars().all())
+            return [(row.execution_id, row.next_run_at) for row in conn.execute(query)]
 
     def expired_leases(self, *, now: datetime, max_recovery_attempts: int) -> LeaseSweep:
         """Requeue ``Running`` executions whose lease expired (their worker died).

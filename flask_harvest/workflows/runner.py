@@ -1,7 +1,7 @@
 """Runs workflow executions: start (validate, store, schedule), run (claim, replay, end), sweep.
 
-Flask-free and job-backend-agnostic: the job seam is one callable, ``schedule(execution_id, due)``,
-that queues a job which calls :meth:`WorkflowRunner.run` with the id (``due`` is ``None`` for now).
+Flask-free: executions reach workers through the job seam as jobs of kind :data:`WORKFLOW_JOB`,
+whose handler is :meth:`WorkflowRunner.run_many`.
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -17,6 +17,7 @@ from datetime import datetime, timedelta
 from sqlalchemy import Connection
 
 from ..errors import HarvestError, InvalidFieldError, StoreError
+from ..jobs.base import JobBackend, JobBackendError, JobRef
 from .context import StepRetryPolicy, WorkflowContext, _Unwind
 from .errors import UnknownWorkflowError
 from .models import (
@@ -31,12 +32,21 @@ from .models import (
 from .registry import WorkflowRegistry
 from .store import SqlWorkflowStore
 
-__all__ = ["SweepReport", "WorkflowRunner"]
+__all__ = ["WORKFLOW_JOB", "SweepReport", "WorkflowRunner", "workflow_job"]
 
 logger = logging.getLogger(__name__)
 
-#: ``schedule(execution_id, due)``: queue a job running the execution at ``due`` (``None``: now).
-Schedule = Callable[[str, datetime | None], None]
+#: The job seam's kind for workflow executions.
+WORKFLOW_JOB = "workflow"
+# Rows due for less than this long are left to the job that is most likely on its way (RQ's
+# scheduler moves a delayed job about once a second).
+_DUE_GRACE = timedelta(seconds=2)
+
+
+def workflow_job(execution_id: str, due: datetime | None = None) -> JobRef:
+    """Return the job reference that runs an execution at ``due`` (``None``: now)."""
+    return JobRef(WORKFLOW_JOB, execution_id, 0, due)
+
 
 #: The default limit on a workflow input, as JSON (``HARVEST_WORKFLOW_MAX_INPUT_BYTES``).
 DEFAULT_MAX_INPUT_BYTES = 256 * 1024
@@ -55,8 +65,8 @@ class SweepReport:
 class WorkflowRunner:
     """Starts and runs the executions of the workflows in ``registry``, stored in ``store``.
 
-    :param schedule: queues a job that calls :meth:`run`; errors are logged (the sweeper's due scan
-        queues the execution again).
+    :param backend: carries the jobs that call :meth:`run`; an enqueue that fails is logged (the
+        sweeper's due scan queues the execution again).
     :param lease_seconds: how long a claim holds an execution without a heartbeat.
     :param max_recovery_attempts: how many expired leases (dead workers) an execution survives
         before it fails as a poison pill.
@@ -72,8 +82,8 @@ class WorkflowRunner:
         self,
         store: SqlWorkflowStore,
         registry: WorkflowRegistry,
+        backend: JobBackend,
         *,
-        schedule: Schedule,
         lease_seconds: float = 30.0,
         max_recovery_attempts: int = 5,
         step_retry: StepRetryPolicy | None = None,
@@ -90,7 +100,7 @@ class WorkflowRunner:
             )
         self.store = store
         self.registry = registry
-        self.schedule = schedule
+        self.backend = backend
         self.lease_seconds = lease_seconds
         self.max_recovery_attempts = max_recovery_attempts
         self.step_retry = step_retry or StepRetryPolicy()
@@ -144,6 +154,16 @@ class WorkflowRunner:
         return execution, created
 
     # -- running ---------------------------------------------------------------------------------
+
+    def run_many(self, execution_ids: Sequence[str]) -> None:
+        """Run each of ``execution_ids`` in turn on this thread (a job's rows)."""
+        for execution_id in execution_ids:
+            self.run(execution_id)
+
+    def schedule_started(self, execution_ids: Sequence[str]) -> None:
+        """Queue the executions a transaction started (a terminal hook's), after its commit."""
+        for execution_id in execution_ids:
+            self._schedule(execution_id, None)
 
     def run(self, execution_id: str) -> Execution | None:
         """Claim the execution and run its workflow function until it ends or sleeps.
@@ -243,9 +263,13 @@ class WorkflowRunner:
             self._schedule(execution_id, current.next_run_at)
 
     def _schedule(self, execution_id: str, due: datetime | None) -> None:
+        ref = workflow_job(execution_id, due)
         try:
-            self.schedule(execution_id, due)
-        except Exception:
+            if due is None or due <= self.clock():
+                self.backend.enqueue([ref])
+            else:
+                self.backend.schedule(ref)
+        except JobBackendError:
             # The row is Pending and due: the sweeper's due scan queues it again.
             logger.warning("could not schedule workflow execution %s", execution_id, exc_info=True)
 
@@ -279,19 +303,25 @@ class WorkflowRunner:
 
     # -- sweeping --------------------------------------------------------------------------------
 
-    def sweep_once(self, *, stale_after: timedelta = timedelta(seconds=30)) -> SweepReport:
+    def sweep_once(self) -> SweepReport:
         """One pass of the worker's periodic sweep over workflow executions.
 
-        Requeues (and schedules) executions whose lease expired, fails poison pills, ends overdue
-        executions ``TimedOut``, and schedules ``Pending`` executions due for longer than
-        ``stale_after`` (their job was lost, e.g. with a flushed Redis).
+        Requeues (and queues) executions whose lease expired, fails poison pills, ends overdue
+        executions ``TimedOut``, and queues ``Pending`` executions that are due but have no live
+        job (it was lost, e.g. with a flushed Redis).
         """
         now = self.clock()
         leases = self.store.expired_leases(now=now, max_recovery_attempts=self.max_recovery_attempts)
         for execution_id in leases.requeued:
             self._schedule(execution_id, None)
         timed_out = self.store.enforce_timeouts_once(now=now)
-        stale = self.store.due_executions(now=now - stale_after)
-        for execution_id in stale:
-            self._schedule(execution_id, None)
-        return SweepReport(leases.requeued, leases.failed, timed_out, stale)
+        due = self.store.due_executions(now=now - _DUE_GRACE)
+        # A due run's job was queued for now, or (a durable sleep) for its wake time.
+        waiting = {
+            execution_id: (workflow_job(execution_id), workflow_job(execution_id, at))
+            for execution_id, at in due
+        }
+        live = self.backend.live_jobs([ref for refs in waiting.values() for ref in refs])
+        missing = [refs[0] for refs in waiting.values() if not (set(refs) & live)]
+        self.backend.enqueue(missing)
+        return SweepReport(leases.requeued, leases.failed, timed_out, [ref.id for ref in missing])

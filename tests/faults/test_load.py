@@ -19,7 +19,6 @@ from collections import Counter
 import pytest
 import sqlalchemy as sa
 
-
 from .conftest import FaultEnv, check_invariants
 
 pytestmark = [pytest.mark.faults, pytest.mark.postgres, pytest.mark.redis, pytest.mark.slow]
