@@ -38,6 +38,9 @@ from .webhooks.stores import (
     OutboundWebhookStore,
     SqlOutboundWebhookStore,
 )
+from .workflow_extension import HarvestWorkflows, workflow_service
+from .workflows.models import ExecutionState, IdReusePolicy
+from .workflows.service import WorkflowFailedError, WorkflowHandle
 
 #: The seed's name for the manager.
 WebhookOutboundManager = OutboundWebhookManager
@@ -50,8 +53,11 @@ __all__ = [
     "DeliveryState",
     "DuplicateSubscriptionError",
     "EnqueueError",
+    "ExecutionState",
     "HarvestEngine",
     "HarvestError",
+    "HarvestWorkflows",
+    "IdReusePolicy",
     "InMemoryOutboundWebhookHandler",
     "InMemoryOutboundWebhookStore",
     "InvalidFieldError",
@@ -77,6 +83,8 @@ __all__ = [
     "WebhookRejected",
     "WebhookSubscription",
     "WebhookSubscriptionStatus",
+    "WorkflowFailedError",
+    "WorkflowHandle",
     "__version__",
     "build_engine",
     "generate_secret",
@@ -84,4 +92,5 @@ __all__ = [
     "get_manager",
     "signals",
     "verify_webhook",
+    "workflow_service",
 ]

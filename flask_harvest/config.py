@@ -73,6 +73,17 @@ class Settings:
     webhooks_allow_cidrs: str = ""
     #: Comma-separated networks always refused, even when allowed by the two keys above.
     webhooks_deny_cidrs: str = ""
+    #: The largest workflow input accepted, in bytes of UTF-8 JSON.
+    workflow_max_input_bytes: int = 256 * 1024
+    #: Seconds a claimed workflow execution stays leased to its worker without a heartbeat.
+    workflow_lease_seconds: float = 30.0
+    #: Times an execution whose worker died (its lease expired) is run again before it fails as a
+    #: poison pill.
+    workflow_max_recovery_attempts: int = 5
+    #: URL prefix of the workflow HTTP API blueprint.
+    workflow_api_prefix: str = "/api/harvest"
+    #: The longest ``?wait=N`` the result route holds a request open for, in seconds.
+    workflow_result_max_wait_seconds: float = 30.0
 
     @property
     def backoff(self) -> tuple[int, int]:

@@ -16,6 +16,7 @@ from typing import Any
 import redis
 
 from .config import Settings
+from .errors import ConfigurationError
 from .jobs.base import JobBackend, JobKinds, JobRef
 from .jobs.local import LocalBackend
 from .jobs.rq import RqBackend, job_timeout_for
@@ -28,6 +29,10 @@ from .webhooks.operations import WebhookOperations
 from .webhooks.outbox import SqlOutbox
 from .webhooks.stores.base import OutboundWebhookHandler
 from .webhooks.stores.sql import SqlOutboundWebhookStore
+from .workflows.registry import WorkflowRegistry
+from .workflows.runner import WORKFLOW_JOB, WorkflowRunner
+from .workflows.service import WorkflowService
+from .workflows.store import SqlWorkflowStore
 
 #: Wraps every job and sweep the engine runs on its own threads (the extension passes
 #: ``app.app_context`` so that signal receivers find the app).
@@ -60,6 +65,8 @@ class HarvestEngine:
     #: What operators can do (the actuator and the CLI are thin over it).
     operations: WebhookOperations
     access: AdminAccess = field(default_factory=AdminAccess)
+    #: Durable workflows, once :func:`add_workflows` added them.
+    workflows: WorkflowService | None = None
 
     def sweep(self) -> SweepReport:
         """Run one sweep of every kind of work (see :mod:`flask_harvest.sweeper`)."""
@@ -124,6 +131,42 @@ def build_engine(
         jobs,
         operations,
         access or AdminAccess(),
+    )
+
+
+def add_workflows(
+    engine: HarvestEngine, store: SqlWorkflowStore, registry: WorkflowRegistry
+) -> WorkflowService:
+    """Add durable workflows to ``engine``: a kind of work for its jobs and a step for its sweeper.
+
+    :raises ConfigurationError: the engine has workflows already.
+    """
+    if engine.workflows is not None:
+        raise ConfigurationError("this engine runs workflows already: add them once")
+    settings = engine.settings
+    runner = WorkflowRunner(
+        store,
+        registry,
+        engine.backend,
+        lease_seconds=settings.workflow_lease_seconds,
+        max_recovery_attempts=settings.workflow_max_recovery_attempts,
+        max_input_bytes=settings.workflow_max_input_bytes,
+    )
+    # Runs that a terminal hook starts in its transaction are queued once that transaction commits.
+    store.on_started = runner.schedule_started
+    engine.jobs.register(WORKFLOW_JOB, runner.run_many)
+    engine.sweeper.add_step("workflows", partial(_sweep_workflows, runner))
+    engine.workflows = WorkflowService(store, registry, runner, store.hooks)
+    return engine.workflows
+
+
+def _sweep_workflows(runner: WorkflowRunner) -> SweepReport:
+    report = runner.sweep_once()
+    return SweepReport(
+        released=len(report.requeued),
+        requeued=len(report.requeued) + len(report.rescheduled),
+        timed_out=len(report.timed_out),
+        poisoned=len(report.poisoned),
     )
 
 

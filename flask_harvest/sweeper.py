@@ -31,6 +31,10 @@ class SweepReport:
     relayed: int = 0
     #: Outbox messages whose relay failed; they are tried again at the next sweep.
     relay_failed: int = 0
+    #: Workflow executions ended ``TimedOut`` because their deadline passed.
+    timed_out: int = 0
+    #: Workflow executions failed as poison pills (their workers kept dying).
+    poisoned: int = 0
 
     def __add__(self, other: SweepReport) -> SweepReport:
         return SweepReport(

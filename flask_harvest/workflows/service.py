@@ -1,0 +1,284 @@
+"""What an app does with workflows, in one place: start, read, list, wait, cancel, terminate.
+
+:class:`WorkflowService` is the workflow side of the engine; the Flask extension, the HTTP API and
+the CLI are thin over it. :class:`WorkflowHandle` is what :meth:`WorkflowService.start` returns.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import time
+from datetime import datetime
+from typing import Any
+
+from ..errors import HarvestError, InvalidFieldError
+from .errors import ExecutionNotFoundError
+from .hooks import TerminalHooks
+from .models import Execution, ExecutionState, IdReusePolicy, JsonValue, StepRecord, utcnow
+from .registry import WorkflowRegistry
+from .runner import WorkflowRunner
+from .store import SqlWorkflowStore
+
+__all__ = [
+    "WorkflowFailedError",
+    "WorkflowHandle",
+    "WorkflowService",
+    "decode_cursor",
+    "encode_cursor",
+    "execution_to_dict",
+    "step_to_dict",
+]
+
+# How often waiting for a result looks at the row: starts small, since most runs end quickly.
+_POLL_START = 0.01
+_POLL_MAX = 0.25
+
+
+class WorkflowFailedError(HarvestError):
+    """The execution ended in a state other than ``Completed``; ``execution`` says which and why."""
+
+    def __init__(self, execution: Execution) -> None:
+        self.execution = execution
+        super().__init__(
+            f"workflow execution {execution.execution_id} ended {execution.state.value}: {execution.error}"
+        )
+
+
+def _iso(when: datetime | None) -> str | None:
+    return when.isoformat() if when is not None else None
+
+
+def execution_to_dict(execution: Execution, *, with_io: bool = True) -> dict[str, Any]:
+    """Return an execution's JSON form: status and timestamps, with input, output and error."""
+    data: dict[str, Any] = {
+        "execution_id": execution.execution_id,
+        "workflow_name": execution.workflow_name,
+        "workflow_id": execution.workflow_id,
+        "state": execution.state.value,
+        "created_at": _iso(execution.created_at),
+        "started_at": _iso(execution.started_at),
+        "completed_at": _iso(execution.completed_at),
+        "deadline": _iso(execution.deadline),
+        "attempt": execution.attempt,
+        "recovery_count": execution.recovery_count,
+        "cancel_requested": execution.cancel_requested,
+        "trigger_depth": execution.trigger_depth,
+    }
+    if with_io:
+        data["input"] = execution.input
+        if execution.state is ExecutionState.COMPLETED:
+            data["output"] = execution.output
+        if execution.error is not None:
+            data["error"] = execution.error
+    return data
+
+
+def step_to_dict(step: StepRecord) -> dict[str, Any]:
+    """Return a step checkpoint's JSON form."""
+    data: dict[str, Any] = {"seq": step.seq, "name": step.name, "created_at": _iso(step.created_at)}
+    if step.failed:
+        data["error"] = step.error
+    else:
+        data["output"] = step.output
+    return data
+
+
+def encode_cursor(execution: Execution) -> str:
+    """Return an opaque cursor that continues a listing after ``execution``."""
+    raw = f"{execution.created_at.isoformat()}|{execution.execution_id}".encode()
+    return base64.urlsafe_b64encode(raw).decode("ascii").rstrip("=")
+
+
+def decode_cursor(cursor: str) -> tuple[datetime, str]:
+    """Return the position an :func:`encode_cursor` cursor stands for.
+
+    :raises InvalidFieldError: the cursor was not made by :func:`encode_cursor`.
+    """
+    try:
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
+        stamp, _, execution_id = raw.partition("|")
+        when = datetime.fromisoformat(stamp)
+    except (binascii.Error, UnicodeDecodeError, ValueError):
+        raise InvalidFieldError("cursor", "is not a cursor this API returned") from None
+    if not execution_id or when.tzinfo is None or "\x00" in execution_id:
+        raise InvalidFieldError("cursor", "is not a cursor this API returned")
+    return when, execution_id
+
+
+class WorkflowService:
+    """Starts, reads and ends the workflow executions of one engine.
+
+    :param store: the executions and their checkpoints.
+    :param registry: the workflows this app knows.
+    :param runner: runs executions and queues their jobs.
+    :param hooks: the terminal hooks run in every execution's terminal transaction.
+    """
+
+    def __init__(
+        self,
+        store: SqlWorkflowStore,
+        registry: WorkflowRegistry,
+        runner: WorkflowRunner,
+        hooks: TerminalHooks,
+    ) -> None:
+        self.store = store
+        self.registry = registry
+        self.runner = runner
+        self.hooks = hooks
+
+    def __repr__(self) -> str:
+        return f"<WorkflowService workflows={self.registry.names()}>"
+
+    def start(
+        self,
+        name: str,
+        input: JsonValue = None,
+        *,
+        workflow_id: str | None = None,
+        policy: IdReusePolicy | str = IdReusePolicy.ALLOW_DUPLICATE,
+        completion_callbacks: JsonValue = None,
+    ) -> tuple[WorkflowHandle, bool]:
+        """Start a run of ``name`` (or load the open run of ``workflow_id``) and queue it.
+
+        :returns: a handle on the run, and whether this call created it.
+        :raises UnknownWorkflowError: no workflow is registered as ``name``.
+        :raises InputTooLargeError: the input is over ``HARVEST_WORKFLOW_MAX_INPUT_BYTES``.
+        :raises InvalidFieldError: the input is not JSON, or an argument is invalid.
+        :raises WorkflowIdReusedError: the id reuse policy refuses another run.
+        """
+        try:
+            chosen = IdReusePolicy(policy)
+        except ValueError:
+            names = ", ".join(p.value for p in IdReusePolicy)
+            raise InvalidFieldError("policy", f"must be one of {names}") from None
+        execution, created = self.runner.start(
+            name, input, workflow_id=workflow_id, policy=chosen, completion_callbacks=completion_callbacks
+        )
+        return WorkflowHandle(self, execution.execution_id, execution.workflow_id), created
+
+    def get(self, execution_id: str) -> Execution:
+        """Return the execution.
+
+        :raises ExecutionNotFoundError: no execution has this id.
+        """
+        execution = self.store.get(execution_id) if _plausible_id(execution_id) else None
+        if execution is None:
+            raise ExecutionNotFoundError(execution_id)
+        return execution
+
+    def handle(self, execution_id: str) -> WorkflowHandle:
+        """Return a handle on an existing execution."""
+        execution = self.get(execution_id)
+        return WorkflowHandle(self, execution.execution_id, execution.workflow_id)
+
+    def list_executions(
+        self,
+        *,
+        name: str | None = None,
+        state: ExecutionState | str | None = None,
+        cursor: str | None = None,
+        limit: int = 50,
+    ) -> tuple[list[Execution], str | None]:
+        """Return one page of executions, newest first, and the cursor of the next (or ``None``).
+
+        :raises InvalidFieldError: an unknown state, a bad cursor or a limit outside 1 to 500.
+        """
+        if not 1 <= limit <= 500:
+            raise InvalidFieldError("limit", "must be between 1 and 500")
+        try:
+            chosen = ExecutionState(state) if state is not None else None
+        except ValueError:
+            raise InvalidFieldError(
+                "state", f"must be one of {', '.join(s.value for s in ExecutionState)}"
+            ) from None
+        position = decode_cursor(cursor) if cursor else None
+        rows = self.store.list_executions(name=name, state=chosen, cursor=position, limit=limit + 1)
+        page = rows[:limit]
+        return page, encode_cursor(page[-1]) if len(rows) > limit else None
+
+    def steps(self, execution_id: str) -> list[StepRecord]:
+        """Return the execution's step checkpoints in order.
+
+        :raises ExecutionNotFoundError: no execution has this id.
+        """
+        self.get(execution_id)
+        return self.store.list_steps(execution_id)
+
+    def cancel(self, execution_id: str, reason: str | None = None) -> Execution:
+        """Cancel cooperatively: a pending run ends ``Cancelled`` now, a running one at its next
+        step or sleep boundary. An ended run is left as it is.
+
+        :raises ExecutionNotFoundError: no execution has this id.
+        """
+        self.get(execution_id)
+        return self.store.request_cancel(execution_id, reason, now=utcnow())
+
+    def terminate(self, execution_id: str, reason: str | None = None) -> Execution:
+        """End an open run ``Terminated`` at once; its code can record nothing more.
+
+        :raises ExecutionNotFoundError: no execution has this id.
+        """
+        self.get(execution_id)
+        return self.store.terminate(execution_id, reason, now=utcnow())
+
+    def wait(self, execution_id: str, timeout: float) -> Execution:
+        """Return the execution once it has ended, or as it is after ``timeout`` seconds.
+
+        :raises ExecutionNotFoundError: no execution has this id.
+        """
+        deadline = time.monotonic() + max(0.0, timeout)
+        delay = _POLL_START
+        while True:
+            execution = self.get(execution_id)
+            remaining = deadline - time.monotonic()
+            if execution.terminal or remaining <= 0:
+                return execution
+            time.sleep(min(delay, remaining))
+            delay = min(delay * 2, _POLL_MAX)
+
+
+def _plausible_id(execution_id: object) -> bool:
+    # Ids are UUID strings: anything the database cannot even compare (a NUL) is simply unknown.
+    return isinstance(execution_id, str) and 0 < len(execution_id) <= 64 and "\x00" not in execution_id
+
+
+class WorkflowHandle:
+    """A started execution: ask for its status, or wait for its result."""
+
+    def __init__(self, service: WorkflowService, execution_id: str, workflow_id: str) -> None:
+        self._service = service
+        self.execution_id = execution_id
+        self.workflow_id = workflow_id
+
+    def __repr__(self) -> str:
+        return f"<WorkflowHandle {self.execution_id} workflow_id={self.workflow_id!r}>"
+
+    def status(self) -> ExecutionState:
+        """Return the execution's current state."""
+        return self._service.get(self.execution_id).state
+
+    def execution(self) -> Execution:
+        """Return the execution as stored now."""
+        return self._service.get(self.execution_id)
+
+    def result(self, timeout: float = 60.0) -> JsonValue:
+        """Wait up to ``timeout`` seconds for the execution to end; return its output.
+
+        :raises WorkflowFailedError: it ended ``Failed``, ``Cancelled``, ``TimedOut`` or ``Terminated``.
+        :raises TimeoutError: it was still open after ``timeout`` seconds.
+        """
+        execution = self._service.wait(self.execution_id, timeout)
+        if not execution.terminal:
+            raise TimeoutError(f"workflow execution {self.execution_id} is still {execution.state.value}")
+        if execution.state is not ExecutionState.COMPLETED:
+            raise WorkflowFailedError(execution)
+        return execution.output
+
+    def cancel(self, reason: str | None = None) -> Execution:
+        """Cancel the execution (see :meth:`WorkflowService.cancel`)."""
+        return self._service.cancel(self.execution_id, reason)
+
+    def terminate(self, reason: str | None = None) -> Execution:
+        """Terminate the execution (see :meth:`WorkflowService.terminate`)."""
+        return self._service.terminate(self.execution_id, reason)
