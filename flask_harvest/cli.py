@@ -167,7 +167,10 @@ def stats_command(as_json: bool) -> None:
 subscriptions_cli = _Group("subscriptions", help="Who receives which events.")
 harvest_cli.add_command(subscriptions_cli)
 _secret_option = click.option(
-    "--secret", default=None, help="Signing secret (whsec_<base64>, or any string; default: a random one)."
+    "--secret",
+    default=None,
+    help="Signing secret: whsec_<base64>, or any string, stored as whsec_ and its base64 (the same key);"
+    " default: a random one.",
 )
 
 
