@@ -207,6 +207,8 @@ def test_a_plain_secret_is_stored_and_shown_in_the_standard_form(
         ([URL, "--topic", "bad topic!"], "event_topics"),
         ([URL, "--topic", "a.b", "--secret", "whsec_!!not-base64!!"], "secret"),
         ([URL, "--topic", "a.b", "--id", "sub_a"], "already exists"),
+        # One limit for the actuator and the CLI, the model's (issue 16, item 13).
+        ([URL, "--topic", "a.b", "--description", "d" * 2049], "description"),
     ],
 )
 def test_add_refuses_bad_input(cli: Cli, store: OutboundWebhookHandler, args: list[str], reason: str) -> None:
