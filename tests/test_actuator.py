@@ -26,6 +26,7 @@ from flask_harvest.webhooks.plugin import get_state
 
 from .pipeline import make_app, wait_final
 from .test_models import SEED_DLQ_FIELDS
+from .test_store_contract import fail_once, in_threads, make_delivery
 
 TOKEN = "test-actuator-token-0123456789"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -425,6 +426,37 @@ def test_rotation_signs_with_both_secrets_during_the_grace_period(
     assert (
         call(client, "POST", "/subscriptions/sub_1/rotate-secret", {"grace_seconds": -1}).status_code == 422
     )
+
+
+def test_operator_edits_never_undo_the_workers_failure_count(
+    app: Flask, store: OutboundWebhookHandler
+) -> None:
+    # Issue 12, defect 2, end to end: PATCH and rotate-secret while workers count failures.
+    store.add_subscription(WebhookSubscription("https://hooks.example.com/a", ["a.b"], SECRET, id="sub_1"))
+    now = datetime.now(timezone.utc)
+    deliveries = [make_delivery("sub_1", now) for _ in range(24)]
+    store.log_deliveries(deliveries)
+    answers: list[int] = []
+
+    def work(index: int) -> None:
+        if index < 3:
+            for delivery in deliveries[index::3]:
+                fail_once(store, delivery, now, threshold=10)
+            return
+        client = app.test_client()
+        for round_ in range(8):
+            if index == 3:
+                response = call(client, "PATCH", "/subscriptions/sub_1", {"description": f"r{round_}"})
+            else:
+                response = call(client, "POST", "/subscriptions/sub_1/rotate-secret", {"grace_seconds": 60})
+            answers.append(response.status_code)
+
+    in_threads(5, work)
+
+    assert answers == [200] * 16
+    stored = store.get_subscription("sub_1")
+    assert stored is not None
+    assert (stored.status.value, stored.consecutive_failures) == ("failed", 24)
 
 
 # -- arbitrary input -------------------------------------------------------------------------------
