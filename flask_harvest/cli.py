@@ -96,7 +96,7 @@ def _ops() -> WebhookOperations:
 def init_db_command() -> None:
     """Create the webhook tables where they do not exist yet (existing ones are left alone)."""
     store = get_engine().store
-    if not store.keeps_tables:
+    if not store.capabilities.schema:
         click.echo(f"{type(store).__name__} keeps no tables: there is nothing to create")
         return
     store.ensure_schema()
@@ -132,7 +132,10 @@ def stats_command(as_json: bool) -> None:
 subscriptions_cli = _Group("subscriptions", help="Who receives which events.")
 harvest_cli.add_command(subscriptions_cli)
 _secret_option = click.option(
-    "--secret", default=None, help="Signing secret (whsec_<base64>, or any string; default: a random one)."
+    "--secret",
+    default=None,
+    help="Signing secret: whsec_<base64>, or any string, stored as whsec_ and its base64 (the same key);"
+    " default: a random one.",
 )
 
 

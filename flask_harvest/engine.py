@@ -28,7 +28,6 @@ from .webhooks.manager import Delegate, OutboundWebhookManager, SkipListener
 from .webhooks.operations import WebhookOperations
 from .webhooks.outbox import SqlOutbox
 from .webhooks.stores.base import OutboundWebhookHandler
-from .webhooks.stores.sql import SqlOutboundWebhookStore
 from .workflows.registry import WorkflowRegistry
 from .workflows.runner import WORKFLOW_JOB, WorkflowRunner
 from .workflows.service import WorkflowService
@@ -105,9 +104,8 @@ def build_engine(
         policy=settings.ssrf_policy,
     )
     runner = DeliveryRunner(store, settings, transport, backend, listener=on_attempt)
-    outbox = (
-        SqlOutbox(store.engine) if isinstance(store, SqlOutboundWebhookStore) else None
-    )  # FIXME capability
+    capabilities = store.capabilities
+    outbox = SqlOutbox(capabilities.engine) if capabilities.transactions and capabilities.engine else None
     manager = OutboundWebhookManager(
         store, backend, settings, outbox=outbox, delegate=delegate, on_skipped=on_skipped
     )

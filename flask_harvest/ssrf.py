@@ -15,14 +15,15 @@ import ipaddress
 import re
 from dataclasses import dataclass
 from typing import TypeAlias
-from urllib.parse import urlsplit
+from urllib.parse import SplitResult, urlsplit
 
 from .errors import InvalidFieldError
 
 IPAddress: TypeAlias = "ipaddress.IPv4Address | ipaddress.IPv6Address"
 IPNetwork: TypeAlias = "ipaddress.IPv4Network | ipaddress.IPv6Network"
 
-_MAX_URL_LENGTH = 2048
+#: The longest target URL accepted anywhere (model, API schemas, SQL column).
+MAX_URL_LENGTH = 2048
 _NAME = re.compile(r"[a-z0-9_-]+(?:\.[a-z0-9_-]+)*")
 _NUMBER = re.compile(r"0x[0-9a-f]*|[0-9]+")
 _LOCALHOST_NAMES = frozenset({"localhost", "localhost.localdomain", "ip6-localhost", "ip6-loopback"})
@@ -130,11 +131,16 @@ def validate_target(url: str, policy: SsrfPolicy) -> None:
         raise SsrfError(reason, url)
 
 
-def check_url(url: str, policy: SsrfPolicy) -> SsrfRejection | None:
-    """Return why ``url`` is refused, or ``None``; IP-literal hosts are checked, names are not resolved."""
+def parse_url(url: object) -> SplitResult | SsrfRejection:
+    """Return ``url`` split, or why it is not an absolute http(s) URL (``INVALID_URL`` or ``SCHEME``).
+
+    The one syntax check of a target URL, shared by the subscription model and :func:`check_url`:
+    a string of at most :data:`MAX_URL_LENGTH` printable characters without spaces or backslashes,
+    a valid port other than 0, and a host.
+    """
     if (
         not isinstance(url, str)
-        or len(url) > _MAX_URL_LENGTH
+        or len(url) > MAX_URL_LENGTH
         or "\\" in url
         or any(c.isspace() or not c.isprintable() for c in url)
     ):
@@ -144,15 +150,23 @@ def check_url(url: str, policy: SsrfPolicy) -> SsrfRejection | None:
         port = parts.port
     except ValueError:
         return SsrfRejection.INVALID_URL
-    scheme = parts.scheme.lower()
-    if scheme not in ("http", "https"):
+    if parts.scheme.lower() not in ("http", "https"):
         return SsrfRejection.SCHEME
+    if port == 0 or not parts.hostname:
+        return SsrfRejection.INVALID_URL
+    return parts
+
+
+def check_url(url: str, policy: SsrfPolicy) -> SsrfRejection | None:
+    """Return why ``url`` is refused, or ``None``; IP-literal hosts are checked, names are not resolved."""
+    parts = parse_url(url)
+    if isinstance(parts, SsrfRejection):
+        return parts
+    scheme = parts.scheme.lower()
     if policy.https_only and scheme != "https":
         return SsrfRejection.HTTPS_REQUIRED
     if "@" in parts.netloc:
         return SsrfRejection.USERINFO
-    if port == 0:
-        return SsrfRejection.INVALID_URL
     host = _host(parts.hostname or "")
     if isinstance(host, SsrfRejection):
         return host

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 from datetime import datetime, timedelta, timezone
 from typing import Any
@@ -25,6 +26,7 @@ from flask_harvest.testing import CapturingReceiver
 
 from .pipeline import make_app, wait_final
 from .test_models import SEED_DLQ_FIELDS
+from .test_store_contract import fail_once, in_threads, make_delivery
 
 TOKEN = "test-actuator-token-0123456789"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -164,6 +166,35 @@ def test_create_returns_a_generated_secret_once(client: FlaskClient, store: Outb
         assert body["secret"] not in shown.get_data(as_text=True)
 
 
+def test_a_plain_secret_is_stored_in_the_standard_form(
+    app: Flask, client: FlaskClient, store: OutboundWebhookHandler, receiver: CapturingReceiver
+) -> None:
+    # Issue 12, defect 3: a secret without whsec_ was kept as given, and receivers using the
+    # standardwebhooks library could not verify with it. It is now stored as whsec_ + base64 of
+    # its bytes: the same HMAC key, in the form every receiver takes.
+    plain = "our-shared-secret"
+    created = call(
+        client,
+        "POST",
+        "/subscriptions",
+        {"target_url": receiver.url("/hook"), "event_topics": ["a.b"], "secret": plain, "id": "sub_1"},
+    )
+    assert created.status_code == 201
+    shown = created.get_json()["secret"]
+    assert shown == "whsec_" + base64.b64encode(plain.encode()).decode()
+    stored = store.get_subscription("sub_1")
+    assert stored is not None
+    assert stored.secret == shown
+    rotated = call(client, "POST", "/subscriptions/sub_1/rotate-secret", {"secret": "next-plain-secret"})
+    assert rotated.get_json()["secret"] == "whsec_" + base64.b64encode(b"next-plain-secret").decode()
+
+    with app.app_context():
+        get_engine().manager.dispatch("a.b", {"x": 1})
+    [request] = receiver.wait_for(1)
+    standardwebhooks.Webhook(rotated.get_json()["secret"]).verify(request.body, dict(request.headers))
+    standardwebhooks.Webhook(shown).verify(request.body, dict(request.headers))  # the grace period
+
+
 def test_create_refuses_bad_input_and_stores_nothing(
     client: FlaskClient, store: OutboundWebhookHandler
 ) -> None:
@@ -296,6 +327,52 @@ def test_bulk_replay_with_dry_run_and_cap(client: FlaskClient, store: OutboundWe
     assert call(client, "POST", "/replay", {"subscription_id": "nope"}).status_code == 404
 
 
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {"dry_run": True},
+        {"dry_run": False},
+        {"limit": 1},
+        {"since": T0.isoformat()},
+        {"until": (T0 + timedelta(hours=1)).isoformat()},
+        {"dry_run": True, "subscription_id": "sub_1"},
+    ],
+)
+def test_single_replay_refuses_bulk_fields(
+    client: FlaskClient, store: OutboundWebhookHandler, extra: dict[str, Any]
+) -> None:
+    # Issue 12, defect 1: {"log_id", "dry_run": true} answered 200 "dry_run": false and replayed.
+    store.add_subscription(WebhookSubscription("http://127.0.0.1:9/none", ["a.b"], SECRET, id="sub_1"))
+    [delivery_id] = dead_letters(store, 1)
+    before = snapshot(store)
+
+    response = call(client, "POST", "/replay", {"log_id": delivery_id, **extra})
+
+    assert response.status_code == 422, response.get_json()
+    error = response.get_json()["error"]
+    [message] = error["fields"]["log_id"]
+    for name in extra:
+        assert name in message
+    assert "bulk" in message
+    assert snapshot(store) == before
+
+
+@pytest.mark.parametrize("flag", [1, 0, "true", "false", "yes", None, [True]])
+def test_dry_run_must_be_a_json_boolean(
+    client: FlaskClient, store: OutboundWebhookHandler, flag: Any
+) -> None:
+    # Issue 16, item 13: "dry_run": 1 was taken as true.
+    store.add_subscription(WebhookSubscription("http://127.0.0.1:9/none", ["a.b"], SECRET, id="sub_1"))
+    dead_letters(store, 2)
+    before = snapshot(store)
+
+    response = call(client, "POST", "/replay", {"subscription_id": "sub_1", "dry_run": flag})
+
+    assert response.status_code == 422, response.get_json()
+    assert "dry_run" in response.get_json()["error"]["fields"]
+    assert snapshot(store) == before
+
+
 def test_delivery_detail_and_stats(
     client: FlaskClient, store: OutboundWebhookHandler, receiver: CapturingReceiver, app: Flask
 ) -> None:
@@ -349,6 +426,37 @@ def test_rotation_signs_with_both_secrets_during_the_grace_period(
     assert (
         call(client, "POST", "/subscriptions/sub_1/rotate-secret", {"grace_seconds": -1}).status_code == 422
     )
+
+
+def test_operator_edits_never_undo_the_workers_failure_count(
+    app: Flask, store: OutboundWebhookHandler
+) -> None:
+    # Issue 12, defect 2, end to end: PATCH and rotate-secret while workers count failures.
+    store.add_subscription(WebhookSubscription("https://hooks.example.com/a", ["a.b"], SECRET, id="sub_1"))
+    now = datetime.now(timezone.utc)
+    deliveries = [make_delivery("sub_1", now) for _ in range(24)]
+    store.log_deliveries(deliveries)
+    answers: list[int] = []
+
+    def work(index: int) -> None:
+        if index < 3:
+            for delivery in deliveries[index::3]:
+                fail_once(store, delivery, now, threshold=10)
+            return
+        client = app.test_client()
+        for round_ in range(8):
+            if index == 3:
+                response = call(client, "PATCH", "/subscriptions/sub_1", {"description": f"r{round_}"})
+            else:
+                response = call(client, "POST", "/subscriptions/sub_1/rotate-secret", {"grace_seconds": 60})
+            answers.append(response.status_code)
+
+    in_threads(5, work)
+
+    assert answers == [200] * 16
+    stored = store.get_subscription("sub_1")
+    assert stored is not None
+    assert (stored.status.value, stored.consecutive_failures) == ("failed", 24)
 
 
 # -- arbitrary input -------------------------------------------------------------------------------

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 from collections.abc import Callable
 from datetime import datetime, timedelta, timezone
@@ -183,6 +184,21 @@ def test_add_json_with_given_secret_and_id(cli: Cli, store: OutboundWebhookHandl
     assert stored is not None and stored.secret == SECRET
 
 
+def test_a_plain_secret_is_stored_and_shown_in_the_standard_form(
+    cli: Cli, store: OutboundWebhookHandler
+) -> None:
+    # Issue 12, defect 3: standardwebhooks receivers cannot verify with a plain string.
+    standard = "whsec_" + base64.b64encode(b"plain-cli-secret").decode()
+    data = as_json(
+        cli("subscriptions", "add", URL, "--topic", "a.b", "--secret", "plain-cli-secret", "--json")
+    )
+    assert data["secret"] == standard
+    stored = store.get_subscription(data["id"])
+    assert stored is not None and stored.secret == standard
+    rotated = as_json(cli("subscriptions", "rotate-secret", data["id"], "--secret", "next-plain", "--json"))
+    assert rotated["secret"] == "whsec_" + base64.b64encode(b"next-plain").decode()
+
+
 @pytest.mark.parametrize(
     ("args", "reason"),
     [
@@ -191,6 +207,8 @@ def test_add_json_with_given_secret_and_id(cli: Cli, store: OutboundWebhookHandl
         ([URL, "--topic", "bad topic!"], "event_topics"),
         ([URL, "--topic", "a.b", "--secret", "whsec_!!not-base64!!"], "secret"),
         ([URL, "--topic", "a.b", "--id", "sub_a"], "already exists"),
+        # One limit for the actuator and the CLI, the model's (issue 16, item 13).
+        ([URL, "--topic", "a.b", "--description", "d" * 2049], "description"),
     ],
 )
 def test_add_refuses_bad_input(cli: Cli, store: OutboundWebhookHandler, args: list[str], reason: str) -> None:

@@ -3,19 +3,25 @@
 from __future__ import annotations
 
 import dataclasses
-import inspect
 import json
 from datetime import datetime, timedelta, timezone
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from flask_harvest.errors import InvalidFieldError, InvalidSecretError
+from flask_harvest.signing import secret_key
 from flask_harvest.webhooks.models import (
+    MAX_DESCRIPTION_LENGTH,
     MAX_URL_LENGTH,
+    DeliveryAttempt,
     DeliveryLog,
     DeliveryState,
+    SubscriptionChanges,
     WebhookSubscription,
     WebhookSubscriptionStatus,
+    standard_secret,
     topic_matches,
     validate_topic,
 )
@@ -233,10 +239,152 @@ def test_id_validation():
     assert generated.id != WebhookSubscription(target_url=URL, event_topics=["a"], secret=SECRET).id
 
 
-def test_negative_failure_count_is_rejected():
+NAIVE = datetime(2026, 1, 1)
+AWARE = datetime(2026, 1, 1, tzinfo=timezone.utc)
+
+
+@pytest.mark.parametrize(
+    ("field", "bad"),
+    [
+        ("id", "sub\x00x"),
+        ("id", "sub_\ud800"),
+        ("id", 42),
+        ("target_url", "https://example.com/\x00"),
+        ("target_url", "https://example.com\\@evil.example/"),
+        ("event_topics", [1]),
+        ("event_topics", [["a"]]),
+        ("secret", "plain\x00secret"),
+        ("secret", "plain\ud800secret"),
+        ("secret", 42),
+        ("status", "paused"),
+        ("status", None),
+        ("status", ["active"]),
+        ("status", {}),
+        ("consecutive_failures", -1),
+        ("consecutive_failures", "3"),
+        ("consecutive_failures", 1.0),
+        ("consecutive_failures", True),
+        ("consecutive_failures", None),
+        ("consecutive_failures", 2**31),
+        ("description", None),
+        ("description", 42),
+        ("description", "x" * (MAX_DESCRIPTION_LENGTH + 1)),
+        ("description", "nul \x00 inside"),
+        ("description", "\udfff"),
+        ("created_at", None),
+        ("created_at", "2026-01-01T00:00:00Z"),
+        ("created_at", NAIVE),
+        ("created_at", datetime.max.replace(tzinfo=timezone(timedelta(hours=-12)))),
+        ("updated_at", 0),
+        ("updated_at", NAIVE),
+        ("previous_secret", 42),
+        ("previous_secret", ""),
+        ("previous_secret", "whsec_not!base64"),
+        ("previous_secret", ["whsec_"]),
+        ("previous_secret_expires_at", "tomorrow"),
+        ("previous_secret_expires_at", NAIVE),
+        ("previous_secret_expires_at", datetime.min.replace(tzinfo=timezone(timedelta(hours=14)))),
+    ],
+)
+def test_every_field_is_validated_with_an_error_naming_it(field, bad):
+    # Issue 16, item 7: any type was accepted for some fields, others raised a plain
+    # ValueError, TypeError or AttributeError.
     with pytest.raises(InvalidFieldError) as info:
-        make(consecutive_failures=-1)
-    assert info.value.field == "consecutive_failures"
+        make(**{field: bad})
+    assert info.value.field == field
+    assert SECRET not in str(info.value)
+
+
+def test_the_fields_accept_their_edge_values():
+    sub = make(
+        consecutive_failures=2**31 - 1,
+        description="x" * MAX_DESCRIPTION_LENGTH,
+        created_at=AWARE,
+        updated_at=datetime(2026, 1, 1, 5, tzinfo=timezone(timedelta(hours=5))),
+        previous_secret="a plain old secret",
+        previous_secret_expires_at=AWARE,
+        status=WebhookSubscriptionStatus.DISABLED,
+    )
+    assert sub.consecutive_failures == 2**31 - 1
+    assert sub.previous_secret == "a plain old secret"
+    assert sub.status is WebhookSubscriptionStatus.DISABLED
+
+
+def assert_names_one_of(error: InvalidFieldError, given: dict[str, object]) -> None:
+    """The error names a field that was given an arbitrary value, never another one."""
+    assert error.field in given, (error.field, sorted(given))
+
+
+_ANY_VALUE = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(),
+    st.floats(allow_nan=True),
+    st.text(),
+    st.binary(max_size=8),
+    st.datetimes(timezones=st.none() | st.timezones()),
+    st.lists(st.text(max_size=12), max_size=3),
+    st.dictionaries(st.text(max_size=4), st.integers(), max_size=2),
+    st.sampled_from(["active", "failed", "disabled", SECRET, "https://example.com/h", "order.*", ""]),
+)
+_FIELDS = [f.name for f in dataclasses.fields(WebhookSubscription)]
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.dictionaries(st.sampled_from(_FIELDS), _ANY_VALUE, min_size=1))
+def test_the_constructor_raises_invalid_field_error_or_succeeds(changes):
+    values = {"target_url": URL, "event_topics": ["order.*"], "secret": SECRET, **changes}
+    try:
+        sub = WebhookSubscription(**values)
+    except InvalidFieldError as exc:
+        assert_names_one_of(exc, changes)
+        return
+    # What was accepted can be shown and signed with.
+    sub.to_dict()
+    json.dumps(sub.to_dict())
+    for secret in sub.signing_secrets(AWARE):
+        secret_key(secret)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.fixed_dictionaries(
+        {},
+        optional={name: _ANY_VALUE for name in ("target_url", "event_topics", "description", "status")},
+    )
+)
+def test_changes_raise_invalid_field_error_or_succeed(values):
+    try:
+        changes = SubscriptionChanges(**values)
+    except InvalidFieldError as exc:
+        assert_names_one_of(exc, values)
+        return
+    make().replace(**changes.values())
+
+
+def test_changes_name_only_what_they_set():
+    assert SubscriptionChanges().values() == {}
+    assert SubscriptionChanges(description="").values() == {"description": ""}
+    assert SubscriptionChanges(event_topics=["a", "a"]).values() == {"event_topics": ("a",)}
+    assert SubscriptionChanges(status="disabled").values() == {"status": WebhookSubscriptionStatus.DISABLED}
+    assert SubscriptionChanges(status=WebhookSubscriptionStatus.ACTIVE).values() == {
+        "status": WebhookSubscriptionStatus.ACTIVE,
+        "consecutive_failures": 0,
+    }
+    with pytest.raises(InvalidFieldError) as info:
+        SubscriptionChanges(target_url="ftp://example.com")
+    assert info.value.field == "target_url"
+
+
+def test_standard_secret_keeps_the_signing_key():
+    plain = "a plain shared secret ünïcode"
+    normalised = standard_secret(plain)
+    assert normalised.startswith("whsec_")
+    assert secret_key(normalised) == secret_key(plain) == plain.encode("utf-8")
+    assert standard_secret(SECRET) == SECRET
+    assert standard_secret(normalised) == normalised
+    with pytest.raises(InvalidSecretError):
+        standard_secret("whsec_not!base64")
 
 
 def test_status_from_string():
@@ -257,15 +405,13 @@ def test_from_trusted_builds_the_same_subscription_without_validating():
     sub = make(previous_secret=SECRET, previous_secret_expires_at=datetime(2026, 1, 1, tzinfo=timezone.utc))
     fields = {f.name: getattr(sub, f.name) for f in dataclasses.fields(WebhookSubscription)}
 
-    trusted = WebhookSubscription.from_trusted(**fields)
+    trusted = WebhookSubscription.from_trusted(fields)
 
     assert trusted == sub
     assert hash(trusted) == hash(sub)
     assert repr(trusted) == repr(sub)
-    # Every field is a parameter, so a field added later cannot be left unset.
-    assert set(inspect.signature(WebhookSubscription.from_trusted).parameters) == set(fields)
     # Trusted means unchecked: only a store reading its own validated rows may use it.
-    assert WebhookSubscription.from_trusted(**{**fields, "target_url": "not a url"}).target_url == "not a url"
+    assert WebhookSubscription.from_trusted({**fields, "target_url": "not a url"}).target_url == "not a url"
     with pytest.raises(dataclasses.FrozenInstanceError):
         trusted.description = "changed"  # type: ignore[misc]
 
@@ -284,6 +430,7 @@ def test_subscription_to_dict():
         "updated_at": "2026-05-26T05:00:00Z",
         "previous_secret_expires_at": None,
     }
+    assert next(iter(sub.to_dict())) == "id"
 
 
 # -- deliveries -------------------------------------------------------------------------------------
@@ -326,6 +473,7 @@ def test_delivery_to_dict_is_the_seed_dlq_shape_plus_state_and_schedule():
     )
     data = log.to_dict()
     assert set(data) == SEED_DLQ_FIELDS | {"state", "next_attempt_at", "created_at"}
+    assert next(iter(data)) == "id"
     # The seed's example, field for field.
     assert {key: data[key] for key in SEED_DLQ_FIELDS} == {
         "id": "log_456",
@@ -380,3 +528,17 @@ def test_delivery_to_dict_copies_the_headers():
     ).to_dict()
     data["request_headers"]["B"] = "2"
     assert headers == {"A": "1"}
+
+
+def test_attempt_to_dict():
+    at = datetime(2026, 5, 26, 7, 0, tzinfo=timezone(timedelta(hours=2)))
+    attempt = DeliveryAttempt("dlv_1", 2, at, 503, "busy", 12, "HTTP 503")
+    assert attempt.to_dict() == {
+        "delivery_id": "dlv_1",
+        "attempt": 2,
+        "started_at": "2026-05-26T05:00:00Z",
+        "response_status": 503,
+        "response_body": "busy",
+        "elapsed_ms": 12,
+        "error": "HTTP 503",
+    }

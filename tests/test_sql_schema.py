@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 from collections.abc import Iterator
 from datetime import timedelta
@@ -11,11 +12,13 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.engine import URL
 
-from flask_harvest.errors import StoreError
+from flask_harvest.errors import DuplicateSubscriptionError, StoreError
 from flask_harvest.webhooks.models import (
     AttemptResult,
+    DeliveryAttempt,
     DeliveryLog,
     DeliveryState,
+    SubscriptionChanges,
     SubscriptionEffect,
     WebhookSubscription,
     utcnow,
@@ -23,6 +26,7 @@ from flask_harvest.webhooks.models import (
 from flask_harvest.webhooks.stores.sql import (
     WEBHOOK_SCHEMA_SQL,
     SqlOutboundWebhookStore,
+    attempts_table,
     deliveries_table,
     metadata,
     schema_sql,
@@ -165,7 +169,8 @@ def test_store_error_never_shows_the_secret(sql_store: SqlOutboundWebhookStore) 
 
     for call in (
         lambda: sql_store.add_subscription(make_subscription()),
-        lambda: sql_store.update_subscription(subscription.replace(description="x")),
+        lambda: sql_store.update_subscription(subscription.id, SubscriptionChanges(description="x")),
+        lambda: sql_store.rotate_secret(subscription.id, SECRET, previous_expires_at=utcnow()),
     ):
         with pytest.raises(StoreError) as info:
             call()
@@ -200,3 +205,32 @@ def test_unreachable_database_is_a_store_error() -> None:
         assert PASSWORD not in repr(store)
     finally:
         engine.dispose()
+
+
+def field_names(model: type) -> set[str]:
+    return {f.name for f in dataclasses.fields(model)}
+
+
+def test_each_table_has_a_column_per_model_field() -> None:
+    # The row mappings are derived from the models' fields by name: a field added to a model
+    # without its column (or the reverse) fails here, not in production.
+    assert set(subscriptions_table.c.keys()) == field_names(WebhookSubscription)
+    assert set(deliveries_table.c.keys()) == field_names(DeliveryLog) | {"lease_token"}
+    assert set(attempts_table.c.keys()) == field_names(DeliveryAttempt) | {"id"}
+
+
+def test_an_integrity_error_that_is_not_a_taken_id_is_a_store_error(
+    sql_store: SqlOutboundWebhookStore,
+) -> None:
+    # It used to be reported as "a subscription with id ... already exists" (issue 16, item 7).
+    valid = make_subscription()
+    values = {f.name: getattr(valid, f.name) for f in dataclasses.fields(WebhookSubscription)}
+    broken = WebhookSubscription.from_trusted({**values, "description": None})  # past the model's checks
+
+    with pytest.raises(StoreError, match="could not add a subscription") as info:
+        sql_store.add_subscription(broken)
+    assert SECRET not in str(info.value)
+    assert sql_store.list_subscriptions() == []
+    sql_store.add_subscription(valid)
+    with pytest.raises(DuplicateSubscriptionError):
+        sql_store.add_subscription(valid)

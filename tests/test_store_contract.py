@@ -22,16 +22,18 @@ from flask_harvest.webhooks.models import (
     DeliveryAttempt,
     DeliveryLog,
     DeliveryState,
+    SubscriptionChanges,
     SubscriptionEffect,
     WebhookSubscription,
     WebhookSubscriptionStatus,
     new_id,
     utcnow,
 )
-from flask_harvest.webhooks.stores import OutboundWebhookHandler
+from flask_harvest.webhooks.stores import OutboundWebhookHandler, StoreCapabilities
 from flask_harvest.webhooks.stores.sql import SqlOutboundWebhookStore
 
 SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
+OTHER_SECRET = "whsec_YW5vdGhlci1zZWNyZXQtb2YtdGhlLWNvbnRyYWN0LXRlc3Q="
 LEASE = 30.0
 T = TypeVar("T")
 
@@ -185,10 +187,15 @@ def test_subscription_crud(store: OutboundWebhookHandler, now: datetime) -> None
     assert store.get_subscription("sub_missing") is None
     assert [s.id for s in store.list_subscriptions()] == [first.id, second.id]
 
-    updated = store.update_subscription(first.replace(description="renamed", event_topics=["a.b"]))
+    updated = store.update_subscription(
+        first.id, SubscriptionChanges(description="renamed", event_topics=["a.b", "a.b"])
+    )
     assert updated.description == "renamed"
     assert updated.event_topics == ("a.b",)
     assert updated.updated_at >= first.updated_at
+    assert updated == first.replace(
+        description="renamed", event_topics=("a.b",), updated_at=updated.updated_at
+    )
     assert store.get_subscription(first.id) == updated
 
     assert store.remove_subscription(first.id) is True
@@ -213,9 +220,48 @@ def test_duplicate_subscription_id(store: OutboundWebhookHandler) -> None:
     assert store.list_subscriptions() == [original]
 
 
-def test_update_unknown_subscription(store: OutboundWebhookHandler) -> None:
+def test_update_unknown_subscription(store: OutboundWebhookHandler, now: datetime) -> None:
     with pytest.raises(SubscriptionNotFoundError):
-        store.update_subscription(make_subscription(id="sub_nobody"))
+        store.update_subscription("sub_nobody", SubscriptionChanges(description="x"))
+    with pytest.raises(SubscriptionNotFoundError):
+        store.rotate_secret("sub_nobody", OTHER_SECRET, previous_expires_at=now)
+    assert store.list_subscriptions() == []
+
+
+def test_update_writes_only_the_named_fields(store: OutboundWebhookHandler) -> None:
+    subscription = store.add_subscription(make_subscription(consecutive_failures=7, description="d"))
+
+    moved = store.update_subscription(
+        subscription.id, SubscriptionChanges(target_url="https://other.example/h")
+    )
+    assert (moved.target_url, moved.description, moved.consecutive_failures) == (
+        "https://other.example/h",
+        "d",
+        7,
+    )
+    disabled = store.update_subscription(subscription.id, SubscriptionChanges(status=Disabled))
+    assert (disabled.status, disabled.consecutive_failures) == (Disabled, 7)
+    # Enabling clears the count, as set_subscription_status does.
+    enabled = store.update_subscription(subscription.id, SubscriptionChanges(status=Active))
+    assert (enabled.status, enabled.consecutive_failures) == (Active, 0)
+    assert enabled.secret == SECRET
+    assert store.get_subscription(subscription.id) == enabled
+
+
+def test_rotate_secret_keeps_the_old_one_as_previous(store: OutboundWebhookHandler, now: datetime) -> None:
+    subscription = store.add_subscription(make_subscription(description="d"))
+    expires = now + timedelta(hours=1)
+
+    rotated = store.rotate_secret(subscription.id, OTHER_SECRET, previous_expires_at=expires)
+
+    assert (rotated.secret, rotated.previous_secret) == (OTHER_SECRET, SECRET)
+    assert rotated.previous_secret_expires_at == expires
+    assert rotated.signing_secrets(now) == [OTHER_SECRET, SECRET]
+    assert rotated.description == "d"
+    assert rotated.updated_at >= subscription.updated_at
+    assert store.get_subscription(subscription.id) == rotated
+    twice = store.rotate_secret(subscription.id, SECRET, previous_expires_at=expires)
+    assert (twice.secret, twice.previous_secret) == (SECRET, OTHER_SECRET)
 
 
 def test_subscriptions_for_topic(store: OutboundWebhookHandler) -> None:
@@ -384,7 +430,7 @@ def test_claim_deliveries_takes_only_due_pending(store: OutboundWebhookHandler, 
 def test_claim_deliveries_returns_current_subscriptions(store: OutboundWebhookHandler, now: datetime) -> None:
     kept_id, kept_delivery = seed(store, now)
     removed_id, removed_delivery = seed(store, now)
-    store.update_subscription(stored_subscription(store, kept_id).replace(description="changed"))
+    store.update_subscription(kept_id, SubscriptionChanges(description="changed"))
     store.remove_subscription(removed_id)
 
     claims = store.claim_deliveries(
@@ -758,6 +804,80 @@ def test_concurrent_failures_all_count(store: OutboundWebhookHandler, now: datet
     assert (stored.status, stored.consecutive_failures) == (Failed, 8)
 
 
+def test_edits_never_undo_a_failure_counted_meanwhile(store: OutboundWebhookHandler, now: datetime) -> None:
+    # The lost update of issue 12: an edit read the row, a worker counted failures (and marked the
+    # subscription FAILED), then the edit wrote the whole row back: ACTIVE with the old count.
+    threshold = 10
+    subscription = store.add_subscription(make_subscription())
+    deliveries = [make_delivery(subscription.id, now) for _ in range(4 * threshold)]
+    store.log_deliveries(deliveries)
+    workers = 4
+    per_worker = len(deliveries) // workers
+    seen: list[tuple[WebhookSubscriptionStatus, int]] = []
+
+    def work(index: int) -> None:
+        if index < workers:
+            for delivery in deliveries[index * per_worker : (index + 1) * per_worker]:
+                fail_once(store, delivery, now, threshold=threshold)
+            return
+        # Editors: each change returns the row as stored, which must carry every failure so far.
+        for round_ in range(per_worker):
+            if index % 2:
+                edited = store.update_subscription(
+                    subscription.id, SubscriptionChanges(description=f"{round_}")
+                )
+            else:
+                secret = OTHER_SECRET if round_ % 2 else SECRET
+                edited = store.rotate_secret(subscription.id, secret, previous_expires_at=now)
+            seen.append((edited.status, edited.consecutive_failures))
+
+    in_threads(workers + 4, work)
+
+    stored = stored_subscription(store, subscription.id)
+    assert (stored.status, stored.consecutive_failures) == (Failed, len(deliveries))
+    # The count only grows, and FAILED, once reached, is never undone by an edit.
+    assert all(failures <= len(deliveries) for _, failures in seen)
+    assert all(status is Failed for status, failures in seen if failures >= threshold)
+
+
+def test_an_edit_after_the_threshold_keeps_the_subscription_failed(
+    store: OutboundWebhookHandler, now: datetime
+) -> None:
+    # The same lost update, one step at a time: no edit writes a field it was not asked to.
+    subscription = store.add_subscription(make_subscription())
+    deliveries = [make_delivery(subscription.id, now) for _ in range(3)]
+    store.log_deliveries(deliveries)
+    for delivery in deliveries:
+        fail_once(store, delivery, now, threshold=3)
+
+    described = store.update_subscription(subscription.id, SubscriptionChanges(description="edited"))
+    rotated = store.rotate_secret(subscription.id, OTHER_SECRET, previous_expires_at=now)
+
+    for seen in (described, rotated, stored_subscription(store, subscription.id)):
+        assert (seen.status, seen.consecutive_failures) == (Failed, 3)
+    assert stored_subscription(store, subscription.id).description == "edited"
+
+
+# -- capabilities ------------------------------------------------------------------------------
+
+
+def test_capabilities(store: OutboundWebhookHandler) -> None:
+    capabilities = store.capabilities
+    assert store.supports_transactions is capabilities.transactions
+    if isinstance(store, SqlOutboundWebhookStore):
+        assert capabilities == StoreCapabilities(transactions=True, engine=store.engine, schema=True)
+    else:
+        assert capabilities == StoreCapabilities()
+    # Asking a store for its schema is always safe: a store without tables has nothing to do.
+    store.ensure_schema()
+    store.ensure_schema()
+
+
+def test_transactions_need_an_engine() -> None:
+    with pytest.raises(ValueError, match="engine"):
+        StoreCapabilities(transactions=True)
+
+
 # -- bad input ---------------------------------------------------------------------------------
 
 BAD_SECRET = "whsec_not*base64!"
@@ -787,10 +907,15 @@ def test_invalid_subscription_is_refused(
     assert store.list_subscriptions() == []
 
 
-def test_invalid_update_leaves_the_stored_subscription(store: OutboundWebhookHandler) -> None:
+def test_invalid_update_leaves_the_stored_subscription(store: OutboundWebhookHandler, now: datetime) -> None:
     subscription = store.add_subscription(make_subscription())
     with pytest.raises(InvalidFieldError, match="target_url"):
-        store.update_subscription(subscription.replace(target_url="javascript:alert(1)"))
+        store.update_subscription(subscription.id, SubscriptionChanges(target_url="javascript:alert(1)"))
+    with pytest.raises(InvalidFieldError, match="secret") as info:
+        store.rotate_secret(subscription.id, BAD_SECRET, previous_expires_at=now)
+    assert BAD_SECRET not in str(info.value)
+    with pytest.raises(InvalidFieldError, match="previous_secret_expires_at"):
+        store.rotate_secret(subscription.id, OTHER_SECRET, previous_expires_at=now.replace(tzinfo=None))
     assert store.get_subscription(subscription.id) == subscription
 
 

@@ -6,20 +6,29 @@ pipeline moves them between states.
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import enum
 import re
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
-from urllib.parse import urlsplit
 
-from ..errors import InvalidFieldError
-from ..signing import secret_key
+from ..errors import InvalidFieldError, InvalidSecretError
+from ..signing import SECRET_PREFIX, secret_key
+from ..ssrf import MAX_URL_LENGTH as MAX_URL_LENGTH
+from ..ssrf import SsrfRejection, parse_url
 
-MAX_URL_LENGTH = 2048
+#: The longest subscription (and delivery) id.
+MAX_ID_LENGTH = 255
+#: The longest subscription description.
+MAX_DESCRIPTION_LENGTH = 2048
+# Counters are SQL INTEGER columns (32-bit on PostgreSQL).
+_MAX_COUNT = 2**31 - 1
+# Room for the API's 1,024-character secrets in their whsec_ form (standard_secret).
+_MAX_SECRET_LENGTH = 8192
 _TOPIC_SEGMENT = re.compile(r"[A-Za-z0-9_\-:]+")
 
 
@@ -38,6 +47,43 @@ def isoformat(value: datetime | None) -> str | None:
     if value is None:
         return None
     return value.astimezone(timezone.utc).isoformat().replace("+00:00", "Z")
+
+
+#: Field metadata of a value kept out of JSON output (secrets, lease internals).
+PRIVATE: Mapping[str, Any] = {"json": False}
+
+
+_JSON_NAMES: dict[type, tuple[str, ...]] = {}
+
+
+def _json_names(cls: type) -> tuple[str, ...]:
+    names = _JSON_NAMES.get(cls)
+    if names is None:
+        fields = [f.name for f in dataclasses.fields(cls) if f.metadata.get("json", True)]
+        # The id leads, as a reader looks for it first.
+        names = _JSON_NAMES[cls] = tuple(sorted(fields, key=lambda name: name != "id"))
+    return names
+
+
+def _json_value(value: Any) -> Any:
+    if isinstance(value, datetime):
+        return isoformat(value)
+    if isinstance(value, enum.Enum):
+        return value.value
+    if isinstance(value, (tuple, list)):
+        return [_json_value(item) for item in value]
+    if isinstance(value, Mapping):
+        return {key: _json_value(item) for key, item in value.items()}
+    return value
+
+
+def json_fields(value: object) -> dict[str, Any]:
+    """Return a dataclass instance's fields as JSON-ready data, ``id`` first.
+
+    Datetimes become ISO 8601 UTC strings, enums their value, tuples lists, mappings new dicts;
+    fields whose metadata is :data:`PRIVATE` (secrets) are left out.
+    """
+    return {name: _json_value(getattr(value, name)) for name in _json_names(type(value))}
 
 
 class WebhookSubscriptionStatus(str, enum.Enum):
@@ -118,22 +164,124 @@ def topic_matches(pattern: str, topic: str) -> bool:
 def validate_url(url: str, field_name: str = "target_url") -> str:
     """Return ``url`` if it is an absolute http(s) URL with a host, else raise.
 
-    This is the syntax check only; the SSRF policy is applied separately.
+    This is the syntax check only (:func:`flask_harvest.ssrf.parse_url`, which the SSRF policy
+    applies too); the policy itself is applied separately.
     """
-    if not isinstance(url, str) or not url:
-        raise InvalidFieldError(field_name, "must be an absolute http:// or https:// URL")
-    if len(url) > MAX_URL_LENGTH or any(c.isspace() for c in url):
-        raise InvalidFieldError(field_name, f"must be at most {MAX_URL_LENGTH} characters, no spaces")
-    try:
-        parts = urlsplit(url)
-        port = parts.port
-    except ValueError as exc:
-        raise InvalidFieldError(field_name, f"is not a valid URL ({exc})") from None
-    if parts.scheme not in ("http", "https") or not parts.hostname:
+    parsed = parse_url(url)
+    if parsed is SsrfRejection.SCHEME:
         raise InvalidFieldError(field_name, "must be an absolute http:// or https:// URL with a host")
-    if port == 0:
-        raise InvalidFieldError(field_name, "port 0 is not a valid port")
+    if isinstance(parsed, SsrfRejection):
+        raise InvalidFieldError(
+            field_name,
+            f"must be an absolute http:// or https:// URL with a host and a valid port, at most "
+            f"{MAX_URL_LENGTH} printable characters without spaces or backslashes",
+        )
     return url
+
+
+def validate_text(value: object, field_name: str, *, max_length: int, empty: bool = True) -> str:
+    """Return ``value`` if it is a string a database can keep, else raise :class:`InvalidFieldError`.
+
+    Refused: non-strings, NUL characters (PostgreSQL cannot store them), lone surrogates (they
+    cannot be encoded), and strings longer than ``max_length`` (or empty, unless ``empty``).
+    The message never shows the value: it may be a secret.
+    """
+    if not isinstance(value, str):
+        raise InvalidFieldError(field_name, "must be a string")
+    if not value and not empty:
+        raise InvalidFieldError(field_name, "must not be empty")
+    if len(value) > max_length:
+        raise InvalidFieldError(field_name, f"must be at most {max_length} characters")
+    if "\x00" in value:
+        raise InvalidFieldError(field_name, "must not contain NUL characters")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidFieldError(field_name, "must be valid Unicode text (no lone surrogates)") from None
+    return value
+
+
+def validate_datetime(value: object, field_name: str, *, optional: bool = False) -> datetime | None:
+    """Return ``value`` if it is a time-zone-aware datetime that exists in UTC, else raise."""
+    if value is None and optional:
+        return None
+    if not isinstance(value, datetime) or value.utcoffset() is None:
+        raise InvalidFieldError(field_name, "must be a time-zone-aware datetime")
+    try:
+        value.astimezone(timezone.utc)
+    except OverflowError:
+        raise InvalidFieldError(field_name, "is out of range once converted to UTC") from None
+    return value
+
+
+def validate_secret(value: object, field_name: str = "secret") -> str:
+    """Return ``value`` if it is a usable signing secret, else raise (never showing it)."""
+    try:
+        secret = validate_text(value, field_name, max_length=_MAX_SECRET_LENGTH)
+        secret_key(secret)
+    except InvalidFieldError as exc:
+        raise InvalidSecretError(exc.message, field=field_name) from None
+    return secret
+
+
+def standard_secret(secret: str) -> str:
+    """Return ``secret`` in the Standard Webhooks form ``whsec_<base64>``, signing the same way.
+
+    A secret without the prefix keys the HMAC with its UTF-8 bytes, which receivers using the
+    ``standardwebhooks`` library cannot express; ``whsec_`` and the base64 of those bytes is the
+    same key in the form they take. A ``whsec_`` secret is returned as it is.
+
+    :raises InvalidFieldError: the secret is not a valid secret.
+    """
+    validate_secret(secret)
+    if secret.startswith(SECRET_PREFIX):
+        return secret
+    return SECRET_PREFIX + base64.b64encode(secret.encode("utf-8")).decode("ascii")
+
+
+def _validate_id(value: object) -> str:
+    return validate_text(value, "id", max_length=MAX_ID_LENGTH, empty=False)
+
+
+def _validate_topics(value: object) -> tuple[str, ...]:
+    if isinstance(value, str) or not isinstance(value, Sequence) or not value:
+        raise InvalidFieldError("event_topics", "must be a non-empty list of topics")
+    for topic in value:
+        validate_topic(topic, pattern=True, field_name="event_topics")
+    # Accept any sequence, keep an immutable, duplicate-free tuple.
+    return tuple(dict.fromkeys(value))
+
+
+def _validate_status(value: object) -> WebhookSubscriptionStatus:
+    try:
+        return WebhookSubscriptionStatus(value)
+    except (ValueError, TypeError):
+        allowed = ", ".join(s.value for s in WebhookSubscriptionStatus)
+        raise InvalidFieldError("status", f"must be one of {allowed}") from None
+
+
+def _validate_count(value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= _MAX_COUNT:
+        raise InvalidFieldError("consecutive_failures", f"must be an integer from 0 to {_MAX_COUNT}")
+    return value
+
+
+#: Each subscription field's validator: it returns the value to keep or raises
+#: :class:`InvalidFieldError` naming the field. The constructor and :class:`SubscriptionChanges`
+#: both use it, so a field is checked the same way wherever it is set.
+_SUBSCRIPTION_VALIDATORS: dict[str, Callable[[Any], Any]] = {
+    "id": _validate_id,
+    "target_url": validate_url,
+    "event_topics": _validate_topics,
+    "secret": validate_secret,
+    "status": _validate_status,
+    "consecutive_failures": _validate_count,
+    "description": lambda v: validate_text(v, "description", max_length=MAX_DESCRIPTION_LENGTH),
+    "created_at": lambda v: validate_datetime(v, "created_at"),
+    "updated_at": lambda v: validate_datetime(v, "updated_at"),
+    "previous_secret": lambda v: None if v is None else validate_secret(v, "previous_secret"),
+    "previous_secret_expires_at": lambda v: validate_datetime(v, "previous_secret_expires_at", optional=True),
+}
 
 
 @dataclass(frozen=True)
@@ -146,7 +294,7 @@ class WebhookSubscription:
 
     target_url: str
     event_topics: tuple[str, ...]
-    secret: str = field(repr=False)
+    secret: str = field(repr=False, metadata=PRIVATE)
     id: str = field(default_factory=lambda: new_id("sub"))
     status: WebhookSubscriptionStatus = WebhookSubscriptionStatus.ACTIVE
     consecutive_failures: int = 0
@@ -154,62 +302,21 @@ class WebhookSubscription:
     created_at: datetime = field(default_factory=utcnow)
     updated_at: datetime = field(default_factory=utcnow)
     #: The secret before the last rotation; deliveries are signed with it too until it expires.
-    previous_secret: str | None = field(default=None, repr=False)
+    previous_secret: str | None = field(default=None, repr=False, metadata=PRIVATE)
     previous_secret_expires_at: datetime | None = None
 
     def __post_init__(self) -> None:
-        if not isinstance(self.id, str) or not self.id or len(self.id) > 255:
-            raise InvalidFieldError("id", "must be a non-empty string of at most 255 characters")
-        validate_url(self.target_url)
-        topics = self.event_topics
-        if isinstance(topics, str) or not isinstance(topics, Sequence) or not topics:
-            raise InvalidFieldError("event_topics", "must be a non-empty list of topics")
-        for topic in topics:
-            validate_topic(topic, pattern=True, field_name="event_topics")
-        # Accept any sequence, keep an immutable, duplicate-free tuple.
-        object.__setattr__(self, "event_topics", tuple(dict.fromkeys(topics)))
-        if not isinstance(self.secret, str):
-            raise InvalidFieldError("secret", "must be a string")
-        secret_key(self.secret)  # raises InvalidSecretError naming the field
-        if self.previous_secret is not None:
-            secret_key(self.previous_secret)
-        object.__setattr__(self, "status", WebhookSubscriptionStatus(self.status))
-        if self.consecutive_failures < 0:
-            raise InvalidFieldError("consecutive_failures", "must not be negative")
+        for name, check in _SUBSCRIPTION_VALIDATORS.items():
+            object.__setattr__(self, name, check(getattr(self, name)))
 
     @classmethod
-    def from_trusted(
-        cls,
-        *,
-        id: str,
-        target_url: str,
-        event_topics: tuple[str, ...],
-        secret: str,
-        status: WebhookSubscriptionStatus,
-        consecutive_failures: int,
-        description: str,
-        created_at: datetime,
-        updated_at: datetime,
-        previous_secret: str | None,
-        previous_secret_expires_at: datetime | None,
-    ) -> WebhookSubscription:
+    def from_trusted(cls, values: Mapping[str, Any]) -> WebhookSubscription:
         """Build a subscription without validating it, from values that were validated when
-        stored (a store reading its own rows); every field is required and taken as given."""
+        stored (a store reading its own rows): ``values`` holds every field, typed as the model
+        types it, and is taken as given."""
         subscription = cls.__new__(cls)
         # The dataclass is frozen, so its fields are set the way __init__ sets them: in __dict__.
-        subscription.__dict__.update(
-            id=id,
-            target_url=target_url,
-            event_topics=event_topics,
-            secret=secret,
-            status=status,
-            consecutive_failures=consecutive_failures,
-            description=description,
-            created_at=created_at,
-            updated_at=updated_at,
-            previous_secret=previous_secret,
-            previous_secret_expires_at=previous_secret_expires_at,
-        )
+        subscription.__dict__.update(values)
         return subscription
 
     @property
@@ -234,18 +341,38 @@ class WebhookSubscription:
         return dataclasses.replace(self, **changes)
 
     def to_dict(self) -> dict[str, Any]:
-        """Return the subscription as JSON-ready data, without its secret."""
-        return {
-            "id": self.id,
-            "target_url": self.target_url,
-            "event_topics": list(self.event_topics),
-            "status": self.status.value,
-            "consecutive_failures": self.consecutive_failures,
-            "description": self.description,
-            "created_at": isoformat(self.created_at),
-            "updated_at": isoformat(self.updated_at),
-            "previous_secret_expires_at": isoformat(self.previous_secret_expires_at),
-        }
+        """Return the subscription as JSON-ready data, without its secrets."""
+        return json_fields(self)
+
+
+@dataclass(frozen=True)
+class SubscriptionChanges:
+    """What an edit of a subscription sets; a field left ``None`` keeps its stored value.
+
+    A store applies it to the stored row as it is at that moment, writing only these fields, so
+    an edit never undoes what a worker wrote meanwhile (a failure counted, a status set). Each
+    field is validated like the subscription's own. Setting ``status`` to ``ACTIVE`` also clears
+    the failure count.
+    """
+
+    target_url: str | None = None
+    event_topics: Sequence[str] | None = None
+    description: str | None = None
+    status: WebhookSubscriptionStatus | None = None
+
+    def __post_init__(self) -> None:
+        for item in dataclasses.fields(self):
+            value = getattr(self, item.name)
+            if value is not None:
+                object.__setattr__(self, item.name, _SUBSCRIPTION_VALIDATORS[item.name](value))
+
+    def values(self) -> dict[str, Any]:
+        """Return the subscription fields this edit sets, as the model types them."""
+        values = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        values = {name: value for name, value in values.items() if value is not None}
+        if self.status is WebhookSubscriptionStatus.ACTIVE:
+            values["consecutive_failures"] = 0
+        return values
 
 
 @dataclass(frozen=True)
@@ -271,7 +398,7 @@ class DeliveryLog:
     timestamp: datetime = field(default_factory=utcnow)
     next_attempt_at: datetime | None = field(default_factory=utcnow)
     created_at: datetime = field(default_factory=utcnow)
-    lease_expires_at: datetime | None = None
+    lease_expires_at: datetime | None = field(default=None, metadata=PRIVATE)
 
     @property
     def is_dlq(self) -> bool:
@@ -282,24 +409,7 @@ class DeliveryLog:
 
     def to_dict(self) -> dict[str, Any]:
         """Return the delivery in the seed's DLQ JSON shape, plus its state and schedule."""
-        return {
-            "id": self.id,
-            "subscription_id": self.subscription_id,
-            "topic": self.topic,
-            "payload": self.payload,
-            "request_headers": dict(self.request_headers),
-            "response_status": self.response_status,
-            "response_body": self.response_body,
-            "elapsed_ms": self.elapsed_ms,
-            "attempt": self.attempt,
-            "max_attempts": self.max_attempts,
-            "is_dlq": self.is_dlq,
-            "last_error": self.last_error,
-            "timestamp": isoformat(self.timestamp),
-            "state": self.state.value,
-            "next_attempt_at": isoformat(self.next_attempt_at),
-            "created_at": isoformat(self.created_at),
-        }
+        return {**json_fields(self), "is_dlq": self.is_dlq}
 
 
 @dataclass(frozen=True)
@@ -315,15 +425,7 @@ class DeliveryAttempt:
     error: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "delivery_id": self.delivery_id,
-            "attempt": self.attempt,
-            "started_at": isoformat(self.started_at),
-            "response_status": self.response_status,
-            "response_body": self.response_body,
-            "elapsed_ms": self.elapsed_ms,
-            "error": self.error,
-        }
+        return json_fields(self)
 
 
 class SubscriptionEffect(str, enum.Enum):

@@ -17,7 +17,14 @@ from ..signing import generate_secret
 from ..ssrf import validate_target
 from .delivery import delivery_job
 from .manager import OutboundWebhookManager
-from .models import DeliveryLog, WebhookSubscription, WebhookSubscriptionStatus, utcnow
+from .models import (
+    DeliveryLog,
+    SubscriptionChanges,
+    WebhookSubscription,
+    WebhookSubscriptionStatus,
+    standard_secret,
+    utcnow,
+)
 from .outbox import SqlOutbox
 from .stores.base import DlqCursor, OutboundWebhookHandler
 
@@ -101,19 +108,23 @@ class WebhookOperations:
     ) -> NewSecret:
         """Validate and store a subscription; a missing secret is generated.
 
+        A secret without the ``whsec_`` prefix is stored in that form (:func:`standard_secret`: the
+        same signing key), so that every receiver library can verify with the secret returned.
+
         :raises InvalidFieldError: a field is invalid, or the URL is refused by the SSRF policy.
         :raises DuplicateSubscriptionError: the id is taken.
         """
-        chosen = secret if secret is not None else generate_secret()
         extra: dict[str, Any] = {"id": subscription_id} if subscription_id is not None else {}
         subscription = WebhookSubscription(
             target_url=target_url,
             event_topics=tuple(event_topics),
-            secret=chosen,
+            secret=secret if secret is not None else generate_secret(),
             description=description,
             **extra,
         )
         self._check_target(target_url)
+        chosen = standard_secret(subscription.secret)
+        subscription = subscription.replace(secret=chosen)
         return NewSecret(self.store.add_subscription(subscription), chosen)
 
     def list_subscriptions(self) -> list[WebhookSubscription]:
@@ -148,25 +159,19 @@ class WebhookOperations:
 
         Enabling clears the failure count. A ``failed`` status cannot be set by hand.
         """
-        current = self.get_subscription(subscription_id)
-        changes: dict[str, Any] = {}
         if target_url is not None:
             self._check_target(target_url)
-            changes["target_url"] = target_url
-        if event_topics is not None:
-            changes["event_topics"] = tuple(event_topics)
-        if description is not None:
-            changes["description"] = description
-        if status is not None:
-            if status is WebhookSubscriptionStatus.FAILED:
-                raise InvalidFieldError(
-                    "status", "set 'active' or 'disabled'; 'failed' is set by the failure threshold"
-                )
-            changes["status"] = status
-            if status is WebhookSubscriptionStatus.ACTIVE:
-                changes["consecutive_failures"] = 0
-        updated = current.replace(**changes)  # validates before anything is written
-        return self.store.update_subscription(updated) if changes else current
+        if status is WebhookSubscriptionStatus.FAILED:
+            raise InvalidFieldError(
+                "status", "set 'active' or 'disabled'; 'failed' is set by the failure threshold"
+            )
+        # Validated before anything is written; the store writes only the fields given.
+        changes = SubscriptionChanges(
+            target_url=target_url, event_topics=event_topics, description=description, status=status
+        )
+        if not changes.values():
+            return self.get_subscription(subscription_id)
+        return self.store.update_subscription(subscription_id, changes)
 
     def rotate_secret(
         self,
@@ -180,17 +185,14 @@ class WebhookOperations:
         During the grace period every delivery carries signatures from both secrets, so the receiver
         can switch without downtime. The default grace is ``HARVEST_WEBHOOKS_SECRET_GRACE_SECONDS``.
         """
-        current = self.get_subscription(subscription_id)
         grace = self.settings.webhooks_secret_grace_seconds if grace_seconds is None else grace_seconds
         if grace < 0:
             raise InvalidFieldError("grace_seconds", "must not be negative")
-        chosen = new_secret if new_secret is not None else generate_secret()
-        rotated = current.replace(
-            secret=chosen,
-            previous_secret=current.secret,
-            previous_secret_expires_at=utcnow() + timedelta(seconds=grace),
+        chosen = standard_secret(new_secret) if new_secret is not None else generate_secret()
+        expires = utcnow() + timedelta(seconds=grace)
+        return NewSecret(
+            self.store.rotate_secret(subscription_id, chosen, previous_expires_at=expires), chosen
         )
-        return NewSecret(self.store.update_subscription(rotated), chosen)
 
     def replay(self, delivery_id: str) -> ReplayResult:
         """Replay one dead-lettered delivery: attempt 1 again, same id, a fresh job.

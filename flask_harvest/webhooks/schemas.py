@@ -10,26 +10,41 @@ from typing import Any
 
 from marshmallow import Schema, ValidationError, fields, validate, validates_schema
 
+from .models import MAX_DESCRIPTION_LENGTH, MAX_ID_LENGTH, MAX_URL_LENGTH
 from .operations import MAX_BULK_REPLAY
 
-_ID = validate.Length(min=1, max=255)
-_TEXT = validate.Length(max=2048)
+_ID = validate.Length(min=1, max=MAX_ID_LENGTH)
+_URL = validate.Length(max=MAX_URL_LENGTH)
+_DESCRIPTION = validate.Length(max=MAX_DESCRIPTION_LENGTH)
+
+
+class StrictBoolean(fields.Boolean):
+    """JSON ``true`` or ``false`` only.
+
+    marshmallow's ``truthy={True}`` still takes ``1`` (``1 == True`` in a set), so a typo such as
+    ``"dry_run": 1`` would run a bulk replay for real in a surprising way.
+    """
+
+    def _deserialize(self, value: Any, attr: str | None, data: Any, **kwargs: Any) -> bool:
+        if not isinstance(value, bool):
+            raise ValidationError("must be JSON true or false")
+        return value
 
 
 class SubscriptionCreateSchema(Schema):
     id = fields.String(validate=_ID)
-    target_url = fields.String(required=True, validate=_TEXT)
+    target_url = fields.String(required=True, validate=_URL)
     event_topics = fields.List(
         fields.String(validate=_ID), required=True, validate=validate.Length(min=1, max=100)
     )
     secret = fields.String(validate=validate.Length(min=1, max=1024))
-    description = fields.String(load_default="", validate=_TEXT)
+    description = fields.String(load_default="", validate=_DESCRIPTION)
 
 
 class SubscriptionPatchSchema(Schema):
-    target_url = fields.String(validate=_TEXT)
+    target_url = fields.String(validate=_URL)
     event_topics = fields.List(fields.String(validate=_ID), validate=validate.Length(min=1, max=100))
-    description = fields.String(validate=_TEXT)
+    description = fields.String(validate=_DESCRIPTION)
     status = fields.String(validate=validate.OneOf(["active", "disabled"]))
 
     @validates_schema
@@ -44,21 +59,34 @@ class RotateSecretSchema(Schema):
 
 
 class ReplaySchema(Schema):
-    """One delivery by ``log_id``, or a bulk replay by subscription and/or time window."""
+    """One delivery by ``log_id``, or a bulk replay by subscription and/or time window.
+
+    The two forms do not mix: ``dry_run`` and ``limit`` belong to the bulk form only, so a single
+    replay that carries them is refused rather than silently run for real.
+    """
 
     log_id = fields.String(validate=_ID)
     subscription_id = fields.String(validate=_ID)
     since = fields.AwareDateTime()
     until = fields.AwareDateTime()
     limit = fields.Integer(strict=True, load_default=100, validate=validate.Range(min=1, max=MAX_BULK_REPLAY))
-    dry_run = fields.Boolean(load_default=False, truthy={True}, falsy={False})
+    dry_run = StrictBoolean(load_default=False)
 
-    @validates_schema
-    def _one_form(self, data: dict[str, Any], **kwargs: Any) -> None:
+    @validates_schema(pass_original=True)
+    def _one_form(self, data: dict[str, Any], original: Any, **kwargs: Any) -> None:
         bulk = {"subscription_id", "since", "until"} & data.keys()
-        if "log_id" in data and bulk:
-            raise ValidationError("give either log_id or a bulk selector, not both", "log_id")
-        if "log_id" not in data and not bulk:
+        if "log_id" in data:
+            # The bulk-only fields have defaults, so they are looked for in what was sent.
+            given = set(original) if isinstance(original, dict) else set()
+            mixed = sorted(bulk | ({"dry_run", "limit"} & given))
+            if mixed:
+                raise ValidationError(
+                    f"a single replay takes log_id alone, without {', '.join(mixed)}: those belong "
+                    "to a bulk replay (subscription_id and/or since/until, without log_id)",
+                    "log_id",
+                )
+            return
+        if not bulk:
             raise ValidationError("give log_id, or subscription_id and/or since/until", "log_id")
         if "since" in data and "until" in data and data["since"] >= data["until"]:
             raise ValidationError("must be earlier than until", "since")

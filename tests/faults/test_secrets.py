@@ -27,6 +27,7 @@ from flask_harvest import (
     WebhookSubscription,
     get_engine,
 )
+from flask_harvest.webhooks.models import utcnow
 
 from .conftest import CANARY, CANARY_PATTERNS, FaultEnv, canary_secret, find_canary, wait_until
 
@@ -191,7 +192,7 @@ def test_secrets_appear_nowhere_but_where_they_are_created(
     faults.store.get_subscription("sub_dead")  # a fresh pooled connection, for the next one to kill
     faults.terminate_backends()
     with pytest.raises(HarvestError) as lost_update:
-        faults.store.update_subscription(subscription.replace(secret=canary_secret()))
+        faults.store.rotate_secret(subscription.id, canary_secret(), previous_expires_at=utcnow())
     errors.append(lost_update.value)
     for error in errors:
         look(f"{type(error).__name__} message", str(error))

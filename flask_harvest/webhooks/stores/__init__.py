@@ -1,6 +1,6 @@
 """Stores: where subscriptions and delivery logs live."""
 
-from .base import DlqCursor, OutboundWebhookHandler, OutboundWebhookStore
+from .base import DlqCursor, OutboundWebhookHandler, OutboundWebhookStore, StoreCapabilities
 from .memory import InMemoryOutboundWebhookHandler, InMemoryOutboundWebhookStore
 from .sql import SqlOutboundWebhookStore
 
@@ -11,4 +11,5 @@ __all__ = [
     "OutboundWebhookHandler",
     "OutboundWebhookStore",
     "SqlOutboundWebhookStore",
+    "StoreCapabilities",
 ]

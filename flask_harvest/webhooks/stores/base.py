@@ -11,9 +11,10 @@ from __future__ import annotations
 import abc
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from datetime import datetime
+from typing import TYPE_CHECKING
 
-from ...errors import SubscriptionNotFoundError
 from ..models import (
     AttemptResult,
     Claim,
@@ -21,9 +22,14 @@ from ..models import (
     DeliveryLog,
     DeliveryState,
     DeliveryStats,
+    SubscriptionChanges,
     WebhookSubscription,
     WebhookSubscriptionStatus,
 )
+
+if TYPE_CHECKING:
+    # Only a type: the contract itself needs no SQL.
+    from sqlalchemy import Engine
 
 #: A position in the DLQ listing: the ``(timestamp, id)`` of the last row of the previous page.
 DlqCursor = tuple[datetime, str]
@@ -52,6 +58,27 @@ def fold_stats(
     return DeliveryStats(dict(overall), oldest_overall), per_subscription
 
 
+@dataclass(frozen=True)
+class StoreCapabilities:
+    """What a store can do beyond the contract; the library asks this, never the store's type.
+
+    :param transactions: deliveries can be written in the application's own SQLAlchemy
+        transaction, through a transactional outbox on ``engine``
+        (:meth:`~flask_harvest.webhooks.manager.OutboundWebhookManager.dispatch_in_tx`).
+    :param engine: the SQLAlchemy engine of the store's database; required with ``transactions``.
+    :param schema: the store has tables that :meth:`OutboundWebhookHandler.ensure_schema` creates
+        (``flask harvest init-db``).
+    """
+
+    transactions: bool = False
+    engine: Engine | None = None
+    schema: bool = False
+
+    def __post_init__(self) -> None:
+        if self.transactions and self.engine is None:
+            raise ValueError("a store that supports transactions must give its engine")
+
+
 class OutboundWebhookHandler(abc.ABC):
     """Persistence of subscriptions and delivery logs.
 
@@ -59,14 +86,18 @@ class OutboundWebhookHandler(abc.ABC):
     the driver's exception as ``__cause__``.
     """
 
-    #: Whether :meth:`~flask_harvest.webhooks.manager.OutboundWebhookManager.dispatch_in_tx` can
-    #: write into the caller's transaction (only SQL stores can).
-    supports_transactions: bool = False
-    #: Whether the store keeps tables, which :meth:`ensure_schema` creates (SQL stores do).
-    keeps_tables: bool = False
+    @property
+    def capabilities(self) -> StoreCapabilities:
+        """What this store can do beyond the contract; by default, nothing."""
+        return StoreCapabilities()
 
-    def ensure_schema(self) -> None:  # noqa: B027 (nothing to create by default)
-        """Create the store's tables where they do not exist yet; a store without tables does nothing."""
+    @property
+    def supports_transactions(self) -> bool:
+        """Whether ``dispatch_in_tx`` can write into the caller's transaction (``capabilities``)."""
+        return self.capabilities.transactions
+
+    def ensure_schema(self) -> None:  # noqa: B027 (a no-op default, not an abstract method)
+        """Create the store's tables where they are missing; nothing for a store without any."""
 
     # -- subscriptions -------------------------------------------------------------------------
 
@@ -86,9 +117,24 @@ class OutboundWebhookHandler(abc.ABC):
         """Return every subscription, oldest first."""
 
     @abc.abstractmethod
-    def update_subscription(self, subscription: WebhookSubscription) -> WebhookSubscription:
-        """Replace the stored subscription with the same id; return it with ``updated_at`` set.
+    def update_subscription(self, subscription_id: str, changes: SubscriptionChanges) -> WebhookSubscription:
+        """Set the fields ``changes`` names, and ``updated_at``, on the stored subscription, in one
+        atomic step; return it as stored.
 
+        Only those fields are written: a failure counted or a status set by a worker meanwhile
+        stays (never read, change and write the whole row back).
+
+        :raises SubscriptionNotFoundError: there is none with that id.
+        """
+
+    @abc.abstractmethod
+    def rotate_secret(
+        self, subscription_id: str, secret: str, *, previous_expires_at: datetime
+    ) -> WebhookSubscription:
+        """Make ``secret`` the subscription's secret in one atomic step: the current secret becomes
+        ``previous_secret``, signing too until ``previous_expires_at``; return it as stored.
+
+        :raises InvalidFieldError: the secret or the expiry is invalid; nothing was written.
         :raises SubscriptionNotFoundError: there is none with that id.
         """
 
@@ -107,11 +153,7 @@ class OutboundWebhookHandler(abc.ABC):
 
         :raises SubscriptionNotFoundError: there is none with that id.
         """
-        current = self.get_subscription(subscription_id)
-        if current is None:
-            raise SubscriptionNotFoundError(subscription_id)
-        failures = 0 if status is WebhookSubscriptionStatus.ACTIVE else current.consecutive_failures
-        return self.update_subscription(current.replace(status=status, consecutive_failures=failures))
+        return self.update_subscription(subscription_id, SubscriptionChanges(status=status))
 
     # -- delivery logs -------------------------------------------------------------------------
 

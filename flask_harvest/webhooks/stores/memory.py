@@ -6,6 +6,7 @@ import threading
 import uuid
 from collections.abc import Sequence
 from datetime import datetime, timedelta
+from typing import Any
 
 from ...errors import (
     DeliveryNotFoundError,
@@ -20,6 +21,7 @@ from ..models import (
     DeliveryLog,
     DeliveryState,
     DeliveryStats,
+    SubscriptionChanges,
     SubscriptionEffect,
     WebhookSubscription,
     WebhookSubscriptionStatus,
@@ -66,12 +68,32 @@ class InMemoryOutboundWebhookHandler(OutboundWebhookHandler):
         with self._lock:
             return sorted(self._subscriptions.values(), key=lambda s: (s.created_at, s.id))
 
-    def update_subscription(self, subscription: WebhookSubscription) -> WebhookSubscription:
+    def update_subscription(self, subscription_id: str, changes: SubscriptionChanges) -> WebhookSubscription:
+        return self._change(subscription_id, **changes.values())
+
+    def rotate_secret(
+        self, subscription_id: str, secret: str, *, previous_expires_at: datetime
+    ) -> WebhookSubscription:
         with self._lock:
-            if subscription.id not in self._subscriptions:
-                raise SubscriptionNotFoundError(subscription.id)
-            updated = subscription.replace(updated_at=utcnow())
-            self._subscriptions[subscription.id] = updated
+            current = self._get(subscription_id)
+            return self._change(
+                subscription_id,
+                secret=secret,
+                previous_secret=current.secret,
+                previous_secret_expires_at=previous_expires_at,
+            )
+
+    def _get(self, subscription_id: str) -> WebhookSubscription:
+        subscription = self._subscriptions.get(subscription_id)
+        if subscription is None:
+            raise SubscriptionNotFoundError(subscription_id)
+        return subscription
+
+    def _change(self, subscription_id: str, **values: Any) -> WebhookSubscription:
+        # Read and write under the lock, from the stored value: what a worker wrote stays.
+        with self._lock:
+            updated = self._get(subscription_id).replace(**values, updated_at=utcnow())
+            self._subscriptions[subscription_id] = updated
             return updated
 
     def remove_subscription(self, subscription_id: str) -> bool:

@@ -8,6 +8,7 @@ worker talks to a receiver.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import uuid
 from collections.abc import Callable, Iterator, Sequence
@@ -30,7 +31,7 @@ from sqlalchemy import (
     update,
 )
 from sqlalchemy.dialects import postgresql, sqlite
-from sqlalchemy.exc import IntegrityError, SQLAlchemyError, StatementError
+from sqlalchemy.exc import SQLAlchemyError, StatementError
 from sqlalchemy.sql import Executable
 
 from ...errors import (
@@ -48,11 +49,14 @@ from ..models import (
     DeliveryLog,
     DeliveryState,
     DeliveryStats,
+    SubscriptionChanges,
     SubscriptionEffect,
     WebhookSubscription,
     WebhookSubscriptionStatus,
     topic_matches,
     utcnow,
+    validate_datetime,
+    validate_secret,
 )
 from ._schema import (
     UTCDateTime,
@@ -64,10 +68,11 @@ from ._schema import (
     row_to_delivery,
     row_to_subscription,
     schema_sql,
+    subscription_column_values,
     subscription_values,
     subscriptions_table,
 )
-from .base import DlqCursor, OutboundWebhookHandler, fold_stats
+from .base import DlqCursor, OutboundWebhookHandler, StoreCapabilities, fold_stats
 
 __all__ = [
     "WEBHOOK_SCHEMA_SQL",
@@ -115,9 +120,6 @@ class SqlOutboundWebhookStore(OutboundWebhookHandler):
         workers' threads must all see the same one).
     """
 
-    supports_transactions = True
-    keeps_tables = True
-
     def __init__(self, engine: Engine) -> None:
         if engine.dialect.name not in _INSERTS:
             raise ConfigurationError(
@@ -130,6 +132,10 @@ class SqlOutboundWebhookStore(OutboundWebhookHandler):
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.engine.url.render_as_string(hide_password=True)}>"
+
+    @property
+    def capabilities(self) -> StoreCapabilities:
+        return StoreCapabilities(transactions=True, engine=self.engine, schema=True)
 
     @contextmanager
     def _transaction(self, action: str, *, secrets: Sequence[str] = ()) -> Iterator[Connection]:
@@ -168,12 +174,18 @@ class SqlOutboundWebhookStore(OutboundWebhookHandler):
     # -- subscriptions -------------------------------------------------------------------------
 
     def add_subscription(self, subscription: WebhookSubscription) -> WebhookSubscription:
+        # ON CONFLICT on the id only: any other integrity error is a StoreError, never reported
+        # as a taken id.
+        statement = (
+            self._insert(_subs)
+            .values(subscription_values(subscription))
+            .on_conflict_do_nothing(index_elements=[_subs.c.id])
+            .returning(_subs.c.id)
+        )
         with self._transaction("add a subscription", secrets=[subscription.secret]) as conn:
-            try:
-                conn.execute(insert(_subs).values(subscription_values(subscription)))
-            except IntegrityError as exc:
-                exc.hide_parameters = True
-                raise DuplicateSubscriptionError(subscription.id) from exc
+            inserted = conn.execute(statement).first()
+        if inserted is None:
+            raise DuplicateSubscriptionError(subscription.id)
         return subscription
 
     def get_subscription(self, subscription_id: str) -> WebhookSubscription | None:
@@ -200,14 +212,34 @@ class SqlOutboundWebhookStore(OutboundWebhookHandler):
             rows = conn.execute(select(_subs).order_by(_subs.c.created_at, _subs.c.id)).all()
         return [row_to_subscription(row) for row in rows]
 
-    def update_subscription(self, subscription: WebhookSubscription) -> WebhookSubscription:
-        values = subscription_values(subscription.replace(updated_at=utcnow()))
-        with self._transaction("update a subscription", secrets=[subscription.secret]) as conn:
+    def update_subscription(self, subscription_id: str, changes: SubscriptionChanges) -> WebhookSubscription:
+        values = {**subscription_column_values(changes.values()), "updated_at": utcnow()}
+        return self._change(subscription_id, "update a subscription", values, secrets=())
+
+    def rotate_secret(
+        self, subscription_id: str, secret: str, *, previous_expires_at: datetime
+    ) -> WebhookSubscription:
+        validate_secret(secret)
+        validate_datetime(previous_expires_at, "previous_secret_expires_at")
+        # One UPDATE: the right-hand side reads the row as it was, so the old secret moves over.
+        values = {
+            "previous_secret": _subs.c.secret,
+            "secret": secret,
+            "previous_secret_expires_at": previous_expires_at,
+            "updated_at": utcnow(),
+        }
+        return self._change(subscription_id, "rotate a secret", values, secrets=(secret,))
+
+    def _change(
+        self, subscription_id: str, action: str, values: dict[str, Any], *, secrets: Sequence[str]
+    ) -> WebhookSubscription:
+        """One UPDATE of only the columns in ``values``; return the row as it now is."""
+        with self._transaction(action, secrets=secrets) as conn:
             row = conn.execute(
-                update(_subs).where(_subs.c.id == subscription.id).values(values).returning(*_subs.c)
+                update(_subs).where(_subs.c.id == subscription_id).values(values).returning(*_subs.c)
             ).first()
         if row is None:
-            raise SubscriptionNotFoundError(subscription.id)
+            raise SubscriptionNotFoundError(subscription_id)
         return row_to_subscription(row)
 
     def remove_subscription(self, subscription_id: str) -> bool:
@@ -216,24 +248,6 @@ class SqlOutboundWebhookStore(OutboundWebhookHandler):
                 delete(_subs).where(_subs.c.id == subscription_id).returning(_subs.c.id)
             ).first()
         return row is not None
-
-    def set_subscription_status(
-        self, subscription_id: str, status: WebhookSubscriptionStatus
-    ) -> WebhookSubscription:
-        # One UPDATE rather than the base class's read-modify-write, which could undo a failure
-        # counted by a worker in between.
-        status = WebhookSubscriptionStatus(status)
-        failures = 0 if status is WebhookSubscriptionStatus.ACTIVE else _subs.c.consecutive_failures
-        with self._transaction("set a subscription's status") as conn:
-            row = conn.execute(
-                update(_subs)
-                .where(_subs.c.id == subscription_id)
-                .values(status=status.value, consecutive_failures=failures, updated_at=utcnow())
-                .returning(*_subs.c)
-            ).first()
-        if row is None:
-            raise SubscriptionNotFoundError(subscription_id)
-        return row_to_subscription(row)
 
     # -- delivery logs -------------------------------------------------------------------------
 
@@ -412,15 +426,8 @@ class SqlOutboundWebhookStore(OutboundWebhookHandler):
                 d_response_body=attempt.response_body,
                 d_elapsed_ms=attempt.elapsed_ms,
             )
-            attempt_params = {
-                "a_delivery_id": delivery_id,
-                "a_attempt": attempt.attempt,
-                "a_started_at": attempt.started_at,
-                "a_response_status": attempt.response_status,
-                "a_response_body": attempt.response_body,
-                "a_elapsed_ms": attempt.elapsed_ms,
-                "a_error": attempt.error,
-            }
+            attempt_params = {f"a_{name}": getattr(attempt, name) for name in _ATTEMPT_COLUMNS}
+            attempt_params["a_delivery_id"] = delivery_id
         fold = attempt is not None and self._fold_attempt_insert
         statement = _finish_statement(
             headers=bool(result.request_headers), attempt=attempt is not None, fold=fold
@@ -588,15 +595,7 @@ _INSERT_DELIVERY = insert(_dels)
 # Built once, with bind parameters: building and cache-keying a statement on every call cost about
 # as much CPU as sending it. Parameter names carry a prefix so none is taken for a column name.
 
-_ATTEMPT_COLUMNS = (
-    "delivery_id",
-    "attempt",
-    "started_at",
-    "response_status",
-    "response_body",
-    "elapsed_ms",
-    "error",
-)
+_ATTEMPT_COLUMNS = tuple(f.name for f in dataclasses.fields(DeliveryAttempt))
 
 #: The attempt row, where it cannot ride in the delivery's UPDATE (SQLite).
 _APPEND_ATTEMPT = insert(_atts).values({name: bindparam(f"a_{name}") for name in _ATTEMPT_COLUMNS})
