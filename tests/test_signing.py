@@ -20,9 +20,11 @@ from standardwebhooks.webhooks import Webhook, WebhookVerificationError
 from werkzeug.datastructures import Headers
 
 from flask_harvest import generate_secret
-from flask_harvest.errors import InvalidSecretError, SignatureVerificationError
+from flask_harvest.errors import InvalidSecretError, SignatureVerificationError, VerificationFailure
 from flask_harvest.signing import (
     DEFAULT_SIGNATURE_HEADER,
+    StandardHeaders,
+    StripeHeader,
     secret_key,
     sign_headers,
     standard_signature,
@@ -415,3 +417,126 @@ def test_signature_errors_never_include_the_secret(secret):
         assert secret not in repr(info.value)
         if secret.startswith("whsec_"):
             assert secret[len("whsec_") :] not in str(info.value)
+
+
+# -- why a verification failed ----------------------------------------------------------------------
+
+F = VerificationFailure
+_GOOD = sign_headers([WHSEC], MSG_ID, TS, BODY)
+_GOOD_STRIPE = _GOOD[DEFAULT_SIGNATURE_HEADER]
+_V1 = expected_stripe(WHSEC, TS, BODY)
+
+
+@pytest.mark.parametrize(
+    ("headers", "body", "now", "reason"),
+    [
+        pytest.param(
+            {k: v for k, v in _GOOD.items() if k != "webhook-id"}, BODY, TS, F.MISSING_HEADER, id="no-id"
+        ),
+        pytest.param({**_GOOD, "webhook-id": ""}, BODY, TS, F.MISSING_HEADER, id="empty-id"),
+        pytest.param(
+            {"webhook-id": MSG_ID, "webhook-signature": "v1,x"}, BODY, TS, F.MISSING_HEADER, id="no-ts"
+        ),
+        pytest.param({}, BODY, TS, F.MISSING_HEADER, id="nothing"),
+        pytest.param(
+            {"webhook-id": MSG_ID, "webhook-timestamp": str(TS)}, BODY, TS, F.MISSING_SIGNATURE, id="no-sig"
+        ),
+        pytest.param({**_GOOD, "webhook-signature": ""}, BODY, TS, F.MISSING_SIGNATURE, id="empty-sig"),
+        pytest.param({**_GOOD, "webhook-timestamp": "soon"}, BODY, TS, F.MALFORMED_HEADER, id="ts-not-int"),
+        pytest.param({**_GOOD, "webhook-timestamp": "9" * 5000}, BODY, TS, F.MALFORMED_HEADER, id="ts-huge"),
+        pytest.param(_GOOD, BODY, TS + 301, F.TIMESTAMP_TOO_OLD, id="old"),
+        pytest.param(_GOOD, BODY, TS - 301, F.TIMESTAMP_IN_FUTURE, id="future"),
+        pytest.param(_GOOD, BODY + b" ", TS, F.NO_MATCHING_SIGNATURE, id="body"),
+        pytest.param({**_GOOD, "webhook-signature": "v2,abc"}, BODY, TS, F.NO_MATCHING_SIGNATURE, id="v2"),
+    ],
+)
+def test_standard_failures_carry_their_reason(headers, body, now, reason):
+    with pytest.raises(SignatureVerificationError) as info:
+        verify_standard(WHSEC, headers, body, now=now)
+    assert info.value.reason is reason
+
+
+@pytest.mark.parametrize(
+    ("header", "body", "now", "reason"),
+    [
+        pytest.param(None, BODY, TS, F.MISSING_SIGNATURE, id="absent"),
+        pytest.param("", BODY, TS, F.MISSING_SIGNATURE, id="empty"),
+        pytest.param(f"t={TS}", BODY, TS, F.MISSING_SIGNATURE, id="no-v1"),
+        pytest.param(f"t={TS},v0={_V1}", BODY, TS, F.MISSING_SIGNATURE, id="only-v0"),
+        pytest.param(f"v1={_V1}", BODY, TS, F.MALFORMED_HEADER, id="no-t"),
+        pytest.param("garbage", BODY, TS, F.MALFORMED_HEADER, id="garbage"),
+        pytest.param(f"t=soon,v1={_V1}", BODY, TS, F.MALFORMED_HEADER, id="t-not-int"),
+        pytest.param(f"t=,v1={_V1}", BODY, TS, F.MALFORMED_HEADER, id="t-empty"),
+        pytest.param(_GOOD_STRIPE, BODY, TS + 301, F.TIMESTAMP_TOO_OLD, id="old"),
+        pytest.param(_GOOD_STRIPE, BODY, TS - 301, F.TIMESTAMP_IN_FUTURE, id="future"),
+        pytest.param(_GOOD_STRIPE, BODY + b" ", TS, F.NO_MATCHING_SIGNATURE, id="body"),
+        pytest.param(f"t={TS},v1=zz", BODY, TS, F.NO_MATCHING_SIGNATURE, id="not-hex"),
+    ],
+)
+def test_stripe_failures_carry_their_reason(header, body, now, reason):
+    with pytest.raises(SignatureVerificationError) as info:
+        verify_stripe(WHSEC, header, body, now=now)
+    assert info.value.reason is reason
+
+
+def test_the_reason_is_checked_in_a_fixed_order_whatever_the_secrets():
+    # Headers and timestamp are read before any HMAC: the reason does not depend on the secret.
+    for secrets in ([WHSEC], [OTHER_WHSEC], [OTHER_WHSEC, PLAIN]):
+        with pytest.raises(SignatureVerificationError) as info:
+            verify_standard(secrets, {**_GOOD, "webhook-timestamp": str(TS - 999)}, BODY + b"x", now=TS)
+        assert info.value.reason is F.TIMESTAMP_TOO_OLD
+
+
+def test_verify_takes_a_list_of_secrets_any_one_verifies():
+    headers = sign_headers([PLAIN], MSG_ID, TS, BODY)
+    for secrets in ([PLAIN], [OTHER_WHSEC, PLAIN], (PLAIN, WHSEC)):
+        assert verify_standard(secrets, headers, BODY, now=TS).msg_id == MSG_ID
+        assert verify_stripe(secrets, headers[DEFAULT_SIGNATURE_HEADER], BODY, now=TS).timestamp == TS
+    for wrong in ([OTHER_WHSEC], [OTHER_WHSEC, WHSEC]):
+        with pytest.raises(SignatureVerificationError) as info:
+            verify_standard(wrong, headers, BODY, now=TS)
+        assert info.value.reason is F.NO_MATCHING_SIGNATURE
+        with pytest.raises(SignatureVerificationError):
+            verify_stripe(wrong, headers[DEFAULT_SIGNATURE_HEADER], BODY, now=TS)
+    with pytest.raises(InvalidSecretError) as empty:
+        verify_standard([], headers, BODY, now=TS)
+    assert empty.value.field == "secrets"
+    with pytest.raises(InvalidSecretError):
+        verify_stripe([], headers[DEFAULT_SIGNATURE_HEADER], BODY, now=TS)
+
+
+def test_verify_returns_what_it_verified():
+    headers = sign_headers([WHSEC, PLAIN], MSG_ID, TS, BODY)
+    standard = verify_standard(WHSEC, headers, BODY, now=TS)
+    assert (standard.msg_id, standard.timestamp) == (MSG_ID, TS)
+    stripe_header = verify_stripe(PLAIN, headers[DEFAULT_SIGNATURE_HEADER], BODY, now=TS)
+    assert stripe_header.timestamp == TS
+    assert stripe_header.signatures == (expected_stripe(WHSEC, TS, BODY), expected_stripe(PLAIN, TS, BODY))
+
+
+def test_headers_are_read_before_the_body_exists():
+    # A receiver checks the headers and the timestamp first, and reads the body only if they pass.
+    parsed = StandardHeaders.read(_GOOD, now=TS)
+    parsed.verify([WHSEC], BODY)
+    with pytest.raises(SignatureVerificationError) as info:
+        parsed.verify([WHSEC], BODY + b"x")
+    assert info.value.reason is F.NO_MATCHING_SIGNATURE
+    stripe_header = StripeHeader.read(_GOOD_STRIPE, now=TS, header="X-Sig")
+    stripe_header.verify(WHSEC, BODY)
+    with pytest.raises(SignatureVerificationError, match="X-Sig") as missing:
+        StripeHeader.read(None, now=TS, header="X-Sig")
+    assert missing.value.reason is F.MISSING_SIGNATURE
+
+
+def test_the_reasons_are_strings_that_name_themselves():
+    assert {reason.value for reason in VerificationFailure} == {
+        "missing_header",
+        "malformed_header",
+        "missing_signature",
+        "timestamp_too_old",
+        "timestamp_in_future",
+        "no_matching_signature",
+    }
+    error = SignatureVerificationError(F.NO_MATCHING_SIGNATURE, "no webhook-signature matches the body")
+    assert str(error) == "no webhook-signature matches the body"
+    assert error.reason == "no_matching_signature"
