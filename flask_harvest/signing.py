@@ -136,8 +136,10 @@ def _secret_list(secret: str | Sequence[str]) -> list[str]:
 
 
 def _any_matches(candidates: Sequence[str], expected: Sequence[str]) -> bool:
-    # Every pair is compared in constant time; which candidate matched is not secret.
-    return any(hmac.compare_digest(c.encode(), e.encode()) for e in expected for c in candidates)
+    # Each pair is compared in constant time; which candidate matched is not secret. A candidate
+    # that is not even UTF-8 (a lone surrogate) is not a signature: it fails to match, not to run.
+    sent = [c.encode("utf-8", "replace") for c in candidates]
+    return any(hmac.compare_digest(c, e.encode()) for e in expected for c in sent)
 
 
 @dataclass(frozen=True)
