@@ -22,6 +22,8 @@ import requests
 import standardwebhooks
 import stripe
 from flask import Flask, request
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from werkzeug.serving import make_server
 from werkzeug.test import TestResponse
 
@@ -660,3 +662,62 @@ def test_every_verification_failure_has_an_answer() -> None:
     # A new reason in the signing module must get a status here, not a KeyError (a 500).
     assert set(receiver_module._REFUSALS) == set(VerificationFailure)
     assert all(400 <= status < 500 for status, _ in receiver_module._REFUSALS.values())
+
+
+# -- arbitrary requests ------------------------------------------------------------------------
+
+_header_text = st.text(
+    st.characters(min_codepoint=32, max_codepoint=255, exclude_characters="\x7f"), max_size=80
+)
+_timestamps = st.one_of(
+    st.integers(-(2**70), 2**70).map(str),
+    st.builds(lambda skew: str(int(time.time()) + skew), st.integers(-400, 400)),
+    _header_text,
+)
+_json_bodies = st.one_of(
+    st.binary(max_size=300),
+    st.recursive(
+        st.none() | st.booleans() | st.floats() | st.integers() | st.text(max_size=20),
+        lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+        max_leaves=20,
+    ).map(lambda value: json.dumps(value).encode()),
+    st.integers(1, 5000).map(lambda depth: b"[" * depth + b"]" * depth),
+    st.integers(1, 5000).map(lambda depth: b'{"a":' * depth + b"1" + b"}" * depth),
+)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    scheme=st.sampled_from(["standard", "stripe"]),
+    body=_json_bodies,
+    sign=st.booleans(),
+    msg_id=_header_text,
+    timestamp=_timestamps,
+    signature=_header_text,
+    stripe_header=_header_text,
+)
+def test_any_request_is_answered_with_a_4xx_or_reaches_the_view_verified(
+    scheme: str, body: bytes, sign: bool, msg_id: str, timestamp: str, signature: str, stripe_header: str
+) -> None:
+    receiver = Receiver(scheme=scheme, replay_cache=MemoryReplayCache(), max_body_bytes=64 * 1024)
+    if sign:
+        headers = signed(body, msg_id=msg_id or "msg_x")
+    else:
+        headers = {
+            "webhook-id": msg_id,
+            "webhook-timestamp": timestamp,
+            "webhook-signature": signature,
+            DEFAULT_SIGNATURE_HEADER: stripe_header,
+        }
+    response = receiver.post(body, headers)
+    if response.status_code == 200:
+        assert sign and [call["delivery_id"] for call in receiver.calls] == [headers["webhook-id"]]
+        # json.dumps: NaN is not equal to itself, but it is spelled the same.
+        assert json.dumps(receiver.calls[0]["payload"]) == json.dumps(json.loads(body))
+    else:
+        assert response.status_code in (400, 401, 413), response.get_data(as_text=True)
+        assert error_code(response) in {code for _, code in receiver_module._REFUSALS.values()} | {
+            "invalid_json",
+            "body_too_large",
+        }
+        assert receiver.calls == []
