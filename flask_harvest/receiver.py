@@ -30,7 +30,8 @@ HTTP   ``code``                        why
 503    ``replay_cache_unavailable``    the replay cache (Redis) did not answer; the sender retries later
 =====  ==============================  ==================================================================
 
-The checks run in the table's order. The first four come from the signing module's
+The header and timestamp checks come first, then the body's size, the signature, the JSON and the
+replay cache. The first four rows and ``invalid_signature`` answer the signing module's
 :class:`~flask_harvest.errors.VerificationFailure` reasons, mapped to responses in one table here.
 
 Why 409 for a replay, not 400: the request is well formed and authentic; it conflicts with one
