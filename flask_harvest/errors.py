@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Sequence
 
 
@@ -91,5 +92,35 @@ class EnqueueError(HarvestError):
         self.reason = reason
 
 
+class VerificationFailure(str, enum.Enum):
+    """Why a webhook request did not verify: the ``reason`` of :class:`SignatureVerificationError`.
+
+    The checks run in this order, and the first that fails is the reason; every check before
+    ``NO_MATCHING_SIGNATURE`` reads only the headers, so the reason never depends on the secret.
+    """
+
+    #: ``webhook-id`` or ``webhook-timestamp`` is absent or empty (Standard Webhooks).
+    MISSING_HEADER = "missing_header"
+    #: The signature header is absent or empty, or the Stripe-style header has no ``v1=`` entry.
+    MISSING_SIGNATURE = "missing_signature"
+    #: The timestamp is not an integer, or the Stripe-style header has no ``t=`` entry.
+    MALFORMED_HEADER = "malformed_header"
+    #: The timestamp is more than the tolerance in the past: a replayed request, or clock skew.
+    TIMESTAMP_TOO_OLD = "timestamp_too_old"
+    #: The timestamp is more than the tolerance in the future: clock skew.
+    TIMESTAMP_IN_FUTURE = "timestamp_in_future"
+    #: No signature in the header matches the body with any of the secrets.
+    NO_MATCHING_SIGNATURE = "no_matching_signature"
+
+
 class SignatureVerificationError(HarvestError):
-    """A webhook signature did not verify (wrong secret, altered body, stale timestamp)."""
+    """A webhook request did not verify (a header missing, a stale timestamp, no signature matching).
+
+    :param reason: why, as :class:`VerificationFailure`; also the ``reason`` attribute.
+    :param message: what failed, naming the header; never a secret or a signature.
+    """
+
+    def __init__(self, reason: VerificationFailure, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.message = message

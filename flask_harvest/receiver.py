@@ -10,9 +10,10 @@
         ...                       # payload: the parsed JSON body; delivery_id: the webhook-id
         return "", 204
 
-The decorator checks the signature against the raw body (with a tolerance on the timestamp), parses
-the JSON body, records the delivery id in the replay cache, then calls the view. A refused request
-never reaches the view; it is answered with a JSON body ``{"error": {"code", "message"}}``:
+The decorator checks the signature headers and the timestamp before it reads the body, reads at
+most ``max_body_bytes`` of it (1 MiB by default), checks the signature against the raw body, parses
+the JSON, records the delivery in the replay cache, then calls the view. A refused request never
+reaches the view; it is answered with a JSON body ``{"error": {"code", "message"}}``:
 
 =====  ==============================  ==================================================================
 HTTP   ``code``                        why
@@ -22,11 +23,16 @@ HTTP   ``code``                        why
                                        ``t=``
 401    ``missing_signature``           no signature header, or no ``v1`` signature in it
 401    ``timestamp_out_of_tolerance``  the timestamp is more than ``tolerance`` seconds old or ahead
+413    ``body_too_large``              the body is over ``max_body_bytes`` (announced, or read so far)
 401    ``invalid_signature``           no signature matches the body with any of the secrets
-400    ``invalid_json``                the (authentic) body is not JSON
-409    ``replayed``                    this delivery id was accepted within its tolerance window
+400    ``invalid_json``                the (authentic) body is not JSON, or is nested too deeply to parse
+409    ``replayed``                    this delivery was accepted within its tolerance window
 503    ``replay_cache_unavailable``    the replay cache (Redis) did not answer; the sender retries later
 =====  ==============================  ==================================================================
+
+The header and timestamp checks come first, then the body's size, the signature, the JSON and the
+replay cache. The first four rows and ``invalid_signature`` answer the signing module's
+:class:`~flask_harvest.errors.VerificationFailure` reasons, mapped to responses in one table here.
 
 Why 409 for a replay, not 400: the request is well formed and authentic; it conflicts with one
 already accepted, and keeping 400 for malformed requests lets the sender's logs tell the two apart.
@@ -46,6 +52,7 @@ import abc
 import functools
 import hashlib
 import heapq
+import io
 import json
 import logging
 import threading
@@ -56,16 +63,15 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar, cast
 from flask import Response, make_response, request
 from werkzeug.exceptions import HTTPException
 
-from .errors import ConfigurationError, HarvestError, SignatureVerificationError
+from .errors import ConfigurationError, HarvestError, SignatureVerificationError, VerificationFailure
 from .signing import (
     DEFAULT_SIGNATURE_HEADER,
     DEFAULT_TOLERANCE_SECONDS,
     WEBHOOK_ID,
-    WEBHOOK_SIGNATURE,
-    WEBHOOK_TIMESTAMP,
+    StandardHeaders,
+    StripeHeader,
     secret_key,
     verify_standard,
-    verify_stripe,
 )
 
 if TYPE_CHECKING:
@@ -77,7 +83,11 @@ if TYPE_CHECKING:
 SecretSource = str | Sequence[str] | Callable[[], str | Sequence[str]]
 Scheme = Literal["standard", "stripe"]
 F = TypeVar("F", bound=Callable[..., Any])
-log = logging.getLogger("flask_harvest")
+log = logging.getLogger(__name__)
+
+#: The largest body :func:`verify_webhook` reads unless told otherwise: 1 MiB.
+DEFAULT_MAX_BODY_BYTES = 1024 * 1024
+_CHUNK = 64 * 1024
 
 
 class WebhookRejected(HTTPException, HarvestError):
@@ -224,72 +234,72 @@ def _secrets(source: SecretSource) -> list[str]:
     return found
 
 
-def _timestamp(value: str, tolerance: int, now: int) -> int:
+#: How each verification failure is answered: the HTTP status and the body's ``error.code``. The
+#: message is the failure's own, which names the header and never a secret.
+_REFUSALS: dict[VerificationFailure, tuple[int, str]] = {
+    VerificationFailure.MISSING_HEADER: (400, "missing_header"),
+    VerificationFailure.MALFORMED_HEADER: (400, "malformed_header"),
+    VerificationFailure.MISSING_SIGNATURE: (401, "missing_signature"),
+    VerificationFailure.TIMESTAMP_TOO_OLD: (401, "timestamp_out_of_tolerance"),
+    VerificationFailure.TIMESTAMP_IN_FUTURE: (401, "timestamp_out_of_tolerance"),
+    VerificationFailure.NO_MATCHING_SIGNATURE: (401, "invalid_signature"),
+}
+
+
+def _refused(exc: SignatureVerificationError) -> WebhookRejected:
+    status, code = _REFUSALS[exc.reason]
+    return WebhookRejected(status, code, exc.message)
+
+
+def _read_body(limit: int) -> bytes:
+    """Return the request body, refusing one over ``limit`` bytes without reading past it."""
+    too_large = WebhookRejected(413, "body_too_large", f"the body is larger than {limit} bytes")
+    length = request.content_length
+    if length is not None and length > limit:
+        raise too_large
+    if length is None:
+        # Chunked: no length to check up front. Read one byte past the limit at most, and give the
+        # request what was read as its stream, so request.get_data() in the view still works.
+        stream, chunks, size = request.stream, [], 0
+        while chunk := stream.read(min(_CHUNK, limit + 1 - size)):
+            chunks.append(chunk)
+            size += len(chunk)
+            if size > limit:
+                raise too_large
+        request.stream = io.BytesIO(b"".join(chunks))
+    # With a length, the stream ends at it: reading it all reads at most ``limit`` bytes.
+    return request.get_data(cache=True)
+
+
+def _parse_json(body: bytes) -> Any:
     try:
-        timestamp = int(value)
-    except ValueError:
-        raise WebhookRejected(400, "malformed_header", "the timestamp is not an integer") from None
-    if abs(now - timestamp) > tolerance:
-        raise WebhookRejected(
-            401,
-            "timestamp_out_of_tolerance",
-            f"the timestamp is more than {tolerance} s away from the receiver's clock "
-            "(a replayed request, or clock skew)",
-        )
-    return timestamp
+        return json.loads(body)
+    except ValueError:  # JSONDecodeError and UnicodeDecodeError
+        raise WebhookRejected(400, "invalid_json", "the body is not JSON") from None
+    except RecursionError:  # a valid signature on "[[[[...]]]]" nested past the interpreter's limit
+        raise WebhookRejected(400, "invalid_json", "the JSON body is nested too deeply to parse") from None
 
 
-def _any_verifies(secrets: Sequence[str], check: Callable[[str], None]) -> bool:
-    for secret in secrets:
-        try:
-            check(secret)
-        except SignatureVerificationError:
-            continue
-        return True
-    return False
+def _replay_keys(
+    signed: StandardHeaders | StripeHeader, secrets: Sequence[str], body: bytes, tolerance: int, now: int
+) -> list[str]:
+    """Return the keys that identify this delivery in the replay cache, the deciding one first.
 
-
-def _verify_standard(secrets: Sequence[str], body: bytes, tolerance: int, now: int) -> tuple[str, int]:
-    headers = request.headers
-    for name in (WEBHOOK_ID, WEBHOOK_TIMESTAMP):
-        if not headers.get(name):
-            raise WebhookRejected(400, "missing_header", f"the {name} header is missing")
-    if not headers.get(WEBHOOK_SIGNATURE):
-        raise WebhookRejected(401, "missing_signature", f"the {WEBHOOK_SIGNATURE} header is missing")
-    timestamp = _timestamp(headers[WEBHOOK_TIMESTAMP], tolerance, now)
-    signed = {name: headers[name] for name in (WEBHOOK_ID, WEBHOOK_TIMESTAMP, WEBHOOK_SIGNATURE)}
-
-    def check(secret: str) -> None:
-        verify_standard(secret, signed, body, tolerance=tolerance, now=now)
-
-    if not _any_verifies(secrets, check):
-        raise WebhookRejected(401, "invalid_signature", f"no {WEBHOOK_SIGNATURE} matches the body")
-    return headers[WEBHOOK_ID], timestamp
-
-
-def _verify_stripe(
-    secrets: Sequence[str], body: bytes, tolerance: int, now: int, header: str
-) -> tuple[str | None, int, str]:
-    value = request.headers.get(header)
-    if not value:
-        raise WebhookRejected(401, "missing_signature", f"the {header} header is missing")
-    fields = [part.strip().partition("=") for part in value.split(",")]
-    timestamps = [v for k, sep, v in fields if sep and k == "t"]
-    if not timestamps:
-        raise WebhookRejected(400, "malformed_header", f"the {header} header has no t= timestamp")
-    if not any(sep and k == "v1" for k, sep, _ in fields):
-        raise WebhookRejected(401, "missing_signature", f"the {header} header has no v1= signature")
-    timestamp = _timestamp(timestamps[-1], tolerance, now)
-
-    def check(secret: str) -> None:
-        verify_stripe(secret, value, body, tolerance=tolerance, now=now)
-
-    if not _any_verifies(secrets, check):
-        raise WebhookRejected(401, "invalid_signature", f"no v1 signature in {header} matches the body")
-    # The Stripe-style signature does not cover webhook-id, so a replay could change it: the
-    # signed message itself (timestamp and body) is the replay cache's key.
-    key = "sha256:" + hashlib.sha256(f"{timestamp}.".encode() + body).hexdigest()
-    return request.headers.get(WEBHOOK_ID) or None, timestamp, key
+    Standard Webhooks: the ``webhook-id``, which the signature covers. The Stripe-style signature
+    covers only the timestamp and the body, and a replay could change an unsigned id: so the key
+    is the ``webhook-id`` only when the request also carries a Standard Webhooks signature of it
+    (flask-harvest signs both ways), and the signed message (timestamp and body) otherwise. The
+    signed message is remembered in both cases, so a copy of an id-keyed delivery whose id was
+    changed or removed is still refused.
+    """
+    if isinstance(signed, StandardHeaders):
+        return [signed.msg_id]
+    message = "sha256:" + hashlib.sha256(f"{signed.timestamp}.".encode() + body).hexdigest()
+    try:
+        standard = verify_standard(secrets, request.headers, body, tolerance=tolerance, now=now)
+    except SignatureVerificationError:
+        return [message]
+    return [standard.msg_id, message]
 
 
 def verify_webhook(
@@ -299,6 +309,7 @@ def verify_webhook(
     tolerance: int = DEFAULT_TOLERANCE_SECONDS,
     replay_cache: ReplayCache | None = None,
     signature_header: str = DEFAULT_SIGNATURE_HEADER,
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
 ) -> Callable[[F], F]:
     """Decorate a Flask view so that it only sees verified webhooks.
 
@@ -308,56 +319,73 @@ def verify_webhook(
     covered by that signature (the timestamp and body are). Refused requests are answered by
     raising :class:`WebhookRejected` (see the module documentation for the codes).
 
+    The headers and the timestamp are checked before the body is read, and a body over
+    ``max_body_bytes`` is refused without being read past the limit.
+
     :param secret: the signing secret, several secrets (any one verifies: use it during a
-        rotation), or a function returning them, called on every request.
+        rotation), or a function returning them, called on every request whose headers pass.
     :param scheme: ``"standard"`` checks the Standard Webhooks headers (``webhook-id``,
         ``webhook-timestamp``, ``webhook-signature``); ``"stripe"`` checks the Stripe-style
         ``signature_header`` (``t=...,v1=...``).
     :param tolerance: seconds the timestamp may be away from this machine's clock.
-    :param replay_cache: where accepted ids are remembered, so a request replayed while its
+    :param replay_cache: where accepted deliveries are remembered, so a request replayed while its
         timestamp is still within the tolerance is refused with 409. ``None`` checks nothing.
-        The Stripe scheme remembers the signed timestamp and body instead of the unsigned id.
-        The id is recorded only after the signature verified (forged requests cannot fill the
-        cache) and forgotten again if the view raises or answers non-2xx (so the retry of a
-        failed delivery is handled).
+        The Stripe scheme keys on ``webhook-id`` only when a Standard Webhooks signature on the
+        same request covers it, and on the signed timestamp and body otherwise. A delivery is
+        recorded only after the signature verified (forged requests cannot fill the cache) and
+        forgotten again if the view raises or answers non-2xx (so the retry of a failed delivery
+        is handled).
     :param signature_header: the Stripe-style header's name (``scheme="stripe"``).
+    :param max_body_bytes: the largest body accepted, :data:`DEFAULT_MAX_BODY_BYTES` (1 MiB) by
+        default; a larger one is answered 413 ``body_too_large``.
     """
     if scheme not in ("standard", "stripe"):
         raise ConfigurationError(f"scheme must be 'standard' or 'stripe', not {scheme!r}")
     if tolerance < 0:
         raise ConfigurationError("tolerance must not be negative")
+    if isinstance(max_body_bytes, bool) or not isinstance(max_body_bytes, int) or max_body_bytes < 1:
+        raise ConfigurationError(f"max_body_bytes must be a positive integer, not {max_body_bytes!r}")
     if not callable(secret):
         _secrets(secret)  # a wrong secret fails at import time, not at the first request
+
+    def read_headers(now: int) -> StandardHeaders | StripeHeader:
+        if scheme == "standard":
+            return StandardHeaders.read(request.headers, tolerance=tolerance, now=now)
+        value = request.headers.get(signature_header)
+        return StripeHeader.read(value, tolerance=tolerance, now=now, header=signature_header)
 
     def decorator(view: F) -> F:
         @functools.wraps(view)
         def wrapper(*args: Any, **kwargs: Any) -> Response:
-            body = request.get_data(cache=True)
-            secrets = _secrets(secret)
             now = int(time.time())
-            if scheme == "standard":
-                delivery_id, timestamp = _verify_standard(secrets, body, tolerance, now)
-                key: str = delivery_id
-                found_id: str | None = delivery_id
-            else:
-                found_id, timestamp, key = _verify_stripe(secrets, body, tolerance, now, signature_header)
             try:
-                payload = json.loads(body)
-            except ValueError:  # JSONDecodeError and UnicodeDecodeError
-                raise WebhookRejected(400, "invalid_json", "the body is not JSON") from None
+                signed = read_headers(now)  # before the body: a request without them is never read
+                body = _read_body(max_body_bytes)
+                secrets = _secrets(secret)
+                signed.verify(secrets, body)
+            except SignatureVerificationError as exc:
+                raise _refused(exc) from None
+            payload = _parse_json(body)
+            found_id = (
+                signed.msg_id if isinstance(signed, StandardHeaders) else request.headers.get(WEBHOOK_ID)
+            )
+            call = functools.partial(view, *args, payload=payload, delivery_id=found_id or None, **kwargs)
             if replay_cache is None:
-                return make_response(view(*args, payload=payload, delivery_id=found_id, **kwargs))
+                return make_response(call())
             # Remembered until the timestamp leaves the tolerance: after that it is refused anyway.
-            ttl = max(1, timestamp + tolerance - now + 1)
-            if not _remember(replay_cache, key, ttl):
+            ttl = max(1, signed.timestamp + tolerance - now + 1)
+            deciding, *others = _replay_keys(signed, secrets, body, tolerance, now)
+            if not _remember(replay_cache, deciding, ttl):
                 raise WebhookRejected(409, "replayed", "this delivery was already received")
+            # On failure, forget only what this request recorded: another delivery may share a key.
+            recorded = [deciding, *[key for key in others if _remember(replay_cache, key, ttl)]]
             try:
-                response = make_response(view(*args, payload=payload, delivery_id=found_id, **kwargs))
+                response = make_response(call())
             except BaseException:
-                _forget(replay_cache, key)
+                _forget(replay_cache, recorded)
                 raise
             if not 200 <= response.status_code < 300:
-                _forget(replay_cache, key)
+                _forget(replay_cache, recorded)
             return response
 
         return cast(F, wrapper)
@@ -374,13 +402,16 @@ def _remember(cache: ReplayCache, key: str, ttl: int) -> bool:
         ) from exc
 
 
-def _forget(cache: ReplayCache, key: str) -> None:
+def _forget(cache: ReplayCache, keys: Sequence[str]) -> None:
     # The view's own outcome is what the sender must see; a cache outage here only means the
     # sender's retry is refused as a replay until the entry expires.
-    try:
-        cache.discard(key)
-    except ReplayCacheError:
-        log.warning("harvest receiver: could not forget delivery %s in the replay cache", key, exc_info=True)
+    for key in keys:
+        try:
+            cache.discard(key)
+        except ReplayCacheError:
+            log.warning(
+                "harvest receiver: could not forget delivery %s in the replay cache", key, exc_info=True
+            )
 
 
 __all__ = [

@@ -13,9 +13,11 @@ import hashlib
 import hmac
 import secrets
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
 
-from .errors import InvalidSecretError, SignatureVerificationError
+from .errors import InvalidSecretError, SignatureVerificationError, VerificationFailure
 
 SECRET_PREFIX = "whsec_"  # noqa: S105 (a prefix, not a secret)
 DEFAULT_TOLERANCE_SECONDS = 300
@@ -24,6 +26,12 @@ DEFAULT_SIGNATURE_HEADER = "Autumn-Signature"
 WEBHOOK_ID = "webhook-id"
 WEBHOOK_TIMESTAMP = "webhook-timestamp"
 WEBHOOK_SIGNATURE = "webhook-signature"
+
+
+class HeaderLookup(Protocol):
+    """What the verifiers need of a request's headers: a ``dict`` or Flask's ``request.headers``."""
+
+    def get(self, key: str, /) -> str | None: ...
 
 
 def generate_secret() -> str:
@@ -98,77 +106,194 @@ def sign_headers(
     }
 
 
-def _check_timestamp(timestamp: int, tolerance: int, now: int | None) -> None:
-    current = int(time.time()) if now is None else now
-    if abs(current - timestamp) > tolerance:
-        raise SignatureVerificationError(
-            f"timestamp is outside the tolerance of {tolerance} s (replayed or clock skew)"
-        )
-
-
-def _parse_timestamp(value: str) -> int:
+def _read_timestamp(value: str, tolerance: int, now: int | None) -> int:
     try:
-        return int(value)
-    except ValueError:
-        raise SignatureVerificationError("timestamp is not an integer") from None
+        timestamp = int(value)
+    except ValueError:  # not a number, or more digits than int() accepts
+        raise SignatureVerificationError(
+            VerificationFailure.MALFORMED_HEADER, "the timestamp is not an integer"
+        ) from None
+    current = int(time.time()) if now is None else now
+    if current - timestamp > tolerance:
+        raise SignatureVerificationError(
+            VerificationFailure.TIMESTAMP_TOO_OLD,
+            f"the timestamp is more than {tolerance} s in the past, outside the tolerance "
+            "(a replayed request, or clock skew)",
+        )
+    if timestamp - current > tolerance:
+        raise SignatureVerificationError(
+            VerificationFailure.TIMESTAMP_IN_FUTURE,
+            f"the timestamp is more than {tolerance} s in the future, outside the tolerance (clock skew)",
+        )
+    return timestamp
+
+
+def _secret_list(secret: str | Sequence[str]) -> list[str]:
+    found = [secret] if isinstance(secret, str) else list(secret)
+    if not found:
+        raise InvalidSecretError("at least one secret is needed to verify", field="secrets")
+    return found
+
+
+def _any_matches(candidates: Sequence[str], expected: Sequence[str]) -> bool:
+    # Each pair is compared in constant time; which candidate matched is not secret. A candidate
+    # that is not even UTF-8 (a lone surrogate) is not a signature: it fails to match, not to run.
+    sent = [c.encode("utf-8", "replace") for c in candidates]
+    return any(hmac.compare_digest(c, e.encode()) for e in expected for c in sent)
+
+
+@dataclass(frozen=True)
+class StandardHeaders:
+    """The Standard Webhooks headers of one request: read, and the timestamp within the tolerance.
+
+    :meth:`read` needs only the headers, so a receiver can refuse a request before reading its
+    body; :meth:`verify` then checks the signatures against the body.
+    """
+
+    msg_id: str
+    timestamp: int
+    #: The ``webhook-signature`` entries (``v1,<base64>``), as sent.
+    signatures: tuple[str, ...]
+
+    @classmethod
+    def read(
+        cls, headers: HeaderLookup, *, tolerance: int = DEFAULT_TOLERANCE_SECONDS, now: int | None = None
+    ) -> StandardHeaders:
+        """Read the headers and check the timestamp; no signature is checked yet.
+
+        :param headers: looked up with the lowercase header names: Flask's case-insensitive
+            ``request.headers``, or a mapping with lowercase keys.
+        :raises SignatureVerificationError: with the reason ``MISSING_HEADER``,
+            ``MISSING_SIGNATURE``, ``MALFORMED_HEADER``, ``TIMESTAMP_TOO_OLD`` or
+            ``TIMESTAMP_IN_FUTURE``.
+        """
+        msg_id, timestamp = headers.get(WEBHOOK_ID), headers.get(WEBHOOK_TIMESTAMP)
+        if not msg_id or not timestamp:
+            name = WEBHOOK_TIMESTAMP if msg_id else WEBHOOK_ID
+            raise SignatureVerificationError(
+                VerificationFailure.MISSING_HEADER, f"the {name} header is missing"
+            )
+        signatures = headers.get(WEBHOOK_SIGNATURE)
+        if not signatures:
+            raise SignatureVerificationError(
+                VerificationFailure.MISSING_SIGNATURE, f"the {WEBHOOK_SIGNATURE} header is missing"
+            )
+        return cls(msg_id, _read_timestamp(timestamp, tolerance, now), tuple(signatures.split(" ")))
+
+    def verify(self, secret: str | Sequence[str], body: bytes) -> None:
+        """Check that a signature matches ``body`` with one of the secrets.
+
+        :raises SignatureVerificationError: with the reason ``NO_MATCHING_SIGNATURE``.
+        :raises InvalidSecretError: no secret is given, or one is not valid.
+        """
+        expected = [standard_signature(s, self.msg_id, self.timestamp, body) for s in _secret_list(secret)]
+        if not _any_matches(self.signatures, expected):
+            raise SignatureVerificationError(
+                VerificationFailure.NO_MATCHING_SIGNATURE, f"no {WEBHOOK_SIGNATURE} matches the body"
+            )
+
+
+@dataclass(frozen=True)
+class StripeHeader:
+    """A Stripe-style signature header (``t=...,v1=...[,v1=...]``): read, and ``t`` within the tolerance.
+
+    Like :class:`StandardHeaders`, :meth:`read` needs no body and :meth:`verify` checks it.
+    """
+
+    timestamp: int
+    #: The ``v1`` entries (hex HMAC-SHA256), as sent.
+    signatures: tuple[str, ...]
+    #: The header's name, used in messages only.
+    header: str = DEFAULT_SIGNATURE_HEADER
+
+    @classmethod
+    def read(
+        cls,
+        value: str | None,
+        *,
+        tolerance: int = DEFAULT_TOLERANCE_SECONDS,
+        now: int | None = None,
+        header: str = DEFAULT_SIGNATURE_HEADER,
+    ) -> StripeHeader:
+        """Read the header's value (``None`` when the request has none) and check its timestamp.
+
+        :param header: the header's name, for the messages.
+        :raises SignatureVerificationError: with the reason ``MISSING_SIGNATURE``,
+            ``MALFORMED_HEADER``, ``TIMESTAMP_TOO_OLD`` or ``TIMESTAMP_IN_FUTURE``.
+        """
+        if not value:
+            raise SignatureVerificationError(
+                VerificationFailure.MISSING_SIGNATURE, f"the {header} header is missing"
+            )
+        fields = [part.strip().partition("=") for part in value.split(",")]
+        timestamps = [v for k, sep, v in fields if sep and k == "t"]
+        signatures = tuple(v for k, sep, v in fields if sep and k == "v1")
+        if not timestamps:
+            raise SignatureVerificationError(
+                VerificationFailure.MALFORMED_HEADER, f"the {header} header has no t= timestamp"
+            )
+        if not signatures:
+            raise SignatureVerificationError(
+                VerificationFailure.MISSING_SIGNATURE, f"the {header} header has no v1= signature"
+            )
+        return cls(_read_timestamp(timestamps[-1], tolerance, now), signatures, header)
+
+    def verify(self, secret: str | Sequence[str], body: bytes) -> None:
+        """Check that a ``v1`` signature matches ``body`` with one of the secrets.
+
+        :raises SignatureVerificationError: with the reason ``NO_MATCHING_SIGNATURE``.
+        :raises InvalidSecretError: no secret is given, or one is empty.
+        """
+        expected = [stripe_signature(s, self.timestamp, body) for s in _secret_list(secret)]
+        if not _any_matches(self.signatures, expected):
+            raise SignatureVerificationError(
+                VerificationFailure.NO_MATCHING_SIGNATURE,
+                f"no v1 signature in {self.header} matches the body",
+            )
 
 
 def verify_standard(
-    secret: str,
-    headers: Mapping[str, str],
+    secret: str | Sequence[str],
+    headers: HeaderLookup,
     body: bytes,
     *,
     tolerance: int = DEFAULT_TOLERANCE_SECONDS,
     now: int | None = None,
-) -> None:
-    """Verify Standard Webhooks headers against the raw ``body``.
+) -> StandardHeaders:
+    """Verify Standard Webhooks headers against the raw ``body``; return what was verified.
 
-    ``headers`` is looked up with the lowercase header names, so pass a case-insensitive mapping
-    (Flask's ``request.headers``) or one with lowercase keys.
-
-    :raises SignatureVerificationError: a header is missing, the timestamp is outside
-        ``tolerance`` seconds, or no signature matches.
+    :param secret: the secret, or several (during a rotation): any one verifies.
+    :param headers: looked up with the lowercase header names, so pass a case-insensitive mapping
+        (Flask's ``request.headers``) or one with lowercase keys.
+    :param tolerance: seconds the timestamp may be away from ``now``, either way.
+    :param now: the current Unix time; the clock when ``None``.
+    :raises SignatureVerificationError: a header is missing or malformed, the timestamp is outside
+        ``tolerance``, or no signature matches; its ``reason`` says which.
+    :raises InvalidSecretError: no secret is given, or one is not valid.
     """
-    try:
-        msg_id = headers[WEBHOOK_ID]
-        timestamp = _parse_timestamp(headers[WEBHOOK_TIMESTAMP])
-        signatures = headers[WEBHOOK_SIGNATURE]
-    except KeyError as exc:
-        raise SignatureVerificationError(f"missing header {exc.args[0]}") from None
-    _check_timestamp(timestamp, tolerance, now)
-    expected = standard_signature(secret, msg_id, timestamp, body).encode()
-    for candidate in signatures.split(" "):
-        if hmac.compare_digest(candidate.encode(), expected):
-            return
-    raise SignatureVerificationError("no webhook-signature matches the body")
+    read = StandardHeaders.read(headers, tolerance=tolerance, now=now)
+    read.verify(secret, body)
+    return read
 
 
 def verify_stripe(
-    secret: str,
-    header_value: str,
+    secret: str | Sequence[str],
+    header_value: str | None,
     body: bytes,
     *,
     tolerance: int = DEFAULT_TOLERANCE_SECONDS,
     now: int | None = None,
-) -> None:
+    header: str = DEFAULT_SIGNATURE_HEADER,
+) -> StripeHeader:
     """Verify a Stripe-style header value (``t=...,v1=...[,v1=...]``) against the raw ``body``.
 
-    :raises SignatureVerificationError: the header is malformed, the timestamp is outside
-        ``tolerance`` seconds, or no ``v1`` signature matches.
+    :param secret: the secret, or several (during a rotation): any one verifies.
+    :param header_value: the header's value; ``None`` or empty when the request has none.
+    :param header: the header's name, for the messages.
+    :raises SignatureVerificationError: the header is missing or malformed, the timestamp is
+        outside ``tolerance`` seconds, or no ``v1`` signature matches; its ``reason`` says which.
+    :raises InvalidSecretError: no secret is given, or one is empty.
     """
-    timestamp: int | None = None
-    candidates: list[str] = []
-    for part in header_value.split(","):
-        key, sep, value = part.strip().partition("=")
-        if not sep:
-            continue
-        if key == "t":
-            timestamp = _parse_timestamp(value)
-        elif key == "v1":
-            candidates.append(value)
-    if timestamp is None or not candidates:
-        raise SignatureVerificationError("signature header needs t= and at least one v1=")
-    _check_timestamp(timestamp, tolerance, now)
-    expected = stripe_signature(secret, timestamp, body).encode()
-    if not any(hmac.compare_digest(c.encode(), expected) for c in candidates):
-        raise SignatureVerificationError("no v1 signature matches the body")
+    read = StripeHeader.read(header_value, tolerance=tolerance, now=now, header=header)
+    read.verify(secret, body)
+    return read

@@ -73,8 +73,9 @@ class SsrfPolicy:
     :param allow_cidrs: networks allowed even though they are not public.
     :param deny_cidrs: networks always refused; they win over ``allow_cidrs`` and ``allow_private``.
 
-    A network matches an address and any IPv4 address embedded in it (IPv4-mapped, NAT64, 6to4,
-    Teredo).
+    A network matches an address and the IPv4 addresses embedded in it (IPv4-mapped and
+    IPv4-compatible, NAT64, 6to4, Teredo): one denied address denies it, and it is allowed only if
+    every embedded address is.
     """
 
     allow_private: bool = False
@@ -176,13 +177,27 @@ def check_url(url: str, policy: SsrfPolicy) -> SsrfRejection | None:
 
 
 def check_address(ip: IPAddress, policy: SsrfPolicy) -> SsrfRejection | None:
-    """Return why a connection to ``ip`` is refused, or ``None`` when it is allowed."""
-    candidates = [ip, *_embedded_ipv4(ip)]
+    """Return why a connection to ``ip`` is refused, or ``None`` when it is allowed.
+
+    An address that embeds IPv4 addresses (IPv4-mapped or -compatible, NAT64, 6to4, Teredo) is
+    allowed only if every address embedded in it would be allowed on its own: a Teredo address
+    whose server is in ``allow_cidrs`` but whose client is the metadata service is refused.
+    """
+    embedded = _embedded_ipv4(ip)
+    candidates = [ip, *embedded]
     if any(a in net for a in candidates for net in policy.deny_cidrs):
         return SsrfRejection.DENIED_ADDRESS
-    if policy.allow_private or any(a in net for a in candidates for net in policy.allow_cidrs):
+    if policy.allow_private:
         return None
-    return _classify(ip)
+    if not any(a in net for a in candidates for net in policy.allow_cidrs):
+        return _classify(ip)
+    # Allowed by the list, but the packets reach the embedded addresses: each must pass on its own,
+    # so neither an allowed IPv6 network nor one allowed end of a tunnel vouches for the others.
+    for inner in embedded:
+        reason = check_address(inner, policy)
+        if reason is not None:
+            return reason
+    return None
 
 
 def _host(hostname: str) -> str | IPAddress | SsrfRejection:
@@ -253,6 +268,7 @@ def _nets(*cidrs: str) -> tuple[IPNetwork, ...]:
 
 
 _NAT64 = ipaddress.IPv6Network("64:ff9b::/96")
+_IPV4_COMPATIBLE = ipaddress.IPv6Network("::/96")
 # First match wins; the address of a tunnel or NAT64 is checked by the IPv4 address inside it.
 _BLOCKED = (
     (SsrfRejection.LOOPBACK_ADDRESS, _nets("127.0.0.0/8", "::1/128")),
@@ -293,11 +309,12 @@ _BLOCKED = (
 
 
 def _embedded_ipv4(ip: IPAddress) -> list[ipaddress.IPv4Address]:
+    """Return the IPv4 addresses that packets to ``ip`` may reach through a mapping or a tunnel."""
     if isinstance(ip, ipaddress.IPv4Address):
         return []
     if ip.ipv4_mapped is not None:
         return [ip.ipv4_mapped]
-    if ip in _NAT64:
+    if ip in _NAT64 or (ip in _IPV4_COMPATIBLE and int(ip) > 1):  # "::" and "::1" embed nothing
         return [ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF)]
     if ip.sixtofour is not None:
         return [ip.sixtofour]
@@ -305,7 +322,9 @@ def _embedded_ipv4(ip: IPAddress) -> list[ipaddress.IPv4Address]:
 
 
 def _classify(ip: IPAddress) -> SsrfRejection | None:
-    inner = _embedded_ipv4(ip)
+    # IPv4-compatible addresses are deprecated (RFC 4291): reserved, whatever they embed. What
+    # they embed matters to the allow and deny lists only.
+    inner = [] if ip in _IPV4_COMPATIBLE else _embedded_ipv4(ip)
     if inner:
         for address in inner:
             reason = _classify(address)

@@ -13,7 +13,6 @@ to a checked address. TLS still sends and verifies the host name: only the socke
 from __future__ import annotations
 
 import contextlib
-import enum
 import heapq
 import ipaddress
 import itertools
@@ -33,42 +32,15 @@ from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
 from urllib3.exceptions import ConnectTimeoutError, NameResolutionError, NewConnectionError
 from urllib3.util.connection import create_connection
 
+# Re-exported: these were defined here first, and the transport is where callers look for them.
+from .attempt import FailureKind as FailureKind
+from .attempt import HttpResponse as HttpResponse
+from .attempt import TransportError as TransportError
 from .ssrf import SsrfError, SsrfPolicy, SsrfRejection, check_address, check_url, describe
 
 #: The most of a response body that is read and stored.
 MAX_RESPONSE_BYTES = 20 * 1024
 _CHUNK = 4096
-
-
-class FailureKind(str, enum.Enum):
-    """Why an attempt got no HTTP response."""
-
-    CONNECT = "connect"
-    TIMEOUT = "timeout"
-    DEADLINE = "deadline"
-    TLS = "tls"
-    PROTOCOL = "protocol"
-    #: Refused by the SSRF policy, before a request was sent; retrying cannot help.
-    SSRF = "ssrf"
-
-
-@dataclass(frozen=True)
-class HttpResponse:
-    """What the receiver answered: status, the headers we act on, the start of the body."""
-
-    status: int
-    retry_after: str | None
-    body: str
-    elapsed_ms: int
-
-
-class TransportError(Exception):
-    """The attempt got no HTTP response. The message names the kind, never the URL or a secret."""
-
-    def __init__(self, kind: FailureKind, message: str, elapsed_ms: int) -> None:
-        super().__init__(message)
-        self.kind = kind
-        self.elapsed_ms = elapsed_ms
 
 
 class _Watchdog:

@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import random
+import subprocess
+import sys
 from datetime import datetime, timedelta, timezone
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from flask_harvest.attempt import FailureKind, HttpResponse, TransportError
 from flask_harvest.config import Settings
 from flask_harvest.ssrf import SsrfRejection, describe
-from flask_harvest.transport import FailureKind, HttpResponse, TransportError
 from flask_harvest.webhooks import outcome
 from flask_harvest.webhooks.models import (
     Claim,
@@ -145,3 +147,33 @@ def test_ssrf_refusal_dead_letters_at_once_naming_the_reason(attempt: int) -> No
 def test_other_transport_errors_still_retry() -> None:
     for kind in (FailureKind.CONNECT, FailureKind.TIMEOUT, FailureKind.DEADLINE, FailureKind.TLS):
         assert decide(TransportError(kind, "x", 1)).state is DeliveryState.PENDING
+
+
+# -- purity ------------------------------------------------------------------------------------
+
+PURE_MODULES = [
+    "flask_harvest.webhooks.outcome",
+    "flask_harvest.attempt",
+    "flask_harvest.signing",
+    "flask_harvest.ssrf",
+    "flask_harvest.backoff",
+    "flask_harvest.config",
+]
+#: What a pure core must not pull in, even through flask_harvest/__init__.py.
+EDGES = ["requests", "urllib3", "flask", "werkzeug", "sqlalchemy", "redis", "rq", "blinker", "marshmallow"]
+
+
+def test_the_outcome_rules_import_no_http_client() -> None:
+    # The exact check of the issue, in a fresh interpreter so nothing imported here counts.
+    command = "import flask_harvest.webhooks.outcome, sys; print('requests' in sys.modules)"
+    done = subprocess.run([sys.executable, "-c", command], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "False"
+
+
+@pytest.mark.parametrize("module", PURE_MODULES)
+def test_pure_cores_import_no_edge_library(module: str) -> None:
+    command = f"import {module}, sys; print(sorted(m for m in {EDGES!r} if m in sys.modules))"
+    done = subprocess.run([sys.executable, "-c", command], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"

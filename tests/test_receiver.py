@@ -5,19 +5,25 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import socket
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 import pytest
 import redis
+import requests
 import standardwebhooks
 import stripe
-from flask import Flask
+from flask import Flask, request
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from werkzeug.serving import make_server
 from werkzeug.test import TestResponse
 
@@ -30,6 +36,8 @@ from flask_harvest import (
     generate_secret,
     get_engine,
 )
+from flask_harvest import receiver as receiver_module
+from flask_harvest.errors import VerificationFailure
 from flask_harvest.receiver import (
     MemoryReplayCache,
     RedisReplayCache,
@@ -231,6 +239,12 @@ STRIPE_REFUSALS = [
         401,
         "timestamp_out_of_tolerance",
         id="stale",
+    ),
+    pytest.param(
+        lambda: (BODY, _stripe(timestamp=int(time.time()) + 3600)),
+        401,
+        "timestamp_out_of_tolerance",
+        id="future",
     ),
     pytest.param(lambda: (BODY, {}), 401, "missing_signature", id="no-header"),
     pytest.param(
@@ -444,6 +458,185 @@ def test_cache_add_is_atomic_across_threads(kind: str, request: pytest.FixtureRe
     assert results.count(True) == 1
 
 
+# -- the Stripe scheme's replay key ---------------------------------------------------------------
+
+
+def test_stripe_deliveries_with_the_same_body_in_the_same_second_are_both_handled(
+    replay_cache: ReplayCache,
+) -> None:
+    # flask-harvest signs every attempt both ways; the Standard Webhooks signature covers the id,
+    # so two deliveries of the same payload in the same second are two deliveries, not a replay.
+    receiver = Receiver(scheme="stripe", replay_cache=replay_cache)
+    now = int(time.time())
+    first, second = signed(msg_id="msg_a", timestamp=now), signed(msg_id="msg_b", timestamp=now)
+    assert first[DEFAULT_SIGNATURE_HEADER] == second[DEFAULT_SIGNATURE_HEADER]
+    assert receiver.post(BODY, first).status_code == 200
+    assert receiver.post(BODY, second).status_code == 200
+    assert [c["delivery_id"] for c in receiver.calls] == ["msg_a", "msg_b"]
+    # Each is still refused when it comes again, however its unsigned parts are changed.
+    assert receiver.post(BODY, first).status_code == 409
+    assert receiver.post(BODY, {**first, "webhook-id": "msg_c"}).status_code == 409
+    assert receiver.post(BODY, _without(first, "webhook-signature")).status_code == 409
+    assert receiver.post(BODY, {DEFAULT_SIGNATURE_HEADER: first[DEFAULT_SIGNATURE_HEADER]}).status_code == 409
+    assert len(receiver.calls) == 2
+
+
+def test_stripe_failed_view_forgets_only_what_its_request_recorded() -> None:
+    receiver = Receiver(scheme="stripe", replay_cache=MemoryReplayCache())
+    now = int(time.time())
+    first, second = signed(msg_id="msg_a", timestamp=now), signed(msg_id="msg_b", timestamp=now)
+    assert receiver.post(BODY, first).status_code == 200
+    receiver.status = 503
+    assert receiver.post(BODY, second).status_code == 503
+    receiver.status = 200
+    assert receiver.post(BODY, second).status_code == 200  # the retry is handled
+    # The first delivery's signed message is still remembered: a copy with a new id is refused.
+    assert receiver.post(BODY, {**first, "webhook-id": "msg_c"}).status_code == 409
+
+
+def test_stripe_only_requests_without_a_signed_id_are_keyed_by_the_signed_message() -> None:
+    # The Stripe-style signature covers only the timestamp and the body: without an id that a
+    # signature covers, the same body in the same second cannot be told from a replay (409); the
+    # sender's retry carries a new timestamp and is handled.
+    receiver = Receiver(scheme="stripe", replay_cache=MemoryReplayCache())
+    now = int(time.time())
+    assert receiver.post(BODY, _stripe(timestamp=now)).status_code == 200
+    assert receiver.post(BODY, _stripe(timestamp=now)).status_code == 409
+    assert receiver.post(BODY, _stripe(timestamp=now - 1)).status_code == 200
+
+
+# -- bad bodies --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("depth", [1_000, 100_000])
+@pytest.mark.parametrize("scheme", ["standard", "stripe"])
+def test_a_deeply_nested_body_is_a_400_not_a_500(depth: int, scheme: str) -> None:
+    body = b"[" * depth + b"]" * depth
+    receiver = Receiver(scheme=scheme, replay_cache=MemoryReplayCache())
+    response = receiver.post(body, signed(body))
+    assert (response.status_code, error_code(response)) == (400, "invalid_json")
+    assert "nested too deeply" in response.get_json()["error"]["message"]
+    assert receiver.calls == []
+    # Nothing was remembered: the same delivery id with a sound body is handled.
+    assert receiver.post(BODY, signed()).status_code == 200
+
+
+def test_the_body_limit_is_a_413_and_a_body_at_the_limit_is_handled() -> None:
+    body = b'{"pad":"' + b"x" * (1024 - 10) + b'"}'
+    assert len(body) == 1024
+    receiver = Receiver(max_body_bytes=1024, replay_cache=MemoryReplayCache())
+    assert receiver.post(body, signed(body)).status_code == 200
+    over = body[:-2] + b'x"}'
+    response = receiver.post(over, signed(over, msg_id="msg_over"))
+    assert (response.status_code, error_code(response)) == (413, "body_too_large")
+    assert len(receiver.calls) == 1
+
+
+def test_the_default_body_limit_is_one_mebibyte() -> None:
+    body = b'{"pad":"' + b"x" * (1024 * 1024) + b'"}'
+    receiver = Receiver()
+    response = receiver.post(body, signed(body))
+    assert (response.status_code, error_code(response)) == (413, "body_too_large")
+
+
+def test_a_bad_body_limit_fails_at_decoration() -> None:
+    for limit in (0, -1):
+        with pytest.raises(ConfigurationError, match="max_body_bytes"):
+            verify_webhook(SECRET, max_body_bytes=limit)
+
+
+class _Server:
+    """The receiver on a real HTTP server on 127.0.0.1, spoken to over raw sockets."""
+
+    def __init__(self, receiver: Receiver) -> None:
+        self.receiver = receiver
+        self.server = make_server("127.0.0.1", 0, receiver.app, threaded=True)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+    def send(self, headers: dict[str, str], body_start: bytes) -> tuple[int, str]:
+        """Send the request line, ``headers`` and the start of a body that never ends; return the
+        status and error code the server answers with, or fail if it waits for the rest."""
+        head = "POST /webhooks HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+        head += "".join(f"{name}: {value}\r\n" for name, value in headers.items()) + "\r\n"
+        with socket.create_connection(("127.0.0.1", self.server.server_port), timeout=5) as sock:
+            sock.sendall(head.encode("latin-1") + body_start)
+            data = b""
+            try:
+                while b"\r\n\r\n" not in data:
+                    chunk = sock.recv(65536)
+                    assert chunk, "the server closed the connection without answering"
+                    data += chunk
+                header_block, _, rest = data.partition(b"\r\n\r\n")
+                length = int(re.search(rb"(?i)content-length: *(\d+)", header_block).group(1))  # type: ignore[union-attr]
+                while len(rest) < length:
+                    rest += sock.recv(65536)
+            except TimeoutError:
+                pytest.fail("the receiver waited for the body instead of answering")
+        status = int(header_block.split(b" ", 2)[1])
+        return status, json.loads(rest)["error"]["code"]
+
+
+@pytest.fixture
+def limited() -> Iterator[_Server]:
+    server = _Server(Receiver(max_body_bytes=64 * 1024, replay_cache=MemoryReplayCache()))
+    yield server
+    server.close()
+
+
+def test_a_huge_body_without_webhook_headers_is_refused_before_it_is_read(limited: _Server) -> None:
+    # 200 MB announced, 4 KB sent: an answer proves the receiver never waited for the rest.
+    headers = {"Content-Type": "application/json", "Content-Length": str(200 * 1024 * 1024)}
+    assert limited.send(headers, b"[" * 4096) == (400, "missing_header")
+
+
+def test_a_huge_body_with_a_stale_timestamp_is_refused_before_it_is_read(limited: _Server) -> None:
+    headers = {**signed(timestamp=int(time.time()) - 3600), "Content-Length": str(200 * 1024 * 1024)}
+    assert limited.send(headers, b"[" * 4096) == (401, "timestamp_out_of_tolerance")
+
+
+def test_an_announced_body_over_the_limit_is_a_413_before_it_is_read(limited: _Server) -> None:
+    headers = {**signed(), "Content-Length": str(64 * 1024 + 1)}
+    assert limited.send(headers, b"[" * 4096) == (413, "body_too_large")
+    assert limited.receiver.calls == []
+
+
+def test_a_chunked_body_is_read_only_up_to_the_limit(limited: _Server) -> None:
+    # No Content-Length: chunks keep coming, and the receiver stops one byte past its limit.
+    chunk = b"[" * 16384
+    chunks = b"".join(b"%x\r\n%s\r\n" % (len(chunk), chunk) for _ in range(5))
+    headers = {**signed(), "Transfer-Encoding": "chunked"}
+    assert limited.send(headers, chunks) == (413, "body_too_large")
+    assert limited.receiver.calls == []
+
+
+def test_a_chunked_body_under_the_limit_is_verified_and_readable_in_the_view() -> None:
+    receiver = Receiver(max_body_bytes=64 * 1024)
+    seen: list[bytes] = []
+
+    @receiver.app.post("/raw")
+    @verify_webhook(SECRET, max_body_bytes=64 * 1024)
+    def raw(payload: Any, delivery_id: str) -> tuple[str, int]:
+        seen.append(request.get_data())
+        return "", 204
+
+    server = _Server(receiver)
+    try:
+        url = f"http://127.0.0.1:{server.server.server_port}"
+        # A generator body makes requests send it chunked, without a Content-Length.
+        response = requests.post(
+            url + "/raw", data=iter([BODY[:10], BODY[10:]]), headers=signed(), timeout=10
+        )
+        assert response.request.headers.get("Transfer-Encoding") == "chunked"
+        assert response.status_code == 204, response.text
+        assert seen == [BODY]
+    finally:
+        server.close()
+
+
 # -- the example and the secret ----------------------------------------------------------------
 
 
@@ -463,3 +656,68 @@ def test_the_receiver_example_runs_as_documented() -> None:
     assert "tampered body      -> 401 invalid_signature" in lines
     assert "replayed delivery  -> 409 replayed" in lines
     assert lines[-1] == "receiver example OK"
+
+
+def test_every_verification_failure_has_an_answer() -> None:
+    # A new reason in the signing module must get a status here, not a KeyError (a 500).
+    assert set(receiver_module._REFUSALS) == set(VerificationFailure)
+    assert all(400 <= status < 500 for status, _ in receiver_module._REFUSALS.values())
+
+
+# -- arbitrary requests ------------------------------------------------------------------------
+
+_header_text = st.text(
+    st.characters(min_codepoint=32, max_codepoint=255, exclude_characters="\x7f"), max_size=80
+)
+_timestamps = st.one_of(
+    st.integers(-(2**70), 2**70).map(str),
+    st.builds(lambda skew: str(int(time.time()) + skew), st.integers(-400, 400)),
+    _header_text,
+)
+_json_bodies = st.one_of(
+    st.binary(max_size=300),
+    st.recursive(
+        st.none() | st.booleans() | st.floats() | st.integers() | st.text(max_size=20),
+        lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+        max_leaves=20,
+    ).map(lambda value: json.dumps(value).encode()),
+    st.integers(1, 5000).map(lambda depth: b"[" * depth + b"]" * depth),
+    st.integers(1, 5000).map(lambda depth: b'{"a":' * depth + b"1" + b"}" * depth),
+)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    scheme=st.sampled_from(["standard", "stripe"]),
+    body=_json_bodies,
+    sign=st.booleans(),
+    msg_id=_header_text,
+    timestamp=_timestamps,
+    signature=_header_text,
+    stripe_header=_header_text,
+)
+def test_any_request_is_answered_with_a_4xx_or_reaches_the_view_verified(
+    scheme: str, body: bytes, sign: bool, msg_id: str, timestamp: str, signature: str, stripe_header: str
+) -> None:
+    receiver = Receiver(scheme=scheme, replay_cache=MemoryReplayCache(), max_body_bytes=64 * 1024)
+    if sign:
+        headers = signed(body, msg_id=msg_id or "msg_x")
+    else:
+        headers = {
+            "webhook-id": msg_id,
+            "webhook-timestamp": timestamp,
+            "webhook-signature": signature,
+            DEFAULT_SIGNATURE_HEADER: stripe_header,
+        }
+    response = receiver.post(body, headers)
+    if response.status_code == 200:
+        assert sign and [call["delivery_id"] for call in receiver.calls] == [headers["webhook-id"]]
+        # json.dumps: NaN is not equal to itself, but it is spelled the same.
+        assert json.dumps(receiver.calls[0]["payload"]) == json.dumps(json.loads(body))
+    else:
+        assert response.status_code in (400, 401, 413), response.get_data(as_text=True)
+        assert error_code(response) in {code for _, code in receiver_module._REFUSALS.values()} | {
+            "invalid_json",
+            "body_too_large",
+        }
+        assert receiver.calls == []

@@ -27,6 +27,7 @@ from flask_harvest import (
 from flask_harvest.config import load_settings
 from flask_harvest.errors import ConfigurationError, InvalidFieldError
 from flask_harvest.ssrf import (
+    IPNetwork,
     SsrfError,
     SsrfPolicy,
     SsrfRejection,
@@ -262,6 +263,128 @@ def test_validate_target_raises_a_field_error_naming_the_reason_without_the_quer
         validate_target("https://admin:hunter2@example.com/", DEFAULT)
     assert "hunter2" not in str(info.value)
     assert "admin" not in str(info.value)
+
+
+# -- addresses that embed IPv4 addresses, under an allow list ---------------------------------------
+
+_V4 = ipaddress.IPv4Address
+_V6 = ipaddress.IPv6Address
+
+
+def mapped(v4: _V4) -> _V6:
+    return _V6((0xFFFF << 32) | int(v4))
+
+
+def compatible(v4: _V4) -> _V6:
+    return _V6(int(v4))
+
+
+def nat64(v4: _V4) -> _V6:
+    return _V6(int(_V6("64:ff9b::")) | int(v4))
+
+
+def sixtofour(v4: _V4, rest: int = 1) -> _V6:
+    return _V6((0x2002 << 112) | (int(v4) << 80) | rest)
+
+
+def teredo(server: _V4, client: _V4, flags: int = 0, port: int = 0) -> _V6:
+    # RFC 4380: the client's port and address are stored inverted.
+    return _V6(
+        (0x20010000 << 96)
+        | (int(server) << 64)
+        | (flags << 48)
+        | ((port ^ 0xFFFF) << 32)
+        | (int(client) ^ 0xFFFFFFFF)
+    )
+
+
+def test_teredo_is_refused_when_only_its_server_is_allowed() -> None:
+    # The audit's address: server 10.20.0.1 (allowed), client 169.254.169.254 (the metadata service).
+    ip = ipaddress.ip_address("2001:0:a14:1:0:ffff:5601:5601")
+    assert ip == teredo(_V4("10.20.0.1"), _V4("169.254.169.254"))
+    policy = SsrfPolicy(allow_cidrs=parse_cidrs("10.20.0.0/16"))
+    assert check_address(ip, policy) is R.LINK_LOCAL_ADDRESS
+    assert check_url("http://[2001:0:a14:1:0:ffff:5601:5601]/", policy) is R.LINK_LOCAL_ADDRESS
+    # Allowed once every address in it is: both ends in the allow list.
+    both = SsrfPolicy(allow_cidrs=parse_cidrs("10.20.0.0/16, 169.254.169.254"))
+    assert check_address(ip, both) is None
+
+
+def test_an_allowed_ipv6_network_does_not_allow_the_ipv4_addresses_it_embeds() -> None:
+    metadata = _V4("169.254.169.254")
+    for wrapper, network in [
+        (mapped(metadata), "::ffff:0:0/96"),
+        (compatible(metadata), "::/96"),
+        (nat64(metadata), "64:ff9b::/96"),
+        (sixtofour(metadata), "2002::/16"),
+        (teredo(_V4("8.8.8.8"), metadata), "2001::/32"),
+        (teredo(_V4("8.8.8.8"), metadata), "::/0"),
+    ]:
+        assert check_address(wrapper, SsrfPolicy(allow_cidrs=parse_cidrs(network))) is R.LINK_LOCAL_ADDRESS
+    # ...and a tunnel to public addresses is allowed when its network is.
+    public = sixtofour(_V4("8.8.8.8"))
+    assert check_address(public, DEFAULT) is R.RESERVED_ADDRESS
+    assert check_address(public, SsrfPolicy(allow_cidrs=parse_cidrs("2002::/16"))) is None
+    # The IPv4 network still allows the addresses that embed only its addresses, as before.
+    ten = SsrfPolicy(allow_cidrs=parse_cidrs("10.20.0.0/16"))
+    for wrapper in (mapped(_V4("10.20.0.1")), nat64(_V4("10.20.0.1")), sixtofour(_V4("10.20.0.1"))):
+        assert check_address(wrapper, ten) is None, wrapper
+    assert check_address(teredo(_V4("10.20.0.1"), _V4("10.20.9.9")), ten) is None
+
+
+_INTERESTING_V4 = [
+    "10.20.0.1",
+    "169.254.169.254",
+    "127.0.0.1",
+    "192.168.1.1",
+    "100.64.0.1",
+    "8.8.8.8",
+    "0.0.0.0",
+    "224.0.0.1",
+    "255.255.255.255",
+]
+ipv4s = st.one_of(st.sampled_from([_V4(a) for a in _INTERESTING_V4]), st.integers(0, 2**32 - 1).map(_V4))
+ipv4_networks = st.builds(
+    lambda address, prefix: ipaddress.ip_network(f"{address}/{prefix}", strict=False),
+    ipv4s,
+    st.integers(0, 32),
+)
+ipv6_networks = st.sampled_from(
+    [
+        ipaddress.ip_network(n)
+        for n in ("::ffff:0:0/96", "::/96", "64:ff9b::/96", "2002::/16", "2001::/32", "::/0")
+    ]
+)
+embedding = st.one_of(
+    st.builds(lambda a: (mapped(a), [a]), ipv4s),
+    st.builds(lambda a: (compatible(a), [a]), ipv4s.filter(lambda a: int(a) > 1)),
+    st.builds(lambda a: (nat64(a), [a]), ipv4s),
+    st.builds(lambda a, rest: (sixtofour(a, rest), [a]), ipv4s, st.integers(0, 2**80 - 1)),
+    st.builds(
+        lambda server, client, flags, port: (teredo(server, client, flags, port), [server, client]),
+        ipv4s,
+        ipv4s,
+        st.integers(0, 0xFFFF),
+        st.integers(0, 0xFFFF),
+    ),
+)
+
+
+@given(
+    embedding,
+    st.lists(st.one_of(ipv4_networks, ipv6_networks), max_size=4),
+    st.lists(st.one_of(ipv4_networks, ipv6_networks), max_size=2),
+)
+def test_an_address_is_allowed_only_if_every_address_embedded_in_it_is(
+    wrapped: tuple[_V6, list[_V4]], allow: list[IPNetwork], deny: list[IPNetwork]
+) -> None:
+    address, inner = wrapped
+    policy = SsrfPolicy(allow_cidrs=tuple(allow), deny_cidrs=tuple(deny))
+    verdict = check_address(address, policy)
+    if verdict is None:
+        assert all(check_address(a, policy) is None for a in inner), (address, inner)
+    if any(check_address(a, policy) is R.DENIED_ADDRESS for a in inner):
+        assert verdict is R.DENIED_ADDRESS
 
 
 # -- settings ------------------------------------------------------------------------------------

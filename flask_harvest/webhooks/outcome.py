@@ -16,9 +16,9 @@ from __future__ import annotations
 import random
 from datetime import datetime, timedelta
 
+from ..attempt import FailureKind, HttpResponse, TransportError
 from ..backoff import parse_retry_after, retry_delay_ms
 from ..config import Settings
-from ..transport import FailureKind, HttpResponse, TransportError
 from .models import (
     AttemptResult,
     Claim,
