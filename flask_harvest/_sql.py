@@ -7,6 +7,7 @@ from one object.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime, timezone
 
 from sqlalchemy import DateTime, Dialect, Engine, MetaData, TypeDecorator
@@ -48,11 +49,13 @@ metadata = MetaData(
 )
 
 
-def store_error(action: str, exc: SQLAlchemyError, engine: Engine, *, hint: str = "") -> StoreError:
+def store_error(
+    action: str, exc: SQLAlchemyError, engine: Engine, *, hint: str = "", secrets: Sequence[str] = ()
+) -> StoreError:
     """Return a :class:`StoreError` saying what failed, without the statement's bound values.
 
     Bound values are inputs, payloads and secrets: the message keeps the first line of the driver's
-    error and the database password is masked. Raise it ``from exc``.
+    error, and the database password and ``secrets`` are masked. Raise it ``from exc``.
 
     :param hint: appended when the error says a ``harvest_`` table is missing.
     """
@@ -67,7 +70,7 @@ def store_error(action: str, exc: SQLAlchemyError, engine: Engine, *, hint: str 
     message = f"could not {action} in {engine.dialect.name}: {detail}"
     if hint and "harvest_" in detail and ("no such table" in detail or "does not exist" in detail):
         message += f"; {hint}"
-    password = engine.url.password
-    if password:
-        message = message.replace(str(password), "***")
+    for hidden in (engine.url.password, *secrets):
+        if hidden:
+            message = message.replace(str(hidden), "***")
     return StoreError(message)

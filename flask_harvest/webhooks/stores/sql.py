@@ -31,9 +31,10 @@ from sqlalchemy import (
     update,
 )
 from sqlalchemy.dialects import postgresql, sqlite
-from sqlalchemy.exc import SQLAlchemyError, StatementError
+from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.sql import Executable
 
+from ..._sql import store_error
 from ...errors import (
     ConfigurationError,
     DeliveryNotFoundError,
@@ -73,6 +74,8 @@ from ._schema import (
     subscriptions_table,
 )
 from .base import DlqCursor, OutboundWebhookHandler, StoreCapabilities, fold_stats
+
+_SCHEMA_HINT = "create the tables with ensure_schema() or apply WEBHOOK_SCHEMA_SQL"
 
 __all__ = [
     "WEBHOOK_SCHEMA_SQL",
@@ -147,22 +150,7 @@ class SqlOutboundWebhookStore(OutboundWebhookHandler):
             raise self._store_error(action, exc, secrets) from exc
 
     def _store_error(self, action: str, exc: SQLAlchemyError, secrets: Sequence[str]) -> StoreError:
-        if isinstance(exc, StatementError):
-            # The cause ends up in tracebacks and logs: keep its SQL, drop the bound values
-            # (secrets, payloads).
-            exc.hide_parameters = True
-            cause: BaseException = exc.orig if exc.orig is not None else exc
-        else:
-            cause = exc
-        lines = str(cause).strip().splitlines() if isinstance(cause, Exception) else []
-        detail = f"{type(cause).__name__}: {lines[0][:300]}" if lines else type(cause).__name__
-        message = f"could not {action} in {self.engine.dialect.name}: {detail}"
-        if "harvest_webhook_" in detail and ("no such table" in detail or "does not exist" in detail):
-            message += "; create the tables with ensure_schema() or apply WEBHOOK_SCHEMA_SQL"
-        for hidden in (self.engine.url.password, *secrets):
-            if hidden:
-                message = message.replace(str(hidden), "***")
-        return StoreError(message)
+        return store_error(action, exc, self.engine, hint=_SCHEMA_HINT, secrets=secrets)
 
     def ensure_schema(self) -> None:
         """Create the store's tables and indexes where they do not exist yet."""
