@@ -10,12 +10,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import datetime, timezone
 
-from sqlalchemy import DateTime, Dialect, Engine, MetaData, TypeDecorator
+from sqlalchemy import DateTime, Dialect, Engine, MetaData, Table, TypeDecorator
+from sqlalchemy.engine import URL
 from sqlalchemy.exc import SQLAlchemyError, StatementError
+from sqlalchemy.schema import CreateIndex, CreateTable
 
 from .errors import StoreError
 
-__all__ = ["UTCDateTime", "metadata", "store_error"]
+__all__ = ["UTCDateTime", "create_tables", "metadata", "schema_sql", "store_error"]
 
 
 class UTCDateTime(TypeDecorator[datetime]):
@@ -74,3 +76,35 @@ def store_error(
         if hidden:
             message = message.replace(str(hidden), "***")
     return StoreError(message)
+
+
+def schema_sql(tables: Sequence[Table], dialect: str = "postgresql") -> str:
+    """Return the DDL that creates ``tables`` and their indexes where they are absent.
+
+    Compiled from the ``Table`` objects, so it always matches what the stores expect.
+
+    :param dialect: a SQLAlchemy dialect name such as ``postgresql`` or ``sqlite``.
+    :returns: ``CREATE TABLE IF NOT EXISTS`` and ``CREATE INDEX IF NOT EXISTS`` statements, each
+        ending in ``;``.
+    """
+    compiled_for = URL.create(dialect).get_dialect()()
+    statements = []
+    for table in [t for t in metadata.sorted_tables if t in tables]:
+        statements.append(str(CreateTable(table, if_not_exists=True).compile(dialect=compiled_for)))
+        for index in sorted(table.indexes, key=lambda i: str(i.name)):
+            statements.append(str(CreateIndex(index, if_not_exists=True).compile(dialect=compiled_for)))
+    # The compiler leaves a space at the end of each column line; drop it for tidy files.
+    tidy = ("\n".join(line.rstrip() for line in s.strip().splitlines()) + ";" for s in statements)
+    return "\n\n".join(tidy) + "\n"
+
+
+def create_tables(engine: Engine, tables: Sequence[Table], *, what: str, hint: str = "") -> None:
+    """Create ``tables`` and their indexes where they do not exist yet (existing ones are left alone).
+
+    :param what: names the tables in the error (``the webhook tables``).
+    :raises StoreError: the database refused.
+    """
+    try:
+        metadata.create_all(engine, tables=list(tables), checkfirst=True)
+    except SQLAlchemyError as exc:
+        raise store_error(f"create {what}", exc, engine, hint=hint) from exc

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from datetime import timedelta
 from pathlib import Path
 
@@ -12,6 +12,7 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.engine import URL
 
+from flask_harvest import schema as full_schema
 from flask_harvest.errors import DuplicateSubscriptionError, StoreError
 from flask_harvest.webhooks.models import (
     AttemptResult,
@@ -25,6 +26,7 @@ from flask_harvest.webhooks.models import (
 )
 from flask_harvest.webhooks.stores.sql import (
     WEBHOOK_SCHEMA_SQL,
+    WEBHOOK_TABLES,
     SqlOutboundWebhookStore,
     attempts_table,
     deliveries_table,
@@ -66,9 +68,9 @@ def exercise(store: SqlOutboundWebhookStore) -> None:
     assert store.replay_delivery("dlv_1", now=now + timedelta(seconds=1)).attempt == 1
 
 
-def assert_schema_present(engine: sa.Engine) -> None:
+def assert_schema_present(engine: sa.Engine, tables: Sequence[sa.Table] = WEBHOOK_TABLES) -> None:
     inspector = sa.inspect(engine)
-    for table in metadata.sorted_tables:
+    for table in tables:
         assert {c["name"] for c in inspector.get_columns(table.name)} == set(table.columns.keys())
         assert {i["name"] for i in inspector.get_indexes(table.name)} == {i.name for i in table.indexes}
 
@@ -94,7 +96,8 @@ def test_ensure_schema_creates_missing_tables(tmp_path: Path) -> None:
 def test_schema_sql_names_every_table_and_index() -> None:
     assert schema_sql("postgresql") == WEBHOOK_SCHEMA_SQL
     for sql in (WEBHOOK_SCHEMA_SQL, schema_sql("sqlite")):
-        for table in metadata.sorted_tables:
+        assert "harvest_workflow" not in sql  # each store's DDL is its own tables'
+        for table in WEBHOOK_TABLES:
             assert f"CREATE TABLE IF NOT EXISTS {table.name} (" in sql
             for index in table.indexes:
                 unique = "UNIQUE " if index.unique else ""
@@ -112,6 +115,20 @@ def test_schema_sql_applies_on_a_fresh_sqlite_database(tmp_path: Path) -> None:
             raw.close()
         assert_schema_present(engine)
         exercise(SqlOutboundWebhookStore(engine))
+    finally:
+        engine.dispose()
+
+
+def test_the_full_schema_has_every_table_on_the_one_metadata(tmp_path: Path) -> None:
+    assert set(full_schema.ALL_TABLES) == set(metadata.sorted_tables)
+    engine = sa.create_engine(f"sqlite:///{tmp_path / 'full.db'}")
+    try:
+        raw = engine.raw_connection()
+        try:
+            raw.driver_connection.executescript(full_schema.schema_sql("sqlite"))  # type: ignore[union-attr]
+        finally:
+            raw.close()
+        assert_schema_present(engine, full_schema.ALL_TABLES)
     finally:
         engine.dispose()
 

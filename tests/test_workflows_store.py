@@ -10,7 +10,7 @@ import pytest
 import sqlalchemy as sa
 
 from flask_harvest.errors import InvalidFieldError, InvalidStateError
-from flask_harvest.webhooks.stores.sql import WEBHOOK_SCHEMA_SQL, metadata, schema_sql
+from flask_harvest.schema import metadata, schema_sql
 from flask_harvest.workflows import (
     Execution,
     ExecutionNotFoundError,
@@ -48,7 +48,7 @@ def close(store: SqlWorkflowStore, execution: Execution, state: ExecutionState) 
 def test_the_workflow_tables_are_on_the_shared_metadata() -> None:
     names = {table.name for table in metadata.sorted_tables}
     assert {"harvest_workflow_executions", "harvest_workflow_steps"} <= names
-    assert "harvest_workflow_executions" in WEBHOOK_SCHEMA_SQL
+    assert "harvest_workflow_executions" in schema_sql("postgresql")
     assert "ux_harvest_workflow_executions_open_workflow_id" in schema_sql("sqlite")
 
 

@@ -10,7 +10,7 @@ from sqlalchemy.engine import Row
 from .._sql import UTCDateTime, metadata
 from .models import Execution, ExecutionState, StepRecord, decode_json
 
-__all__ = ["executions_table", "row_to_execution", "row_to_step", "steps_table"]
+__all__ = ["WORKFLOW_TABLES", "executions_table", "row_to_execution", "row_to_step", "steps_table"]
 
 #: An execution id is a UUID in its 36-character text form.
 EXECUTION_ID_LENGTH = 36
@@ -76,6 +76,10 @@ steps_table = Table(
     Column("created_at", UTCDateTime, nullable=False),
     PrimaryKeyConstraint("execution_id", "seq"),
 )
+
+
+#: The workflow tables, in creation order.
+WORKFLOW_TABLES = (executions_table, steps_table)
 
 
 def row_to_execution(row: Row[Any]) -> Execution:

@@ -18,9 +18,9 @@ from sqlalchemy import ColumnElement, Connection, Engine, func, literal, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import SQLAlchemyError
 
-from .._sql import UTCDateTime, store_error
+from .._sql import UTCDateTime, create_tables, store_error
 from ..errors import ConfigurationError, InvalidStateError
-from ._schema import executions_table, row_to_execution
+from ._schema import WORKFLOW_TABLES, executions_table, row_to_execution
 from .hooks import TerminalHooks
 from .models import OPEN_STATES, Execution, ExecutionState, JsonValue, encode_json
 
@@ -106,11 +106,8 @@ class _StoreBase:
         conn.info.setdefault(_STARTED, []).append(execution_id)
 
     def ensure_schema(self) -> None:
-        """Create every flask-harvest table and index that does not exist yet."""
-        try:
-            _ex.metadata.create_all(self.engine, checkfirst=True)
-        except SQLAlchemyError as exc:
-            raise store_error("create the workflow tables", exc, self.engine) from exc
+        """Create the workflow tables and indexes where they do not exist yet."""
+        create_tables(self.engine, WORKFLOW_TABLES, what="the workflow tables")
 
     # -- the terminal transition ---------------------------------------------------------------
 

@@ -19,14 +19,11 @@ from sqlalchemy import (
     Table,
     Text,
 )
-from sqlalchemy.engine import URL, Row
-from sqlalchemy.schema import CreateIndex, CreateTable
+from sqlalchemy.engine import Row
 
-# The workflow tables share the one metadata: importing them here puts them in schema_sql() and in
-# what Alembic sees through this module's metadata, whatever the caller imported first.
 from ..._sql import UTCDateTime as UTCDateTime
 from ..._sql import metadata as metadata
-from ...workflows import _schema as _workflow_schema  # noqa: F401
+from ..._sql import schema_sql as _schema_sql
 from ..models import (
     MAX_ID_LENGTH,
     MAX_URL_LENGTH,
@@ -125,24 +122,16 @@ outbox_table = Table(
 )
 
 
-def schema_sql(dialect: str = "postgresql") -> str:
-    """Return the DDL that creates every table and index of :data:`metadata` if it is absent.
+#: The webhook tables, in creation order.
+WEBHOOK_TABLES = (subscriptions_table, deliveries_table, attempts_table, outbox_table)
 
-    Compiled from the ``Table`` objects, so it always matches what the store expects.
+
+def schema_sql(dialect: str = "postgresql") -> str:
+    """Return the DDL that creates the webhook tables and their indexes where they are absent.
 
     :param dialect: a SQLAlchemy dialect name such as ``postgresql`` or ``sqlite``.
-    :returns: ``CREATE TABLE IF NOT EXISTS`` and ``CREATE INDEX IF NOT EXISTS`` statements, each
-        ending in ``;``.
     """
-    compiled_for = URL.create(dialect).get_dialect()()
-    statements = []
-    for table in metadata.sorted_tables:
-        statements.append(str(CreateTable(table, if_not_exists=True).compile(dialect=compiled_for)))
-        for index in sorted(table.indexes, key=lambda i: str(i.name)):
-            statements.append(str(CreateIndex(index, if_not_exists=True).compile(dialect=compiled_for)))
-    # The compiler leaves a space at the end of each column line; drop it for tidy files.
-    tidy = ("\n".join(line.rstrip() for line in s.strip().splitlines()) + ";" for s in statements)
-    return "\n\n".join(tidy) + "\n"
+    return _schema_sql(WEBHOOK_TABLES, dialect)
 
 
 # -- rows <-> models ------------------------------------------------------------------------------

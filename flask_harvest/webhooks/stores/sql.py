@@ -34,7 +34,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.sql import Executable
 
-from ..._sql import store_error
+from ..._sql import create_tables, store_error
 from ...errors import (
     ConfigurationError,
     DeliveryNotFoundError,
@@ -60,6 +60,7 @@ from ..models import (
     validate_secret,
 )
 from ._schema import (
+    WEBHOOK_TABLES,
     UTCDateTime,
     attempts_table,
     deliveries_table,
@@ -153,11 +154,8 @@ class SqlOutboundWebhookStore(OutboundWebhookHandler):
         return store_error(action, exc, self.engine, hint=_SCHEMA_HINT, secrets=secrets)
 
     def ensure_schema(self) -> None:
-        """Create the store's tables and indexes where they do not exist yet."""
-        try:
-            metadata.create_all(self.engine, checkfirst=True)
-        except SQLAlchemyError as exc:
-            raise self._store_error("create the webhook tables", exc, ()) from exc
+        """Create the webhook tables and indexes where they do not exist yet."""
+        create_tables(self.engine, WEBHOOK_TABLES, what="the webhook tables")
 
     # -- subscriptions -------------------------------------------------------------------------
 

@@ -1,0 +1,28 @@
+"""Every flask-harvest table, for migrations: one :data:`metadata` and the DDL that creates it all.
+
+Give :data:`metadata` to Alembic (or Flask-Migrate) as a ``target_metadata`` to autogenerate
+migrations for the webhook, outbox and workflow tables, or apply :func:`schema_sql`'s DDL yourself.
+Each store's ``ensure_schema()`` creates only its own tables.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import Table
+
+from . import _sql
+from ._sql import metadata
+from .webhooks.stores._schema import WEBHOOK_TABLES
+from .workflows._schema import WORKFLOW_TABLES
+
+__all__ = ["ALL_TABLES", "metadata", "schema_sql"]
+
+#: Every table flask-harvest keeps.
+ALL_TABLES: tuple[Table, ...] = (*WEBHOOK_TABLES, *WORKFLOW_TABLES)
+
+
+def schema_sql(dialect: str = "postgresql") -> str:
+    """Return the DDL that creates every flask-harvest table and index where it is absent.
+
+    :param dialect: a SQLAlchemy dialect name such as ``postgresql`` or ``sqlite``.
+    """
+    return _sql.schema_sql(ALL_TABLES, dialect)
