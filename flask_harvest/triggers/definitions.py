@@ -192,4 +192,3 @@ def trigger_from_json(data: object) -> CompletionTrigger:
 
 def _iso(when: datetime | None) -> str | None:
     return when.isoformat().replace("+00:00", "Z") if when is not None else None
-
