@@ -1,7 +1,8 @@
 """Every flask-harvest table, for migrations: one :data:`metadata` and the DDL that creates it all.
 
 Give :data:`metadata` to Alembic (or Flask-Migrate) as a ``target_metadata`` to autogenerate
-migrations for the webhook, outbox, workflow and completion-trigger tables, or apply :func:`schema_sql`'s DDL yourself.
+migrations for the webhook, outbox, workflow and completion-trigger tables, or apply
+:func:`schema_sql`'s DDL yourself.
 Each store's ``ensure_schema()`` creates only its own tables.
 """
 
