@@ -12,6 +12,8 @@ import pytest
 from flask import Flask
 from flask.testing import FlaskClient
 from flask_sqlalchemy import SQLAlchemy
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from sqlalchemy.engine import URL
 
 from flask_harvest import (
@@ -177,6 +179,52 @@ def test_a_body_that_is_not_json_is_a_400_whatever_its_content_type(client: Flas
         assert response.get_json()["error"]["code"] == "bad_json"
     response = client.post(ROOT, data=json.dumps(seed_body()), headers={**AUTH, "Content-Type": "text/plain"})
     assert response.status_code == 201
+
+
+def test_a_body_nested_too_deeply_is_a_400(client: FlaskClient) -> None:
+    for body in (
+        "[" * 20000 + "]" * 20000,
+        json.dumps(seed_body(condition=None)).replace("null", "[" * 5000 + "]" * 5000),
+    ):
+        response = client.post(ROOT, data=body, headers={**AUTH, "Content-Type": "application/json"})
+        assert response.status_code == 400, response.status_code
+        assert response.get_json()["error"]["code"] in ("bad_json", "invalid_trigger")
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=5),
+    lambda children: (
+        st.lists(children, max_size=3) | st.dictionaries(st.text(max_size=4), children, max_size=3)
+    ),
+    max_leaves=15,
+)
+body_fields = st.sampled_from(
+    [
+        "id",
+        "source_workflow_name",
+        "target_workflow_name",
+        "terminal_states",
+        "input_mapping",
+        "condition",
+        "x",
+    ]
+)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(changes=st.dictionaries(body_fields, json_values, max_size=3))
+def test_arbitrary_bodies_are_201_or_a_400_json_error(
+    sqlite_client: FlaskClient, changes: dict[str, Any]
+) -> None:
+    response = sqlite_client.post(ROOT, json=seed_body(**changes), headers=AUTH)
+    assert response.status_code in (201, 400), response.get_data(as_text=True)
+    if response.status_code == 400:
+        assert response.get_json()["error"]["code"] in ("invalid_trigger", "bad_json")
+
+
+@pytest.fixture
+def sqlite_client(tmp_path: Path) -> FlaskClient:
+    return build_app(f"sqlite:///{tmp_path / 'property.db'}").test_client()
 
 
 def test_delete_removes_the_trigger_and_its_fires(app: Flask, client: FlaskClient) -> None:

@@ -11,6 +11,8 @@ __all__ = ["MAX_VALUE_DEPTH", "check_value", "describe", "is_number"]
 #: The deepest nesting of arrays and objects accepted in a registered value (a Static input, a
 #: comparison value).
 MAX_VALUE_DEPTH = 32
+#: The largest integer accepted in a registered value, in bits (about 3,900 decimal digits).
+MAX_INT_BITS = 13_000
 
 
 def is_number(value: object) -> bool:
@@ -28,6 +30,9 @@ def check_value(value: object, where: str, field: str) -> None:
         if item is None or isinstance(item, bool | str):
             continue
         if isinstance(item, int):
+            # Beyond about 4,000 digits Python refuses to turn an integer into text (JSON).
+            if item.bit_length() > MAX_INT_BITS:
+                raise InvalidFieldError(field, f"{where} is an integer too large to store as JSON")
             continue
         if isinstance(item, float):
             if not math.isfinite(item):

@@ -45,7 +45,10 @@ def list_triggers() -> Response:
 @trigger_admin.post(_ROOT)
 def register_trigger() -> tuple[Response, int]:
     """Register or replace a trigger (every field: an omitted ``condition`` clears the stored one)."""
-    data = request.get_json(force=True, silent=True)
+    try:
+        data = request.get_json(force=True, silent=True)
+    except RecursionError:
+        raise ApiError(400, "bad_json", "the body is nested too deeply") from None
     if data is None:
         raise ApiError(400, "bad_json", "the body is not valid JSON")
     try:
