@@ -391,3 +391,21 @@ def test_deleting_a_trigger_deletes_its_fires(h: Harness) -> None:
     h.service.delete(trigger.id)
     assert h.service.fires() == []
     assert h.service.list_triggers() == []
+
+
+def test_a_corrupt_mapping_is_validation_failed_only_for_matching_states(h: Harness) -> None:
+    trigger = h.register(CompletionTrigger("a", "b", terminal_states=["Completed"]))
+    with h.store.engine.begin() as conn:
+        conn.execute(
+            sa.text(
+                'UPDATE harvest_completion_triggers SET input_mapping = \'{"type": "Copy"}\' WHERE id = :id'
+            ),
+            {"id": trigger.id},
+        )
+    cancelled, _ = h.runner.start("a", {})
+    h.store.request_cancel(cancelled.execution_id, None, now=h.clock())
+    assert h.events == []
+    assert h.run("a", {}).state is S.COMPLETED
+    assert h.outcomes() == ["validation_failed"]
+    assert h.executions("b") == []
+    assert h.service.fires() == []

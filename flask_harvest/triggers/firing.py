@@ -196,6 +196,8 @@ class TriggerFiring:
 
         try:
             states = parse_terminal_states(loads_column(stored.terminal_states, "terminal_states"))
+            if execution.state.value not in states:
+                return None
             mapping = parse_mapping(loads_column(stored.input_mapping, "input_mapping"))
         except InvalidFieldError as exc:
             logger.warning(
@@ -206,8 +208,6 @@ class TriggerFiring:
                 exc,
             )
             return outcome(FireOutcome.VALIDATION_FAILED)
-        if execution.state.value not in states:
-            return None
         if self.store.fire_decided(conn, exec_id, trigger_id):
             return outcome(FireOutcome.DEDUPED)
         now = self.clock()

@@ -18,7 +18,7 @@ from ..workflows.models import utcnow
 from ..workflows.service import WorkflowService
 from ..workflows.store import SqlWorkflowStore
 from .definitions import CompletionTrigger, trigger_to_json
-from .firing import FireEvent, TriggerFiring
+from .firing import FireEvent, TriggerCounters, TriggerFiring
 from .store import Fire, SqlTriggerStore, StoredTrigger
 
 __all__ = ["TriggerNotFoundError", "TriggerService", "fire_to_json", "stored_to_json"]
@@ -91,8 +91,8 @@ class TriggerService:
         return f"<TriggerService {self.store!r}>"
 
     @property
-    def counters(self) -> Any:
-        """The in-process fires and skipped counts (:class:`~.firing.TriggerCounters`)."""
+    def counters(self) -> TriggerCounters:
+        """The in-process fires and skipped counts."""
         return self.firing.counters
 
     def register(self, trigger: CompletionTrigger) -> CompletionTrigger:
