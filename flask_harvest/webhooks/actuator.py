@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import logging
 
-from flask import Blueprint, Response, jsonify, request
+from flask import Blueprint, Response, jsonify
 
 from .._app import get_engine
-from ..admin_http import install_admin_api, json_error, load_body, load_query
+from ..admin_http import install_admin_api, load_body, load_query, no_such_route
 from .models import WebhookSubscriptionStatus
 from .schemas import (
     DlqQuerySchema,
@@ -139,5 +139,6 @@ def rotate_secret(subscription_id: str) -> Response:
 @actuator.route("/", defaults={"path": ""}, methods=["GET", "POST", "PUT", "PATCH", "DELETE"])
 @actuator.route("/<path:path>", methods=["GET", "POST", "PUT", "PATCH", "DELETE"])
 def unknown_route(path: str) -> tuple[Response, int]:
-    """Anything else under the prefix: a JSON 404, after the auth check like every route."""
-    return json_error(404, "not_found", f"no actuator route {request.method} {request.path}")
+    """Anything else under the prefix, after the auth check like every route: a JSON 404, or 405
+    with ``Allow`` for a method the path does not take."""
+    return no_such_route()
