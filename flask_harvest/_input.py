@@ -28,7 +28,7 @@ MAX_JSON_DEPTH = 128
 
 NUL_MESSAGE = "must not contain NUL characters"
 SURROGATE_MESSAGE = "must be valid Unicode text (no lone surrogates or undecodable bytes)"
-DEPTH_MESSAGE = f"is nested deeper than {MAX_JSON_DEPTH} levels"
+DEPTH_MESSAGE = f"is nested too deeply (more than {MAX_JSON_DEPTH} levels)"
 
 
 def text_problem(value: str, *, nul: bool = False) -> str | None:
