@@ -88,7 +88,7 @@ def _read_limited_body(limit: int) -> bytes:
     A declared length is checked up front; a chunked body (no length) is read one byte past the
     limit at most.
     """
-    too_large = ApiError(413, "payload_too_large", f"the body is larger than {limit} bytes")
+    too_large = ApiError(413, "request_entity_too_large", f"the body is larger than {limit} bytes")
     length = request.content_length
     if length is not None and length > limit:
         raise too_large
