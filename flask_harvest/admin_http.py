@@ -15,6 +15,7 @@ from typing import Any
 from flask import Blueprint, Response, current_app, jsonify, request
 from marshmallow import Schema, ValidationError
 from werkzeug.exceptions import HTTPException
+from werkzeug.routing import PathConverter
 
 from ._app import get_engine
 from ._input import check_json_value, check_text, parse_json, text_problem
@@ -167,8 +168,24 @@ def no_such_route() -> tuple[Response, int]:
     return response, status
 
 
+class AnyPathConverter(PathConverter):
+    """``<anypath:path>``: like ``<path:...>``, but also across newlines (``%0A``), so that a
+    blueprint's catch-all route answers every path under its prefix in JSON, after the access
+    check."""
+
+    regex = "(?s:[^/].*?)"
+
+
 def install_admin_api(blueprint: Blueprint, *, realm: str) -> None:
-    """Guard every route of ``blueprint`` with :func:`authorize_admin` and answer its errors as JSON."""
+    """Guard every route of ``blueprint`` with :func:`authorize_admin` and answer its errors as JSON.
+
+    Call it before the blueprint's routes are declared: it registers the ``anypath`` converter
+    their catch-all route uses.
+    """
+
+    @blueprint.record_once
+    def _converter(state: Any) -> None:
+        state.app.url_map.converters.setdefault("anypath", AnyPathConverter)
 
     @blueprint.before_request
     def _authorize() -> tuple[Response, int] | None:

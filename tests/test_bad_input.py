@@ -391,3 +391,10 @@ def test_a_subscription_id_with_a_slash_is_refused_everywhere(
     )
     assert result.exit_code == 1 and result.output.startswith("Error: id"), result.output
     assert store.get_subscription("a/b") is None
+
+
+@pytest.mark.parametrize("path", ["/deliveries/0%2F%0A", "/a%0Ab", "/%0A"])
+def test_a_path_with_a_newline_is_a_json_404_after_the_access_check(app: Flask, path: str) -> None:
+    client = app.test_client()
+    assert client.get(PREFIX + path).status_code == 401
+    assert assert_client_error(client.get(PREFIX + path, headers=AUTH), 404)["code"] == "not_found"

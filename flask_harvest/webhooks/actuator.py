@@ -137,7 +137,7 @@ def rotate_secret(subscription_id: str) -> Response:
 
 
 @actuator.route("/", defaults={"path": ""}, methods=["GET", "POST", "PUT", "PATCH", "DELETE"])
-@actuator.route("/<path:path>", methods=["GET", "POST", "PUT", "PATCH", "DELETE"])
+@actuator.route("/<anypath:path>", methods=["GET", "POST", "PUT", "PATCH", "DELETE"])
 def unknown_route(path: str) -> tuple[Response, int]:
     """Anything else under the prefix, after the auth check like every route: a JSON 404, or 405
     with ``Allow`` for a method the path does not take."""
