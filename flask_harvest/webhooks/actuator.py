@@ -14,6 +14,7 @@ from flask import Blueprint, Response, jsonify
 from .._app import get_engine
 from ..admin_http import install_admin_api, load_body, load_query, no_such_route
 from .models import WebhookSubscriptionStatus
+from .openapi import build_openapi
 from .schemas import (
     DlqQuerySchema,
     ReplaySchema,
@@ -134,6 +135,12 @@ def rotate_secret(subscription_id: str) -> Response:
     )
     # The one response that shows the new secret.
     return jsonify({**rotated.subscription.to_dict(), "secret": rotated.secret})
+
+
+@actuator.get("/openapi.json")
+def openapi() -> Response:
+    """This API's OpenAPI 3 description, generated from the request schemas."""
+    return jsonify(build_openapi(get_engine().settings.actuator_prefix))
 
 
 @actuator.route("/", defaults={"path": ""}, methods=["GET", "POST", "PUT", "PATCH", "DELETE"])
