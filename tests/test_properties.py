@@ -15,6 +15,7 @@ import urllib.parse
 from typing import Any
 
 import pytest
+import redis
 from flask import Flask
 from flask.testing import FlaskClient
 from hypothesis import given
@@ -93,8 +94,12 @@ def quoted(text: str) -> str:
 
 
 @pytest.fixture
-def app(store: OutboundWebhookHandler) -> Flask:
-    return make_app(store, HARVEST_ACTUATOR_TOKEN=TOKEN)
+def app(store: OutboundWebhookHandler, redis_conn: redis.Redis, redis_url: str) -> Flask:
+    # RQ with no worker: queued jobs wait in Redis, so no attempt changes a row while an example
+    # compares the store before and after a refused request.
+    return make_app(
+        store, HARVEST_ACTUATOR_TOKEN=TOKEN, HARVEST_JOBS_BACKEND="rq", HARVEST_REDIS_URL=redis_url
+    )
 
 
 def seed(store: OutboundWebhookHandler) -> None:
