@@ -195,5 +195,8 @@ def build_openapi(prefix: str) -> dict[str, Any]:
         },
     )
     document: dict[str, Any] = spec.to_dict()
+    for name in ("SubscriptionCreate", "SubscriptionPatch", "RotateSecret", "Replay"):
+        # The schemas refuse unknown fields (marshmallow's RAISE); apispec says so only from 6.1.
+        document["components"]["schemas"][name]["additionalProperties"] = False
     document["security"] = [{"bearer": []}]
     return document
