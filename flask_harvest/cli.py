@@ -20,7 +20,7 @@ from ._input import text_problem
 from .engine import HarvestEngine
 from .errors import HarvestError
 from .webhooks.models import WebhookSubscriptionStatus, isoformat, utcnow
-from .webhooks.operations import MAX_BULK_REPLAY, NewSecret, WebhookOperations
+from .webhooks.operations import MAX_BULK_REPLAY, MAX_DLQ_PAGE, NewSecret, WebhookOperations
 from .worker import serve
 
 
@@ -259,7 +259,9 @@ harvest_cli.add_command(dlq_cli)
 
 
 @dlq_cli.command("list")
-@click.option("--limit", type=click.IntRange(1, 500), default=50, show_default=True, help="Rows per page.")
+@click.option(
+    "--limit", type=click.IntRange(1, MAX_DLQ_PAGE), default=50, show_default=True, help="Rows per page."
+)
 @click.option("--cursor", default=None, help="Continue after a previous page (its 'more:' line).")
 @click.option("--subscription", "subscription_id", default=None, help="Only this subscription's.")
 @click.option("--topic", default=None, help="Only this topic's.")

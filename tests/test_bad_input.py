@@ -398,3 +398,23 @@ def test_a_path_with_a_newline_is_a_json_404_after_the_access_check(app: Flask, 
     client = app.test_client()
     assert client.get(PREFIX + path).status_code == 401
     assert assert_client_error(client.get(PREFIX + path, headers=AUTH), 404)["code"] == "not_found"
+
+
+# -- the Python API's numbers ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("grace", [1e300, float("nan"), float("inf"), -1, 10**400, "60", True])
+def test_a_grace_period_out_of_range_is_an_invalid_field(
+    app: Flask, store: OutboundWebhookHandler, grace: Any
+) -> None:
+    store.add_subscription(WebhookSubscription("https://a.example.com/h", ("a.b",), SECRET, id="sub_1"))
+    with pytest.raises(InvalidFieldError, match="grace_seconds"):
+        get_engine(app).operations.rotate_secret("sub_1", grace_seconds=grace)
+    stored = store.get_subscription("sub_1")
+    assert stored is not None and stored.secret == SECRET
+
+
+@pytest.mark.parametrize("limit", [0, 501, 10**20, True, "5"])
+def test_a_dlq_page_size_out_of_range_is_an_invalid_field(app: Flask, limit: Any) -> None:
+    with pytest.raises(InvalidFieldError, match="limit"):
+        get_engine(app).operations.dlq_page(limit=limit)

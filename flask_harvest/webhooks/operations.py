@@ -31,6 +31,10 @@ from .stores.base import DlqCursor, OutboundWebhookHandler
 
 #: The most deliveries one bulk replay may touch.
 MAX_BULK_REPLAY = 1000
+#: The most rows one DLQ page holds.
+MAX_DLQ_PAGE = 500
+#: The longest grace period of a secret rotation (30 days).
+MAX_GRACE_SECONDS = 30 * 24 * 3600.0
 
 
 @dataclass(frozen=True)
@@ -213,8 +217,13 @@ class WebhookOperations:
         """
         _lookup(subscription_id, SubscriptionNotFoundError)
         grace = self.settings.webhooks_secret_grace_seconds if grace_seconds is None else grace_seconds
-        if grace < 0:
-            raise InvalidFieldError("grace_seconds", "must not be negative")
+        if (
+            isinstance(grace, bool)
+            or not isinstance(grace, int | float)
+            or not 0 <= grace <= MAX_GRACE_SECONDS
+        ):
+            # NaN fails the comparison too; a huge number would overflow the expiry time.
+            raise InvalidFieldError("grace_seconds", f"must be from 0 to {MAX_GRACE_SECONDS:g} seconds")
         chosen = standard_secret(new_secret) if new_secret is not None else generate_secret()
         expires = utcnow() + timedelta(seconds=grace)
         return NewSecret(
@@ -248,7 +257,7 @@ class WebhookOperations:
             raise InvalidFieldError(
                 "subscription_id", "give a subscription_id, a since/until window, or both"
             )
-        if not 1 <= limit <= MAX_BULK_REPLAY:
+        if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_BULK_REPLAY:
             raise InvalidFieldError("limit", f"must be between 1 and {MAX_BULK_REPLAY}")
         if since is not None and until is not None and since >= until:
             raise InvalidFieldError("since", "must be earlier than until")
@@ -280,6 +289,8 @@ class WebhookOperations:
         topic: str | None = None,
     ) -> tuple[list[DeliveryLog], str | None]:
         """Return one page of the DLQ, newest first, and the cursor of the next page (or ``None``)."""
+        if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_DLQ_PAGE:
+            raise InvalidFieldError("limit", f"must be between 1 and {MAX_DLQ_PAGE}")
         before = decode_cursor(cursor) if cursor else None
         rows = self.store.list_dlq(
             limit=limit + 1,

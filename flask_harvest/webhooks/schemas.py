@@ -14,7 +14,7 @@ from marshmallow import Schema, ValidationError, fields, validate, validates_sch
 from .._input import text_problem, to_utc
 from ..errors import InvalidFieldError
 from .models import MAX_DESCRIPTION_LENGTH, MAX_ID_LENGTH, MAX_URL_LENGTH
-from .operations import MAX_BULK_REPLAY
+from .operations import MAX_BULK_REPLAY, MAX_DLQ_PAGE, MAX_GRACE_SECONDS
 
 _ID = validate.Length(min=1, max=MAX_ID_LENGTH)
 _URL = validate.Length(max=MAX_URL_LENGTH)
@@ -78,7 +78,7 @@ class SubscriptionPatchSchema(Schema):
 
 class RotateSecretSchema(Schema):
     secret = Text(validate=validate.Length(min=1, max=1024))
-    grace_seconds = fields.Float(validate=validate.Range(min=0, max=30 * 24 * 3600), allow_nan=False)
+    grace_seconds = fields.Float(validate=validate.Range(min=0, max=MAX_GRACE_SECONDS), allow_nan=False)
 
 
 class ReplaySchema(Schema):
@@ -116,7 +116,7 @@ class ReplaySchema(Schema):
 
 
 class DlqQuerySchema(Schema):
-    limit = fields.Integer(load_default=50, validate=validate.Range(min=1, max=500))
+    limit = fields.Integer(load_default=50, validate=validate.Range(min=1, max=MAX_DLQ_PAGE))
     cursor = Text(validate=validate.Length(min=1, max=1024))
     subscription_id = Text(validate=_ID)
     topic = Text(validate=_ID)
