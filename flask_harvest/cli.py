@@ -16,10 +16,11 @@ from flask.cli import AppGroup
 
 from . import _cli_output as out
 from ._app import get_engine
+from ._input import text_problem
 from .engine import HarvestEngine
 from .errors import HarvestError
 from .webhooks.models import WebhookSubscriptionStatus, isoformat, utcnow
-from .webhooks.operations import MAX_BULK_REPLAY, NewSecret, WebhookOperations
+from .webhooks.operations import MAX_BULK_REPLAY, MAX_DLQ_PAGE, NewSecret, WebhookOperations
 from .worker import serve
 
 
@@ -28,10 +29,24 @@ def _one_line(exc: BaseException) -> str:
     return lines[0] if lines else type(exc).__name__
 
 
+def _check_params(ctx: click.Context) -> None:
+    """Refuse an argument that is not text a store can keep: bytes that are not UTF-8 (Python
+    hands them over as lone surrogates) or a NUL character. The message never shows the value."""
+    for param in ctx.command.params:
+        value = ctx.params.get(param.name or "")
+        for item in value if isinstance(value, tuple | list) else [value]:
+            problem = text_problem(item) if isinstance(item, str) else None
+            if problem is not None:
+                label = param.opts[0] if isinstance(param, click.Option) else (param.name or "").upper()
+                raise click.ClickException(f"{label} {problem}")
+
+
 class _Command(click.Command):
-    """A command whose :class:`HarvestError` ends it with ``Error: <reason>`` and exit status 1."""
+    """A command whose :class:`HarvestError` ends it with ``Error: <reason>`` and exit status 1,
+    like an argument that is not valid text."""
 
     def invoke(self, ctx: click.Context) -> Any:
+        _check_params(ctx)
         try:
             return super().invoke(ctx)
         except HarvestError as exc:
@@ -244,7 +259,9 @@ harvest_cli.add_command(dlq_cli)
 
 
 @dlq_cli.command("list")
-@click.option("--limit", type=click.IntRange(1, 500), default=50, show_default=True, help="Rows per page.")
+@click.option(
+    "--limit", type=click.IntRange(1, MAX_DLQ_PAGE), default=50, show_default=True, help="Rows per page."
+)
 @click.option("--cursor", default=None, help="Continue after a previous page (its 'more:' line).")
 @click.option("--subscription", "subscription_id", default=None, help="Only this subscription's.")
 @click.option("--topic", default=None, help="Only this topic's.")

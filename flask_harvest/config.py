@@ -106,6 +106,9 @@ class Settings:
         )
 
 
+#: The shortest ``HARVEST_ACTUATOR_TOKEN`` accepted (empty means "no token").
+MIN_ACTUATOR_TOKEN_LENGTH = 16
+
 PREFIX = "HARVEST_"
 #: The ``HARVEST_*`` key of each setting, e.g. ``KEYS["jobs_backend"] == "HARVEST_JOBS_BACKEND"``.
 KEYS = {f.name: PREFIX + f.name.upper() for f in dataclasses.fields(Settings)}
@@ -176,6 +179,13 @@ def load_settings(config: Mapping[str, Any], overrides: Mapping[str, Any]) -> Se
             raise ConfigurationError(
                 f"{KEYS[name]} must list networks such as '10.1.0.0/16, fd00::/8' ({exc})"
             ) from None
+    token = settings.actuator_token
+    if token and (len(token.strip()) < MIN_ACTUATOR_TOKEN_LENGTH or token != token.strip()):
+        # A guessable token opens the admin API; "Bearer " plus spaces must never be a credential.
+        raise ConfigurationError(
+            f"{KEYS['actuator_token']} must be at least {MIN_ACTUATOR_TOKEN_LENGTH} characters "
+            "without leading or trailing whitespace (or empty, for no token)"
+        )
     if settings.webhooks_initial_backoff_ms > settings.webhooks_max_backoff_ms:
         raise ConfigurationError(
             f"{KEYS['webhooks_initial_backoff_ms']} must not exceed {KEYS['webhooks_max_backoff_ms']}"

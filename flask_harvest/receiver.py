@@ -63,7 +63,14 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar, cast
 from flask import Response, make_response, request
 from werkzeug.exceptions import HTTPException
 
-from .errors import ConfigurationError, HarvestError, SignatureVerificationError, VerificationFailure
+from ._input import parse_json
+from .errors import (
+    ConfigurationError,
+    HarvestError,
+    InvalidFieldError,
+    SignatureVerificationError,
+    VerificationFailure,
+)
 from .signing import (
     DEFAULT_SIGNATURE_HEADER,
     DEFAULT_TOLERANCE_SECONDS,
@@ -273,11 +280,9 @@ def _read_body(limit: int) -> bytes:
 
 def _parse_json(body: bytes) -> Any:
     try:
-        return json.loads(body)
-    except ValueError:  # JSONDecodeError and UnicodeDecodeError
-        raise WebhookRejected(400, "invalid_json", "the body is not JSON") from None
-    except RecursionError:  # a valid signature on "[[[[...]]]]" nested past the interpreter's limit
-        raise WebhookRejected(400, "invalid_json", "the JSON body is nested too deeply to parse") from None
+        return parse_json(body)
+    except InvalidFieldError as exc:  # not UTF-8 JSON, NaN, or nested past MAX_JSON_DEPTH
+        raise WebhookRejected(400, "invalid_json", f"the body {exc.message}") from None
 
 
 def _replay_keys(

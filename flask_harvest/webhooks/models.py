@@ -240,7 +240,12 @@ def standard_secret(secret: str) -> str:
 
 
 def _validate_id(value: object) -> str:
-    return validate_text(value, "id", max_length=MAX_ID_LENGTH, empty=False)
+    text = validate_text(value, "id", max_length=MAX_ID_LENGTH, empty=False)
+    if "/" in text:
+        # The admin API addresses a subscription as /subscriptions/<id>: a '/' would make it
+        # impossible to read, change or delete over HTTP.
+        raise InvalidFieldError("id", "must not contain '/'")
+    return text
 
 
 def _validate_topics(value: object) -> tuple[str, ...]:
