@@ -14,7 +14,7 @@ import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..errors import InvalidFieldError, InvalidSecretError
 from ..signing import SECRET_PREFIX, secret_key
@@ -298,7 +298,8 @@ class WebhookSubscription:
     """
 
     target_url: str
-    event_topics: tuple[str, ...]
+    #: Any sequence of topic patterns; kept as a tuple.
+    event_topics: Sequence[str]
     secret: str = field(repr=False, metadata=PRIVATE)
     id: str = field(default_factory=lambda: new_id("sub"))
     status: WebhookSubscriptionStatus = WebhookSubscriptionStatus.ACTIVE
@@ -309,25 +310,6 @@ class WebhookSubscription:
     #: The secret before the last rotation; deliveries are signed with it too until it expires.
     previous_secret: str | None = field(default=None, repr=False, metadata=PRIVATE)
     previous_secret_expires_at: datetime | None = None
-
-    if TYPE_CHECKING:
-        # The generated __init__ as type checkers see it, except that ``event_topics`` takes any
-        # sequence of topics: __post_init__ keeps it as a tuple, the type the field is read as.
-        # (A dataclass cannot type a required field's parameter apart from its attribute.)
-        def __init__(
-            self,
-            target_url: str,
-            event_topics: Sequence[str],
-            secret: str,
-            id: str = ...,
-            status: WebhookSubscriptionStatus = ...,
-            consecutive_failures: int = ...,
-            description: str = ...,
-            created_at: datetime = ...,
-            updated_at: datetime = ...,
-            previous_secret: str | None = ...,
-            previous_secret_expires_at: datetime | None = ...,
-        ) -> None: ...
 
     def __post_init__(self) -> None:
         for name, check in _SUBSCRIPTION_VALIDATORS.items():
