@@ -11,13 +11,14 @@ from sqlalchemy import Table
 
 from . import _sql
 from ._sql import metadata
+from .callbacks._schema import CALLBACK_TABLES
 from .webhooks.stores._schema import WEBHOOK_TABLES
 from .workflows._schema import WORKFLOW_TABLES
 
 __all__ = ["ALL_TABLES", "metadata", "schema_sql"]
 
 #: Every table flask-harvest keeps.
-ALL_TABLES: tuple[Table, ...] = (*WEBHOOK_TABLES, *WORKFLOW_TABLES)
+ALL_TABLES: tuple[Table, ...] = (*WEBHOOK_TABLES, *WORKFLOW_TABLES, *CALLBACK_TABLES)
 
 
 def schema_sql(dialect: str = "postgresql") -> str:

@@ -31,3 +31,12 @@ delivery_skipped = _signals.signal("harvest.delivery-skipped")
 subscription_disabled = _signals.signal("harvest.subscription-disabled")
 #: The subscription reached the consecutive-failure threshold and was marked failed.
 subscription_failed = _signals.signal("harvest.subscription-failed")
+
+#: A completion callback was delivered (2xx); carries ``delivery`` (a
+#: :class:`~flask_harvest.callbacks.CompletionDelivery`).
+completion_callback_delivered = _signals.signal("harvest.completion-callback-delivered")
+#: A completion-callback attempt failed and will be retried at ``delivery.next_attempt_at``.
+completion_callback_failed = _signals.signal("harvest.completion-callback-failed")
+#: A completion callback failed for good (a permanent 4xx, exhaustion, a refused target) and was
+#: dead-lettered with the reason ``CallbackDeliveryExhausted``.
+completion_callback_dead_lettered = _signals.signal("harvest.completion-callback-dead-lettered")
