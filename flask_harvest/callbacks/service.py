@@ -20,6 +20,7 @@ from sqlalchemy import Connection
 from ..config import KEYS, Settings
 from ..errors import ConfigurationError, InvalidFieldError, NotFoundError
 from ..jobs.base import JobBackend, JobBackendError, JobRef
+from ..jobs.tasks import in_worker_job
 from ..sweeper import SweepReport, requeue_missing
 from ..transport import Transport
 from ..workflows.hooks import after_commit
@@ -222,8 +223,21 @@ class CompletionCallbacks:
             return
         inserted = self.store.insert(conn, rows, self.retry_policy, now)
         if inserted:
-            refs = [JobRef(CALLBACK_JOB, delivery_id, 0, None) for delivery_id in inserted]
-            after_commit(conn, lambda: self._enqueue(refs))
+            after_commit(conn, lambda: self._after_commit(inserted))
+
+    def _after_commit(self, delivery_ids: list[str]) -> None:
+        """Start the new deliveries: at once on this thread when it is a worker's (the worker that
+        ended the run makes the first attempt, without a round trip through the queue), else as
+        jobs. Either way the rows are durable: a crash leaves them to the sweeper."""
+        if in_worker_job():
+            try:
+                self.run_many(delivery_ids)
+                return
+            except Exception:
+                log.warning(
+                    "harvest: first completion-callback attempt failed here; queueing it", exc_info=True
+                )
+        self._enqueue([JobRef(CALLBACK_JOB, delivery_id, 0, None) for delivery_id in delivery_ids])
 
     def _enqueue(self, refs: list[JobRef]) -> None:
         try:
