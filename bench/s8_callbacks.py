@@ -17,7 +17,6 @@ import heapq
 import sys
 import threading
 import time
-from typing import Any
 
 from flask import Flask
 

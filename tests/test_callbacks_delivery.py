@@ -8,6 +8,7 @@ import hmac
 import json
 import logging
 import re
+import threading
 import time
 from collections.abc import Callable
 from datetime import datetime, timedelta, timezone
@@ -18,6 +19,7 @@ import pytest
 import sqlalchemy as sa
 from flask import Flask
 from flask_sqlalchemy import SQLAlchemy
+from werkzeug import Request, Response
 
 from flask_harvest import get_engine, signals
 from flask_harvest.callbacks import (
@@ -532,3 +534,36 @@ def test_the_secret_is_in_no_table_log_or_error(
         f"/api/harvest/workflows/{handle.execution_id}/completion-deliveries", headers=AUTH
     )
     assert SECRET not in listed.get_data(as_text=True)
+
+
+def test_redirects_are_not_followed(make_app: AppFactory, receiver: CapturingReceiver) -> None:
+    app = make_app()
+    receiver.respond("/moved", 302, headers={"Location": receiver.url("/elsewhere")})
+    handle, _ = service_of(app).start("echo", 1, completion_callbacks=[target(receiver, "/moved")])
+    [row] = settled(app, handle.execution_id, 1, "PENDING")
+    assert (row.attempts, row.last_status) == (1, 302)
+    assert [r.path for r in receiver.requests] == ["/moved"]
+
+
+def test_the_per_endpoint_cap_holds_and_gives_back_without_using_attempts(
+    make_app: AppFactory, receiver: CapturingReceiver
+) -> None:
+    app = make_app(completion_callback_max_inflight_per_endpoint=1)
+    lock = threading.Lock()
+    state = {"now": 0, "peak": 0}
+
+    def slow(_request: Request) -> Response:
+        with lock:
+            state["now"] += 1
+            state["peak"] = max(state["peak"], state["now"])
+        time.sleep(0.3)
+        with lock:
+            state["now"] -= 1
+        return Response("", status=200)
+
+    receiver.handle("/capped", slow)
+    execution_id = napping(app, [target(receiver, f"/capped?n={n}") for n in range(4)])
+    service_of(app).store.finish(execution_id, ExecutionState.COMPLETED, output=1, now=utcnow())
+    found = settled(app, execution_id, 4, "DELIVERED")
+    assert state["peak"] == 1
+    assert [r.attempts for r in found] == [1, 1, 1, 1]  # a give-back uses no attempt

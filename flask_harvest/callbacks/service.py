@@ -223,9 +223,9 @@ class CompletionCallbacks:
             return
         inserted = self.store.insert(conn, rows, self.retry_policy, now)
         if inserted:
-            after_commit(conn, lambda: self._after_commit(inserted))
+            after_commit(conn, lambda: self._after_commit(inserted, now))
 
-    def _after_commit(self, delivery_ids: list[str]) -> None:
+    def _after_commit(self, delivery_ids: list[str], due: datetime) -> None:
         """Start the new deliveries: at once on this thread when it is a worker's (the worker that
         ended the run makes the first attempt, without a round trip through the queue), else as
         jobs. Either way the rows are durable: a crash leaves them to the sweeper."""
@@ -237,7 +237,8 @@ class CompletionCallbacks:
                 log.warning(
                     "harvest: first completion-callback attempt failed here; queueing it", exc_info=True
                 )
-        self._enqueue([JobRef(CALLBACK_JOB, delivery_id, 0, None) for delivery_id in delivery_ids])
+        # The job names the row's attempt and due time, as the sweeper's look for a live job does.
+        self._enqueue([JobRef(CALLBACK_JOB, delivery_id, 0, due) for delivery_id in delivery_ids])
 
     def _enqueue(self, refs: list[JobRef]) -> None:
         try:
@@ -268,10 +269,9 @@ class CompletionCallbacks:
         """Send one claimed delivery and record the outcome; ``None`` if it was given back or lost."""
         origin = _origin(delivery.target_url)
         if not self._acquire(origin):
-            self.store.give_back(delivery, due=utcnow() + timedelta(seconds=_CAP_DEFER_SECONDS), now=utcnow())
-            self._schedule(
-                delivery.delivery_id, delivery.attempts - 1, utcnow() + timedelta(seconds=_CAP_DEFER_SECONDS)
-            )
+            due = utcnow() + timedelta(seconds=_CAP_DEFER_SECONDS)
+            if self.store.give_back(delivery, due=due, now=utcnow()):
+                self._schedule(delivery.delivery_id, delivery.attempts - 1, due)
             return None
         try:
             outcome = self._send(delivery)
