@@ -1,8 +1,9 @@
 """Completion callbacks in one engine: registration at start, enqueue at the terminal transition,
 delivery by the workers, the sweeper's step, and the operator's list and redrive.
 
-The edges are thin: :mod:`.policy`, :mod:`.filters`, :mod:`.targets`, :mod:`.envelope` and
-:mod:`.outcome` are pure, :mod:`.store` is the SQL.
+The edges are thin: :mod:`flask_harvest.callbacks.policy`, ``filters``, ``targets``, ``envelope``
+and :mod:`flask_harvest.callbacks.outcome` are pure, :mod:`flask_harvest.callbacks.store` is the
+SQL.
 """
 
 from __future__ import annotations
