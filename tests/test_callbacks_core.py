@@ -473,3 +473,27 @@ def test_exhaustion_and_ssrf_refusal_fail() -> None:
     assert classify(refused, attempt=1, policy=POLICY_10, now=NOW).state is DeliveryState.FAILED
     timeout = TransportError(FailureKind.TIMEOUT, "read timed out", 10)
     assert classify(timeout, attempt=1, policy=POLICY_10, now=NOW).state is DeliveryState.PENDING
+
+
+JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(max_size=30),
+    lambda c: (
+        st.lists(c, max_size=4)
+        | st.dictionaries(st.sampled_from(["url", "filter", "type", "data", "x"]), c, max_size=3)
+    ),
+    max_leaves=10,
+)
+
+
+@settings(max_examples=400)
+@given(JSON)
+def test_any_json_as_completion_callbacks_is_accepted_or_rejected_cleanly(data: object) -> None:
+    rejected: CallbackTargetRejected | None = None
+    try:
+        targets = parse_targets(data, POLICY)
+    except CallbackTargetRejected as exc:
+        rejected, targets = exc, []
+    if rejected is not None:
+        assert rejected.http_status == 422
+        json.dumps(rejected.error_details())
+    assert all(POLICY.check(t.url) is None for t in targets)
