@@ -219,6 +219,19 @@ def install_admin_api(blueprint: Blueprint, *, realm: str) -> None:
         log.error("harvest %s: %s", realm, exc)
         return json_error(503, "store_unavailable", "the store is unavailable; try again")
 
+    @blueprint.errorhandler(HarvestError)
+    def _typed_error(exc: HarvestError) -> tuple[Response, int]:
+        # An error that names its own status (``http_status``, e.g. a refused callback target:
+        # 422) is answered with it, its ``error_code`` and whatever ``error_details()`` adds.
+        status = getattr(exc, "http_status", None)
+        if not isinstance(status, int):
+            raise exc
+        body: dict[str, Any] = {"code": getattr(exc, "error_code", "error"), "message": str(exc)}
+        details = getattr(exc, "error_details", None)
+        if callable(details):
+            body.update(details())
+        return jsonify(error=body), status
+
     @blueprint.errorhandler(HTTPException)
     def _http_error(exc: HTTPException) -> tuple[Response, int]:
         code = exc.code or 500
