@@ -183,6 +183,7 @@ def test_failure_routing_with_the_outcome_envelope(h: Harness) -> None:
         "source_exec_id": source.execution_id,
         "source_workflow_id": source.workflow_id,
         "source_workflow_name": "etl_ingest",
+        "output": None,
         "error": "ValueError: disk full",
     }
 
