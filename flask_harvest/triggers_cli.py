@@ -42,6 +42,8 @@ def _json_option_value(name: str, text: str | None) -> Any:
         return json.loads(text)
     except ValueError:
         raise InvalidFieldError(name, "is not valid JSON") from None
+    except RecursionError:
+        raise InvalidFieldError(name, "is nested too deeply") from None
 
 
 def _rows(data: list[dict[str, Any]]) -> str:

@@ -14,6 +14,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from .._sql import store_error
 from ..errors import InvalidFieldError, InvalidStateError, NotFoundError
+from ..workflows.errors import ExecutionNotFoundError
 from ..workflows.models import utcnow
 from ..workflows.service import WorkflowService
 from ..workflows.store import SqlWorkflowStore
@@ -143,6 +144,8 @@ class TriggerService:
         :raises ExecutionNotFoundError: no execution has this id.
         :raises InvalidStateError: the execution has not ended.
         """
+        if not _plausible(execution_id):
+            raise ExecutionNotFoundError(execution_id)
         execution = self.workflows.get(execution_id)
         if not execution.terminal:
             raise InvalidStateError(
@@ -166,5 +169,12 @@ class TriggerService:
         return self.store.purge_fires(before=self.clock() - timedelta(seconds=self.retention_seconds))
 
 
-def _plausible(trigger_id: object) -> bool:
-    return isinstance(trigger_id, str) and 0 < len(trigger_id) <= 64 and "\x00" not in trigger_id
+def _plausible(ident: object) -> bool:
+    # An id the database cannot even compare (a NUL, a lone surrogate from undecodable command-line
+    # bytes) is simply unknown.
+    return (
+        isinstance(ident, str)
+        and 0 < len(ident) <= 64
+        and "\x00" not in ident
+        and not any("\ud800" <= c <= "\udfff" for c in ident)
+    )
