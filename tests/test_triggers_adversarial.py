@@ -3,12 +3,15 @@ edge cases, the caps at and just past each limit, and text no database can store
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from flask_harvest.errors import InvalidFieldError
-from flask_harvest.triggers import CompletionTrigger, trigger_from_json
+from flask_harvest.triggers import CompletionTrigger, trigger_from_json, trigger_to_json
 from flask_harvest.triggers.conditions import (
     MAX_CONDITION_DEPTH,
     MAX_CONDITION_IN_VALUES,
@@ -136,7 +139,12 @@ def test_not_eq_and_not_of_eq_and_existence() -> None:
         (None, (False, True, False, False)),
         ([1], (False, True, False, False)),
     ]:
-        assert (holds(ne, output), holds(not_eq, output), holds(exists, output), holds(is_null, output)) == want
+        assert (
+            holds(ne, output),
+            holds(not_eq, output),
+            holds(exists, output),
+            holds(is_null, output),
+        ) == want
     # A null root (a source that did not complete): the empty path exists and is null.
     assert holds({"type": "Exists", "data": {"path": ""}}, None)
     assert holds({"type": "IsNull", "data": {"path": ""}}, None)
@@ -167,9 +175,8 @@ def in_values(count: int) -> dict[str, Any]:
         (in_values(MAX_CONDITION_IN_VALUES), in_values(MAX_CONDITION_IN_VALUES + 1)),
     ],
 )
-def test_each_cap_holds_at_the_limit_and_refuses_one_past_it(
-    at_cap: dict[str, Any], past_cap: dict[str, Any]
-) -> None:
+def test_each_cap_holds_at_the_limit_and_refuses_one_past_it(at_cap: Any, past_cap: Any) -> None:
+    # The static surface takes a condition's JSON form as well as a Condition.
     assert CompletionTrigger("a", "b", condition=at_cap).condition is not None
     assert trigger_from_json({"source_workflow_name": "a", "target_workflow_name": "b", "condition": at_cap})
     with pytest.raises(InvalidFieldError, match=r"completion trigger .*'a' -> 'b'"):
@@ -181,7 +188,10 @@ def test_each_cap_holds_at_the_limit_and_refuses_one_past_it(
 def test_a_deep_and_wide_condition_counts_every_node() -> None:
     # 8 levels deep with 64 nodes in all is the largest accepted tree.
     inner = chain(MAX_CONDITION_DEPTH - 1)
-    tree = {"type": "All", "data": [inner] + [leaf("Eq", "a", i) for i in range(MAX_CONDITION_NODES - 8)]}
+    tree: dict[str, Any] = {
+        "type": "All",
+        "data": [inner] + [leaf("Eq", "a", i) for i in range(MAX_CONDITION_NODES - 8)],
+    }
     parse_condition(tree)
     tree["data"].append(leaf("Eq", "a", -1))
     with pytest.raises(InvalidFieldError, match="more than 64 nodes"):
@@ -226,13 +236,15 @@ def test_a_workflow_name_with_a_nul_is_refused(name: str) -> None:
 
 
 def test_a_nul_inside_json_values_and_paths_is_fine() -> None:
-    trigger = CompletionTrigger("a", "b", condition=leaf("Eq", "k\x00", "v\x00"))
+    trigger = CompletionTrigger("a", "b", condition=parse_condition(leaf("Eq", "k\x00", "v\x00")))
     assert trigger.condition is not None
     assert evaluate(trigger.condition, {"k\x00": "v\x00"})
 
 
 def test_the_outcome_envelope_always_has_the_seeds_six_fields() -> None:
-    failed = apply_mapping(Outcome(), SourceOutcome("e", "order-42", "fulfil_order", "Failed", None, "declined"))
+    failed = apply_mapping(
+        Outcome(), SourceOutcome("e", "order-42", "fulfil_order", "Failed", None, "declined")
+    )
     assert failed == {
         "terminal_state": "FAILED",
         "source_exec_id": "e",
@@ -246,3 +258,49 @@ def test_the_outcome_envelope_always_has_the_seeds_six_fields() -> None:
     assert list(completed) == list(failed)
     # A failed source with an output recorded still shows none: output is only for COMPLETED.
     assert apply_mapping(Outcome(), SourceOutcome("e", "w", "n", "Failed", {"a": 1}, "x"))["output"] is None
+
+
+hostile_text = st.text(
+    alphabet=st.characters(categories=["Cs", "Cc", "L", "N", "P"]) | st.sampled_from([".", "\x00"]),
+    max_size=6,
+)
+hostile_json = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | hostile_text,
+    lambda children: st.lists(children, max_size=3) | st.dictionaries(hostile_text, children, max_size=3),
+    max_leaves=10,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    source=hostile_text,
+    path=hostile_text,
+    value=hostile_json,
+    static=hostile_json,
+    projection=hostile_text,
+)
+def test_a_registered_definition_is_always_storable_text(
+    source: str, path: str, value: Any, static: Any, projection: str
+) -> None:
+    for body in (
+        {"source_workflow_name": source, "target_workflow_name": "b"},
+        {"source_workflow_name": "a", "target_workflow_name": "b", "condition": leaf("Eq", path, value)},
+        {
+            "source_workflow_name": "a",
+            "target_workflow_name": "b",
+            "input_mapping": {"type": "Static", "data": static},
+        },
+        {
+            "source_workflow_name": "a",
+            "target_workflow_name": "b",
+            "input_mapping": {"type": "Projection", "data": projection},
+        },
+    ):
+        try:
+            trigger = trigger_from_json(body)
+        except InvalidFieldError:
+            continue
+        # What registration accepts, every database can store: UTF-8 text, and no NUL in a name.
+        stored = json.dumps(trigger_to_json(trigger), ensure_ascii=False)
+        stored.encode("utf-8")
+        assert "\x00" not in trigger.source_workflow_name + trigger.target_workflow_name

@@ -367,28 +367,29 @@ def test_the_cli(app: Flask) -> None:
     assert missing.exit_code == 1 and "no completion trigger" in missing.output
 
 
+_AF = '{"source_workflow_name": "a", "target_workflow_name": "fulfil", '
 HOSTILE_RAW_BODIES = [
     '{"source_workflow_name": "a\\ud800", "target_workflow_name": "fulfil"}',
-    '{"source_workflow_name": "a", "target_workflow_name": "fulfil", "input_mapping": {"type": "Static", "data": "\\udfff"}}',
-    '{"source_workflow_name": "a", "target_workflow_name": "fulfil", "input_mapping": {"type": "Static", "data": {"\\udfff": 1}}}',
-    '{"source_workflow_name": "a", "target_workflow_name": "fulfil", "condition": {"type": "Exists", "data": {"path": "\\ud800"}}}',
-    '{"source_workflow_name": "a", "target_workflow_name": "fulfil", "condition": {"type": "In", "data": {"path": "a", "values": ["\\ud800"]}}}',
+    _AF + '"input_mapping": {"type": "Static", "data": "\\udfff"}}',
+    _AF + '"input_mapping": {"type": "Static", "data": {"\\udfff": 1}}}',
+    _AF + '"condition": {"type": "Exists", "data": {"path": "\\ud800"}}}',
+    _AF + '"condition": {"type": "In", "data": {"path": "a", "values": ["\\ud800"]}}}',
     '{"source_workflow_name": "a\\u0000", "target_workflow_name": "fulfil"}',
     '{"source_workflow_name": "a", "target_workflow_name": "\\u0000"}',
-    '{"source_workflow_name": "a", "target_workflow_name": "fulfil", "condition": {"type": "Eq", "data": {"path": "a", "value": 1e999}}}',
-    '{"source_workflow_name": "a", "target_workflow_name": "fulfil", "condition": {"type": "Eq", "data": {"path": "a", "value": NaN}}}',
-    '{"source_workflow_name": "a", "target_workflow_name": "fulfil", "input_mapping": {"type": "Static", "data": ' + "9" * 5000 + "}}",
-    '{"source_workflow_name": "a", "target_workflow_name": "fulfil", "id": ' + "9" * 30 + "}",
+    _AF + '"condition": {"type": "Eq", "data": {"path": "a", "value": 1e999}}}',
+    _AF + '"condition": {"type": "Eq", "data": {"path": "a", "value": NaN}}}',
+    _AF + '"input_mapping": {"type": "Static", "data": ' + "9" * 5000 + "}}",
+    _AF + '"id": ' + "9" * 30 + "}",
     '{"source_workflow_name": ["a"], "target_workflow_name": {"b": 1}}',
-    '{"source_workflow_name": "a", "target_workflow_name": "fulfil", "terminal_states": [["Completed"]]}',
-    '{"source_workflow_name": "a", "target_workflow_name": "fulfil", "terminal_states": [true]}',
-    '{"source_workflow_name": "a", "target_workflow_name": "fulfil", "input_mapping": {"type": "Passthrough", "data": 1}}',
-    '{"source_workflow_name": "a", "target_workflow_name": "fulfil", "input_mapping": {"type": "Outcome", "data": null}}',
-    '{"source_workflow_name": "a", "target_workflow_name": "fulfil", "condition": {"type": "Eq", "data": {"path": "a", "value": 1, "x": 2}}}',
-    '{"source_workflow_name": "a", "target_workflow_name": "fulfil", "condition": {"type": "Not", "data": [{"type": "Exists", "data": {"path": "a"}}]}}',
-    '{"source_workflow_name": "a", "target_workflow_name": "fulfil", "condition": {"type": "All", "data": {"type": "Exists"}}}',
-    '{"source_workflow_name": "a", "target_workflow_name": "fulfil", "condition": {"type": "eq", "data": {"path": "a", "value": 1}}}',
-    '{"source_workflow_name": "a", "target_workflow_name": "fulfil", "condition": {"type": "Exists", "data": {"path": 1}}}',
+    _AF + '"terminal_states": [["Completed"]]}',
+    _AF + '"terminal_states": [true]}',
+    _AF + '"input_mapping": {"type": "Passthrough", "data": 1}}',
+    _AF + '"input_mapping": {"type": "Outcome", "data": null}}',
+    _AF + '"condition": {"type": "Eq", "data": {"path": "a", "value": 1, "x": 2}}}',
+    _AF + '"condition": {"type": "Not", "data": [{"type": "Exists", "data": {"path": "a"}}]}}',
+    _AF + '"condition": {"type": "All", "data": {"type": "Exists"}}}',
+    _AF + '"condition": {"type": "eq", "data": {"path": "a", "value": 1}}}',
+    _AF + '"condition": {"type": "Exists", "data": {"path": 1}}}',
 ]
 
 
