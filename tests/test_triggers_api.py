@@ -421,3 +421,13 @@ def test_the_cli_answers_bad_input_with_one_line(app: Flask) -> None:
         assert result.exit_code == 1, (args[:4], result.output, result.exception)
         assert result.output.startswith("Error: ") and result.output.count("\n") == 1, result.output
     assert runner.invoke(args=["harvest", "triggers", "list", "--json"]).output.strip() == "[]"
+
+
+def test_an_id_is_found_in_any_form_registration_accepts(client: FlaskClient) -> None:
+    upper = SEED_ID.upper()
+    created = client.post(ROOT, json=seed_body(id=upper), headers=AUTH)
+    assert created.status_code == 201 and created.get_json()["id"] == SEED_ID
+    assert client.get(f"{ROOT}/{upper}", headers=AUTH).get_json()["id"] == SEED_ID
+    assert client.get(f"{ROOT}/{upper}/fires", headers=AUTH).status_code == 200
+    assert client.delete(f"{ROOT}/{upper}", headers=AUTH).status_code == 204
+    assert client.get(ROOT, headers=AUTH).get_json() == []

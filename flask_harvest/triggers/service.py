@@ -6,6 +6,7 @@ builds it and plugs its :class:`~.firing.TriggerFiring` into the workflow store'
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 from typing import Any
@@ -110,7 +111,7 @@ class TriggerService:
 
     def get(self, trigger_id: str) -> StoredTrigger:
         """:raises TriggerNotFoundError: no trigger has this id."""
-        stored = self.store.get(trigger_id) if _plausible(trigger_id) else None
+        stored = self.store.get(_canonical(trigger_id)) if _plausible(trigger_id) else None
         if stored is None:
             raise TriggerNotFoundError(trigger_id)
         return stored
@@ -120,7 +121,7 @@ class TriggerService:
 
         :raises TriggerNotFoundError: no trigger has this id.
         """
-        if not (_plausible(trigger_id) and self.store.delete(trigger_id)):
+        if not (_plausible(trigger_id) and self.store.delete(_canonical(trigger_id))):
             raise TriggerNotFoundError(trigger_id)
 
     def fires(
@@ -167,6 +168,14 @@ class TriggerService:
         if self.retention_seconds is None:
             return 0
         return self.store.purge_fires(before=self.clock() - timedelta(seconds=self.retention_seconds))
+
+
+def _canonical(trigger_id: str) -> str:
+    """Registration stores a UUID in its canonical form: look it up the same way (``ABC...`` too)."""
+    try:
+        return str(uuid.UUID(trigger_id))
+    except ValueError:
+        return trigger_id
 
 
 def _plausible(ident: object) -> bool:
