@@ -42,6 +42,8 @@ def _json_option_value(name: str, text: str | None) -> Any:
         return json.loads(text)
     except ValueError:
         raise InvalidFieldError(name, "is not valid JSON") from None
+    except RecursionError:
+        raise InvalidFieldError(name, "is nested too deeply") from None
 
 
 def _rows(data: list[dict[str, Any]]) -> str:
@@ -133,7 +135,7 @@ def triggers_delete(trigger_id: str) -> None:
 def triggers_fires(trigger_id: str, limit: int, as_json: bool) -> None:
     """The trigger's fires ledger, newest first (outcome '-' means the target was started)."""
     service = _service()
-    service.get(trigger_id)
+    trigger_id = service.get(trigger_id).id
     data = [fire_to_json(f) for f in service.fires(trigger_id=trigger_id, limit=limit)]
     columns = ("source_exec_id", "fired_at", "outcome", "target_execution_id")
     out.output(data, as_json, lambda d: out.table([[r[c] for c in columns] for r in d], columns))

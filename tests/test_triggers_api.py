@@ -365,3 +365,69 @@ def test_the_cli(app: Flask) -> None:
     assert runner.invoke(args=["harvest", "triggers", "delete", SEED_ID]).exit_code == 0
     missing = runner.invoke(args=["harvest", "triggers", "delete", SEED_ID])
     assert missing.exit_code == 1 and "no completion trigger" in missing.output
+
+
+_AF = '{"source_workflow_name": "a", "target_workflow_name": "fulfil", '
+HOSTILE_RAW_BODIES = [
+    '{"source_workflow_name": "a\\ud800", "target_workflow_name": "fulfil"}',
+    _AF + '"input_mapping": {"type": "Static", "data": "\\udfff"}}',
+    _AF + '"input_mapping": {"type": "Static", "data": {"\\udfff": 1}}}',
+    _AF + '"condition": {"type": "Exists", "data": {"path": "\\ud800"}}}',
+    _AF + '"condition": {"type": "In", "data": {"path": "a", "values": ["\\ud800"]}}}',
+    '{"source_workflow_name": "a\\u0000", "target_workflow_name": "fulfil"}',
+    '{"source_workflow_name": "a", "target_workflow_name": "\\u0000"}',
+    _AF + '"condition": {"type": "Eq", "data": {"path": "a", "value": 1e999}}}',
+    _AF + '"condition": {"type": "Eq", "data": {"path": "a", "value": NaN}}}',
+    _AF + '"input_mapping": {"type": "Static", "data": ' + "9" * 5000 + "}}",
+    _AF + '"id": ' + "9" * 30 + "}",
+    '{"source_workflow_name": ["a"], "target_workflow_name": {"b": 1}}',
+    _AF + '"terminal_states": [["Completed"]]}',
+    _AF + '"terminal_states": [true]}',
+    _AF + '"input_mapping": {"type": "Passthrough", "data": 1}}',
+    _AF + '"input_mapping": {"type": "Outcome", "data": null}}',
+    _AF + '"condition": {"type": "Eq", "data": {"path": "a", "value": 1, "x": 2}}}',
+    _AF + '"condition": {"type": "Not", "data": [{"type": "Exists", "data": {"path": "a"}}]}}',
+    _AF + '"condition": {"type": "All", "data": {"type": "Exists"}}}',
+    _AF + '"condition": {"type": "eq", "data": {"path": "a", "value": 1}}}',
+    _AF + '"condition": {"type": "Exists", "data": {"path": 1}}}',
+]
+
+
+@pytest.mark.parametrize("body", HOSTILE_RAW_BODIES)
+def test_hostile_bodies_are_a_400_json_error_never_a_5xx(client: FlaskClient, body: str) -> None:
+    for content_type in ("application/json", "text/plain", "application/x-www-form-urlencoded"):
+        response = client.post(ROOT, data=body, headers={**AUTH, "Content-Type": content_type})
+        assert response.status_code == 400, response.get_data(as_text=True)
+        assert response.get_json()["error"]["code"] in ("invalid_trigger", "bad_json")
+    assert client.get(ROOT, headers=AUTH).get_json() == []
+
+
+def test_the_cli_answers_bad_input_with_one_line(app: Flask) -> None:
+    runner = app.test_cli_runner()
+    register = ["harvest", "triggers", "register", "--source", "a", "--target", "fulfil"]
+    for args in (
+        [*register, "--condition", "[" * 5000 + "]" * 5000],
+        [*register, "--mapping", '{"type": "Static", "data": ' + "[" * 5000 + "]" * 5000 + "}"],
+        ["harvest", "triggers", "register", "--source", "a\udcff", "--target", "fulfil"],
+        ["harvest", "triggers", "register", "--source", "a\x00", "--target", "fulfil"],
+        [*register, "--condition", '{"type": "Eq", "data": {"path": "\udcff", "value": 1}}'],
+        ["harvest", "triggers", "show", "\udcff"],
+        ["harvest", "triggers", "delete", "\udcff"],
+        ["harvest", "triggers", "fires", "\udcff"],
+        ["harvest", "triggers", "evaluate", "\udcff"],
+        ["harvest", "triggers", "evaluate", "\x00"],
+    ):
+        result = runner.invoke(args=args)
+        assert result.exit_code == 1, (args[:4], result.output, result.exception)
+        assert result.output.startswith("Error: ") and result.output.count("\n") == 1, result.output
+    assert runner.invoke(args=["harvest", "triggers", "list", "--json"]).output.strip() == "[]"
+
+
+def test_an_id_is_found_in_any_form_registration_accepts(client: FlaskClient) -> None:
+    upper = SEED_ID.upper()
+    created = client.post(ROOT, json=seed_body(id=upper), headers=AUTH)
+    assert created.status_code == 201 and created.get_json()["id"] == SEED_ID
+    assert client.get(f"{ROOT}/{upper}", headers=AUTH).get_json()["id"] == SEED_ID
+    assert client.get(f"{ROOT}/{upper}/fires", headers=AUTH).status_code == 200
+    assert client.delete(f"{ROOT}/{upper}", headers=AUTH).status_code == 204
+    assert client.get(ROOT, headers=AUTH).get_json() == []

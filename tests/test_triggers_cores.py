@@ -334,11 +334,12 @@ def test_outcome_envelope() -> None:
         "source_workflow_id": "wf-1",
         "source_workflow_name": "etl_ingest",
         "output": {"a": 1},
+        "error": None,
     }
     failed = apply_mapping(Outcome(), source("Failed", None, "ValueError: boom"))
     assert failed["terminal_state"] == "FAILED"
     assert failed["error"] == "ValueError: boom"
-    assert "output" not in failed
+    assert failed["output"] is None
     for state, name in [("Cancelled", "CANCELLED"), ("TimedOut", "TIMED_OUT"), ("Terminated", "TERMINATED")]:
         assert apply_mapping(Outcome(), source(state, None, "why"))["terminal_state"] == name
     assert (

@@ -183,6 +183,7 @@ def test_failure_routing_with_the_outcome_envelope(h: Harness) -> None:
         "source_exec_id": source.execution_id,
         "source_workflow_id": source.workflow_id,
         "source_workflow_name": "etl_ingest",
+        "output": None,
         "error": "ValueError: disk full",
     }
 
@@ -408,4 +409,26 @@ def test_a_corrupt_mapping_is_validation_failed_only_for_matching_states(h: Harn
     assert h.run("a", {}).state is S.COMPLETED
     assert h.outcomes() == ["validation_failed"]
     assert h.executions("b") == []
+    assert h.service.fires() == []
+
+
+def test_a_stored_row_with_text_that_is_not_unicode_never_wedges_the_source(h: Harness) -> None:
+    # Rows written by hand (or another build) whose JSON escapes decode to lone surrogates: the
+    # mapping cannot be encoded as the target's input, the condition's path is not a path.
+    mapped = h.register(CompletionTrigger("a", "b", input_mapping=Static("ok")))
+    guarded = h.register(CompletionTrigger("a", "c", condition=Eq("region", "EU")))
+    with h.store.engine.begin() as conn:
+        update = sa.text("UPDATE harvest_completion_triggers SET {} = :v WHERE id = :id")
+        conn.execute(
+            sa.text(str(update).format("input_mapping")),
+            {"v": '{"type": "Static", "data": "\\ud800"}', "id": mapped.id},
+        )
+        conn.execute(
+            sa.text(str(update).format("condition")),
+            {"v": '{"type": "Eq", "data": {"path": "\\udfff", "value": 1}}', "id": guarded.id},
+        )
+    source = h.run("a", {"region": "EU"})
+    assert source.state is S.COMPLETED
+    assert h.executions("b") == [] and h.executions("c") == []
+    assert sorted(h.outcomes()) == ["skipped", "validation_failed"]
     assert h.service.fires() == []

@@ -3,16 +3,31 @@
 from __future__ import annotations
 
 import math
+import re
 
 from ..errors import InvalidFieldError
 
-__all__ = ["MAX_VALUE_DEPTH", "check_value", "describe", "is_number"]
+__all__ = ["MAX_VALUE_DEPTH", "check_text", "check_value", "describe", "is_number"]
 
 #: The deepest nesting of arrays and objects accepted in a registered value (a Static input, a
 #: comparison value).
 MAX_VALUE_DEPTH = 32
 #: The largest integer accepted in a registered value, in bits (about 3,900 decimal digits).
 MAX_INT_BITS = 13_000
+
+
+#: A lone surrogate: what ``"\\ud800"`` in JSON (or undecodable bytes on a command line) decodes
+#: to. It has no UTF-8 encoding, so no database can store it.
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def check_text(text: str, where: str, field: str) -> None:
+    """Refuse a string that is not Unicode text (it holds a lone surrogate)."""
+    found = _SURROGATE.search(text)
+    if found is not None:
+        raise InvalidFieldError(
+            field, f"{where} holds a lone surrogate (U+{ord(found.group()):04X}), which is not Unicode text"
+        )
 
 
 def is_number(value: object) -> bool:
@@ -27,7 +42,10 @@ def check_value(value: object, where: str, field: str) -> None:
         item, depth = stack.pop()
         if depth > MAX_VALUE_DEPTH:
             raise InvalidFieldError(field, f"{where} nests deeper than {MAX_VALUE_DEPTH} levels")
-        if item is None or isinstance(item, bool | str):
+        if item is None or isinstance(item, bool):
+            continue
+        if isinstance(item, str):
+            check_text(item, where, field)
             continue
         if isinstance(item, int):
             # Beyond about 4,000 digits Python refuses to turn an integer into text (JSON).
@@ -45,6 +63,7 @@ def check_value(value: object, where: str, field: str) -> None:
             for key, child in item.items():
                 if not isinstance(key, str):
                     raise InvalidFieldError(field, f"{where} has a key that is not a string ({key!r:.40})")
+                check_text(key, f"{where} (a key)", field)
                 stack.append((child, depth + 1))
             continue
         raise InvalidFieldError(field, f"{where} is not a JSON value ({type(item).__name__})")

@@ -76,7 +76,7 @@ def delete_trigger(trigger_id: str) -> tuple[str, int]:
 def list_fires(trigger_id: str) -> Response:
     """The trigger's fires-ledger rows, newest first (``?limit=``, 1 to 500, default 100)."""
     service = _service()
-    service.get(trigger_id)
+    trigger_id = service.get(trigger_id).id
     raw = request.args.get("limit", "100")
     try:
         limit = int(raw)

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from ..errors import InvalidFieldError
-from ._values import describe
+from ._values import check_text, describe
 from .conditions import Condition, condition_to_json, parse_condition, validate_condition
 from .mappings import InputMapping, Passthrough, mapping_to_json, parse_mapping, validate_mapping
 
@@ -79,6 +79,10 @@ def _check_name(value: object, field: str) -> str:
         raise InvalidFieldError(
             field, f"must be a workflow name of 1 to {MAX_NAME_LENGTH} characters, not {describe(value)}"
         )
+    if "\x00" in value:
+        # PostgreSQL text cannot hold a NUL, and no workflow is registered under such a name.
+        raise InvalidFieldError(field, "must not contain a NUL character")
+    check_text(value, "the name", field)
     return value
 
 

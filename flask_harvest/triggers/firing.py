@@ -294,6 +294,8 @@ class TriggerFiring:
             return FireOutcome.PAYLOAD_TOO_LARGE, str(exc)
         except InvalidFieldError as exc:
             return FireOutcome.VALIDATION_FAILED, str(exc)
+        except ValueError as exc:  # text with no UTF-8 encoding: never fail the source's transition
+            return FireOutcome.VALIDATION_FAILED, f"the mapped input is not storable JSON ({exc})"
         return None
 
     # -- after commit --------------------------------------------------------------------------

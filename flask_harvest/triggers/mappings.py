@@ -13,8 +13,8 @@ Adjacently tagged JSON, as in the seed:
 
 The envelope: ``terminal_state`` (``COMPLETED``, ``FAILED``, ``CANCELLED``, ``TIMED_OUT``,
 ``TERMINATED``), ``source_exec_id``, ``source_workflow_id``, ``source_workflow_name``, ``output``
-(only when the source completed) and ``error`` (the failure message, or the cancel, timeout or
-terminate reason, when one was recorded).
+(``null`` unless the source completed) and ``error`` (the failure message, or the cancel, timeout or
+terminate reason, when one was recorded; else ``null``). All six are always present.
 """
 
 from __future__ import annotations
@@ -181,11 +181,10 @@ def outcome_envelope(source: SourceOutcome) -> dict[str, JsonValue]:
         "source_exec_id": source.execution_id,
         "source_workflow_id": source.workflow_id,
         "source_workflow_name": source.workflow_name,
+        # Both always present, as in the seed's envelope: null where they do not apply.
+        "output": source.output if source.state == "Completed" else None,
+        "error": source.error if source.state != "Completed" else None,
     }
-    if source.state == "Completed":
-        envelope["output"] = source.output
-    elif source.error is not None:
-        envelope["error"] = source.error
     return envelope
 
 

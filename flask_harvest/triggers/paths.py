@@ -18,7 +18,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..errors import InvalidFieldError
-from ._values import describe
+from ._values import check_text, describe
 
 __all__ = ["MAX_PATH_LENGTH", "MISSING", "Path", "parse_path", "select"]
 
@@ -60,6 +60,7 @@ def parse_path(path: object, *, field: str = "path") -> Path:
         raise InvalidFieldError(field, f"must be a dotted path string, not {describe(path)}")
     if len(path) > MAX_PATH_LENGTH:
         raise InvalidFieldError(field, f"is longer than {MAX_PATH_LENGTH} characters")
+    check_text(path, f"{path!r:.80}", field)
     if path == "":
         return ()
     segments = tuple(path.split("."))

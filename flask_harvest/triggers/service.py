@@ -6,6 +6,7 @@ builds it and plugs its :class:`~.firing.TriggerFiring` into the workflow store'
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 from typing import Any
@@ -14,6 +15,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from .._sql import store_error
 from ..errors import InvalidFieldError, InvalidStateError, NotFoundError
+from ..workflows.errors import ExecutionNotFoundError
 from ..workflows.models import utcnow
 from ..workflows.service import WorkflowService
 from ..workflows.store import SqlWorkflowStore
@@ -109,7 +111,7 @@ class TriggerService:
 
     def get(self, trigger_id: str) -> StoredTrigger:
         """:raises TriggerNotFoundError: no trigger has this id."""
-        stored = self.store.get(trigger_id) if _plausible(trigger_id) else None
+        stored = self.store.get(_canonical(trigger_id)) if _plausible(trigger_id) else None
         if stored is None:
             raise TriggerNotFoundError(trigger_id)
         return stored
@@ -119,7 +121,7 @@ class TriggerService:
 
         :raises TriggerNotFoundError: no trigger has this id.
         """
-        if not (_plausible(trigger_id) and self.store.delete(trigger_id)):
+        if not (_plausible(trigger_id) and self.store.delete(_canonical(trigger_id))):
             raise TriggerNotFoundError(trigger_id)
 
     def fires(
@@ -143,6 +145,8 @@ class TriggerService:
         :raises ExecutionNotFoundError: no execution has this id.
         :raises InvalidStateError: the execution has not ended.
         """
+        if not _plausible(execution_id):
+            raise ExecutionNotFoundError(execution_id)
         execution = self.workflows.get(execution_id)
         if not execution.terminal:
             raise InvalidStateError(
@@ -166,5 +170,20 @@ class TriggerService:
         return self.store.purge_fires(before=self.clock() - timedelta(seconds=self.retention_seconds))
 
 
-def _plausible(trigger_id: object) -> bool:
-    return isinstance(trigger_id, str) and 0 < len(trigger_id) <= 64 and "\x00" not in trigger_id
+def _canonical(trigger_id: str) -> str:
+    """Registration stores a UUID in its canonical form: look it up the same way (``ABC...`` too)."""
+    try:
+        return str(uuid.UUID(trigger_id))
+    except ValueError:
+        return trigger_id
+
+
+def _plausible(ident: object) -> bool:
+    # An id the database cannot even compare (a NUL, a lone surrogate from undecodable command-line
+    # bytes) is simply unknown.
+    return (
+        isinstance(ident, str)
+        and 0 < len(ident) <= 64
+        and "\x00" not in ident
+        and not any("\ud800" <= c <= "\udfff" for c in ident)
+    )
