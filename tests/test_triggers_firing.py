@@ -207,6 +207,15 @@ def test_cancel_never_matches_terminated_and_terminate_never_matches_cancelled(h
     assert c.input == "TERMINATED"
 
 
+def test_a_cancel_without_a_reason_has_a_null_error_in_the_envelope(h: Harness) -> None:
+    # The seed: ``error`` carries the cancel reason only "when one was recorded".
+    h.register(CompletionTrigger("a", "b", terminal_states=["Cancelled"], input_mapping=Outcome("error")))
+    cancelled, _ = h.runner.start("a", {})
+    h.store.request_cancel(cancelled.execution_id, None, now=h.clock())
+    [b] = h.executions("b")
+    assert b.input is None
+
+
 def test_re_evaluating_twice_starts_exactly_one_target(h: Harness) -> None:
     trigger = h.register(CompletionTrigger("a", "b"))
     source = h.run("a", {"n": 1})

@@ -37,7 +37,7 @@ from sqlalchemy import Connection, event
 
 from ..errors import InvalidFieldError
 from ..workflows.errors import InputTooLargeError
-from ..workflows.models import Execution, JsonValue, encode_json, utcnow
+from ..workflows.models import Execution, ExecutionState, JsonValue, encode_json, utcnow
 from .conditions import evaluate, parse_condition
 from .definitions import parse_terminal_states
 from .mappings import InputMapping, SourceOutcome, apply_mapping, parse_mapping
@@ -281,7 +281,9 @@ class TriggerFiring:
             execution.workflow_name,
             execution.state.value,
             execution.output,
-            execution.error,
+            # A cancel's error is its reason only when one was recorded (the store's placeholder
+            # "cancelled" is not a reason); every other end keeps its message.
+            execution.cancel_reason if execution.state is ExecutionState.CANCELLED else execution.error,
         )
         return apply_mapping(mapping, source)
 

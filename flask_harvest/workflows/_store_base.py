@@ -158,6 +158,7 @@ class _StoreBase:
         error: str | None,
         now: datetime,
         extra: Sequence[ColumnElement[bool]] = (),
+        cancel_reason: str | None = None,
     ) -> Execution | None:
         stmt = (
             update(_ex)
@@ -170,6 +171,7 @@ class _StoreBase:
                 lease_token=None,
                 lease_expires_at=None,
                 next_run_at=None,
+                **({"cancel_reason": cancel_reason} if cancel_reason is not None else {}),
             )
             .returning(*_ex.c)
         )

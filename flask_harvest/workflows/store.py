@@ -313,7 +313,8 @@ class SqlWorkflowStore(_SweepQueries):
     def request_cancel(self, execution_id: str, reason: str | None = None, *, now: datetime) -> Execution:
         """Cancel cooperatively: a ``Pending`` run ends ``Cancelled`` now; a ``Running`` one is
         flagged and ends ``Cancelled`` at its next step or sleep boundary. A terminal run is left
-        as it is. The reason becomes the run's error.
+        as it is. The reason becomes the run's error and, only when one is given, its
+        ``cancel_reason`` (what a completion trigger's outcome envelope reports).
 
         :returns: the execution after the request.
         :raises ExecutionNotFoundError: no execution has this id.
@@ -322,14 +323,21 @@ class SqlWorkflowStore(_SweepQueries):
         with self._transaction("cancel a workflow execution") as conn:
             for _ in range(_START_ROUNDS):
                 done = self._finish(
-                    conn, execution_id, ExecutionState.CANCELLED, None, error, now, [_ex.c.state == _PENDING]
+                    conn,
+                    execution_id,
+                    ExecutionState.CANCELLED,
+                    None,
+                    error,
+                    now,
+                    [_ex.c.state == _PENDING],
+                    cancel_reason=reason,
                 )
                 if done is not None:
                     return done
                 row = conn.execute(
                     update(_ex)
                     .where(_ex.c.execution_id == execution_id, _ex.c.state == _RUNNING)
-                    .values(cancel_requested=True, cancel_reason=error)
+                    .values(cancel_requested=True, cancel_reason=reason)
                     .returning(*_ex.c)
                 ).first()
                 if row is None:
