@@ -194,7 +194,10 @@ class WorkflowContext:
             self._record(seq, SLEEP_STEP, output=wake_at.isoformat())
             if self._clock() >= wake_at:
                 return
-        if not self._store.suspend(self.execution_id, self._token, wake_at=wake_at):
+        if not self._store.suspend(self.execution_id, self._token, wake_at=wake_at, now=self._clock()):
+            # A cancel request or the deadline landed since the boundary (or the lease is lost):
+            # the boundary ends the run now rather than at its wake time.
+            self._boundary()
             raise _Stopped
         try:
             self._schedule(self.execution_id, wake_at)

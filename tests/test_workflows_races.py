@@ -1,0 +1,96 @@
+"""Races between a running workflow and a cancel, terminate or deadline that lands in the gap between
+a boundary's look at the row and the durable sleep's suspend (SQLite and PostgreSQL).
+
+The gap is made deterministic by a store that lets the other party act right after the sleep's
+checkpoint is written (after the boundary, before the suspend), exactly as if its transaction had
+committed there.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+import pytest
+
+from flask_harvest.workflows import ExecutionState, SqlWorkflowStore, TerminalHooks, WorkflowContext
+from flask_harvest.workflows.context import SLEEP_STEP
+
+from .test_workflows_runner import Harness
+from .workflow_support import SQL_KINDS, workflow_store
+
+S = ExecutionState
+
+
+class GapStore(SqlWorkflowStore):
+    """A store that runs ``before_suspend`` (the racing party) once a sleep's checkpoint landed."""
+
+    before_suspend: Callable[[str], object] | None = None
+
+    def record_step(self, execution_id: str, token: str, seq: int, name: str, **kwargs: Any) -> bool:
+        landed = super().record_step(execution_id, token, seq, name, **kwargs)
+        if landed and name == SLEEP_STEP and self.before_suspend is not None:
+            self.before_suspend(execution_id)
+        return landed
+
+
+@pytest.fixture(params=SQL_KINDS)
+def h(request: pytest.FixtureRequest) -> Harness:
+    plain = workflow_store(request, request.param)
+    return Harness(GapStore(plain.engine, hooks=TerminalHooks()))
+
+
+def napper(h: Harness, timeout: timedelta | None = None) -> str:
+    @h.registry.workflow("nap", timeout=timeout)
+    def nap(ctx: WorkflowContext, value: Any) -> Any:
+        ctx.step("before", h.count("before"))
+        ctx.sleep(timedelta(hours=1))
+        return ctx.step("after", h.count("after"))
+
+    execution, _ = h.runner.start("nap", None)
+    return execution.execution_id
+
+
+def gap(h: Harness) -> GapStore:
+    assert isinstance(h.store, GapStore)
+    return h.store
+
+
+def test_a_cancel_between_the_boundary_and_the_suspend_ends_the_run_cancelled_at_once(h: Harness) -> None:
+    eid = napper(h)
+    gap(h).before_suspend = lambda execution_id: h.store.request_cancel(
+        execution_id, "customer withdrew", now=h.clock()
+    )
+    assert h.runner.run(eid) is None
+    ended = h.store.get(eid)
+    # Not Pending with cancel_requested until the wake time an hour later.
+    assert ended is not None and ended.state is S.CANCELLED and ended.error == "customer withdrew"
+    assert ended.next_run_at is None and ended.lease_token is None
+    assert h.runner.run(eid) is None  # a job at the wake time finds nothing to do
+    assert [s.name for s in h.store.list_steps(eid)] == ["before", "harvest:sleep"]
+
+
+def test_a_terminate_between_the_boundary_and_the_suspend_ends_the_run_terminated(h: Harness) -> None:
+    eid = napper(h)
+    gap(h).before_suspend = lambda execution_id: h.store.terminate(execution_id, "stop", now=h.clock())
+    assert h.runner.run(eid) is None
+    ended = h.store.get(eid)
+    assert ended is not None and ended.state is S.TERMINATED and ended.error == "stop"
+    assert not h.scheduled.calls[1:], "a terminated run is not scheduled to wake"
+
+
+def test_a_deadline_passing_between_the_boundary_and_the_suspend_ends_the_run_timed_out(h: Harness) -> None:
+    eid = napper(h, timeout=timedelta(minutes=10))
+    gap(h).before_suspend = lambda execution_id: h.clock.advance(minutes=11)
+    assert h.runner.run(eid) is None
+    ended = h.store.get(eid)
+    # Without the sweeper's timeout scan: the run itself ends it instead of going to sleep.
+    assert ended is not None and ended.state is S.TIMED_OUT and "deadline" in (ended.error or "")
+
+
+def test_a_cancel_after_the_suspend_ends_the_sleeping_run_at_once(h: Harness) -> None:
+    eid = napper(h)
+    assert h.runner.run(eid) is None
+    cancelled = h.store.request_cancel(eid, "no longer needed", now=h.clock())
+    assert cancelled.state is S.CANCELLED and cancelled.error == "no longer needed"
