@@ -488,7 +488,7 @@ class FaultEnv:
     def subscribe(self, sub_id: str, url: str, topics: Iterable[str] = ("fault.*",)) -> WebhookSubscription:
         secret = canary_secret()
         self.secrets.append(secret)
-        return self.store.add_subscription(WebhookSubscription(url, list(topics), secret, id=sub_id))
+        return self.store.add_subscription(WebhookSubscription(url, tuple(topics), secret, id=sub_id))
 
     def dispatch(self, topic: str, payload: Any) -> list[str]:
         with self._apps[0].app_context() if self._apps else self.app().app_context():

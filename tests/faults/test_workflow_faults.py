@@ -125,7 +125,9 @@ class WorkflowFaults:
     def release(self, execution_id: str) -> None:
         """Let the run's held step go on."""
         with self.env.inspector.begin() as conn:
-            conn.execute(workflow_app.flags_table.insert().values(name=workflow_app.release_flag(execution_id)))
+            conn.execute(
+                workflow_app.flags_table.insert().values(name=workflow_app.release_flag(execution_id))
+            )
 
     def drain(self) -> None:
         """Wait until the workers finished what they were running: a fresh run completes after it
@@ -236,7 +238,8 @@ def test_a_poison_pill_fails_after_the_recovery_attempts_and_blocks_no_one(wf: W
     wf.wait_state(others, S.COMPLETED)
     wf.wait_state([pill], S.FAILED, timeout=90)
     failed = wf.get(pill)
-    assert "poison pill" in (failed.error or "") and "HARVEST_WORKFLOW_MAX_RECOVERY_ATTEMPTS" in (failed.error or "")
+    assert "poison pill" in (failed.error or "")
+    assert "HARVEST_WORKFLOW_MAX_RECOVERY_ATTEMPTS" in (failed.error or "")
     assert failed.recovery_count == MAX_RECOVERY_ATTEMPTS
     # It killed a worker on its first run and on each recovery, then was given up.
     assert wf.effects(pill) == Counter({"fine": 1, "crash": MAX_RECOVERY_ATTEMPTS + 1})
@@ -286,7 +289,8 @@ def test_terminate_of_a_running_run_ends_it_at_once_and_nothing_lands_after(wf: 
 
 def test_cancel_and_terminate_of_sleeping_runs_end_them_at_once(wf: WorkflowFaults) -> None:
     wf.worker()
-    to_cancel, to_terminate = wf.start("napper", {"sleep": 600, "n": 1}), wf.start("napper", {"sleep": 600, "n": 2})
+    to_cancel = wf.start("napper", {"sleep": 600, "n": 1})
+    to_terminate = wf.start("napper", {"sleep": 600, "n": 2})
     wf.wait_asleep([to_cancel, to_terminate])
     assert wf.service.cancel(to_cancel, "not needed").state is S.CANCELLED
     assert wf.service.terminate(to_terminate).state is S.TERMINATED

@@ -97,7 +97,9 @@ def napper(ctx: WorkflowContext, value: Any) -> Any:
 def held(ctx: WorkflowContext, value: Any) -> Any:
     """A step, a held step, a step: to cancel or terminate while the held one runs."""
     eid = ctx.execution_id
-    return [ctx.step("one", effect, eid, "one"), ctx.step("two", hold, eid, "two"), ctx.step("three", effect, eid, "three")]
+    one = ctx.step("one", effect, eid, "one")
+    two = ctx.step("two", hold, eid, "two")
+    return [one, two, ctx.step("three", effect, eid, "three")]
 
 
 @workflows.workflow("sleeps_past_deadline", timeout=TIMEOUT)
