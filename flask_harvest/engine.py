@@ -164,7 +164,7 @@ def add_workflows(
 def _sweep_workflows(runner: WorkflowRunner) -> SweepReport:
     report = runner.sweep_once()
     return SweepReport(
-        released=len(report.requeued),
+        released=len(report.requeued) + len(report.cancelled),
         requeued=len(report.requeued) + len(report.rescheduled),
         timed_out=len(report.timed_out),
         poisoned=len(report.poisoned),

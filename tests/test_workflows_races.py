@@ -14,7 +14,13 @@ from typing import Any
 
 import pytest
 
-from flask_harvest.workflows import ExecutionState, SqlWorkflowStore, TerminalHooks, WorkflowContext
+from flask_harvest.workflows import (
+    ExecutionState,
+    SqlWorkflowStore,
+    TerminalHooks,
+    WorkflowContext,
+    WorkflowRunner,
+)
 from flask_harvest.workflows.context import SLEEP_STEP
 
 from .test_workflows_runner import Harness
@@ -94,3 +100,36 @@ def test_a_cancel_after_the_suspend_ends_the_sleeping_run_at_once(h: Harness) ->
     assert h.runner.run(eid) is None
     cancelled = h.store.request_cancel(eid, "no longer needed", now=h.clock())
     assert cancelled.state is S.CANCELLED and cancelled.error == "no longer needed"
+
+
+def test_suspend_refuses_a_run_with_a_cancel_request_or_past_its_deadline(h: Harness) -> None:
+    store = h.store
+    now = h.clock()
+    wake = now + timedelta(hours=1)
+    for deadline, cancel in ((None, True), (now - timedelta(seconds=1), False), (now, False), (None, False)):
+        execution, _ = store.start("w", None, now=now, deadline=deadline)
+        claimed = store.claim(execution.execution_id, now=now, lease_seconds=30)
+        assert claimed is not None and claimed.lease_token is not None
+        if cancel:
+            store.request_cancel(execution.execution_id, now=now)
+        slept = store.suspend(execution.execution_id, claimed.lease_token, wake_at=wake, now=now)
+        # Only a run with no cancel request whose deadline has not passed goes to sleep.
+        assert slept is (not cancel and (deadline is None or deadline >= now))
+        assert store.get(execution.execution_id).state is (S.PENDING if slept else S.RUNNING)  # type: ignore[union-attr]
+
+
+def test_a_cancel_requested_before_the_worker_died_ends_the_run_cancelled_at_the_sweep(h: Harness) -> None:
+    runner = WorkflowRunner(
+        h.store, h.registry, h.scheduled, lease_seconds=30, max_recovery_attempts=0, heartbeat_interval=0,
+        clock=h.clock,
+    )  # fmt: skip
+    execution, _ = h.store.start("w", None, now=h.clock())
+    eid = execution.execution_id
+    assert h.store.claim(eid, now=h.clock(), lease_seconds=30) is not None
+    h.store.request_cancel(eid, "customer withdrew", now=h.clock())
+    h.clock.advance(seconds=31)  # the worker died: its lease expired
+    report = runner.sweep_once()
+    # Cancelled, not requeued to run the code again, nor failed as a poison pill.
+    assert report.cancelled == [eid] and report.requeued == [] and report.poisoned == []
+    ended = h.store.get(eid)
+    assert ended is not None and ended.state is S.CANCELLED and ended.error == "customer withdrew"

@@ -300,3 +300,24 @@ def test_cancel_and_terminate_of_sleeping_runs_end_them_at_once(wf: WorkflowFaul
     assert wf.get(to_cancel).error == "not needed"
     for eid in (to_cancel, to_terminate):
         assert wf.effects(eid) == Counter({"before": 1})
+
+
+def test_a_cancelled_run_whose_worker_is_killed_ends_cancelled_without_running_again(
+    wf: WorkflowFaults,
+) -> None:
+    workers = [wf.worker(), wf.worker()]
+    eid = wf.start("held")
+    wf.wait_effect(eid, "two:start")
+    [pid] = wf.effect_pids(eid, "two:start")
+    [doomed] = [w for w in workers if w.pid == pid]
+    assert wf.service.cancel(eid, "customer withdrew").state is S.RUNNING
+    doomed.kill()  # before the held step ended: no boundary will ever see the request
+    wf.release(eid)
+    wf.wait_state([eid], S.CANCELLED)
+    cancelled = wf.get(eid)
+    # The surviving worker's sweep ended it once the lease expired: no code ran again.
+    assert cancelled.error == "customer withdrew" and cancelled.recovery_count == 0
+    assert cancelled.attempt == 1
+    wf.drain()
+    assert [s.name for s in wf.steps(eid)] == ["one"]
+    assert wf.effects(eid) == Counter({"one": 1, "two:start": 1})
