@@ -19,6 +19,8 @@ effects in a table.
 
 from __future__ import annotations
 
+import os
+import signal
 from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -321,3 +323,18 @@ def test_a_cancelled_run_whose_worker_is_killed_ends_cancelled_without_running_a
     wf.drain()
     assert [s.name for s in wf.steps(eid)] == ["one"]
     assert wf.effects(eid) == Counter({"one": 1, "two:start": 1})
+
+
+def test_a_worker_asked_to_stop_finishes_the_workflow_step_it_runs(wf: WorkflowFaults) -> None:
+    worker = wf.worker()
+    eid = wf.start("held")
+    wf.wait_effect(eid, "two:start")
+    os.killpg(worker.pid, signal.SIGTERM)  # a deploy: the process manager asks the worker to stop
+    wf.release(eid)
+    wait_until(lambda: not worker.alive(), 60, "the worker to stop")
+    assert worker.process.returncode == 0
+    # The run went on to its end in that worker: nothing to recover.
+    done = wf.get(eid)
+    assert done.state is S.COMPLETED and done.output == ["one", "two", "three"]
+    assert done.recovery_count == 0
+    assert wf.effects(eid) == Counter({"one": 1, "two:start": 1, "two": 1, "three": 1})
