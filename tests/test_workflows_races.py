@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from flask_harvest.errors import StoreError
 from flask_harvest.workflows import (
     ExecutionState,
     SqlWorkflowStore,
@@ -24,7 +25,7 @@ from flask_harvest.workflows import (
 from flask_harvest.workflows.context import SLEEP_STEP
 
 from .test_workflows_runner import Harness
-from .workflow_support import SQL_KINDS, workflow_store
+from .workflow_support import SQL_KINDS, run_counts, workflow_store
 
 S = ExecutionState
 
@@ -133,3 +134,50 @@ def test_a_cancel_requested_before_the_worker_died_ends_the_run_cancelled_at_the
     assert report.cancelled == [eid] and report.requeued == [] and report.poisoned == []
     ended = h.store.get(eid)
     assert ended is not None and ended.state is S.CANCELLED and ended.error == "customer withdrew"
+
+
+class FlakyStore(SqlWorkflowStore):
+    """A store whose next ``renew`` or ``record_step`` fails as a database outage would."""
+
+    fail_next: str | None = None
+
+    def _maybe_fail(self, call: str) -> None:
+        if self.fail_next == call:
+            self.fail_next = None
+            raise StoreError(f"could not {call}: the database went away")
+
+    def renew(self, *args: Any, **kwargs: Any) -> Any:
+        self._maybe_fail("renew")
+        return super().renew(*args, **kwargs)
+
+    def record_step(self, *args: Any, **kwargs: Any) -> bool:
+        self._maybe_fail("record_step")
+        return super().record_step(*args, **kwargs)
+
+
+@pytest.mark.parametrize("call", ["renew", "record_step"])
+def test_workflow_code_cannot_mistake_a_database_failure_for_a_failed_step(
+    request: pytest.FixtureRequest, call: str
+) -> None:
+    plain = workflow_store(request, "sqlite")
+    flaky = FlakyStore(plain.engine, hooks=TerminalHooks())
+    h = Harness(flaky)
+
+    @h.registry.workflow("charge_or_compensate")
+    def charge_or_compensate(ctx: WorkflowContext, value: Any) -> Any:
+        try:
+            return ctx.step("charge", h.count("charge"))
+        except Exception:  # a failed charge is compensated: a step error, never the engine's
+            return ctx.step("compensate", h.count("compensate"))
+
+    execution, _ = h.runner.start("charge_or_compensate", None)
+    flaky.fail_next = call  # the boundary before the charge, or the charge's checkpoint
+    with pytest.raises(StoreError, match="the database went away"):
+        h.runner.run(execution.execution_id)
+    still = h.store.get(execution.execution_id)
+    assert still is not None and still.state is S.RUNNING and h.store.list_steps(execution.execution_id) == []
+    assert "compensate" not in run_counts(h.store.engine)
+    h.recover()
+    done = h.runner.run(execution.execution_id)
+    assert done is not None and done.state is S.COMPLETED and done.output == "charge"
+    assert "compensate" not in run_counts(h.store.engine)

@@ -18,7 +18,7 @@ from sqlalchemy import Connection
 
 from ..errors import HarvestError, InvalidFieldError, StoreError
 from ..jobs.base import JobBackend, JobBackendError, JobRef
-from .context import StepRetryPolicy, WorkflowContext, _Unwind
+from .context import StepRetryPolicy, WorkflowContext, _EngineFailed, _Unwind
 from .errors import UnknownWorkflowError
 from .models import (
     Execution,
@@ -209,6 +209,13 @@ class WorkflowRunner:
         with self._heartbeat(execution_id, token):
             try:
                 output = definition.fn(ctx, claimed.input)
+            except _EngineFailed as failed:
+                # The engine's own call failed under the workflow code (which could not catch it):
+                # the run stays open; its lease expires and the sweeper requeues it.
+                logger.warning(
+                    "workflow execution %s stopped: %s", execution_id, failed.error, exc_info=failed.error
+                )
+                raise failed.error from None
             except _Unwind:
                 return None
             except StoreError:
