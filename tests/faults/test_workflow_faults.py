@@ -44,7 +44,7 @@ TIME_LIMIT_SECONDS = 120
 
 S = ExecutionState
 APP_SPEC = "tests.faults.workflow_app:create_app"
-LEASE_SECONDS = 3
+LEASE_SECONDS = 4
 MAX_RECOVERY_ATTEMPTS = 2
 WORKFLOW_CONFIG: dict[str, Any] = {
     "HARVEST_WORKFLOW_LEASE_SECONDS": LEASE_SECONDS,
@@ -164,7 +164,6 @@ def test_a_worker_killed_in_step_3_is_replaced_and_steps_1_and_2_never_run_again
     [doomed] = [w for w in workers if w.pid == pid]
     [survivor] = [w for w in workers if w is not doomed]
     doomed.kill()
-    assert wf.get(eid).state is S.RUNNING  # its lease has not expired yet
     wf.release(eid)
 
     wf.wait_state([eid], S.COMPLETED)
@@ -179,7 +178,8 @@ def test_a_worker_killed_in_step_3_is_replaced_and_steps_1_and_2_never_run_again
 
 def test_flushdb_loses_no_sleeping_and_no_waiting_run(wf: WorkflowFaults) -> None:
     first = wf.worker()
-    sleepers = [wf.start("napper", {"sleep": 3, "n": n}) for n in range(4)]
+    # Long enough a sleep for all four to be asleep at once, even on a busy machine.
+    sleepers = [wf.start("napper", {"sleep": 8, "n": n}) for n in range(4)]
     wf.wait_asleep(sleepers)
     wf.env.redis_server.flushdb()  # their scheduled wake-up jobs are gone
     wf.wait_state(sleepers, S.COMPLETED)
@@ -199,7 +199,7 @@ def test_flushdb_loses_no_sleeping_and_no_waiting_run(wf: WorkflowFaults) -> Non
 
 def test_a_durable_sleep_survives_its_worker_being_killed(wf: WorkflowFaults) -> None:
     first = wf.worker()
-    eid = wf.start("napper", {"sleep": 2, "n": 1})
+    eid = wf.start("napper", {"sleep": 5, "n": 1})
     wf.wait_asleep([eid])
     first.kill()
     wake_at = wf.get(eid).next_run_at
@@ -215,8 +215,11 @@ def test_a_durable_sleep_survives_its_worker_being_killed(wf: WorkflowFaults) ->
 
 def test_a_sleeping_and_a_busy_run_time_out(wf: WorkflowFaults) -> None:
     wf.worker()
+    wf.drain()  # the worker is up: the deadlines start counting when the runs start
     sleeping = wf.start("sleeps_past_deadline")
-    wf.wait_asleep([sleeping])
+    wait_until(
+        lambda: any(s.name == "harvest:sleep" for s in wf.steps(sleeping)), RECOVERY_WAIT, "the run asleep"
+    )
     busy = wf.start("busy_past_deadline")
     wf.wait_effect(busy, "busy:start")
     # The deadline passes while one sleeps and the other is inside its step: the sweep ends both.

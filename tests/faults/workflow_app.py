@@ -40,7 +40,7 @@ flags_table = sa.Table("wf_fault_flags", fault_metadata, sa.Column("name", sa.St
 #: How long a held step waits for its flag at most (a backstop: the tests raise it much sooner).
 HOLD_LIMIT_SECONDS = 90.0
 #: The deadline of the workflows registered with a timeout.
-TIMEOUT = timedelta(seconds=3)
+TIMEOUT = timedelta(seconds=6)
 
 db = SQLAlchemy()
 workflows = HarvestWorkflows.sql(db)
