@@ -84,6 +84,12 @@ class Settings:
     workflow_api_prefix: str = "/api/harvest"
     #: The longest ``?wait=N`` the result route holds a request open for, in seconds.
     workflow_result_max_wait_seconds: float = 30.0
+    #: The deepest chain of completion triggers: a target whose trigger depth (1 for a target of a
+    #: directly started run) would exceed it is not started (``chain_depth_exceeded``).
+    trigger_max_chain_depth: int = 16
+    #: Completion-trigger fires rows older than this many seconds, whose source execution no longer
+    #: exists, are deleted by the sweeper; ``0`` (the default) keeps every row.
+    trigger_fires_retention_seconds: float = 0.0
 
     @property
     def backoff(self) -> tuple[int, int]:
@@ -104,6 +110,8 @@ PREFIX = "HARVEST_"
 #: The ``HARVEST_*`` key of each setting, e.g. ``KEYS["jobs_backend"] == "HARVEST_JOBS_BACKEND"``.
 KEYS = {f.name: PREFIX + f.name.upper() for f in dataclasses.fields(Settings)}
 JOBS_BACKENDS = ("local", "rq")
+#: Settings whose ``0`` means "never" rather than being refused.
+_ZERO_MEANS_NEVER = frozenset({"trigger_fires_retention_seconds"})
 
 
 def _coerce(name: str, value: Any, default: Any) -> Any:
@@ -122,6 +130,8 @@ def _coerce(name: str, value: Any, default: Any) -> Any:
             raise ConfigurationError(f"{key} must be a number, not {value!r}") from None
         if not math.isfinite(number):  # "nan" and "inf" parse as floats; nan <= 0 is False
             raise ConfigurationError(f"{key} must be a finite number, not {value!r}")
+        if number == 0 and name in _ZERO_MEANS_NEVER:
+            return number
         if number <= 0:
             raise ConfigurationError(f"{key} must be greater than zero, not {value!r}")
         return number

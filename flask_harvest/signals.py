@@ -31,3 +31,11 @@ delivery_skipped = _signals.signal("harvest.delivery-skipped")
 subscription_disabled = _signals.signal("harvest.subscription-disabled")
 #: The subscription reached the consecutive-failure threshold and was marked failed.
 subscription_failed = _signals.signal("harvest.subscription-failed")
+#: A completion trigger was evaluated for a source execution (after the transaction committed):
+#: ``event`` is the :class:`~flask_harvest.triggers.firing.FireEvent`, ``outcome`` its outcome
+#: (``started``, ``skipped``, ``deduped``, ``validation_failed``, ``payload_too_large``,
+#: ``chain_depth_exceeded``): the ``harvest.completion_trigger.fires`` counter.
+completion_trigger_fired = _signals.signal("harvest.completion-trigger-fired")
+#: A completion trigger was skipped: ``trigger_id``, ``source_exec_id`` and ``reason``
+#: (``condition_unmet``, ``condition_invalid``): the ``harvest.completion_trigger.skipped`` counter.
+completion_trigger_skipped = _signals.signal("harvest.completion-trigger-skipped")
