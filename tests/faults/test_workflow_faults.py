@@ -14,7 +14,9 @@ effects in a table.
   ``HARVEST_WORKFLOW_MAX_RECOVERY_ATTEMPTS`` recoveries, while other runs complete beside it;
 * cancel and terminate of a running run, and of a sleeping one: cancel ends ``Cancelled`` at the next
   boundary after the running step is checkpointed, terminate ends ``Terminated`` at once and no
-  checkpoint lands after it; neither ever ends as the other.
+  checkpoint lands after it; neither ever ends as the other; a cancelled run whose worker is
+  killed ends ``Cancelled`` at the next sweep without running again;
+* a worker asked to stop (SIGTERM) inside a step finishes the run first and exits 0.
 """
 
 from __future__ import annotations
