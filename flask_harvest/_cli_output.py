@@ -14,6 +14,9 @@ from typing import Any
 
 import click
 
+from ._input import to_utc
+from .errors import InvalidFieldError
+
 #: The ``--json`` flag every reporting command takes.
 json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
 
@@ -77,7 +80,12 @@ def iso_datetime(ctx: click.Context, param: click.Parameter, value: str | None) 
         raise click.BadParameter(
             f"{value!r} is not an ISO 8601 datetime such as 2024-05-01T12:00:00Z", ctx, param
         ) from None
-    return parsed if parsed.tzinfo is not None else parsed.replace(tzinfo=timezone.utc)
+    if parsed.tzinfo is None:
+        return parsed.replace(tzinfo=timezone.utc)
+    try:
+        return to_utc(parsed, param.name or "datetime")
+    except InvalidFieldError as exc:
+        raise click.BadParameter(f"{value!r} {exc.message}", ctx, param) from None
 
 
 class Seconds(click.FloatRange):

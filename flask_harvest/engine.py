@@ -15,6 +15,8 @@ from typing import Any
 
 import redis
 
+from .callbacks.service import CALLBACK_JOB, CompletionCallbacks
+from .callbacks.store import SqlCallbackStore
 from .config import Settings
 from .errors import ConfigurationError
 from .jobs.base import JobBackend, JobKinds, JobRef
@@ -71,6 +73,8 @@ class HarvestEngine:
     workflows: WorkflowService | None = None
     #: Completion triggers, once :func:`add_triggers` added them.
     triggers: TriggerService | None = None
+    #: Completion callbacks of the workflows, added with them.
+    callbacks: CompletionCallbacks | None = None
 
     def sweep(self) -> SweepReport:
         """Run one sweep of every kind of work (see :mod:`flask_harvest.sweeper`)."""
@@ -163,6 +167,7 @@ def add_workflows(
     engine.backend.set_job_timeout(WORKFLOW_JOB, None)
     engine.sweeper.add_step("workflows", partial(_sweep_workflows, runner))
     engine.workflows = WorkflowService(store, registry, runner, store.hooks)
+    _add_callbacks(engine, store, engine.workflows)
     return engine.workflows
 
 
@@ -199,6 +204,19 @@ def add_triggers(
 
 def _purge_fires(service: TriggerService) -> SweepReport:
     return SweepReport(fires_purged=service.purge_fires())
+def _add_callbacks(engine: HarvestEngine, store: SqlWorkflowStore, service: WorkflowService) -> None:
+    """Completion callbacks: a start preparer, a terminal hook, a job kind and a sweeper step."""
+    callbacks = CompletionCallbacks(
+        engine.settings,
+        SqlCallbackStore(store.engine),
+        engine.backend,
+        engine.transport,
+    )
+    service.add_start_preparer(callbacks.prepare)
+    store.hooks.register(callbacks.terminal_hook)
+    engine.jobs.register(CALLBACK_JOB, callbacks.run_many)
+    engine.sweeper.add_step("completion-callbacks", callbacks.sweep)
+    engine.callbacks = callbacks
 
 
 def _sweep_workflows(runner: WorkflowRunner) -> SweepReport:

@@ -39,3 +39,12 @@ completion_trigger_fired = _signals.signal("harvest.completion-trigger-fired")
 #: A completion trigger was skipped: ``trigger_id``, ``source_exec_id`` and ``reason``
 #: (``condition_unmet``, ``condition_invalid``): the ``harvest.completion_trigger.skipped`` counter.
 completion_trigger_skipped = _signals.signal("harvest.completion-trigger-skipped")
+
+#: A completion callback was delivered (2xx); carries ``delivery`` (a
+#: :class:`~flask_harvest.callbacks.CompletionDelivery`).
+completion_callback_delivered = _signals.signal("harvest.completion-callback-delivered")
+#: A completion-callback attempt failed and will be retried at ``delivery.next_attempt_at``.
+completion_callback_failed = _signals.signal("harvest.completion-callback-failed")
+#: A completion callback failed for good (a permanent 4xx, exhaustion, a refused target) and was
+#: dead-lettered with the reason ``CallbackDeliveryExhausted``.
+completion_callback_dead_lettered = _signals.signal("harvest.completion-callback-dead-lettered")

@@ -123,10 +123,13 @@ def assert_no_secret(result: Result) -> None:
     [
         (
             (),
-            ["init-db", "subscriptions", "dlq", "deliveries", "purge", "stats", "sweep", "worker", "outbox"],
+            [
+                *("init-db", "subscriptions", "dlq", "deliveries", "purge", "stats", "sweep", "worker"),
+                *("outbox", "completion-delivery", "completion-deliveries", "callbacks"),
+            ],
         ),
         (("subscriptions",), ["add", "list", "show", "enable", "disable", "rotate-secret", "remove"]),
-        (("dlq",), ["list", "replay"]),
+        (("dlq",), ["list", "replay", "redrive"]),
         (("deliveries",), ["show"]),
     ],
 )

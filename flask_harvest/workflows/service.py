@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import binascii
 import time
+from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
@@ -21,6 +22,7 @@ from .runner import WorkflowRunner
 from .store import SqlWorkflowStore
 
 __all__ = [
+    "StartPreparer",
     "WorkflowFailedError",
     "WorkflowHandle",
     "WorkflowService",
@@ -29,6 +31,9 @@ __all__ = [
     "execution_to_dict",
     "step_to_dict",
 ]
+
+#: Turns a start's ``completion_callbacks`` into what is stored, or raises to refuse the start.
+StartPreparer = Callable[[JsonValue], JsonValue]
 
 # How often waiting for a result looks at the row: starts small, since most runs end quickly.
 _POLL_START = 0.01
@@ -126,6 +131,16 @@ class WorkflowService:
         self.registry = registry
         self.runner = runner
         self.hooks = hooks
+        self._preparers: list[StartPreparer] = []
+
+    def add_start_preparer(self, preparer: StartPreparer) -> None:
+        """Run ``preparer`` on every start's ``completion_callbacks`` before the run is stored.
+
+        It returns the value to store (completion callbacks validate the targets and add the
+        app-wide defaults) and raises a :class:`~flask_harvest.errors.HarvestError` to refuse the
+        start; preparers run in the order they were added.
+        """
+        self._preparers.append(preparer)
 
     def __repr__(self) -> str:
         return f"<WorkflowService workflows={self.registry.names()}>"
@@ -152,6 +167,8 @@ class WorkflowService:
         except ValueError:
             names = ", ".join(p.value for p in IdReusePolicy)
             raise InvalidFieldError("policy", f"must be one of {names}") from None
+        for prepare in self._preparers:
+            completion_callbacks = prepare(completion_callbacks)
         execution, created = self.runner.start(
             name, input, workflow_id=workflow_id, policy=chosen, completion_callbacks=completion_callbacks
         )
