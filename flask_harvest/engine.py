@@ -162,6 +162,9 @@ def add_workflows(
     # Runs that a terminal hook starts in its transaction are queued once that transaction commits.
     store.on_started = runner.schedule_started
     engine.jobs.register(WORKFLOW_JOB, runner.run_many)
+    # A workflow job may run long (slow steps); its lease and heartbeat tell a dead run from a
+    # live one, so the backend's job timeout (sized for one webhook attempt) must not kill it.
+    engine.backend.set_job_timeout(WORKFLOW_JOB, None)
     engine.sweeper.add_step("workflows", partial(_sweep_workflows, runner))
     engine.workflows = WorkflowService(store, registry, runner, store.hooks)
     _add_callbacks(engine, store, engine.workflows)
@@ -219,7 +222,7 @@ def _add_callbacks(engine: HarvestEngine, store: SqlWorkflowStore, service: Work
 def _sweep_workflows(runner: WorkflowRunner) -> SweepReport:
     report = runner.sweep_once()
     return SweepReport(
-        released=len(report.requeued),
+        released=len(report.requeued) + len(report.cancelled),
         requeued=len(report.requeued) + len(report.rescheduled),
         timed_out=len(report.timed_out),
         poisoned=len(report.poisoned),

@@ -56,6 +56,17 @@ def test_outbox_app() -> None:
     assert out.rstrip().endswith("outbox example OK")
 
 
+def test_workflows_app() -> None:
+    out = run_example("workflows_app.py")
+    assert re.search(r"^started process_refund as refund-ord_1: execution [0-9a-f-]{36}$", out, re.M)
+    assert "starting refund-ord_1 again while it runs returns the same execution: True" in out
+    assert "refund-ord_1 ended Completed: {'refund_id': 're_1', 'amount': 4200}" in out
+    assert "checkpointed steps: check_order, issue_refund, harvest:sleep, notify_customer" in out
+    assert "refund-ord_2 ended Cancelled: the customer kept the goods" in out
+    assert out.count("mails sent: 1") == 2
+    assert out.rstrip().endswith("workflows example OK")
+
+
 def test_completion_triggers() -> None:
     out = run_example("completion_triggers.py")
     assert "etl_ingest 2026-06-24: Completed" in out

@@ -215,10 +215,13 @@ def test_cancel_of_a_running_execution_ends_it_at_the_next_boundary(h: Harness) 
 def test_a_pending_cancel_request_found_at_claim_ends_the_run_cancelled(h: Harness) -> None:
     h.registry.workflow("w")(lambda ctx, value: ctx.step("s", h.count("s")))
     execution, _ = h.runner.start("w", None)
-    # A cancel requested while Running whose worker then died: requeued with the flag set.
+    # A cancel requested while Running whose worker then died, landing after the sweep's
+    # cancel_expired (which would end it at once) and before its expired_leases: requeued with the
+    # flag set.
     h.store.claim(execution.execution_id, now=h.clock(), lease_seconds=LEASE)
     h.store.request_cancel(execution.execution_id, "changed my mind", now=h.clock())
-    h.recover()
+    h.clock.advance(seconds=LEASE + 1)
+    assert h.store.expired_leases(now=h.clock(), max_recovery_attempts=5).requeued == [execution.execution_id]
     ended = h.runner.run(execution.execution_id)
     assert ended is not None and ended.state is S.CANCELLED and ended.error == "changed my mind"
     assert run_counts(h.store.engine) == {}

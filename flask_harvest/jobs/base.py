@@ -128,6 +128,10 @@ class JobBackend(abc.ABC):
         :raises JobBackendError: the backend could not answer.
         """
 
+    def set_job_timeout(self, kind: str, seconds: int | None) -> None:  # noqa: B027 (optional hook)
+        """Give the jobs of ``kind`` their own time limit (``None``: none at all) instead of the
+        backend's default. A backend that never kills a job ignores it."""
+
     def join(self, timeout: float = 30.0) -> bool:
         """Wait until the jobs this process queued and runs itself are done; return whether they
         were within ``timeout`` seconds. A backend whose jobs run elsewhere has none to wait for."""

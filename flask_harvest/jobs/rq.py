@@ -67,6 +67,8 @@ end
 return taken
 """
 _BATCH_PREFIX = "harvest:batch:"
+# RQ's spelling of "no job timeout".
+_NO_TIMEOUT = -1
 
 
 def _alias_key(queue: Queue) -> str:
@@ -120,7 +122,8 @@ class RqBackend(JobBackend):
 
     :param connection: the Redis connection.
     :param queue_name: the queue the workers listen on.
-    :param job_timeout: seconds after which RQ kills a job (longer than an attempt's deadline).
+    :param job_timeout: seconds after which RQ kills a job (longer than an attempt's deadline),
+        unless its kind has a limit of its own (:meth:`set_job_timeout`).
     :param batch_size: rows of one kind carried by one job when several are queued together.
     """
 
@@ -133,21 +136,34 @@ class RqBackend(JobBackend):
         self.queue = Queue(queue_name, connection=connection)
         self.job_timeout = job_timeout
         self.batch_size = max(1, batch_size)
+        self._kind_timeouts: dict[str, int] = {}
 
     def __repr__(self) -> str:
         return f"<RqBackend queue={self.queue.name!r}>"
 
-    def _options(self, identifier: str, description: str) -> dict[str, Any]:
+    def set_job_timeout(self, kind: str, seconds: int | None) -> None:
+        """Give the jobs of ``kind`` their own RQ timeout; ``None`` for none (RQ's ``-1``).
+
+        A workflow job may legitimately run for a long time: its lease and heartbeat, not RQ's
+        ``SIGALRM``, tell a live run from a dead one.
+        """
+        self._kind_timeouts[kind] = _NO_TIMEOUT if seconds is None else int(seconds)
+
+    def timeout_for(self, kind: str) -> int:
+        """The RQ job timeout of ``kind``'s jobs, in seconds (``-1``: none)."""
+        return self._kind_timeouts.get(kind, self.job_timeout)
+
+    def _options(self, identifier: str, description: str, kind: str) -> dict[str, Any]:
         return {
             "job_id": identifier,
-            "timeout": self.job_timeout,
+            "timeout": self.timeout_for(kind),
             "result_ttl": 0,
             "failure_ttl": _FAILURE_TTL,
             "description": description,
         }
 
     def _ref_options(self, ref: JobRef) -> dict[str, Any]:
-        return self._options(ref.job_id, f"{ref.kind} {ref.id}")
+        return self._options(ref.job_id, f"{ref.kind} {ref.id}", ref.kind)
 
     def take(self, kind: str, count: int) -> list[str]:
         """Take jobs of ``kind`` for up to ``count`` rows off this backend's queue (:func:`take_jobs`)."""
@@ -180,7 +196,7 @@ class RqBackend(JobBackend):
                     members = [ref.job_id for ref in chunk]
                     pipe.set(_BATCH_PREFIX + batch_id, " ".join(members), ex=_FAILURE_TTL)
                     aliases.update(dict.fromkeys(members, batch_id))
-                    options = self._options(batch_id, f"{kind} x{len(chunk)}")
+                    options = self._options(batch_id, f"{kind} x{len(chunk)}", kind)
                     jobs.append(Queue.prepare_data(BATCH_TASK, args=(kind, batch_id, members), **options))
             if aliases:
                 pipe.hset(_alias_key(self.queue), mapping=aliases)  # type: ignore[arg-type]

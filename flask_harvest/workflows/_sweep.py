@@ -35,6 +35,25 @@ class _SweepQueries(_StoreBase):
         with self._transaction("find due workflow executions") as conn:
             return [(row.execution_id, row.next_run_at) for row in conn.execute(query)]
 
+    def cancel_expired(self, *, now: datetime, limit: int = 500) -> list[str]:
+        """End ``Cancelled`` the ``Running`` executions whose lease expired with a cancel requested.
+
+        Their worker died before their next boundary: no code needs to run again to honour the
+        request (and it must not count as a recovery, nor end as a poison pill). Returns their ids.
+        """
+        abandoned = (_ex.c.state == _RUNNING) & (_ex.c.lease_expires_at < now) & _ex.c.cancel_requested
+        with self._transaction("find cancelled workflow executions whose worker died") as conn:
+            rows = conn.execute(
+                select(_ex.c.execution_id, _ex.c.cancel_reason).where(abandoned).limit(limit)
+            ).all()
+        cancelled = []
+        for execution_id, reason in rows:
+            if self._sweep_finish(
+                execution_id, ExecutionState.CANCELLED, reason or "cancelled", now, [abandoned]
+            ):
+                cancelled.append(execution_id)
+        return cancelled
+
     def expired_leases(self, *, now: datetime, max_recovery_attempts: int) -> LeaseSweep:
         """Requeue ``Running`` executions whose lease expired (their worker died).
 

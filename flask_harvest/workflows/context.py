@@ -10,7 +10,8 @@ a lost lease (terminated, or taken over) stops the code without writing anything
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
@@ -53,6 +54,27 @@ class _Suspended(_Unwind):
 
 class _Stopped(_Unwind):
     """The run must stop: it ended (cancelled, timed out, terminated) or its lease is lost."""
+
+
+class _EngineFailed(_Unwind):
+    """One of the engine's own calls (the store, a terminal hook) failed under the workflow code.
+
+    A ``BaseException``, so that workflow code that catches ``Exception`` around a step cannot take
+    a database outage for the step's failure (and, say, compensate for a charge that never ran).
+    The runner raises :attr:`error` again and leaves the run open for recovery.
+    """
+
+    def __init__(self, error: Exception) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+@contextmanager
+def _engine_call() -> Iterator[None]:
+    try:
+        yield
+    except Exception as exc:
+        raise _EngineFailed(exc) from exc
 
 
 @dataclass(frozen=True)
@@ -194,7 +216,12 @@ class WorkflowContext:
             self._record(seq, SLEEP_STEP, output=wake_at.isoformat())
             if self._clock() >= wake_at:
                 return
-        if not self._store.suspend(self.execution_id, self._token, wake_at=wake_at):
+        with _engine_call():
+            slept = self._store.suspend(self.execution_id, self._token, wake_at=wake_at, now=self._clock())
+        if not slept:
+            # A cancel request or the deadline landed since the boundary (or the lease is lost):
+            # the boundary ends the run now rather than at its wake time.
+            self._boundary()
             raise _Stopped
         try:
             self._schedule(self.execution_id, wake_at)
@@ -226,9 +253,10 @@ class WorkflowContext:
         return recorded
 
     def _record(self, seq: int, name: str, *, output: JsonValue = None, error: str | None = None) -> None:
-        landed = self._store.record_step(
-            self.execution_id, self._token, seq, name, output=output, error=error, now=self._clock()
-        )
+        with _engine_call():
+            landed = self._store.record_step(
+                self.execution_id, self._token, seq, name, output=output, error=error, now=self._clock()
+            )
         if not landed:
             # Terminated, timed out or taken over since the last boundary: write nothing more.
             raise _Stopped
@@ -236,6 +264,10 @@ class WorkflowContext:
 
     def _boundary(self) -> None:
         """Renew the lease and act on what the row says: cancel, deadline, or lost."""
+        with _engine_call():
+            self._look_at_the_row()
+
+    def _look_at_the_row(self) -> None:
         now = self._clock()
         row = self._store.renew(self.execution_id, self._token, now=now, lease_seconds=self._lease_seconds)
         if row is None:

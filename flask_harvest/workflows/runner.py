@@ -11,14 +11,14 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from sqlalchemy import Connection
 
 from ..errors import HarvestError, InvalidFieldError, StoreError
 from ..jobs.base import JobBackend, JobBackendError, JobRef
-from .context import StepRetryPolicy, WorkflowContext, _Unwind
+from .context import StepRetryPolicy, WorkflowContext, _EngineFailed, _Unwind
 from .errors import UnknownWorkflowError
 from .models import (
     Execution,
@@ -60,6 +60,8 @@ class SweepReport:
     poisoned: list[str]
     timed_out: list[str]
     rescheduled: list[str]
+    #: Runs whose worker died after a cancel was requested: ended ``Cancelled``, not requeued.
+    cancelled: list[str] = field(default_factory=list)
 
 
 class WorkflowRunner:
@@ -207,6 +209,13 @@ class WorkflowRunner:
         with self._heartbeat(execution_id, token):
             try:
                 output = definition.fn(ctx, claimed.input)
+            except _EngineFailed as failed:
+                # The engine's own call failed under the workflow code (which could not catch it):
+                # the run stays open; its lease expires and the sweeper requeues it.
+                logger.warning(
+                    "workflow execution %s stopped: %s", execution_id, failed.error, exc_info=failed.error
+                )
+                raise failed.error from None
             except _Unwind:
                 return None
             except StoreError:
@@ -306,11 +315,13 @@ class WorkflowRunner:
     def sweep_once(self) -> SweepReport:
         """One pass of the worker's periodic sweep over workflow executions.
 
-        Requeues (and queues) executions whose lease expired, fails poison pills, ends overdue
+        Ends ``Cancelled`` the executions whose lease expired with a cancel requested, requeues
+        (and queues) the other executions whose lease expired, fails poison pills, ends overdue
         executions ``TimedOut``, and queues ``Pending`` executions that are due but have no live
         job (it was lost, e.g. with a flushed Redis).
         """
         now = self.clock()
+        cancelled = self.store.cancel_expired(now=now)
         leases = self.store.expired_leases(now=now, max_recovery_attempts=self.max_recovery_attempts)
         for execution_id in leases.requeued:
             self._schedule(execution_id, None)
@@ -324,4 +335,4 @@ class WorkflowRunner:
         live = self.backend.live_jobs([ref for refs in waiting.values() for ref in refs])
         missing = [refs[0] for refs in waiting.values() if not (set(refs) & live)]
         self.backend.enqueue(missing)
-        return SweepReport(leases.requeued, leases.failed, timed_out, [ref.id for ref in missing])
+        return SweepReport(leases.requeued, leases.failed, timed_out, [ref.id for ref in missing], cancelled)

@@ -294,14 +294,28 @@ class SqlWorkflowStore(_SweepQueries):
         with self._transaction("record a workflow step") as conn:
             return conn.execute(stmt).first() is not None
 
-    def suspend(self, execution_id: str, token: str, *, wake_at: datetime) -> bool:
+    def suspend(
+        self, execution_id: str, token: str, *, wake_at: datetime, now: datetime | None = None
+    ) -> bool:
         """Give the execution back until ``wake_at`` (a durable sleep): ``Pending``, lease released.
 
-        :returns: whether the caller still held the lease (else nothing changed).
+        Refused, in the same guarded UPDATE, when a cancel was requested or (given ``now``) the
+        deadline passed since the caller last looked at the row: the caller ends the run at once
+        instead of leaving it asleep with a cancel request or past its deadline until it wakes.
+
+        :returns: whether the execution went to sleep (else nothing changed).
         """
+        guard = [
+            _ex.c.execution_id == execution_id,
+            _ex.c.state == _RUNNING,
+            _ex.c.lease_token == token,
+            _ex.c.cancel_requested.is_(False),
+        ]
+        if now is not None:
+            guard.append(or_(_ex.c.deadline.is_(None), _ex.c.deadline >= now))
         stmt = (
             update(_ex)
-            .where(_ex.c.execution_id == execution_id, _ex.c.state == _RUNNING, _ex.c.lease_token == token)
+            .where(*guard)
             .values(state=_PENDING, next_run_at=wake_at, lease_token=None, lease_expires_at=None)
             .returning(_ex.c.execution_id)
         )

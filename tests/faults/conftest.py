@@ -58,6 +58,9 @@ from ..conftest import DATABASE_URL, service_unavailable
 from ..pipeline import close_later
 
 HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent.parent
+#: The app the workers load unless a test names another (``start_worker(app=...)``).
+WORKER_APP_SPEC = "faults_worker_app:create_app"
 RECEIVER_SCRIPT = HERE / "receiver.py"
 
 #: The settings every fault test starts from: short leases, deadlines and sweeps so that recovery
@@ -485,7 +488,7 @@ class FaultEnv:
     def subscribe(self, sub_id: str, url: str, topics: Iterable[str] = ("fault.*",)) -> WebhookSubscription:
         secret = canary_secret()
         self.secrets.append(secret)
-        return self.store.add_subscription(WebhookSubscription(url, list(topics), secret, id=sub_id))
+        return self.store.add_subscription(WebhookSubscription(url, tuple(topics), secret, id=sub_id))
 
     def dispatch(self, topic: str, payload: Any) -> list[str]:
         with self._apps[0].app_context() if self._apps else self.app().app_context():
@@ -499,23 +502,28 @@ class FaultEnv:
         concurrency: int = 16,
         restart: bool = False,
         log_level: str = "INFO",
+        app: str = WORKER_APP_SPEC,
         **overrides: Any,
     ) -> Worker:
         """Start ``flask harvest worker --concurrency N`` with this test's settings.
 
         :param restart: restart it when it exits, as a process manager would.
         :param log_level: the level of the ``flask_harvest`` logger in the worker.
+        :param app: the ``--app`` the worker loads (a module of this checkout, e.g.
+            ``tests.faults.workflow_app:create_app``); the webhook app by default.
         """
         log_path = self.folder / f"worker-{len(self.workers)}.log"
         environment = {
             **os.environ,
-            "PYTHONPATH": os.pathsep.join([str(self.app_folder), os.environ.get("PYTHONPATH", "")]),
+            "PYTHONPATH": os.pathsep.join(
+                [str(self.app_folder), str(ROOT), os.environ.get("PYTHONPATH", "")]
+            ),
             "FAULTS_CONFIG": json.dumps(self.settings(**overrides)),
             "FAULTS_DATABASE_URL": self.database_url.render_as_string(hide_password=False),
             "FAULTS_LOG_LEVEL": log_level,
         }
         command = [
-            sys.executable, "-m", "flask", "--app", "faults_worker_app:create_app",
+            sys.executable, "-m", "flask", "--app", app,
             "harvest", "worker", "--concurrency", str(concurrency), *args,
         ]  # fmt: skip
         worker = Worker(command, environment, log_path, self.folder)
