@@ -102,6 +102,18 @@ def _read_limited_body(limit: int) -> bytes:
     return b"".join(chunks)
 
 
+def read_json() -> Any:
+    """Return the request body parsed as JSON, whatever its content type.
+
+    :raises ApiError: the body is over :data:`MAX_BODY_BYTES` (413), or not JSON in UTF-8, or
+        nested past :data:`~flask_harvest._input.MAX_JSON_DEPTH` (400 ``bad_json``).
+    """
+    try:
+        return parse_json(_read_limited_body(MAX_BODY_BYTES))
+    except InvalidFieldError as exc:
+        raise ApiError(400, "bad_json", f"the body {exc.message}") from None
+
+
 def load_body(schema: Schema) -> dict[str, Any]:
     """Return the request's JSON object loaded through ``schema``.
 
@@ -114,10 +126,7 @@ def load_body(schema: Schema) -> dict[str, Any]:
     """
     if not request.is_json:
         raise ApiError(415, "unsupported_media_type", "send a JSON body with Content-Type: application/json")
-    try:
-        data = parse_json(_read_limited_body(MAX_BODY_BYTES))
-    except InvalidFieldError as exc:
-        raise ApiError(400, "bad_json", f"the body {exc.message}") from None
+    data = read_json()
     if not isinstance(data, dict):
         raise ApiError(400, "bad_json", "the body must be a JSON object")
     for key, value in data.items():

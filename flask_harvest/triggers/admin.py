@@ -12,7 +12,7 @@ from __future__ import annotations
 from flask import Blueprint, Response, jsonify, request
 
 from .._app import get_engine
-from ..admin_http import ApiError, install_admin_api
+from ..admin_http import ApiError, install_admin_api, read_json
 from ..errors import ConfigurationError, InvalidFieldError
 from .definitions import trigger_from_json, trigger_to_json
 from .service import TriggerService, fire_to_json, stored_to_json
@@ -45,18 +45,12 @@ def list_triggers() -> Response:
 @trigger_admin.post(_ROOT)
 def register_trigger() -> tuple[Response, int]:
     """Register or replace a trigger (every field: an omitted ``condition`` clears the stored one)."""
-    try:
-        data = request.get_json(force=True, silent=True)
-    except RecursionError:
-        raise ApiError(400, "bad_json", "the body is nested too deeply") from None
-    if data is None:
-        raise ApiError(400, "bad_json", "the body is not valid JSON")
+    # Any content type: the seed's clients post JSON without always saying so.
+    data = read_json()
     try:
         trigger = trigger_from_json(data)
     except InvalidFieldError as exc:
         raise _bad_request(exc) from None
-    except RecursionError:
-        raise ApiError(400, "invalid_trigger", "the body is nested too deeply") from None
     return jsonify(trigger_to_json(_service().register(trigger))), 201
 
 
