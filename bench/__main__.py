@@ -32,6 +32,8 @@ SCENARIOS = {
     "S5": "bench.s5_latency",
     "S6": "bench.s6_outbox",
     "S7": "bench.s7_memory",
+    "S8": "bench.s8_workflow_latency",
+    "S9": "bench.s9_workflow_throughput",
 }
 
 
