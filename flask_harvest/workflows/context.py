@@ -5,11 +5,17 @@ a checkpoint returns it (or raises its error again) without running the step, a 
 the step and checkpoints it. Before each step and sleep (a *boundary*) the context renews the lease
 and looks at the row: a cancel request ends the run ``Cancelled``, a passed deadline ``TimedOut``, and
 a lost lease (terminated, or taken over) stops the code without writing anything.
+
+Each checkpoint renews the lease in its own transaction and reads the row too. When the workflow code
+reaches its next boundary within :data:`FRESH_SECONDS` of that read (or of the claim), the boundary
+acts on that read instead of renewing again: one statement per step instead of two. The deadline is
+always checked against the current time.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -27,9 +33,9 @@ from .models import (
     encode_json,
     timeout_message,
 )
-from .store import SqlWorkflowStore
+from .store import LeaseView, SqlWorkflowStore
 
-__all__ = ["StepRetryPolicy", "WorkflowContext"]
+__all__ = ["FRESH_SECONDS", "StepRetryPolicy", "WorkflowContext"]
 
 logger = logging.getLogger(__name__)
 
@@ -38,6 +44,8 @@ T = TypeVar("T")
 #: The checkpoint name of ``ctx.sleep``; user step names may not start with ``harvest:``.
 SLEEP_STEP = "harvest:sleep"
 _MAX_STEP_NAME = 255
+#: How long the row read by a checkpoint (or the claim) serves as the next boundary's lease check.
+FRESH_SECONDS = 0.05
 
 
 class _Unwind(BaseException):
@@ -78,6 +86,7 @@ class WorkflowContext:
         retry: StepRetryPolicy,
         schedule: Callable[[str, datetime | None], None],
         wait: Callable[[float], None],
+        lease: LeaseView | None = None,
     ) -> None:
         self._execution = execution
         self._token = token
@@ -90,6 +99,9 @@ class WorkflowContext:
         self._wait = wait
         self._seq = 0
         self._in_step = False
+        # The row as the claim or the last checkpoint read it, and when (monotonic seconds).
+        self._lease = lease
+        self._lease_read_at = time.monotonic()
         #: A non-determinism error, kept even if the workflow code catches it.
         self.fatal: NonDeterminismError | None = None
 
@@ -164,7 +176,7 @@ class WorkflowContext:
                 # A result that is not JSON is a bug of the step: trying again would not help.
                 if attempt <= retries and not isinstance(exc, InvalidFieldError):
                     self._wait(retry_delay_ms(attempt, policy.initial_ms, policy.max_ms) / 1000)
-                    self._boundary()
+                    self._boundary(renew=True)
                     continue
                 message = f"{type(exc).__name__}: {exc}"
                 self._record(seq, name, error=message)
@@ -226,18 +238,32 @@ class WorkflowContext:
         return recorded
 
     def _record(self, seq: int, name: str, *, output: JsonValue = None, error: str | None = None) -> None:
-        landed = self._store.record_step(
-            self.execution_id, self._token, seq, name, output=output, error=error, now=self._clock()
+        lease = self._store.checkpoint(
+            self.execution_id,
+            self._token,
+            seq,
+            name,
+            output=output,
+            error=error,
+            now=self._clock(),
+            lease_seconds=self._lease_seconds,
         )
-        if not landed:
+        if lease is None:
             # Terminated, timed out or taken over since the last boundary: write nothing more.
             raise _Stopped
+        self._lease, self._lease_read_at = lease, time.monotonic()
         self._steps[seq] = StepRecord(self.execution_id, seq, name, output, error)
 
-    def _boundary(self) -> None:
-        """Renew the lease and act on what the row says: cancel, deadline, or lost."""
+    def _boundary(self, *, renew: bool = False) -> None:
+        """Renew the lease (unless a checkpoint just did) and act on what the row says: cancel,
+        deadline, or lost."""
         now = self._clock()
-        row = self._store.renew(self.execution_id, self._token, now=now, lease_seconds=self._lease_seconds)
+        row: LeaseView | Execution | None = self._lease
+        if renew or row is None or time.monotonic() - self._lease_read_at > FRESH_SECONDS:
+            row = self._store.renew(
+                self.execution_id, self._token, now=now, lease_seconds=self._lease_seconds
+            )
+            self._lease, self._lease_read_at = None, time.monotonic()
         if row is None:
             raise _Stopped
         if row.cancel_requested:

@@ -30,7 +30,7 @@ from .models import (
     utcnow,
 )
 from .registry import WorkflowRegistry
-from .store import SqlWorkflowStore
+from .store import LeaseView, SqlWorkflowStore
 
 __all__ = ["WORKFLOW_JOB", "SweepReport", "WorkflowRunner", "workflow_job"]
 
@@ -197,12 +197,16 @@ class WorkflowRunner:
             claimed,
             token,
             self.store,
-            steps={step.seq: step for step in self.store.list_steps(execution_id)},
+            # The first claim of a run has no checkpoints: only a claim's holder writes them.
+            steps={}
+            if claimed.attempt == 1
+            else {step.seq: step for step in self.store.list_steps(execution_id)},
             clock=self.clock,
             lease_seconds=self.lease_seconds,
             retry=self.step_retry,
             schedule=self._schedule,
             wait=self.wait,
+            lease=LeaseView(claimed.cancel_requested, claimed.cancel_reason, claimed.deadline),
         )
         with self._heartbeat(execution_id, token):
             try:

@@ -8,6 +8,7 @@ The terminal transition and the transactions live in :mod:`._store_base`, the sw
 from __future__ import annotations
 
 import uuid
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from sqlalchemy import Connection, Text, literal, or_, select, text, update
@@ -20,7 +21,7 @@ from ._sweep import LeaseSweep, _SweepQueries
 from .errors import ExecutionNotFoundError, WorkflowIdReusedError
 from .models import Execution, ExecutionState, IdReusePolicy, JsonValue, StepRecord, encode_json
 
-__all__ = ["ExecutionCursor", "LeaseSweep", "SqlWorkflowStore"]
+__all__ = ["ExecutionCursor", "LeaseSweep", "LeaseView", "SqlWorkflowStore"]
 
 _steps = steps_table
 _PENDING = ExecutionState.PENDING.value
@@ -30,6 +31,15 @@ _START_ROUNDS = 5
 
 #: A listing position: the ``(created_at, execution_id)`` of the last execution of a page.
 ExecutionCursor = tuple[datetime, str]
+
+
+@dataclass(frozen=True)
+class LeaseView:
+    """What a running execution's code must act on, as its lease renewal read it."""
+
+    cancel_requested: bool
+    cancel_reason: str | None
+    deadline: datetime | None
 
 
 class SqlWorkflowStore(_SweepQueries):
@@ -293,6 +303,49 @@ class SqlWorkflowStore(_SweepQueries):
         )
         with self._transaction("record a workflow step") as conn:
             return conn.execute(stmt).first() is not None
+
+    def checkpoint(
+        self,
+        execution_id: str,
+        token: str,
+        seq: int,
+        name: str,
+        *,
+        output: JsonValue = None,
+        error: str | None = None,
+        now: datetime,
+        lease_seconds: float,
+    ) -> LeaseView | None:
+        """Renew the caller's lease and checkpoint step ``seq``, in one transaction.
+
+        The renewal's ``UPDATE`` locks the execution's row until the commit and moves it only while
+        it is ``Running`` under ``token``, so once a terminate commits no checkpoint lands (as with
+        :meth:`record_step`). What it read serves as the lease check of the next step's boundary.
+
+        :returns: the row as the renewal read it, or ``None`` when nothing was written: the lease is
+            lost (ended, taken over) or position ``seq`` has a checkpoint already.
+        :raises InvalidFieldError: ``output`` is not a JSON value.
+        """
+        output_text = None if error is not None else encode_json(output, field=f"step {name!r} result")
+        renew = (
+            update(_ex)
+            .where(_ex.c.execution_id == execution_id, _ex.c.state == _RUNNING, _ex.c.lease_token == token)
+            .values(lease_expires_at=now + timedelta(seconds=lease_seconds))
+            .returning(_ex.c.cancel_requested, _ex.c.cancel_reason, _ex.c.deadline)
+        )
+        insert = (
+            self._insert(_steps)
+            .values(
+                execution_id=execution_id, seq=seq, name=name, output=output_text, error=error, created_at=now
+            )
+            .on_conflict_do_nothing(index_elements=[_steps.c.execution_id, _steps.c.seq])
+            .returning(_steps.c.seq)
+        )
+        with self._transaction("record a workflow step") as conn:
+            row = conn.execute(renew).first()
+            if row is None or conn.execute(insert).first() is None:
+                return None
+        return LeaseView(bool(row.cancel_requested), row.cancel_reason, row.deadline)
 
     def suspend(self, execution_id: str, token: str, *, wake_at: datetime) -> bool:
         """Give the execution back until ``wake_at`` (a durable sleep): ``Pending``, lease released.
