@@ -6,7 +6,8 @@ the step and checkpoints it. Before each step and sleep (a *boundary*) the conte
 and looks at the row: a cancel request ends the run ``Cancelled``, a passed deadline ``TimedOut``, and
 a lost lease (terminated, or taken over) stops the code without writing anything.
 
-Each checkpoint renews the lease in its own transaction and reads the row too. When the workflow code
+Each checkpoint reads the row in its own transaction (and renews the lease there once a third of it
+has passed since the claim or the last renewal; the heartbeat thread renews it too). When the workflow code
 reaches its next boundary within :data:`FRESH_SECONDS` of that read (or of the claim), the boundary
 acts on that read instead of renewing again: one statement per step instead of two. The deadline is
 always checked against the current time.
@@ -102,6 +103,8 @@ class WorkflowContext:
         # The row as the claim or the last checkpoint read it, and when (monotonic seconds).
         self._lease = lease
         self._lease_read_at = time.monotonic()
+        # When this run last extended its lease (the claim did, at the run's start).
+        self._renewed_at = clock()
         #: A non-determinism error, kept even if the workflow code catches it.
         self.fatal: NonDeterminismError | None = None
 
@@ -238,6 +241,10 @@ class WorkflowContext:
         return recorded
 
     def _record(self, seq: int, name: str, *, output: JsonValue = None, error: str | None = None) -> None:
+        now = self._clock()
+        # A checkpoint renews the lease only once a third of it has passed (as the heartbeat does):
+        # writing the execution's row costs an update of each of its indexes.
+        renew = now - self._renewed_at >= timedelta(seconds=self._lease_seconds / 3)
         lease = self._store.checkpoint(
             self.execution_id,
             self._token,
@@ -245,9 +252,11 @@ class WorkflowContext:
             name,
             output=output,
             error=error,
-            now=self._clock(),
-            lease_seconds=self._lease_seconds,
+            now=now,
+            lease_seconds=self._lease_seconds if renew else None,
         )
+        if renew:
+            self._renewed_at = now
         if lease is None:
             # Terminated, timed out or taken over since the last boundary: write nothing more.
             raise _Stopped
@@ -263,7 +272,7 @@ class WorkflowContext:
             row = self._store.renew(
                 self.execution_id, self._token, now=now, lease_seconds=self._lease_seconds
             )
-            self._lease, self._lease_read_at = None, time.monotonic()
+            self._lease, self._lease_read_at, self._renewed_at = None, time.monotonic(), now
         if row is None:
             raise _Stopped
         if row.cancel_requested:
