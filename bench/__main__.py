@@ -32,7 +32,9 @@ SCENARIOS = {
     "S5": "bench.s5_latency",
     "S6": "bench.s6_outbox",
     "S7": "bench.s7_memory",
-    "S8": "bench.s8_callbacks",
+    "S8": "bench.s8_workflow_latency",
+    "S9": "bench.s9_workflow_throughput",
+    "S10": "bench.s10_callbacks",
 }
 
 

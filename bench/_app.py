@@ -1,5 +1,5 @@
 """The benchmark's Flask app, as the deployment docs configure one: Flask-SQLAlchemy on PostgreSQL,
-the SQL store and the ``rq`` backend. Workers run it with::
+the SQL store, the ``rq`` backend and durable workflows (S8, S9, S10). Workers run it with::
 
     flask --app bench._app:create_app harvest worker --concurrency N
 
@@ -18,9 +18,8 @@ from flask import Flask
 from flask_sqlalchemy import SQLAlchemy
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-from flask_harvest import OutboundWebhookPlugin
-from flask_harvest.workflow_extension import HarvestWorkflows
-from flask_harvest.workflows.context import WorkflowContext
+from flask_harvest import HarvestWorkflows, OutboundWebhookPlugin
+from flask_harvest.workflows import WorkflowContext
 
 from ._services import DATABASE_URL, REDIS_URL
 
@@ -32,6 +31,25 @@ class Base(DeclarativeBase):
 
 
 db = SQLAlchemy(model_class=Base)
+
+
+#: Registered in the app module, as the docs say, so the harness and every worker know it.
+workflows = HarvestWorkflows(db)
+#: S8 and S9's workflow: three no-op steps (DBOS runs the same in ``bench._dbos_app``).
+NOOP3 = "bench_noop3"
+
+
+def noop_step(number: int) -> int:
+    return number
+
+
+def noop3(ctx: WorkflowContext, value: Any) -> Any:
+    for number in range(3):
+        ctx.step(f"step{number}", noop_step, number)
+    return value
+
+
+workflows.workflow(NOOP3)(noop3)
 
 
 class Order(db.Model):  # type: ignore[name-defined,misc]
@@ -60,12 +78,11 @@ def create_app(config: dict[str, Any] | None = None) -> Flask:
     app.config.update(config or {})
     db.init_app(app)
     OutboundWebhookPlugin.sql(db, app)
+    workflows.init_app(app)
     return app
 
 
-# -- S8: workflows with completion callbacks -------------------------------------------------------
-
-workflows = HarvestWorkflows(db)
+# -- S10: workflows with completion callbacks ------------------------------------------------------
 
 
 @workflows.workflow("bench_callback")

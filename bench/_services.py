@@ -1,6 +1,7 @@
 """The services every scenario uses: its own PostgreSQL database and Redis database 14.
 
-``HARVEST_BENCH_DATABASE_URL`` and ``HARVEST_BENCH_REDIS_URL`` override the defaults. The database
+``HARVEST_BENCH_DATABASE_URL`` and ``HARVEST_BENCH_REDIS_URL`` override the defaults (and
+``HARVEST_BENCH_DBOS_URL`` the database of S8 and S9's DBOS baseline). The database
 is created if it is missing; every scenario starts from empty tables and an empty Redis database.
 """
 
@@ -15,11 +16,15 @@ DATABASE_URL = os.environ.get(
     "HARVEST_BENCH_DATABASE_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/harvest_bench"
 )
 REDIS_URL = os.environ.get("HARVEST_BENCH_REDIS_URL", "redis://127.0.0.1:6379/14")
+#: DBOS Transact's system database (S8, S9's baseline): a database of its own on the same server.
+DBOS_DATABASE_URL = os.environ.get(
+    "HARVEST_BENCH_DBOS_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/harvest_bench_dbos"
+)
 
 
-def ensure_database() -> None:
+def ensure_database(database_url: str = DATABASE_URL) -> None:
     """Create the benchmark database if it does not exist (on the server's ``postgres`` database)."""
-    url = sa.make_url(DATABASE_URL)
+    url = sa.make_url(database_url)
     admin = sa.create_engine(url.set(database="postgres"), isolation_level="AUTOCOMMIT")
     try:
         with admin.connect() as conn:

@@ -4,6 +4,8 @@
     python -m bench.profile attempt            # claim, send, record of one delivery, no RQ
     python -m bench.profile relay              # relay_outbox of committed messages (pyinstrument)
     python -m bench.profile worker --gil       # py-spy on a worker draining a filled queue
+    python -m bench.profile workflow           # run() of started 3-step workflows in-process, no RQ
+    python -m bench.profile workflow-worker    # py-spy on a worker draining started workflows
 
 Each prints its figures and a profile; ``worker`` writes py-spy's raw stacks and sums them up.
 """
@@ -135,26 +137,35 @@ def profile_worker(count: int, seconds: int, gil: bool) -> None:
         worker = _workers.harvest_worker(ctx.log_dir, 32)
         try:
             receiver.wait_count(1, timeout=60)
-            command = [
-                shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy"),
-                "record",
-                "-p",
-                str(worker.pid),
-                "-d",
-                str(seconds),
-                "-r",
-                "200",
-                "-f",
-                "raw",
-                "-o",
-                str(out),
-                "--threads",
-                "--gil" if gil else "--idle",
-            ]
-            subprocess.run(command, check=True, capture_output=True)  # noqa: S603 (our own command)
+            _py_spy(worker.pid, seconds, gil, out)
         finally:
             worker.stop()
         print(f"worker: {rate([r.received_at for r in receiver.records()]):.1f} deliveries/s while sampled")
+    _summarise(out, gil)
+    ctx.close_apps()
+
+
+def _py_spy(pid: int, seconds: int, gil: bool, out: Path) -> None:
+    command = [
+        shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy"),
+        "record",
+        "-p",
+        str(pid),
+        "-d",
+        str(seconds),
+        "-r",
+        "200",
+        "-f",
+        "raw",
+        "-o",
+        str(out),
+        "--threads",
+        "--gil" if gil else "--idle",
+    ]
+    subprocess.run(command, check=True, capture_output=True)  # noqa: S603 (our own command)
+
+
+def _summarise(out: Path, gil: bool) -> None:
     inclusive: Counter[str] = Counter()
     threads: Counter[str] = Counter()
     total = 0
@@ -171,6 +182,54 @@ def profile_worker(count: int, seconds: int, gil: bool) -> None:
     print("inclusive time by frame:")
     for frame, samples in inclusive.most_common(40):
         print(f"  {100 * samples / total:5.1f}% {frame[:140]}")
+
+
+def profile_workflow(count: int) -> None:
+    """The engine's own cost per run of the 3-step workflow: claim, steps, finish (no RQ)."""
+    from bench._app import NOOP3
+
+    ctx = _context()
+    app = ctx.app()
+    with app.app_context():
+        service = get_engine(app).workflows
+        assert service is not None
+        runner = service.runner
+        ids = [runner.start(NOOP3, {"n": n})[0].execution_id for n in range(count + 20)]
+        for execution_id in ids[:20]:
+            runner.run(execution_id)
+        started, cpu = time.perf_counter(), time.process_time()
+        for execution_id in ids[20 : 20 + count // 2]:
+            runner.run(execution_id)
+        wall, used = time.perf_counter() - started, time.process_time() - cpu
+        print(f"run: {2000 * wall / count:.2f} ms wall, {2000 * used / count:.2f} ms CPU per workflow")
+        _pyinstrument("WorkflowRunner.run", lambda: [runner.run(i) for i in ids[20 + count // 2 :]])
+    ctx.close_apps()
+
+
+def profile_workflow_worker(count: int, seconds: int, gil: bool) -> None:
+    """py-spy on one worker process draining ``count`` started workflows."""
+    from bench._app import NOOP3
+
+    ctx = _context()
+    out = ctx.log_dir / "worker-stacks.txt"
+    app = ctx.app()
+    with app.app_context():
+        service = get_engine(app).workflows
+        assert service is not None
+        for number in range(count):
+            service.runner.start(NOOP3, {"n": number})
+    worker = _workers.harvest_worker(ctx.log_dir, 32)
+    try:
+        _workers.wait_registered(1, workers=[worker])
+        _py_spy(worker.pid, seconds, gil, out)
+    finally:
+        worker.stop()
+    with ctx.engine.connect() as conn:
+        done = conn.execute(
+            sa.text("SELECT count(*) FROM harvest_workflow_executions WHERE state = 'Completed'")
+        )
+        print(f"worker: {done.scalar()} of {count} workflows completed")
+    _summarise(out, gil)
     ctx.close_apps()
 
 
@@ -180,7 +239,9 @@ def main(argv: list[str] | None = None) -> None:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("what", choices=["dispatch", "attempt", "relay", "worker"])
+    parser.add_argument(
+        "what", choices=["dispatch", "attempt", "relay", "worker", "workflow", "workflow-worker"]
+    )
     parser.add_argument("--k", type=int, default=1, help="dispatch: matching subscriptions")
     parser.add_argument("--count", type=int, default=None, help="calls, deliveries or messages")
     parser.add_argument("--seconds", type=int, default=8, help="worker: seconds to sample")
@@ -192,6 +253,10 @@ def main(argv: list[str] | None = None) -> None:
         profile_attempt(args.count or 500)
     elif args.what == "relay":
         profile_relay(args.count or 5000)
+    elif args.what == "workflow":
+        profile_workflow(args.count or 400)
+    elif args.what == "workflow-worker":
+        profile_workflow_worker(args.count or 3000, args.seconds, args.gil)
     else:
         profile_worker(args.count or 3000, args.seconds, args.gil)
 

@@ -75,6 +75,8 @@ class HarvestEngine:
     triggers: TriggerService | None = None
     #: Completion callbacks of the workflows, added with them.
     callbacks: CompletionCallbacks | None = None
+    #: Entered around each job run on the engine's own threads (the Flask app context).
+    job_context: JobContext = nullcontext
 
     def sweep(self) -> SweepReport:
         """Run one sweep of every kind of work (see :mod:`flask_harvest.sweeper`)."""
@@ -83,6 +85,8 @@ class HarvestEngine:
     def close(self) -> None:
         """Finish after-commit relays, stop the job backend and release its connections."""
         self.manager.close()
+        if self.workflows is not None:
+            self.workflows.runner.close()
         self.backend.close()
 
 
@@ -138,6 +142,7 @@ def build_engine(
         jobs,
         operations,
         access or AdminAccess(),
+        job_context=job_context,
     )
 
 
@@ -158,13 +163,20 @@ def add_workflows(
         lease_seconds=settings.workflow_lease_seconds,
         max_recovery_attempts=settings.workflow_max_recovery_attempts,
         max_input_bytes=settings.workflow_max_input_bytes,
+        concurrency=settings.worker_concurrency,
+        context=engine.job_context,
     )
     # Runs that a terminal hook starts in its transaction are queued once that transaction commits.
     store.on_started = runner.schedule_started
-    engine.jobs.register(WORKFLOW_JOB, runner.run_many)
     # A workflow job may run long (slow steps); its lease and heartbeat tell a dead run from a
     # live one, so the backend's job timeout (sized for one webhook attempt) must not kill it.
     engine.backend.set_job_timeout(WORKFLOW_JOB, None)
+    # A worker takes as many workflow jobs at a time as the runner's threads have room for, and
+    # hands them over: its threads keep up to HARVEST_WORKER_CONCURRENCY runs going.
+    if isinstance(engine.backend, RqBackend):
+        engine.jobs.register(WORKFLOW_JOB, runner.submit_many, take=runner.free_slots)
+    else:
+        engine.jobs.register(WORKFLOW_JOB, runner.run_many, take=runner.concurrency)
     engine.sweeper.add_step("workflows", partial(_sweep_workflows, runner))
     engine.workflows = WorkflowService(store, registry, runner, store.hooks)
     _add_callbacks(engine, store, engine.workflows)

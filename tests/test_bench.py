@@ -54,3 +54,42 @@ def test_quick_benchmark_writes_valid_json(tmp_path: Path) -> None:
         assert row["scenario"] == "S1"
         assert isinstance(row["value"], float)
     assert "| S1 |" in done.stdout  # the printed table
+
+
+@pytest.mark.postgres
+@pytest.mark.redis
+@pytest.mark.slow
+def test_quick_workflow_benchmarks_compare_with_dbos(tmp_path: Path) -> None:
+    pytest.importorskip("dbos", reason="DBOS Transact (the bench extra) is not installed")
+    out = tmp_path / "s8s9.json"
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(ROOT),
+        "HARVEST_BENCH_DATABASE_URL": "postgresql+psycopg://postgres@127.0.0.1:5432/harvest_bench_test",
+        "HARVEST_BENCH_REDIS_URL": "redis://127.0.0.1:6379/12",
+        "HARVEST_BENCH_DBOS_URL": "postgresql+psycopg://postgres@127.0.0.1:5432/harvest_bench_dbos_test",
+    }
+    done = subprocess.run(
+        [sys.executable, "-m", "bench", "--quick", "--only", "S8,S9", "--out", str(out)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=400,
+        check=False,
+    )
+    services_down = "Connection refused" in done.stderr or "OperationalError" in done.stderr
+    if done.returncode != 0 and services_down and os.environ.get("CI", "").lower() != "true":
+        pytest.skip("PostgreSQL or Redis is not running")
+    assert done.returncode == 0, done.stdout + done.stderr
+    report = json.loads(out.read_text())
+    for scenario in ("S8", "S9"):
+        entry = report["scenarios"][scenario]
+        assert "error" not in entry, entry
+        for row in entry["rows"]:
+            assert row["scenario"] == scenario
+            assert isinstance(row["value"], float) and isinstance(row["baseline"], float), row
+    s9 = report["scenarios"]["S9"]["details"]
+    # Every run of both engines completed (the scenario counts them from their rows).
+    assert s9["count"] == 300
+    assert len(s9["harvest"]) == len(s9["dbos"]) == 1

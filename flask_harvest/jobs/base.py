@@ -59,13 +59,18 @@ def row_id_of(job_id: str, kind: str) -> str:
 
 #: Runs a batch of one kind's rows, by id, on the calling thread.
 RunJobs = Callable[[Sequence[str]], object]
+#: How many rows a job of a kind carries: a number, or a callable asked each time.
+Take = int | Callable[[], int]
 
 
 class JobKinds:
     """The kinds of work the seam carries, each with the function that runs its rows."""
 
-    def __init__(self, handlers: Mapping[str, RunJobs] | None = None) -> None:
+    def __init__(
+        self, handlers: Mapping[str, RunJobs] | None = None, takes: Mapping[str, Take] | None = None
+    ) -> None:
         self._handlers: dict[str, RunJobs] = dict(handlers or {})
+        self._takes: dict[str, Take] = dict(takes or {})
 
     def __repr__(self) -> str:
         return f"<JobKinds {sorted(self._handlers)}>"
@@ -73,9 +78,13 @@ class JobKinds:
     def __contains__(self, kind: object) -> bool:
         return kind in self._handlers
 
-    def register(self, kind: str, run: RunJobs) -> None:
+    def register(self, kind: str, run: RunJobs, *, take: Take = 1) -> None:
         """Add a kind of work.
 
+        :param take: the rows a worker running one job of this kind runs with it: it takes the jobs
+            of the same kind queued behind it, up to ``take`` rows in all, off the queue (a backend
+            that can, such as RQ's) and hands them to ``run`` together; a callable is asked each
+            time (how many the runner has room for).
         :raises ValueError: the kind is registered already, or its name has a ``-`` (job ids use it).
         """
         if kind in self._handlers:
@@ -83,10 +92,16 @@ class JobKinds:
         if not kind or "-" in kind:
             raise ValueError(f"a job kind is a non-empty name without '-', not {kind!r}")
         self._handlers[kind] = run
+        self._takes[kind] = take
+
+    def take(self, kind: str) -> int:
+        """Return how many rows of ``kind`` a worker runs per job now (see :meth:`register`)."""
+        take = self._takes.get(kind, 1)
+        return max(1, take() if callable(take) else take)
 
     def with_handler(self, kind: str, run: RunJobs) -> JobKinds:
         """Return a copy whose ``kind`` is run by ``run`` (a worker routes webhooks to its pool)."""
-        return JobKinds({**self._handlers, kind: run})
+        return JobKinds({**self._handlers, kind: run}, self._takes)
 
     def run(self, kind: str, ids: Sequence[str]) -> None:
         """Run the rows ``ids`` of ``kind``.

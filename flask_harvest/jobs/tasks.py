@@ -13,7 +13,7 @@ from contextvars import ContextVar
 from rq import Queue, get_current_job
 
 from .base import JobBackendError, JobKinds, row_id_of
-from .rq import forget_batch
+from .rq import forget_batch, take_jobs
 
 _kinds: ContextVar[JobKinds | None] = ContextVar("harvest_job_kinds", default=None)
 
@@ -43,8 +43,18 @@ def _current_kinds() -> JobKinds:
 
 
 def run_job(kind: str, row_id: str) -> None:
-    """Run one row of ``kind``."""
-    _current_kinds().run(kind, [row_id])
+    """Run one row of ``kind``, with the rows of the jobs of that kind queued behind it if the kind
+    takes several (:meth:`~flask_harvest.jobs.base.JobKinds.register`'s ``take``).
+
+    The jobs taken leave Redis without running; if this worker dies before it claims their rows,
+    they are due with no job, and the sweeper queues them again.
+    """
+    kinds = _current_kinds()
+    row_ids = [row_id]
+    job = get_current_job()
+    if job is not None and kinds.take(kind) > 1:
+        row_ids += take_jobs(Queue(job.origin, connection=job.connection), kind, kinds.take(kind) - 1)
+    kinds.run(kind, row_ids)
 
 
 def run_batch(kind: str, batch_id: str, member_job_ids: list[str]) -> None:

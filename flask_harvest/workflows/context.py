@@ -5,11 +5,18 @@ a checkpoint returns it (or raises its error again) without running the step, a 
 the step and checkpoints it. Before each step and sleep (a *boundary*) the context renews the lease
 and looks at the row: a cancel request ends the run ``Cancelled``, a passed deadline ``TimedOut``, and
 a lost lease (terminated, or taken over) stops the code without writing anything.
+
+Each checkpoint reads the row in its own transaction (and renews the lease there once a third of it
+has passed since the claim or the last renewal; the heartbeat thread renews it too). When the workflow code
+reaches its next boundary within :data:`FRESH_SECONDS` of that read (or of the claim), the boundary
+acts on that read instead of renewing again: one statement per step instead of two. The deadline is
+always checked against the current time.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -28,9 +35,9 @@ from .models import (
     encode_json,
     timeout_message,
 )
-from .store import SqlWorkflowStore
+from .store import LeaseView, SqlWorkflowStore
 
-__all__ = ["StepRetryPolicy", "WorkflowContext"]
+__all__ = ["FRESH_SECONDS", "StepRetryPolicy", "WorkflowContext"]
 
 logger = logging.getLogger(__name__)
 
@@ -39,6 +46,8 @@ T = TypeVar("T")
 #: The checkpoint name of ``ctx.sleep``; user step names may not start with ``harvest:``.
 SLEEP_STEP = "harvest:sleep"
 _MAX_STEP_NAME = 255
+#: How long the row read by a checkpoint (or the claim) serves as the next boundary's lease check.
+FRESH_SECONDS = 0.05
 
 
 class _Unwind(BaseException):
@@ -100,6 +109,7 @@ class WorkflowContext:
         retry: StepRetryPolicy,
         schedule: Callable[[str, datetime | None], None],
         wait: Callable[[float], None],
+        lease: LeaseView | None = None,
     ) -> None:
         self._execution = execution
         self._token = token
@@ -112,6 +122,11 @@ class WorkflowContext:
         self._wait = wait
         self._seq = 0
         self._in_step = False
+        # The row as the claim or the last checkpoint read it, and when (monotonic seconds).
+        self._lease = lease
+        self._lease_read_at = time.monotonic()
+        # When this run last extended its lease (the claim did, at the run's start).
+        self._renewed_at = clock()
         #: A non-determinism error, kept even if the workflow code catches it.
         self.fatal: NonDeterminismError | None = None
 
@@ -186,7 +201,7 @@ class WorkflowContext:
                 # A result that is not JSON is a bug of the step: trying again would not help.
                 if attempt <= retries and not isinstance(exc, InvalidFieldError):
                     self._wait(retry_delay_ms(attempt, policy.initial_ms, policy.max_ms) / 1000)
-                    self._boundary()
+                    self._boundary(renew=True)
                     continue
                 message = f"{type(exc).__name__}: {exc}"
                 self._record(seq, name, error=message)
@@ -253,23 +268,43 @@ class WorkflowContext:
         return recorded
 
     def _record(self, seq: int, name: str, *, output: JsonValue = None, error: str | None = None) -> None:
+        now = self._clock()
+        # A checkpoint renews the lease only once a third of it has passed (as the heartbeat does):
+        # writing the execution's row costs an update of each of its indexes.
+        renew = now - self._renewed_at >= timedelta(seconds=self._lease_seconds / 3)
         with _engine_call():
-            landed = self._store.record_step(
-                self.execution_id, self._token, seq, name, output=output, error=error, now=self._clock()
+            lease = self._store.checkpoint(
+                self.execution_id,
+                self._token,
+                seq,
+                name,
+                output=output,
+                error=error,
+                now=now,
+                lease_seconds=self._lease_seconds if renew else None,
             )
-        if not landed:
+        if renew:
+            self._renewed_at = now
+        if lease is None:
             # Terminated, timed out or taken over since the last boundary: write nothing more.
             raise _Stopped
+        self._lease, self._lease_read_at = lease, time.monotonic()
         self._steps[seq] = StepRecord(self.execution_id, seq, name, output, error)
 
-    def _boundary(self) -> None:
-        """Renew the lease and act on what the row says: cancel, deadline, or lost."""
+    def _boundary(self, *, renew: bool = False) -> None:
+        """Renew the lease (unless a checkpoint just did) and act on what the row says: cancel,
+        deadline, or lost."""
         with _engine_call():
-            self._look_at_the_row()
+            self._look_at_the_row(renew=renew)
 
-    def _look_at_the_row(self) -> None:
+    def _look_at_the_row(self, *, renew: bool) -> None:
         now = self._clock()
-        row = self._store.renew(self.execution_id, self._token, now=now, lease_seconds=self._lease_seconds)
+        row: LeaseView | Execution | None = self._lease
+        if renew or row is None or time.monotonic() - self._lease_read_at > FRESH_SECONDS:
+            row = self._store.renew(
+                self.execution_id, self._token, now=now, lease_seconds=self._lease_seconds
+            )
+            self._lease, self._lease_read_at, self._renewed_at = None, time.monotonic(), now
         if row is None:
             raise _Stopped
         if row.cancel_requested:

@@ -10,7 +10,8 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
@@ -30,7 +31,7 @@ from .models import (
     utcnow,
 )
 from .registry import WorkflowRegistry
-from .store import SqlWorkflowStore
+from .store import LeaseView, SqlWorkflowStore
 
 __all__ = ["WORKFLOW_JOB", "SweepReport", "WorkflowRunner", "workflow_job"]
 
@@ -76,6 +77,9 @@ class WorkflowRunner:
     :param max_input_bytes: the largest input accepted, as UTF-8 JSON.
     :param heartbeat_interval: seconds between lease renewals while a workflow function runs (in a
         thread); ``None`` for a third of the lease, ``0`` to renew only at step boundaries.
+    :param concurrency: how many executions :meth:`run_many` and :meth:`submit_many` run at once,
+        on threads of the runner's own.
+    :param context: entered around each execution run on those threads (the Flask app context).
     :param clock: the current time (tests pass a fake one).
     :param wait: sleeps between a step's retries (tests pass a fake one).
     """
@@ -91,6 +95,8 @@ class WorkflowRunner:
         step_retry: StepRetryPolicy | None = None,
         max_input_bytes: int = DEFAULT_MAX_INPUT_BYTES,
         heartbeat_interval: float | None = None,
+        concurrency: int = 1,
+        context: Callable[[], AbstractContextManager[object]] = nullcontext,
         clock: Callable[[], datetime] = utcnow,
         wait: Callable[[float], None] = time.sleep,
     ) -> None:
@@ -110,6 +116,12 @@ class WorkflowRunner:
         self.heartbeat_interval = lease_seconds / 3 if heartbeat_interval is None else heartbeat_interval
         self.clock = clock
         self.wait = wait
+        self.concurrency = max(1, concurrency)
+        self.context = context
+        self._executor: ThreadPoolExecutor | None = None
+        self._executor_lock = threading.Lock()
+        self._room = threading.Condition()
+        self._in_flight = 0  # runs handed to the threads by submit_many and not done yet
 
     # -- starting --------------------------------------------------------------------------------
 
@@ -158,9 +170,98 @@ class WorkflowRunner:
     # -- running ---------------------------------------------------------------------------------
 
     def run_many(self, execution_ids: Sequence[str]) -> None:
-        """Run each of ``execution_ids`` in turn on this thread (a job's rows)."""
-        for execution_id in execution_ids:
-            self.run(execution_id)
+        """Run ``execution_ids`` (a job's rows), up to ``concurrency`` at once, and return when
+        each has ended, slept or stopped. The first exception a run raised is raised again once
+        the others are done."""
+        if self.concurrency == 1 or len(execution_ids) == 1:
+            for execution_id in execution_ids:
+                self.run(execution_id)
+            return
+        executor = self._pool()
+        futures = [executor.submit(self._run_in_context, execution_id) for execution_id in execution_ids]
+        errors = [future.exception() for future in futures]
+        for error in errors:
+            if error is not None:
+                raise error
+
+    def submit_many(self, execution_ids: Sequence[str]) -> None:
+        """Hand ``execution_ids`` (a worker's job rows) to the runner's threads, which claim them in
+        one statement and run the claimed ones; return once there is room for more (see
+        :meth:`free_slots`). The worker goes on taking jobs while these run, instead of waiting
+        for the slowest of a batch.
+
+        A run's exception is logged: its execution stays open and the sweeper recovers it once its
+        lease expires (the same as when its worker dies).
+        """
+        executor = self._pool()
+        with self._room:
+            self._in_flight += len(execution_ids)
+        executor.submit(self._claim_and_run, list(execution_ids))
+        with self._room:
+            self._room.wait_for(lambda: self._in_flight < self.concurrency)
+
+    def free_slots(self) -> int:
+        """How many more runs :meth:`submit_many` has room for (a worker takes that many jobs)."""
+        with self._room:
+            return max(1, self.concurrency - self._in_flight)
+
+    def _done(self, count: int) -> None:
+        with self._room:
+            self._in_flight -= count
+            self._room.notify_all()
+
+    def _claim_and_run(self, execution_ids: list[str]) -> None:
+        submitted = 0
+        try:
+            now = self.clock()
+            with self.context():
+                claimed = self.store.claim_many(execution_ids, now=now, lease_seconds=self.lease_seconds)
+                for execution_id in set(execution_ids) - {e.execution_id for e in claimed}:
+                    self._reschedule_if_early(execution_id, now)
+            executor = self._pool()
+            for execution in claimed:
+                try:
+                    executor.submit(self._run_submitted, execution, now)
+                except RuntimeError:  # the executor is shutting down: run it on this thread
+                    self._run_submitted(execution, now)
+                submitted += 1
+        except Exception:
+            # Rows not claimed are due with no job, and claimed ones not run have a lease that
+            # expires: the sweeper queues them again.
+            logger.exception("could not claim or run workflow executions %s", execution_ids)
+        finally:
+            self._done(len(execution_ids) - submitted)
+
+    def _run_in_context(self, execution_id: str) -> Execution | None:
+        with self.context():
+            return self.run(execution_id)
+
+    def _run_submitted(self, claimed: Execution, now: datetime) -> None:
+        try:
+            with self.context():
+                self._run_claimed(claimed, now)
+        except Exception:
+            logger.exception("workflow execution %s stopped", claimed.execution_id)
+        finally:
+            self._done(1)
+
+    def _pool(self) -> ThreadPoolExecutor:
+        with self._executor_lock:
+            if self._executor is None:
+                # One more than the runs: a batch's claim runs on it too.
+                self._executor = ThreadPoolExecutor(
+                    self.concurrency + 1, thread_name_prefix="harvest-workflow"
+                )
+            return self._executor
+
+    def close(self) -> None:
+        """Wait for the runs :meth:`submit_many` handed over, then stop the runner's threads."""
+        with self._room:
+            self._room.wait_for(lambda: self._in_flight == 0)
+        with self._executor_lock:
+            executor, self._executor = self._executor, None
+        if executor is not None:
+            executor.shutdown(wait=True)
 
     def schedule_started(self, execution_ids: Sequence[str]) -> None:
         """Queue the executions a transaction started (a terminal hook's), after its commit."""
@@ -182,6 +283,12 @@ class WorkflowRunner:
         if claimed is None or claimed.lease_token is None:
             self._reschedule_if_early(execution_id, now)
             return None
+        return self._run_claimed(claimed, now)
+
+    def _run_claimed(self, claimed: Execution, now: datetime) -> Execution | None:
+        """Run an execution this runner has just claimed (at ``now``); see :meth:`run`."""
+        assert claimed.lease_token is not None
+        execution_id = claimed.execution_id
         token = claimed.lease_token
         if claimed.cancel_requested:
             return self._end(
@@ -199,12 +306,16 @@ class WorkflowRunner:
             claimed,
             token,
             self.store,
-            steps={step.seq: step for step in self.store.list_steps(execution_id)},
+            # The first claim of a run has no checkpoints: only a claim's holder writes them.
+            steps={}
+            if claimed.attempt == 1
+            else {step.seq: step for step in self.store.list_steps(execution_id)},
             clock=self.clock,
             lease_seconds=self.lease_seconds,
             retry=self.step_retry,
             schedule=self._schedule,
             wait=self.wait,
+            lease=LeaseView(claimed.cancel_requested, claimed.cancel_reason, claimed.deadline),
         )
         with self._heartbeat(execution_id, token):
             try:

@@ -8,7 +8,10 @@ The terminal transition and the transactions live in :mod:`._store_base`, the sw
 from __future__ import annotations
 
 import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Any
 
 from sqlalchemy import Connection, Text, literal, or_, select, text, update
 
@@ -20,7 +23,7 @@ from ._sweep import LeaseSweep, _SweepQueries
 from .errors import ExecutionNotFoundError, WorkflowIdReusedError
 from .models import Execution, ExecutionState, IdReusePolicy, JsonValue, StepRecord, encode_json
 
-__all__ = ["ExecutionCursor", "LeaseSweep", "SqlWorkflowStore"]
+__all__ = ["ExecutionCursor", "LeaseSweep", "LeaseView", "SqlWorkflowStore"]
 
 _steps = steps_table
 _PENDING = ExecutionState.PENDING.value
@@ -30,6 +33,15 @@ _START_ROUNDS = 5
 
 #: A listing position: the ``(created_at, execution_id)`` of the last execution of a page.
 ExecutionCursor = tuple[datetime, str]
+
+
+@dataclass(frozen=True)
+class LeaseView:
+    """What a running execution's code must act on, as its lease renewal read it."""
+
+    cancel_requested: bool
+    cancel_reason: str | None
+    deadline: datetime | None
 
 
 class SqlWorkflowStore(_SweepQueries):
@@ -227,6 +239,45 @@ class SqlWorkflowStore(_SweepQueries):
             row = conn.execute(stmt).first()
         return row_to_execution(row) if row is not None else None
 
+    def claim_many(
+        self, execution_ids: Sequence[str], *, now: datetime, lease_seconds: float
+    ) -> list[Execution]:
+        """:meth:`claim` several executions in one statement (a worker's batch of jobs).
+
+        Each claim is the same as :meth:`claim`'s; the rows share one fresh lease token, which is
+        still new for each execution. Rows are locked in id order, so batches that overlap do not
+        deadlock.
+
+        :returns: the executions claimed, in id order (those not due, running, ended or absent are
+            left out).
+        """
+        unique = sorted(set(execution_ids))
+        if not unique:
+            return []
+        due = [_ex.c.state == _PENDING, or_(_ex.c.next_run_at.is_(None), _ex.c.next_run_at <= now)]
+        locked = (
+            select(_ex.c.execution_id)
+            .where(_ex.c.execution_id.in_(unique), *due)
+            .order_by(_ex.c.execution_id)
+            .with_for_update()
+        )
+        stmt = (
+            update(_ex)
+            .where(_ex.c.execution_id.in_(locked), *due)
+            .values(
+                state=_RUNNING,
+                lease_token=uuid.uuid4().hex,
+                lease_expires_at=now + timedelta(seconds=lease_seconds),
+                started_at=_coalesce_time(_ex.c.started_at, now),
+                attempt=_ex.c.attempt + 1,
+                next_run_at=None,
+            )
+            .returning(*_ex.c)
+        )
+        with self._transaction("claim workflow executions") as conn:
+            rows = conn.execute(stmt).all()
+        return sorted((row_to_execution(row) for row in rows), key=lambda e: e.execution_id)
+
     def renew(
         self, execution_id: str, token: str, *, now: datetime, lease_seconds: float
     ) -> Execution | None:
@@ -269,6 +320,25 @@ class SqlWorkflowStore(_SweepQueries):
         :raises InvalidFieldError: ``output`` is not a JSON value.
         """
         output_text = None if error is not None else encode_json(output, field=f"step {name!r} result")
+        with self._transaction("record a workflow step") as conn:
+            return (
+                conn.execute(
+                    self._guarded_step(execution_id, token, seq, name, output_text, error, now)
+                ).first()
+                is not None
+            )
+
+    def _guarded_step(
+        self,
+        execution_id: str,
+        token: str,
+        seq: int,
+        name: str,
+        output_text: str | None,
+        error: str | None,
+        now: datetime,
+    ) -> Any:
+        """The INSERT of a checkpoint that lands only while the execution runs under ``token``."""
         guard = (
             select(
                 literal(execution_id),
@@ -285,14 +355,62 @@ class SqlWorkflowStore(_SweepQueries):
             # Waits for a concurrent terminal UPDATE, then sees its result: no checkpoint after it.
             guard = guard.with_for_update(read=True)
         columns = ["execution_id", "seq", "name", "output", "error", "created_at"]
-        stmt = (
+        return (
             self._insert(_steps)
             .from_select(columns, guard)
             .on_conflict_do_nothing(index_elements=[_steps.c.execution_id, _steps.c.seq])
             .returning(_steps.c.seq)
         )
+
+    def checkpoint(
+        self,
+        execution_id: str,
+        token: str,
+        seq: int,
+        name: str,
+        *,
+        output: JsonValue = None,
+        error: str | None = None,
+        now: datetime,
+        lease_seconds: float | None = None,
+    ) -> LeaseView | None:
+        """Checkpoint step ``seq`` and read the execution's row, in one transaction; with
+        ``lease_seconds``, renew the caller's lease in it too.
+
+        The checkpoint lands only while the execution is ``Running`` under ``token``, holding its
+        row (share-locked on PostgreSQL, or locked by the renewal's ``UPDATE``) until the commit,
+        so once a terminate commits no checkpoint lands (as with :meth:`record_step`). What it read
+        serves as the lease check of the next step's boundary. Without ``lease_seconds`` the row is
+        not written: each write of it updates every index of the executions table.
+
+        :returns: the row as read, or ``None`` when nothing was written: the lease is lost (ended,
+            taken over) or position ``seq`` has a checkpoint already.
+        :raises InvalidFieldError: ``output`` is not a JSON value.
+        """
+        output_text = None if error is not None else encode_json(output, field=f"step {name!r} result")
+        flags = (_ex.c.cancel_requested, _ex.c.cancel_reason, _ex.c.deadline)
         with self._transaction("record a workflow step") as conn:
-            return conn.execute(stmt).first() is not None
+            if lease_seconds is not None:
+                row = conn.execute(
+                    update(_ex)
+                    .where(
+                        _ex.c.execution_id == execution_id,
+                        _ex.c.state == _RUNNING,
+                        _ex.c.lease_token == token,
+                    )
+                    .values(lease_expires_at=now + timedelta(seconds=lease_seconds))
+                    .returning(*flags)
+                ).first()
+                if row is None:
+                    return None
+            step = self._guarded_step(execution_id, token, seq, name, output_text, error, now)
+            if conn.execute(step).first() is None:
+                return None
+            if lease_seconds is None:
+                # The guard holds the row (or SQLite's write lock): it is still ours as read here.
+                row = conn.execute(select(*flags).where(_ex.c.execution_id == execution_id)).first()
+        assert row is not None
+        return LeaseView(bool(row.cancel_requested), row.cancel_reason, row.deadline)
 
     def suspend(
         self, execution_id: str, token: str, *, wake_at: datetime, now: datetime | None = None

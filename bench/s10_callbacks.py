@@ -1,4 +1,4 @@
-"""S8: completion-callback latency: a workflow's terminal commit -> the receiver has the callback,
+"""S10: completion-callback latency: a workflow's terminal commit -> the receiver has the callback,
 at 20 workflows/s with 2 worker processes, beside what Temporal and DBOS users do today, measured in
 the same run on the same workflows: a client polling the execution's result every second.
 
@@ -27,7 +27,7 @@ from ._receivers import Receiver
 from ._report import Context, Result, Row, median, percentile
 from ._services import reset_all
 
-ID = "S8"
+ID = "S10"
 TITLE = "completion-callback latency vs polling (20 workflows/s)"
 PROCESSES = 2
 CONCURRENCY = 32

@@ -1,0 +1,98 @@
+"""S8 and S9's baseline: DBOS Transact running the same 3-step no-op workflow through a DBOS queue.
+
+``python -m bench._dbos_app serve`` is one worker process (a DBOS executor of its own that
+dequeues from the queue until SIGTERM); ``python -m bench._dbos_app migrate`` creates DBOS's system
+database tables and registers the queue, then exits. The harness enqueues with ``DBOSClient``.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+from typing import Any
+
+import sqlalchemy as sa
+
+from ._services import DBOS_DATABASE_URL
+
+QUEUE = "bench"
+WORKFLOW = "bench_noop3"
+#: Workflows one process runs at once (the same as ``flask harvest worker --concurrency``).
+WORKER_CONCURRENCY = 32
+#: The issue's reference figures were taken with a 50 ms queue polling interval.
+POLLING_INTERVAL = 0.05
+
+
+def _launch(executor_id: str) -> Any:
+    from dbos import DBOS
+
+    DBOS(
+        config={
+            "name": "harvest-bench",
+            "system_database_url": DBOS_DATABASE_URL,
+            "executor_id": executor_id,
+            "log_level": "WARNING",
+        }
+    )
+
+    @DBOS.step(name="noop")
+    def noop_step(number: int) -> int:
+        return number
+
+    @DBOS.workflow(name=WORKFLOW)
+    def noop3(value: Any) -> Any:
+        for number in range(3):
+            noop_step(number)
+        return value
+
+    DBOS.launch()
+    DBOS.register_queue(QUEUE, worker_concurrency=WORKER_CONCURRENCY, polling_interval_sec=POLLING_INTERVAL)
+    return DBOS
+
+
+def client() -> Any:
+    """A DBOS client on the system database (it exists once ``migrate`` ran)."""
+    from dbos import DBOSClient
+
+    return DBOSClient(system_database_url=DBOS_DATABASE_URL)
+
+
+def enqueue(dbos_client: Any, value: Any) -> str:
+    """Enqueue one run of the workflow; return its workflow id."""
+    handle = dbos_client.enqueue({"workflow_name": WORKFLOW, "queue_name": QUEUE}, value)
+    return str(handle.get_workflow_id())
+
+
+def reset(engine: sa.Engine) -> None:
+    """Forget every workflow (their steps go with them)."""
+    with engine.begin() as conn:
+        conn.execute(sa.text("TRUNCATE dbos.workflow_status CASCADE"))
+
+
+def finished_times(engine: sa.Engine) -> dict[str, tuple[float, float]]:
+    """``workflow id -> (created, completed)`` in epoch seconds, for the runs that succeeded."""
+    with engine.connect() as conn:
+        rows = conn.execute(
+            sa.text(
+                "SELECT workflow_uuid, created_at, updated_at FROM dbos.workflow_status"
+                " WHERE status = 'SUCCESS'"
+            )
+        ).all()
+    return {row[0]: (row[1] / 1000, row[2] / 1000) for row in rows}
+
+
+def main(mode: str) -> None:
+    dbos = _launch(f"bench-{os.getpid()}")
+    if mode == "serve":
+        stop = threading.Event()
+        signal.signal(signal.SIGTERM, lambda *_: stop.set())
+        signal.signal(signal.SIGINT, lambda *_: stop.set())
+        print("dbos worker ready", flush=True)
+        stop.wait()
+    dbos.destroy()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1] if len(sys.argv) > 1 else "serve")
