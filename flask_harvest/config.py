@@ -81,6 +81,10 @@ class Settings:
     #: Times an execution whose worker died (its lease expired) is run again before it fails as a
     #: poison pill.
     workflow_max_recovery_attempts: int = 5
+    #: Workflow runs one worker process runs at once, on threads. More raises throughput, but a run
+    #: that kills its process (a poison pill) takes the runs beside it down, and each counts that
+    #: crash as one of its recovery attempts.
+    workflow_concurrency: int = 1
     #: URL prefix of the workflow HTTP API blueprint.
     workflow_api_prefix: str = "/api/harvest"
     #: The longest ``?wait=N`` the result route holds a request open for, in seconds.

@@ -163,7 +163,7 @@ def add_workflows(
         lease_seconds=settings.workflow_lease_seconds,
         max_recovery_attempts=settings.workflow_max_recovery_attempts,
         max_input_bytes=settings.workflow_max_input_bytes,
-        concurrency=settings.worker_concurrency,
+        concurrency=settings.workflow_concurrency,
         context=engine.job_context,
     )
     # Runs that a terminal hook starts in its transaction are queued once that transaction commits.

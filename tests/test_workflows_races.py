@@ -22,6 +22,7 @@ from flask_harvest.workflows import (
     WorkflowContext,
     WorkflowRunner,
 )
+from flask_harvest.workflows import context as workflow_context
 from flask_harvest.workflows.context import SLEEP_STEP
 
 from .test_workflows_runner import Harness
@@ -35,11 +36,11 @@ class GapStore(SqlWorkflowStore):
 
     before_suspend: Callable[[str], object] | None = None
 
-    def record_step(self, execution_id: str, token: str, seq: int, name: str, **kwargs: Any) -> bool:
-        landed = super().record_step(execution_id, token, seq, name, **kwargs)
-        if landed and name == SLEEP_STEP and self.before_suspend is not None:
+    def checkpoint(self, execution_id: str, token: str, seq: int, name: str, **kwargs: Any) -> Any:
+        lease = super().checkpoint(execution_id, token, seq, name, **kwargs)
+        if lease is not None and name == SLEEP_STEP and self.before_suspend is not None:
             self.before_suspend(execution_id)
-        return landed
+        return lease
 
 
 @pytest.fixture(params=SQL_KINDS)
@@ -137,7 +138,7 @@ def test_a_cancel_requested_before_the_worker_died_ends_the_run_cancelled_at_the
 
 
 class FlakyStore(SqlWorkflowStore):
-    """A store whose next ``renew`` or ``record_step`` fails as a database outage would."""
+    """A store whose next ``renew`` or ``checkpoint`` fails as a database outage would."""
 
     fail_next: str | None = None
 
@@ -150,15 +151,17 @@ class FlakyStore(SqlWorkflowStore):
         self._maybe_fail("renew")
         return super().renew(*args, **kwargs)
 
-    def record_step(self, *args: Any, **kwargs: Any) -> bool:
-        self._maybe_fail("record_step")
-        return super().record_step(*args, **kwargs)
+    def checkpoint(self, *args: Any, **kwargs: Any) -> Any:
+        self._maybe_fail("checkpoint")
+        return super().checkpoint(*args, **kwargs)
 
 
-@pytest.mark.parametrize("call", ["renew", "record_step"])
+@pytest.mark.parametrize("call", ["renew", "checkpoint"])
 def test_workflow_code_cannot_mistake_a_database_failure_for_a_failed_step(
-    request: pytest.FixtureRequest, call: str
+    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch, call: str
 ) -> None:
+    # Every boundary reads the row (none reuses the claim's fresh read), so the renew is reached.
+    monkeypatch.setattr(workflow_context, "FRESH_SECONDS", -1.0)
     plain = workflow_store(request, "sqlite")
     flaky = FlakyStore(plain.engine, hooks=TerminalHooks())
     h = Harness(flaky)

@@ -54,6 +54,8 @@ def test_a_workflow_job_outlives_the_job_timeout_meant_for_webhook_attempts(
     with app.app_context():
         handle = workflows.start("slow_step", None)
         HarvestWorker([backend.queue], connection=backend.connection, app=app).work(burst=True)
+        # The job hands the run to the runner's threads in this process: wait for its end.
+        handle.result(timeout=30)
         execution = workflows.get(handle.execution_id)
     # Killed by RQ's SIGALRM, the step would have failed with JobTimeoutException.
     assert execution.state is ExecutionState.COMPLETED, execution.error

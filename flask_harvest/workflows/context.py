@@ -235,8 +235,8 @@ class WorkflowContext:
             slept = self._store.suspend(self.execution_id, self._token, wake_at=wake_at, now=self._clock())
         if not slept:
             # A cancel request or the deadline landed since the boundary (or the lease is lost):
-            # the boundary ends the run now rather than at its wake time.
-            self._boundary()
+            # the boundary, reading the row afresh, ends the run now rather than at its wake time.
+            self._boundary(renew=True)
             raise _Stopped
         try:
             self._schedule(self.execution_id, wake_at)
