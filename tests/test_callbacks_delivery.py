@@ -605,3 +605,19 @@ def test_a_name_that_resolves_to_loopback_at_send_time_is_refused_unless_the_dev
     [request] = receiver.wait_for(1, timeout=20, path="/rebound")
     [row] = settled(app, handle.execution_id, 1, "DELIVERED")
     assert json.loads(request.body)["result"] == {"echo": 2}
+
+
+@pytest.mark.parametrize("execution_id", ["%00", "a%00b", "x" * 300, "%F0%9F%92%A9", "%ED%A0%80"])
+def test_hostile_ids_in_the_admin_routes_get_a_4xx_or_an_empty_list(
+    make_app: AppFactory, execution_id: str
+) -> None:
+    app = make_app()
+    client = app.test_client()
+    listed = client.get(f"/api/harvest/workflows/{execution_id}/completion-deliveries", headers=AUTH)
+    assert listed.status_code == 200 or 400 <= listed.status_code < 500, listed.get_data(as_text=True)
+    if listed.status_code == 200:
+        assert listed.get_json() == {"deliveries": []}
+    redriven = client.post(
+        f"/api/harvest/workflows/{execution_id}/completion-deliveries/{execution_id}/redrive", headers=AUTH
+    )
+    assert 400 <= redriven.status_code < 500, redriven.get_data(as_text=True)
