@@ -497,3 +497,57 @@ def test_any_json_as_completion_callbacks_is_accepted_or_rejected_cleanly(data: 
         assert rejected.http_status == 422
         json.dumps(rejected.error_details())
     assert all(POLICY.check(t.url) is None for t in targets)
+
+
+# -- the host judged is the host the transport connects to -----------------------------------------
+
+
+def _wire_host(url: str) -> str | None:
+    """The host the transport (requests over urllib3) connects to, or ``None`` if it cannot send."""
+    from urllib3.util import parse_url
+
+    try:
+        host = parse_url(url).host
+    except ValueError:
+        return None
+    return host[:-1] if host is not None and host.endswith(".") else host
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        # IDNA 2003 (Python's codec) maps "ß" to "ss"; the transport's IDNA 2008 keeps it: the
+        # policy would judge fass.example.com while the POST goes to xn--fa-hia.example.com.
+        "https://faß.example.com/h",
+        "https://straße.partner.io/h",
+        "https://ⓗooks.example.com/h",  # the policy maps it to "hooks", the transport cannot send it
+        "https://hooks。example。com/h",  # ideographic full stops: the same
+        "https://hooks\uff0eexample.com/h",  # a fullwidth full stop
+        "https://hooks.example.com../h",  # two trailing dots: the transport keeps one
+    ],
+)
+def test_a_host_the_transport_would_spell_differently_is_refused(url: str) -> None:
+    policy = CallbackPolicy(parse_allowlist("*.example.com, strasse.partner.io"))
+    assert rejection(url, policy) is RejectionType.INVALID_URL
+
+
+def test_an_allowlist_entry_the_transport_would_spell_differently_fails_configuration() -> None:
+    with pytest.raises(ConfigurationError, match="HARVEST_COMPLETION_CALLBACK_ALLOWLIST"):
+        parse_allowlist("straße.partner.io")
+
+
+@settings(max_examples=400)
+@given(
+    st.lists(
+        st.text(st.sampled_from("abzß-ς0ü\u3002\uff0eⓗÅ\u017f\u200d"), min_size=1, max_size=6),
+        min_size=1,
+        max_size=3,
+    ),
+    st.sampled_from(["", ".", ".."]),
+)
+def test_an_allowed_url_is_sent_to_the_host_that_was_judged(labels: list[str], dot: str) -> None:
+    url = f"https://{'.'.join(labels)}.example.com{dot}/h"
+    policy = CallbackPolicy(parse_allowlist("*.example.com"))
+    if policy.check(url) is None:
+        host = _wire_host(url)
+        assert host is not None and policy.allowlist[0].matches_host(host), (url, host)

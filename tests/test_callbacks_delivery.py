@@ -34,6 +34,7 @@ from flask_harvest.callbacks._schema import CALLBACK_TABLES
 from flask_harvest.errors import ConfigurationError
 from flask_harvest.receiver import verify_completion_callback
 from flask_harvest.testing import CapturingReceiver
+from flask_harvest.transport import Transport
 from flask_harvest.workflow_extension import HarvestWorkflows
 from flask_harvest.workflows.context import WorkflowContext
 from flask_harvest.workflows.models import TERMINAL_STATES, ExecutionState, utcnow
@@ -567,3 +568,56 @@ def test_the_per_endpoint_cap_holds_and_gives_back_without_using_attempts(
     found = settled(app, execution_id, 4, "DELIVERED")
     assert state["peak"] == 1
     assert [r.attempts for r in found] == [1, 1, 1, 1]  # a give-back uses no attempt
+
+
+# -- the connect-time guard (DNS rebinding) ------------------------------------------------------
+
+
+def test_a_name_that_resolves_to_loopback_at_send_time_is_refused_unless_the_dev_setting_is_on(
+    make_app: AppFactory, receiver: CapturingReceiver
+) -> None:
+    """Validation resolves no DNS: an allowlisted name that resolves to loopback when the POST is
+    made (DNS rebinding) is refused by the transport's connect-time guard; the development setting
+    lets it through."""
+    app = make_app(
+        completion_callback_allowlist="*.example.com",
+        completion_callback_allow_http=True,
+        completion_callback_allow_private_targets=False,
+    )
+    callbacks = callbacks_of(app)
+    resolved: list[str] = []
+
+    def rebinding(host: str, port: int) -> list[str]:
+        resolved.append(host)
+        return ["127.0.0.1"]
+
+    callbacks.transport = Transport(connect_timeout=5, read_timeout=5, deadline=10, resolver=rebinding)
+    url = f"http://hooks.example.com:{receiver.port}/rebound"
+    handle, _ = service_of(app).start("echo", 1, completion_callbacks=[{"url": url}])
+    [row] = settled(app, handle.execution_id, 1, "FAILED")
+    assert resolved == ["hooks.example.com"] and receiver.requests == []
+    assert row.attempts == 1 and row.last_status is None
+    assert row.last_error is not None and "loopback_address" in row.last_error
+    assert callbacks.store.dead_letter(row.delivery_id) is not None
+
+    callbacks.policy = CallbackPolicy(parse_allowlist("*.example.com"), allow_private=True)
+    handle, _ = service_of(app).start("echo", 2, completion_callbacks=[{"url": url}])
+    [request] = receiver.wait_for(1, timeout=20, path="/rebound")
+    [row] = settled(app, handle.execution_id, 1, "DELIVERED")
+    assert json.loads(request.body)["result"] == {"echo": 2}
+
+
+@pytest.mark.parametrize("execution_id", ["%00", "a%00b", "x" * 300, "%F0%9F%92%A9", "%ED%A0%80"])
+def test_hostile_ids_in_the_admin_routes_get_a_4xx_or_an_empty_list(
+    make_app: AppFactory, execution_id: str
+) -> None:
+    app = make_app()
+    client = app.test_client()
+    listed = client.get(f"/api/harvest/workflows/{execution_id}/completion-deliveries", headers=AUTH)
+    assert listed.status_code == 200 or 400 <= listed.status_code < 500, listed.get_data(as_text=True)
+    if listed.status_code == 200:
+        assert listed.get_json() == {"deliveries": []}
+    redriven = client.post(
+        f"/api/harvest/workflows/{execution_id}/completion-deliveries/{execution_id}/redrive", headers=AUTH
+    )
+    assert 400 <= redriven.status_code < 500, redriven.get_data(as_text=True)

@@ -16,6 +16,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from urllib3.exceptions import LocationParseError
+from urllib3.util import parse_url
+
 from ..errors import ConfigurationError
 from ..ssrf import IPAddress, SsrfPolicy, SsrfRejection, check_address, parse_target
 
@@ -126,10 +129,30 @@ class HostPattern:
         if isinstance(target, SsrfRejection):
             raise ValueError(f"{text!r} is not a host, *.suffix or host:port ({target.value})")
         host = target.host if isinstance(target.host, str) else str(target.host)
+        if isinstance(target.host, str) and _sent_host(f"https://{body}/") != host:
+            raise ValueError(f"{text!r}: the transport would reach another host; write its xn-- form")
         port = target.port
         if wildcard and not isinstance(_as_address(host), str):
             raise ValueError(f"{text!r}: a wildcard takes a domain suffix, not an address")
         return cls(host, wildcard, port)
+
+
+def _sent_host(url: str) -> str | None:
+    """The host name the transport connects to for ``url``, or ``None`` if it cannot send there.
+
+    requests reads a URL with urllib3, whose IDNA (2008) differs from the IDNA 2003 of
+    :func:`flask_harvest.ssrf.parse_target` for some names (``faß`` is ``xn--fa-hia``, not
+    ``fass``) and which refuses others outright (``ⓗooks``, ideographic full stops). The policy
+    allows a name only when both read it alike, so the host judged is the host the POST goes to.
+    """
+    try:
+        host = parse_url(url).host
+    except (ValueError, LocationParseError):
+        return None
+    if host is None:
+        return None
+    host = host.lower()
+    return host[:-1] if host.endswith(".") else host
 
 
 def _as_address(host: str) -> str | IPAddress:
@@ -204,6 +227,8 @@ class CallbackPolicy:
         if target.userinfo:
             return Rejection(RejectionType.USERINFO)
         host = target.host
+        if isinstance(host, str) and _sent_host(str(url)) != host:
+            return Rejection(RejectionType.INVALID_URL)  # the transport would reach another host
         if not isinstance(host, str):
             if not (self.allow_ip_literals or self.allow_private):
                 return Rejection(RejectionType.IP_LITERAL, host=str(host))
