@@ -9,6 +9,7 @@ answers 403. Errors are JSON, ``{"error": {"code", "message", "fields"}}``, neve
 from __future__ import annotations
 
 import hmac
+import io
 import logging
 from typing import Any
 
@@ -30,6 +31,7 @@ log = logging.getLogger(__name__)
 
 #: Request bodies larger than this are refused with 413 before they are read.
 MAX_BODY_BYTES = 64 * 1024
+_CHUNK = 16 * 1024
 
 
 class ApiError(Exception):
@@ -102,13 +104,32 @@ def load_query(schema: Schema) -> dict[str, Any]:
     return loaded
 
 
+def limit_body(limit: int = MAX_BODY_BYTES) -> tuple[Response, int] | None:
+    """Return the 413 for a request body over ``limit`` bytes, or ``None`` once the body is read.
+
+    A ``Content-Length`` over the limit is refused unread. Without one (a chunked body), at most
+    one byte past the limit is read. The body read becomes the request's stream, so
+    ``request.get_json()`` in the view reads it as usual. This works on every Flask and Werkzeug
+    release ``setup.cfg`` allows: ``request.max_content_length`` is read-only before Flask 3.1.
+    """
+    length = request.content_length
+    if length is None or length <= limit:
+        stream, chunks, size = request.stream, [], 0
+        while size <= limit and (chunk := stream.read(min(_CHUNK, limit + 1 - size))):
+            chunks.append(chunk)
+            size += len(chunk)
+        if size <= limit:
+            request.stream = io.BytesIO(b"".join(chunks))
+            return None
+    return json_error(413, "request_entity_too_large", f"the body is larger than {limit} bytes")
+
+
 def install_admin_api(blueprint: Blueprint, *, realm: str) -> None:
     """Guard every route of ``blueprint`` with :func:`authorize_admin` and answer its errors as JSON."""
 
     @blueprint.before_request
     def _authorize() -> tuple[Response, int] | None:
-        request.max_content_length = MAX_BODY_BYTES
-        return authorize_admin(realm)
+        return authorize_admin(realm) or limit_body()
 
     @blueprint.errorhandler(ApiError)
     def _api_error(exc: ApiError) -> tuple[Response, int]:
