@@ -198,7 +198,6 @@ def install_admin_api(blueprint: Blueprint, *, realm: str) -> None:
 
     @blueprint.before_request
     def _authorize() -> tuple[Response, int] | None:
-        request.max_content_length = MAX_BODY_BYTES
         return authorize_admin(realm) or _bad_path_id()
 
     @blueprint.errorhandler(ApiError)
