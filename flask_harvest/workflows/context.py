@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
+from .._input import text_problem
 from ..backoff import retry_delay_ms
 from ..errors import InvalidFieldError, InvalidStateError
 from .errors import NonDeterminismError, StepFailedError
@@ -25,6 +26,7 @@ from .models import (
     JsonValue,
     StepRecord,
     decode_json,
+    describe_error,
     encode_json,
     timeout_message,
 )
@@ -151,11 +153,17 @@ class WorkflowContext:
         :raises StepFailedError: ``fn`` raised on its last try (also on every replay of it).
         :raises NonDeterminismError: the checkpoint at this position has another name.
         """
-        if not isinstance(name, str) or not name or len(name) > _MAX_STEP_NAME or name.startswith("harvest:"):
+        if (
+            not isinstance(name, str)
+            or not name
+            or len(name) > _MAX_STEP_NAME
+            or name.startswith("harvest:")
+            or text_problem(name) is not None
+        ):
             raise InvalidFieldError(
                 "name",
-                f"a step name is 1 to {_MAX_STEP_NAME} characters, not "
-                f"starting with 'harvest:'; got {name!r}",
+                f"a step name is 1 to {_MAX_STEP_NAME} characters of valid Unicode text without "
+                f"NUL, not starting with 'harvest:'; got {name!r}",
             )
         if retries < 0:
             raise InvalidFieldError("retries", f"must be 0 or more, not {retries}")
@@ -188,7 +196,8 @@ class WorkflowContext:
                     self._wait(retry_delay_ms(attempt, policy.initial_ms, policy.max_ms) / 1000)
                     self._boundary()
                     continue
-                message = f"{type(exc).__name__}: {exc}"
+                # Storable as it is, so that the first run and every replay raise the same message.
+                message = describe_error(exc)
                 self._record(seq, name, error=message)
                 raise StepFailedError(name, message) from exc
             self._record(seq, name, output=result)

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
+from .._input import text_problem
 from ..errors import HarvestError, InvalidFieldError
 from .errors import ExecutionNotFoundError
 from .hooks import TerminalHooks
@@ -256,8 +257,11 @@ class WorkflowService:
 
 
 def _plausible_id(execution_id: object) -> bool:
-    # Ids are UUID strings: anything the database cannot even compare (a NUL) is simply unknown.
-    return isinstance(execution_id, str) and 0 < len(execution_id) <= 64 and "\x00" not in execution_id
+    # Ids are UUID strings: anything the database cannot even compare (a NUL, a lone surrogate) is
+    # simply unknown.
+    return (
+        isinstance(execution_id, str) and 0 < len(execution_id) <= 64 and text_problem(execution_id) is None
+    )
 
 
 class WorkflowHandle:
