@@ -10,6 +10,7 @@ a lost lease (terminated, or taken over) stops the code without writing anything
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -208,9 +209,11 @@ class WorkflowContext:
 
         The wake time is checkpointed by the first run, so a replay sleeps until the same moment.
 
-        :param duration: a ``timedelta`` or seconds.
+        :param duration: a ``timedelta`` or seconds, 0 or more.
+        :raises InvalidFieldError: ``duration`` is negative, not finite, not a number, or so long
+            that the wake time is past the year 9999.
         """
-        delta = duration if isinstance(duration, timedelta) else timedelta(seconds=duration)
+        delta = self._sleep_delta(duration)
         self._refuse_inside_step("ctx.sleep")
         seq = self._next_position()
         recorded = self._replay(seq, SLEEP_STEP)
@@ -242,6 +245,28 @@ class WorkflowContext:
         raise _Suspended
 
     # -- internals -------------------------------------------------------------------------------
+
+    def _sleep_delta(self, duration: object) -> timedelta:
+        if isinstance(duration, timedelta):
+            delta = duration
+        elif isinstance(duration, int | float) and not isinstance(duration, bool) and math.isfinite(duration):
+            try:
+                delta = timedelta(seconds=duration)
+            except OverflowError:
+                raise InvalidFieldError("duration", "is too long") from None
+        else:
+            raise InvalidFieldError(
+                "duration", f"must be a timedelta or a finite number of seconds, not {duration!r:.80}"
+            )
+        if delta < timedelta(0):
+            raise InvalidFieldError("duration", f"must not be negative, not {delta}")
+        try:
+            self._clock() + delta
+        except OverflowError:
+            raise InvalidFieldError(
+                "duration", "is too long: the wake time would be past the year 9999"
+            ) from None
+        return delta
 
     def _refuse_inside_step(self, what: str) -> None:
         # A step's checkpoint stands for all it did: positions taken inside it would be replayed

@@ -65,7 +65,8 @@ class IdReusePolicy(str, enum.Enum):
 
     #: Start a new run whatever the previous one ended as.
     ALLOW_DUPLICATE = "AllowDuplicate"
-    #: Start a new run only if no previous run ended ``Completed``.
+    #: Start a new run only if the last run did not end ``Completed`` (it failed, was cancelled,
+    #: terminated or timed out); as in Temporal, only the last run counts, not earlier ones.
     ALLOW_DUPLICATE_FAILED_ONLY = "AllowDuplicateFailedOnly"
     #: Never start a second run of a ``workflow_id``.
     REJECT_DUPLICATE = "RejectDuplicate"
