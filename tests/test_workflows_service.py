@@ -127,7 +127,7 @@ def test_listing_filters_and_pages_with_opaque_cursors(h: Harness) -> None:
     assert len(pending) == 5
     for bad in ({"state": "Done"}, {"cursor": "not-a-cursor"}, {"limit": 0}, {"limit": 501}):
         with pytest.raises(InvalidFieldError):
-            svc.list_executions(**bad)  # type: ignore[arg-type]
+            svc.list_executions(**bad)
 
 
 def test_unknown_execution_ids_are_not_found(h: Harness) -> None:
