@@ -22,7 +22,7 @@ from .._sql import UTCDateTime, create_tables, store_error
 from ..errors import ConfigurationError, InvalidStateError
 from ._schema import WORKFLOW_TABLES, executions_table, row_to_execution
 from .hooks import TerminalHooks, pop_after_commit
-from .models import OPEN_STATES, Execution, ExecutionState, JsonValue, encode_json
+from .models import OPEN_STATES, Execution, ExecutionState, JsonValue, encode_json, storable_text
 
 logger = logging.getLogger(__name__)
 
@@ -166,7 +166,9 @@ class _StoreBase:
             .values(
                 state=state.value,
                 output=output_text,
-                error=error,
+                # A message the engine composed (an exception's text) may hold what the database
+                # cannot store; callers' reasons were checked already and come through unchanged.
+                error=storable_text(error) if error is not None else None,
                 completed_at=now,
                 lease_token=None,
                 lease_expires_at=None,

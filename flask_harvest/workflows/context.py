@@ -16,6 +16,7 @@ always checked against the current time.
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -23,6 +24,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
+from .._input import text_problem
 from ..backoff import retry_delay_ms
 from ..errors import InvalidFieldError, InvalidStateError
 from .errors import NonDeterminismError, StepFailedError
@@ -32,6 +34,7 @@ from .models import (
     JsonValue,
     StepRecord,
     decode_json,
+    describe_error,
     encode_json,
     timeout_message,
 )
@@ -166,11 +169,17 @@ class WorkflowContext:
         :raises StepFailedError: ``fn`` raised on its last try (also on every replay of it).
         :raises NonDeterminismError: the checkpoint at this position has another name.
         """
-        if not isinstance(name, str) or not name or len(name) > _MAX_STEP_NAME or name.startswith("harvest:"):
+        if (
+            not isinstance(name, str)
+            or not name
+            or len(name) > _MAX_STEP_NAME
+            or name.startswith("harvest:")
+            or text_problem(name) is not None
+        ):
             raise InvalidFieldError(
                 "name",
-                f"a step name is 1 to {_MAX_STEP_NAME} characters, not "
-                f"starting with 'harvest:'; got {name!r}",
+                f"a step name is 1 to {_MAX_STEP_NAME} characters of valid Unicode text without "
+                f"NUL, not starting with 'harvest:'; got {name!r}",
             )
         if retries < 0:
             raise InvalidFieldError("retries", f"must be 0 or more, not {retries}")
@@ -203,7 +212,8 @@ class WorkflowContext:
                     self._wait(retry_delay_ms(attempt, policy.initial_ms, policy.max_ms) / 1000)
                     self._boundary(renew=True)
                     continue
-                message = f"{type(exc).__name__}: {exc}"
+                # Storable as it is, so that the first run and every replay raise the same message.
+                message = describe_error(exc)
                 self._record(seq, name, error=message)
                 raise StepFailedError(name, message) from exc
             self._record(seq, name, output=result)
@@ -214,9 +224,11 @@ class WorkflowContext:
 
         The wake time is checkpointed by the first run, so a replay sleeps until the same moment.
 
-        :param duration: a ``timedelta`` or seconds.
+        :param duration: a ``timedelta`` or seconds, 0 or more.
+        :raises InvalidFieldError: ``duration`` is negative, not finite, not a number, or so long
+            that the wake time is past the year 9999.
         """
-        delta = duration if isinstance(duration, timedelta) else timedelta(seconds=duration)
+        delta = self._sleep_delta(duration)
         self._refuse_inside_step("ctx.sleep")
         seq = self._next_position()
         recorded = self._replay(seq, SLEEP_STEP)
@@ -248,6 +260,28 @@ class WorkflowContext:
         raise _Suspended
 
     # -- internals -------------------------------------------------------------------------------
+
+    def _sleep_delta(self, duration: object) -> timedelta:
+        if isinstance(duration, timedelta):
+            delta = duration
+        elif isinstance(duration, int | float) and not isinstance(duration, bool) and math.isfinite(duration):
+            try:
+                delta = timedelta(seconds=duration)
+            except OverflowError:
+                raise InvalidFieldError("duration", "is too long") from None
+        else:
+            raise InvalidFieldError(
+                "duration", f"must be a timedelta or a finite number of seconds, not {duration!r:.80}"
+            )
+        if delta < timedelta(0):
+            raise InvalidFieldError("duration", f"must not be negative, not {delta}")
+        try:
+            self._clock() + delta
+        except OverflowError:
+            raise InvalidFieldError(
+                "duration", "is too long: the wake time would be past the year 9999"
+            ) from None
+        return delta
 
     def _refuse_inside_step(self, what: str) -> None:
         # A step's checkpoint stands for all it did: positions taken inside it would be replayed

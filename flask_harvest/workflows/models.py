@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
+from .._input import check_json_value
 from ..errors import InvalidFieldError
 from .errors import InputTooLargeError
 
@@ -23,7 +24,9 @@ __all__ = [
     "JsonValue",
     "StepRecord",
     "decode_json",
+    "describe_error",
     "encode_json",
+    "storable_text",
     "timeout_message",
     "utcnow",
 ]
@@ -62,7 +65,8 @@ class IdReusePolicy(str, enum.Enum):
 
     #: Start a new run whatever the previous one ended as.
     ALLOW_DUPLICATE = "AllowDuplicate"
-    #: Start a new run only if no previous run ended ``Completed``.
+    #: Start a new run only if the last run did not end ``Completed`` (it failed, was cancelled,
+    #: terminated or timed out); as in Temporal, only the last run counts, not earlier ones.
     ALLOW_DUPLICATE_FAILED_ONLY = "AllowDuplicateFailedOnly"
     #: Never start a second run of a ``workflow_id``.
     REJECT_DUPLICATE = "RejectDuplicate"
@@ -129,9 +133,15 @@ def encode_json(value: JsonValue, *, field: str, max_bytes: int | None = None) -
 
     :param field: names the value in errors (``input``, ``output``, ``step 'charge'``).
     :param max_bytes: refuse a UTF-8 encoding longer than this, if given.
-    :raises InvalidFieldError: ``value`` is not a JSON value that comes back equal after decoding.
+    :raises InvalidFieldError: ``value`` is not a JSON value that comes back equal after decoding,
+        has a string that is not valid Unicode (a lone surrogate), or nests deeper than
+        :data:`~flask_harvest._input.MAX_JSON_DEPTH`.
     :raises InputTooLargeError: its encoding is longer than ``max_bytes``.
     """
+    # First, without recursion: what the database could not store (lone surrogates) and what the
+    # recursive encoder and decoder could not handle (absurd depth) are bad input, never a driver
+    # error or a RecursionError. NUL is fine: JSON escapes it as \u0000.
+    check_json_value(value, field, nul=True)
     try:
         text = json.dumps(value, allow_nan=False, ensure_ascii=False, separators=(",", ":"))
     except (TypeError, ValueError, RecursionError) as exc:
@@ -151,6 +161,30 @@ def encode_json(value: JsonValue, *, field: str, max_bytes: int | None = None) -
         if size > max_bytes:
             raise InputTooLargeError(field, size, max_bytes)
     return text
+
+
+def storable_text(text: str) -> str:
+    """Return ``text`` in a form every database stores: NUL and lone surrogates escaped.
+
+    For the messages the engine writes itself (an exception's text as a step's or a run's error),
+    which come from code, not from a caller that could be told its input is bad.
+    """
+    if "\x00" in text:
+        text = text.replace("\x00", "\\x00")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        text = text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return text
+
+
+def describe_error(exc: BaseException) -> str:
+    """Return ``ExceptionType: message`` for ``exc``, storable, even if its ``str()`` raises."""
+    try:
+        message = str(exc)
+    except Exception:
+        message = f"<{type(exc).__name__} whose message cannot be shown>"
+    return storable_text(f"{type(exc).__name__}: {message}")
 
 
 def decode_json(text: str | None) -> JsonValue:

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, TypeVar
 
+from .._input import text_problem
 from ..errors import ConfigurationError
 from .errors import UnknownWorkflowError
 from .models import JsonValue
@@ -59,10 +60,15 @@ class WorkflowRegistry:
         :raises ConfigurationError: the name is empty, too long, or taken by another function; the
             timeout is not positive.
         """
-        if not isinstance(name, str) or not name.strip() or len(name) > MAX_NAME_LENGTH:
+        if (
+            not isinstance(name, str)
+            or not name.strip()
+            or len(name) > MAX_NAME_LENGTH
+            or text_problem(name) is not None
+        ):
             raise ConfigurationError(
-                f"a workflow name must be a non-empty string of at most {MAX_NAME_LENGTH} characters, "
-                f"not {name!r}"
+                f"a workflow name must be a non-empty string of at most {MAX_NAME_LENGTH} characters "
+                f"of valid Unicode text without NUL, not {name!r}"
             )
         if timeout is not None and timeout <= timedelta(0):
             raise ConfigurationError(f"workflow {name!r}: the timeout must be positive, not {timeout}")
@@ -86,7 +92,7 @@ class WorkflowRegistry:
         """
         try:
             return self._definitions[name]
-        except KeyError:
+        except (KeyError, TypeError):  # TypeError: an unhashable name (a list from a JSON body)
             raise UnknownWorkflowError(name) from None
 
     def __contains__(self, name: object) -> bool:

@@ -26,6 +26,7 @@ from .models import (
     ExecutionState,
     IdReusePolicy,
     JsonValue,
+    describe_error,
     encode_json,
     timeout_message,
     utcnow,
@@ -335,7 +336,7 @@ class WorkflowRunner:
                 logger.warning("workflow execution %s stopped: the store failed", execution_id, exc_info=True)
                 raise
             except Exception as exc:
-                error = str(ctx.fatal) if ctx.fatal is not None else f"{type(exc).__name__}: {exc}"
+                error = str(ctx.fatal) if ctx.fatal is not None else describe_error(exc)
                 return self._end(claimed, token, ExecutionState.FAILED, error=error)
         if ctx.fatal is not None:
             # The workflow code caught the non-determinism error; the run is still wrong.

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
+from .._input import text_problem
 from ..errors import HarvestError, InvalidFieldError
 from .errors import ExecutionNotFoundError
 from .hooks import TerminalHooks
@@ -239,16 +240,17 @@ class WorkflowService:
         self.get(execution_id)
         return self.store.terminate(execution_id, reason, now=utcnow())
 
-    def wait(self, execution_id: str, timeout: float) -> Execution:
+    def wait(self, execution_id: str, timeout: float | None) -> Execution:
         """Return the execution once it has ended, or as it is after ``timeout`` seconds.
 
+        :param timeout: seconds to wait at most; ``None`` to wait until it ends.
         :raises ExecutionNotFoundError: no execution has this id.
         """
-        deadline = time.monotonic() + max(0.0, timeout)
+        deadline = None if timeout is None else time.monotonic() + max(0.0, timeout)
         delay = _POLL_START
         while True:
             execution = self.get(execution_id)
-            remaining = deadline - time.monotonic()
+            remaining = _POLL_MAX if deadline is None else deadline - time.monotonic()
             if execution.terminal or remaining <= 0:
                 return execution
             time.sleep(min(delay, remaining))
@@ -256,8 +258,11 @@ class WorkflowService:
 
 
 def _plausible_id(execution_id: object) -> bool:
-    # Ids are UUID strings: anything the database cannot even compare (a NUL) is simply unknown.
-    return isinstance(execution_id, str) and 0 < len(execution_id) <= 64 and "\x00" not in execution_id
+    # Ids are UUID strings: anything the database cannot even compare (a NUL, a lone surrogate) is
+    # simply unknown.
+    return (
+        isinstance(execution_id, str) and 0 < len(execution_id) <= 64 and text_problem(execution_id) is None
+    )
 
 
 class WorkflowHandle:
@@ -279,8 +284,9 @@ class WorkflowHandle:
         """Return the execution as stored now."""
         return self._service.get(self.execution_id)
 
-    def result(self, timeout: float = 60.0) -> JsonValue:
-        """Wait up to ``timeout`` seconds for the execution to end; return its output.
+    def result(self, timeout: float | None = 60.0) -> JsonValue:
+        """Wait up to ``timeout`` seconds (``None``: as long as it takes) for the execution to end;
+        return its output.
 
         :raises WorkflowFailedError: it ended ``Failed``, ``Cancelled``, ``TimedOut`` or ``Terminated``.
         :raises TimeoutError: it was still open after ``timeout`` seconds.

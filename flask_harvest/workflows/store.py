@@ -15,13 +15,22 @@ from typing import Any
 
 from sqlalchemy import Connection, Text, literal, or_, select, text, update
 
+from .._input import check_text, text_problem
 from .._sql import UTCDateTime
 from ..errors import InvalidFieldError, StoreError
 from ._schema import _OPEN, NAME_LENGTH, row_to_execution, row_to_step, steps_table
 from ._store_base import _coalesce_time, _ex, _open
 from ._sweep import LeaseSweep, _SweepQueries
 from .errors import ExecutionNotFoundError, WorkflowIdReusedError
-from .models import Execution, ExecutionState, IdReusePolicy, JsonValue, StepRecord, encode_json
+from .models import (
+    Execution,
+    ExecutionState,
+    IdReusePolicy,
+    JsonValue,
+    StepRecord,
+    encode_json,
+    storable_text,
+)
 
 __all__ = ["ExecutionCursor", "LeaseSweep", "LeaseView", "SqlWorkflowStore"]
 
@@ -149,7 +158,9 @@ class SqlWorkflowStore(_SweepQueries):
     # -- reading -------------------------------------------------------------------------------
 
     def get(self, execution_id: str) -> Execution | None:
-        """Return the execution with this id, or ``None``."""
+        """Return the execution with this id, or ``None`` (also for an id no row could have)."""
+        if not _storable_id(execution_id):
+            return None
         with self._transaction("read a workflow execution") as conn:
             row = conn.execute(select(_ex).where(_ex.c.execution_id == execution_id)).first()
         return row_to_execution(row) if row is not None else None
@@ -177,9 +188,11 @@ class SqlWorkflowStore(_SweepQueries):
 
         :param cursor: return only executions after this position (the last one of the previous
             page: ``(execution.created_at, execution.execution_id)``).
+        :raises InvalidFieldError: ``name`` is not text a workflow name could be.
         """
         query = select(_ex)
         if name is not None:
+            _check_key("name", name)
             query = query.where(_ex.c.workflow_name == name)
         if state is not None:
             query = query.where(_ex.c.state == ExecutionState(state).value)
@@ -196,6 +209,8 @@ class SqlWorkflowStore(_SweepQueries):
 
     def list_steps(self, execution_id: str) -> list[StepRecord]:
         """Return the execution's step checkpoints in order."""
+        if not _storable_id(execution_id):
+            return []
         with self._transaction("list workflow steps") as conn:
             rows = conn.execute(
                 select(_steps).where(_steps.c.execution_id == execution_id).order_by(_steps.c.seq)
@@ -204,6 +219,8 @@ class SqlWorkflowStore(_SweepQueries):
 
     def get_step(self, execution_id: str, seq: int) -> StepRecord | None:
         """Return the checkpoint at position ``seq``, or ``None``."""
+        if not _storable_id(execution_id):
+            return None
         with self._transaction("read a workflow step") as conn:
             row = conn.execute(
                 select(_steps).where(_steps.c.execution_id == execution_id, _steps.c.seq == seq)
@@ -319,6 +336,9 @@ class SqlWorkflowStore(_SweepQueries):
         :returns: whether the checkpoint was written.
         :raises InvalidFieldError: ``output`` is not a JSON value.
         """
+        _check_key("name", name)
+        if error is not None:
+            error = storable_text(error)
         output_text = None if error is not None else encode_json(output, field=f"step {name!r} result")
         with self._transaction("record a workflow step") as conn:
             return (
@@ -450,7 +470,11 @@ class SqlWorkflowStore(_SweepQueries):
 
         :returns: the execution after the request.
         :raises ExecutionNotFoundError: no execution has this id.
+        :raises InvalidFieldError: ``reason`` is not storable text.
         """
+        _check_reason(reason)
+        if not _storable_id(execution_id):
+            raise ExecutionNotFoundError(execution_id)
         error = reason or "cancelled"
         with self._transaction("cancel a workflow execution") as conn:
             for _ in range(_START_ROUNDS):
@@ -485,7 +509,11 @@ class SqlWorkflowStore(_SweepQueries):
 
         :returns: the execution after the call (unchanged if it had already ended).
         :raises ExecutionNotFoundError: no execution has this id.
+        :raises InvalidFieldError: ``reason`` is not storable text.
         """
+        _check_reason(reason)
+        if not _storable_id(execution_id):
+            raise ExecutionNotFoundError(execution_id)
         ended = self.finish(execution_id, ExecutionState.TERMINATED, error=reason or "terminated", now=now)
         if ended is not None:
             return ended
@@ -500,3 +528,20 @@ def _check_key(field: str, value: str) -> None:
         raise InvalidFieldError(
             field, f"must be a string of 1 to {NAME_LENGTH} characters, not {value!r:.80}"
         )
+    # NUL (PostgreSQL refuses it in text) and lone surrogates (no UTF-8 form) are bad input here,
+    # not a driver error later.
+    check_text(value, field)
+
+
+def _check_reason(reason: str | None) -> None:
+    if reason is None:
+        return
+    if not isinstance(reason, str):
+        raise InvalidFieldError("reason", f"must be a string, not {type(reason).__name__}")
+    check_text(reason, "reason")
+
+
+def _storable_id(execution_id: object) -> bool:
+    # An id no row can have (not text, a NUL, a lone surrogate) is simply unknown: asking the
+    # database would fail in the driver instead of finding nothing.
+    return isinstance(execution_id, str) and text_problem(execution_id) is None
