@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hmac
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from flask import Blueprint, Response, jsonify, request
@@ -102,12 +103,41 @@ def load_query(schema: Schema) -> dict[str, Any]:
     return loaded
 
 
-def install_admin_api(blueprint: Blueprint, *, realm: str) -> None:
-    """Guard every route of ``blueprint`` with :func:`authorize_admin` and answer its errors as JSON."""
+def error_status(exc: BaseException, default: int) -> int:
+    """Return the 4xx status ``exc`` asks for in an ``http_status`` attribute, else ``default``.
+
+    An error class of any subsystem maps itself to a status this way (``InputTooLargeError`` is a
+    413, a refused completion callback a 422), so this module need not know every class.
+    """
+    status = getattr(exc, "http_status", None)
+    if isinstance(status, int) and not isinstance(status, bool) and 400 <= status < 500:
+        return status
+    return default
+
+
+def _error_code(exc: BaseException, default: str) -> str:
+    code = getattr(exc, "error_code", None)
+    return code if isinstance(code, str) and code else default
+
+
+def install_admin_api(
+    blueprint: Blueprint,
+    *,
+    realm: str,
+    invalid_status: int = 422,
+    max_body_bytes: Callable[[], int] | None = None,
+) -> None:
+    """Guard every route of ``blueprint`` with :func:`authorize_admin` and answer its errors as JSON.
+
+    :param invalid_status: the status of a request whose fields do not validate (the actuator's
+        422; the workflow API's 400).
+    :param max_body_bytes: the largest request body, read per request (default
+        :data:`MAX_BODY_BYTES`).
+    """
 
     @blueprint.before_request
     def _authorize() -> tuple[Response, int] | None:
-        request.max_content_length = MAX_BODY_BYTES
+        request.max_content_length = max_body_bytes() if max_body_bytes is not None else MAX_BODY_BYTES
         return authorize_admin(realm)
 
     @blueprint.errorhandler(ApiError)
@@ -117,20 +147,34 @@ def install_admin_api(blueprint: Blueprint, *, realm: str) -> None:
     @blueprint.errorhandler(ValidationError)
     def _validation_error(exc: ValidationError) -> tuple[Response, int]:
         messages = exc.messages if isinstance(exc.messages, dict) else {"_schema": exc.messages}
-        return json_error(422, "validation_error", "the request has invalid fields", messages)
+        return json_error(invalid_status, "validation_error", "the request has invalid fields", messages)
 
     @blueprint.errorhandler(InvalidFieldError)
     def _invalid_field(exc: InvalidFieldError) -> tuple[Response, int]:
-        return json_error(422, "validation_error", str(exc), {exc.field: [exc.message]})
+        return json_error(
+            error_status(exc, invalid_status),
+            _error_code(exc, "validation_error"),
+            str(exc),
+            {exc.field: [exc.message]},
+        )
 
     @blueprint.errorhandler(NotFoundError)
     def _not_found(exc: NotFoundError) -> tuple[Response, int]:
-        return json_error(404, "not_found", str(exc))
+        return json_error(error_status(exc, 404), _error_code(exc, "not_found"), str(exc))
 
     @blueprint.errorhandler(DuplicateSubscriptionError)
     @blueprint.errorhandler(InvalidStateError)
     def _conflict(exc: HarvestError) -> tuple[Response, int]:
-        return json_error(409, "conflict", str(exc))
+        return json_error(error_status(exc, 409), _error_code(exc, "conflict"), str(exc))
+
+    @blueprint.errorhandler(HarvestError)
+    def _declared(exc: HarvestError) -> tuple[Response, int]:
+        # Any other flask-harvest error that declares its status (http_status); the rest are bugs
+        # or misconfiguration, and propagate to Flask's 500 with their traceback in the log.
+        status = error_status(exc, 0)
+        if not status:
+            raise exc
+        return json_error(status, _error_code(exc, "rejected"), str(exc))
 
     @blueprint.errorhandler(StoreError)
     def _store_down(exc: StoreError) -> tuple[Response, int]:

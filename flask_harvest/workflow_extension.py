@@ -12,10 +12,13 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from flask import Flask
 
-from ._app import EXTENSION_KEY, get_engine
+from ._app import EXTENSION_KEY, get_engine, workflow_service
+from .cli import harvest_cli
 from .engine import add_workflows
 from .errors import ConfigurationError
 from .extension import OutboundWebhookPlugin
+from .workflow_cli import workflows_cli
+from .workflows.http import workflows_api
 from .workflows.models import Execution, ExecutionState, IdReusePolicy, JsonValue
 from .workflows.registry import WorkflowRegistry
 from .workflows.service import WorkflowHandle, WorkflowService
@@ -103,6 +106,9 @@ class HarvestWorkflows:
         if self._create_tables:
             store.ensure_schema()
         add_workflows(engine, store, self.registry)
+        app.register_blueprint(workflows_api, url_prefix=engine.settings.workflow_api_prefix)
+        # The group is shared by every app; in one without workflows its commands say so.
+        harvest_cli.add_command(workflows_cli)
 
     @property
     def service(self) -> WorkflowService:
@@ -143,15 +149,3 @@ class HarvestWorkflows:
         """Return one page of executions, newest first (see :meth:`WorkflowService.list_executions`)."""
         return workflow_service().list_executions(name=name, state=state, cursor=cursor, limit=limit)
 
-
-def workflow_service(app: Flask | None = None) -> WorkflowService:
-    """Return the workflow service of ``app`` (default: the current app).
-
-    :raises ConfigurationError: no workflows are registered on the app.
-    """
-    service = get_engine(app).workflows
-    if service is None:
-        raise ConfigurationError(
-            "workflows are not registered on this app: use HarvestWorkflows.sql(db, app)"
-        )
-    return service

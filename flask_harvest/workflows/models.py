@@ -146,10 +146,13 @@ def encode_json(value: JsonValue, *, field: str, max_bytes: int | None = None) -
         raise InvalidFieldError(
             field, "is not a JSON value (use dict with str keys, list, str, int, float, bool, None)"
         )
-    if max_bytes is not None:
+    try:
+        # A lone surrogate (JSON's "\ud800") decodes to a str that no database driver can send.
         size = len(text.encode("utf-8"))
-        if size > max_bytes:
-            raise InputTooLargeError(field, size, max_bytes)
+    except UnicodeEncodeError:
+        raise InvalidFieldError(field, "holds a string that is not Unicode (a lone surrogate)") from None
+    if max_bytes is not None and size > max_bytes:
+        raise InputTooLargeError(field, size, max_bytes)
     return text
 
 

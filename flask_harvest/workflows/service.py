@@ -13,7 +13,7 @@ from datetime import datetime
 from typing import Any
 
 from ..errors import HarvestError, InvalidFieldError
-from .errors import ExecutionNotFoundError
+from .errors import ExecutionEndedError, ExecutionNotFoundError
 from .hooks import TerminalHooks
 from .models import Execution, ExecutionState, IdReusePolicy, JsonValue, StepRecord, utcnow
 from .registry import WorkflowRegistry
@@ -207,20 +207,31 @@ class WorkflowService:
 
     def cancel(self, execution_id: str, reason: str | None = None) -> Execution:
         """Cancel cooperatively: a pending run ends ``Cancelled`` now, a running one at its next
-        step or sleep boundary. An ended run is left as it is.
+        step or sleep boundary.
 
+        :returns: the execution after the request (still ``Running``, with ``cancel_requested``,
+            until its code reaches a boundary).
         :raises ExecutionNotFoundError: no execution has this id.
+        :raises ExecutionEndedError: it had already ended; nothing was changed.
         """
-        self.get(execution_id)
+        self._require_open(execution_id, "cancel")
         return self.store.request_cancel(execution_id, reason, now=utcnow())
 
     def terminate(self, execution_id: str, reason: str | None = None) -> Execution:
         """End an open run ``Terminated`` at once; its code can record nothing more.
 
         :raises ExecutionNotFoundError: no execution has this id.
+        :raises ExecutionEndedError: it had already ended; nothing was changed.
         """
-        self.get(execution_id)
+        self._require_open(execution_id, "terminate")
         return self.store.terminate(execution_id, reason, now=utcnow())
+
+    def _require_open(self, execution_id: str, action: str) -> None:
+        # An execution that ends between this read and the store's guarded UPDATE is left as it
+        # ended (the UPDATE only moves an open row): the caller then sees its real terminal state.
+        execution = self.get(execution_id)
+        if execution.terminal:
+            raise ExecutionEndedError(execution.execution_id, execution.state.value, action)
 
     def wait(self, execution_id: str, timeout: float) -> Execution:
         """Return the execution once it has ended, or as it is after ``timeout`` seconds.
