@@ -7,6 +7,7 @@ the app's SQL database (SQLite for development, PostgreSQL in production).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -20,14 +21,14 @@ from .extension import OutboundWebhookPlugin
 from .workflow_cli import workflows_cli
 from .workflows.http import workflows_api
 from .workflows.models import Execution, ExecutionState, IdReusePolicy, JsonValue
-from .workflows.registry import WorkflowRegistry
+from .workflows.registry import WorkflowFunction, WorkflowRegistry
 from .workflows.service import WorkflowHandle, WorkflowService
 from .workflows.store import SqlWorkflowStore
 
 if TYPE_CHECKING:
     from flask_sqlalchemy import SQLAlchemy
 
-F = TypeVar("F")
+F = TypeVar("F", bound=WorkflowFunction)
 
 
 class HarvestWorkflows:
@@ -76,7 +77,7 @@ class HarvestWorkflows:
     def __repr__(self) -> str:
         return f"<HarvestWorkflows workflows={self.registry.names()}>"
 
-    def workflow(self, name: str, *, timeout: timedelta | None = None) -> Any:
+    def workflow(self, name: str, *, timeout: timedelta | None = None) -> Callable[[F], F]:
         """Register ``fn(ctx, input) -> output`` as the workflow ``name`` (a decorator).
 
         :param timeout: the run ends ``TimedOut`` when it has not finished this long after its start.
@@ -148,4 +149,3 @@ class HarvestWorkflows:
     ) -> tuple[list[Execution], str | None]:
         """Return one page of executions, newest first (see :meth:`WorkflowService.list_executions`)."""
         return workflow_service().list_executions(name=name, state=state, cursor=cursor, limit=limit)
-

@@ -125,6 +125,7 @@ _ALL = ["GET", "POST", "PUT", "PATCH", "DELETE"]
 
 
 @workflows_api.route("/workflows", methods=["POST", "PUT", "PATCH", "DELETE"])
+@workflows_api.route("/workflows/", methods=_ALL)
 @workflows_api.route("/workflows/<path:path>", methods=_ALL)
 def unknown_route(path: str = "") -> tuple[Response, int]:
     """Anything else under ``/workflows``: a JSON 404, after the access check like every route."""
