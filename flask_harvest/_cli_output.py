@@ -13,6 +13,9 @@ from datetime import datetime, timezone
 from typing import Any
 
 import click
+from flask.cli import AppGroup
+
+from .errors import HarvestError
 
 #: The ``--json`` flag every reporting command takes.
 json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
@@ -56,6 +59,31 @@ def fields(data: Mapping[str, object], keys: Sequence[str] | None = None) -> str
 def output(data: Any, as_json: bool, render: Callable[[Any], str]) -> None:
     """Print ``data`` as JSON, or as ``render(data)`` for people."""
     click.echo(json.dumps(data, indent=2) if as_json else render(data))
+
+
+# -- commands ------------------------------------------------------------------------------------
+
+
+def one_line(exc: BaseException) -> str:
+    """Return the first non-empty line of an error's message (or its type's name)."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    return lines[0] if lines else type(exc).__name__
+
+
+class HarvestCommand(click.Command):
+    """A command whose :class:`HarvestError` ends it with ``Error: <reason>`` and exit status 1."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except HarvestError as exc:
+            raise click.ClickException(one_line(exc)) from exc
+
+
+class HarvestGroup(AppGroup):
+    """The ``harvest`` groups: every command runs in the app context and reports errors in one line."""
+
+    command_class = HarvestCommand
 
 
 # -- option types ----------------------------------------------------------------------------------

@@ -12,39 +12,19 @@ from typing import Any
 
 import click
 from flask import current_app
-from flask.cli import AppGroup
 
 from . import _cli_output as out
 from ._app import get_engine
+from ._cli_output import HarvestGroup as _Group
 from .engine import HarvestEngine
-from .errors import HarvestError
 from .webhooks.models import WebhookSubscriptionStatus, isoformat, utcnow
 from .webhooks.operations import MAX_BULK_REPLAY, NewSecret, WebhookOperations
 from .worker import serve
-
-
-def _one_line(exc: BaseException) -> str:
-    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
-    return lines[0] if lines else type(exc).__name__
-
-
-class _Command(click.Command):
-    """A command whose :class:`HarvestError` ends it with ``Error: <reason>`` and exit status 1."""
-
-    def invoke(self, ctx: click.Context) -> Any:
-        try:
-            return super().invoke(ctx)
-        except HarvestError as exc:
-            raise click.ClickException(_one_line(exc)) from exc
-
-
-class _Group(AppGroup):
-    """The ``harvest`` groups: every command runs in the app context and reports errors in one line."""
-
-    command_class = _Command
-
+from .workflow_cli import workflows_cli
 
 harvest_cli = _Group("harvest", help="Outbound webhooks: subscriptions, dead letters, workers, maintenance.")
+# In an app without workflows its commands say so in one line.
+harvest_cli.add_command(workflows_cli)
 
 
 @harvest_cli.command("worker")

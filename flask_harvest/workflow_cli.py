@@ -17,7 +17,6 @@ import click
 
 from . import _cli_output as out
 from ._app import workflow_service
-from .cli import _Group
 from .errors import InvalidFieldError
 from .workflows.models import ExecutionState, IdReusePolicy, JsonValue
 from .workflows.schemas import MAX_PAGE
@@ -25,7 +24,9 @@ from .workflows.service import WorkflowService, execution_to_dict, step_to_dict
 
 __all__ = ["workflows_cli"]
 
-workflows_cli = _Group("workflows", help="Durable workflow executions: start, inspect, cancel, terminate.")
+workflows_cli = out.HarvestGroup(
+    "workflows", help="Durable workflow executions: start, inspect, cancel, terminate."
+)
 
 EXECUTION_FIELDS = (
     "execution_id",
@@ -224,7 +225,7 @@ def workflows_result(execution_id: str, wait: float, as_json: bool) -> None:
 def workflows_cancel(execution_id: str, reason: str | None, as_json: bool) -> None:
     """Cancel cooperatively: a pending run ends now, a running one at its next step or sleep."""
     execution = _service().cancel(execution_id, reason)
-    out.output(execution_to_dict(execution, with_io=False), as_json, _cancelled)
+    out.output(execution_to_dict(execution), as_json, _cancelled)
 
 
 def _cancelled(data: Mapping[str, Any]) -> str:
@@ -251,7 +252,7 @@ def workflows_terminate(execution_id: str, reason: str | None, yes: bool, as_jso
         )
     execution = service.terminate(execution_id, reason)
     out.output(
-        execution_to_dict(execution, with_io=False),
+        execution_to_dict(execution),
         as_json,
         lambda d: f"execution {d['execution_id']} is {d['state']}",
     )

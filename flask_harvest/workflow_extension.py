@@ -14,11 +14,9 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from flask import Flask
 
 from ._app import EXTENSION_KEY, get_engine, workflow_service
-from .cli import harvest_cli
 from .engine import add_workflows
 from .errors import ConfigurationError
 from .extension import OutboundWebhookPlugin
-from .workflow_cli import workflows_cli
 from .workflows.http import workflows_api
 from .workflows.models import Execution, ExecutionState, IdReusePolicy, JsonValue
 from .workflows.registry import WorkflowFunction, WorkflowRegistry
@@ -108,8 +106,6 @@ class HarvestWorkflows:
             store.ensure_schema()
         add_workflows(engine, store, self.registry)
         app.register_blueprint(workflows_api, url_prefix=engine.settings.workflow_api_prefix)
-        # The group is shared by every app; in one without workflows its commands say so.
-        harvest_cli.add_command(workflows_cli)
 
     @property
     def service(self) -> WorkflowService:

@@ -123,11 +123,23 @@ def assert_no_secret(result: Result) -> None:
     [
         (
             (),
-            ["init-db", "subscriptions", "dlq", "deliveries", "purge", "stats", "sweep", "worker", "outbox"],
+            [
+                "init-db",
+                "subscriptions",
+                "dlq",
+                "deliveries",
+                "purge",
+                "stats",
+                "sweep",
+                "worker",
+                "outbox",
+                "workflows",
+            ],
         ),
         (("subscriptions",), ["add", "list", "show", "enable", "disable", "rotate-secret", "remove"]),
         (("dlq",), ["list", "replay"]),
         (("deliveries",), ["show"]),
+        (("workflows",), ["start", "list", "show", "steps", "result", "cancel", "terminate"]),
     ],
 )
 def test_help_lists_every_command(cli: Cli, group: tuple[str, ...], commands: list[str]) -> None:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import threading
 import urllib.parse
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +31,9 @@ from .workflow_app import (
     gate,
     make_workflow_app,
     snapshot,
+    state_of,
+    wait_asleep,
+    wait_running,
 )
 from .workflow_support import SQL_KINDS
 
@@ -67,11 +69,6 @@ def start(client: FlaskClient, name: str, **body: Any) -> dict[str, Any]:
 
 def result(client: FlaskClient, execution_id: str, wait: float = 10) -> TestResponse:
     return call(client, "GET", f"/workflows/{execution_id}/result?wait={wait}")
-
-
-def state_of(app: Flask, execution_id: str) -> ExecutionState:
-    with app.app_context():
-        return workflow_service().get(execution_id).state
 
 
 def assert_error(response: TestResponse, status: int, code: str | None = None) -> dict[str, Any]:
@@ -345,26 +342,6 @@ def test_cancel_and_terminate_need_a_json_body_so_a_form_cannot_send_them(
         assert_error(call(client, "POST", f"/workflows/{eid}/{action}", {"reason": 5}), 400)
         assert_error(call(client, "POST", f"/workflows/{eid}/{action}", {"reason": "x" * 2001}), 400)
     assert state_of(app, eid) is S.PENDING
-
-
-def wait_running(app: Flask, execution_id: str) -> None:
-    """Wait until the local backend's thread has claimed the execution."""
-    wait_for(app, execution_id, lambda state, steps: state is S.RUNNING)
-
-
-def wait_asleep(app: Flask, execution_id: str) -> None:
-    """Wait until a ``sleeper`` run has checkpointed its sleep and given its worker back."""
-    wait_for(app, execution_id, lambda state, steps: state is S.PENDING and steps == 1)
-
-
-def wait_for(app: Flask, execution_id: str, done: Callable[[ExecutionState, int], bool]) -> None:
-    with app.app_context():
-        service = workflow_service()
-        for _ in range(2000):
-            if done(service.get(execution_id).state, len(service.steps(execution_id))):
-                return
-            threading.Event().wait(0.01)
-    raise AssertionError(f"execution {execution_id} never got there")
 
 
 # -- result ----------------------------------------------------------------------------------------

@@ -7,6 +7,8 @@ test (the autouse fixture in ``conftest``), so no pooled connection outlives its
 from __future__ import annotations
 
 import threading
+import time
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -17,7 +19,7 @@ from flask import Flask
 from flask_sqlalchemy import SQLAlchemy
 
 from flask_harvest import HarvestWorkflows, workflow_service
-from flask_harvest.workflows import Execution, WorkflowContext
+from flask_harvest.workflows import Execution, ExecutionState, WorkflowContext
 
 from .pipeline import close_later
 
@@ -114,3 +116,29 @@ def snapshot(app: Flask) -> Any:
             )
             for e in rows
         ]
+
+
+def state_of(app: Flask, execution_id: str) -> ExecutionState:
+    with app.app_context():
+        return workflow_service().get(execution_id).state
+
+
+def wait_for(app: Flask, execution_id: str, done: Callable[[ExecutionState, int], bool]) -> None:
+    """Wait until ``done(state, number of steps)`` holds for the execution (at most 20 s)."""
+    with app.app_context():
+        service = workflow_service()
+        for _ in range(2000):
+            if done(service.get(execution_id).state, len(service.steps(execution_id))):
+                return
+            time.sleep(0.01)
+    raise AssertionError(f"execution {execution_id} never got there")
+
+
+def wait_running(app: Flask, execution_id: str) -> None:
+    """Wait until the local backend's thread has claimed the execution."""
+    wait_for(app, execution_id, lambda state, steps: state is ExecutionState.RUNNING)
+
+
+def wait_asleep(app: Flask, execution_id: str) -> None:
+    """Wait until a ``sleeper`` run has checkpointed its sleep and given its worker back."""
+    wait_for(app, execution_id, lambda state, steps: state is ExecutionState.PENDING and steps == 1)
