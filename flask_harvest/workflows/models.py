@@ -22,6 +22,7 @@ __all__ = [
     "IdReusePolicy",
     "JsonValue",
     "StepRecord",
+    "check_text",
     "decode_json",
     "encode_json",
     "timeout_message",
@@ -154,6 +155,22 @@ def encode_json(value: JsonValue, *, field: str, max_bytes: int | None = None) -
     if max_bytes is not None and size > max_bytes:
         raise InputTooLargeError(field, size, max_bytes)
     return text
+
+
+def check_text(field: str, value: str) -> None:
+    """Refuse a string no database can store: one with a NUL (PostgreSQL) or a lone surrogate
+    (no driver can encode it; the command line makes one of bytes that are not UTF-8).
+
+    :raises InvalidFieldError: ``value`` holds either.
+    """
+    if "\x00" in value:
+        raise InvalidFieldError(field, "must not contain a NUL character")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidFieldError(
+            field, "is not valid Unicode (a lone surrogate, or bytes that are not UTF-8)"
+        ) from None
 
 
 def decode_json(text: str | None) -> JsonValue:

@@ -15,7 +15,15 @@ from typing import Any
 from ..errors import HarvestError, InvalidFieldError
 from .errors import ExecutionEndedError, ExecutionNotFoundError
 from .hooks import TerminalHooks
-from .models import Execution, ExecutionState, IdReusePolicy, JsonValue, StepRecord, utcnow
+from .models import (
+    Execution,
+    ExecutionState,
+    IdReusePolicy,
+    JsonValue,
+    StepRecord,
+    check_text,
+    utcnow,
+)
 from .registry import WorkflowRegistry
 from .runner import WorkflowRunner
 from .store import SqlWorkflowStore
@@ -192,6 +200,8 @@ class WorkflowService:
             raise InvalidFieldError(
                 "state", f"must be one of {', '.join(s.value for s in ExecutionState)}"
             ) from None
+        if name is not None:
+            check_text("name", name)
         position = decode_cursor(cursor) if cursor else None
         rows = self.store.list_executions(name=name, state=chosen, cursor=position, limit=limit + 1)
         page = rows[:limit]
@@ -214,6 +224,7 @@ class WorkflowService:
         :raises ExecutionNotFoundError: no execution has this id.
         :raises ExecutionEndedError: it had already ended; nothing was changed.
         """
+        _check_reason(reason)
         self._require_open(execution_id, "cancel")
         return self.store.request_cancel(execution_id, reason, now=utcnow())
 
@@ -223,6 +234,7 @@ class WorkflowService:
         :raises ExecutionNotFoundError: no execution has this id.
         :raises ExecutionEndedError: it had already ended; nothing was changed.
         """
+        _check_reason(reason)
         self._require_open(execution_id, "terminate")
         return self.store.terminate(execution_id, reason, now=utcnow())
 
@@ -250,8 +262,22 @@ class WorkflowService:
 
 
 def _plausible_id(execution_id: object) -> bool:
-    # Ids are UUID strings: anything the database cannot even compare (a NUL) is simply unknown.
-    return isinstance(execution_id, str) and 0 < len(execution_id) <= 64 and "\x00" not in execution_id
+    # Ids are UUID strings: anything the database cannot even compare (a NUL, a lone surrogate)
+    # is simply unknown.
+    if not isinstance(execution_id, str) or not 0 < len(execution_id) <= 64:
+        return False
+    try:
+        check_text("execution_id", execution_id)
+    except InvalidFieldError:
+        return False
+    return True
+
+
+def _check_reason(reason: str | None) -> None:
+    if reason is not None:
+        if not isinstance(reason, str):
+            raise InvalidFieldError("reason", "must be a string")
+        check_text("reason", reason)
 
 
 class WorkflowHandle:

@@ -18,7 +18,15 @@ from ._schema import _OPEN, NAME_LENGTH, row_to_execution, row_to_step, steps_ta
 from ._store_base import _coalesce_time, _ex, _open
 from ._sweep import LeaseSweep, _SweepQueries
 from .errors import ExecutionNotFoundError, WorkflowIdReusedError
-from .models import Execution, ExecutionState, IdReusePolicy, JsonValue, StepRecord, encode_json
+from .models import (
+    Execution,
+    ExecutionState,
+    IdReusePolicy,
+    JsonValue,
+    StepRecord,
+    check_text,
+    encode_json,
+)
 
 __all__ = ["ExecutionCursor", "LeaseSweep", "SqlWorkflowStore"]
 
@@ -360,3 +368,4 @@ def _check_key(field: str, value: str) -> None:
         raise InvalidFieldError(
             field, f"must be a string of 1 to {NAME_LENGTH} characters, not {value!r:.80}"
         )
+    check_text(field, value)
