@@ -53,14 +53,19 @@ def worker_command(burst: bool, name: str | None, concurrency: int | None) -> No
 @harvest_cli.command("sweep")
 def sweep_command() -> None:
     """Once: relay waiting outbox messages, purge old relayed ones, free expired leases and queue
-    due deliveries that have no job."""
+    due deliveries (and workflow executions) that have no job; end overdue workflow executions."""
     engine = get_engine()
     report = engine.sweep()
     _finish_local_jobs(engine)
-    click.echo(
+    line = (
         f"relayed {report.relayed} outbox message(s), released {report.released} expired lease(s), "
         f"requeued {report.requeued} delivery(ies)"
     )
+    if engine.workflows is not None:
+        line += (
+            f"; ended {report.timed_out} workflow execution(s) TimedOut and {report.poisoned} as poison pills"
+        )
+    click.echo(line)
 
 
 def _finish_local_jobs(engine: HarvestEngine) -> None:
@@ -74,13 +79,18 @@ def _ops() -> WebhookOperations:
 
 @harvest_cli.command("init-db")
 def init_db_command() -> None:
-    """Create the webhook tables where they do not exist yet (existing ones are left alone)."""
-    store = get_engine().store
+    """Create the webhook tables, and the workflow tables if workflows are registered, where they
+    do not exist yet (existing ones are left alone)."""
+    engine = get_engine()
+    store = engine.store
     if not store.capabilities.schema:
         click.echo(f"{type(store).__name__} keeps no tables: there is nothing to create")
-        return
-    store.ensure_schema()
-    click.echo("the webhook tables are in place")
+    else:
+        store.ensure_schema()
+        click.echo("the webhook tables are in place")
+    if engine.workflows is not None:
+        engine.workflows.store.ensure_schema()
+        click.echo("the workflow tables are in place")
 
 
 @harvest_cli.command("purge")

@@ -8,11 +8,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import redis
 from click.testing import Result
 from flask import Flask
 
+from flask_harvest import workflow_service
 from flask_harvest.webhooks.stores import InMemoryOutboundWebhookHandler
 from flask_harvest.workflows import ExecutionState
+from flask_harvest.workflows._schema import WORKFLOW_TABLES
 
 from .pipeline import make_app
 from .test_cli import fails, ok
@@ -230,3 +233,29 @@ def test_an_app_without_workflows_says_so(database_url: str) -> None:
     plain = make_app(InMemoryOutboundWebhookHandler())
     result = plain.test_cli_runner().invoke(args=["harvest", "workflows", "list"])
     assert "workflows are not registered on this app" in fails(result)
+
+
+def test_init_db_creates_the_workflow_tables_too(app: Flask, cli: Cli) -> None:
+    with app.app_context():
+        engine = workflow_service().store.engine
+    for table in reversed(WORKFLOW_TABLES):
+        table.drop(engine)
+    assert "could not" in fails(cli("list")).lower()  # the tables are gone
+    text = ok(app.test_cli_runner().invoke(args=["harvest", "init-db"])).output
+    assert "the webhook tables are in place" in text and "the workflow tables are in place" in text
+    assert ok(cli("list")).stdout.strip() == "no matching workflow executions"
+    ok(app.test_cli_runner().invoke(args=["harvest", "init-db"]))  # safe to run again
+
+
+def test_sweep_ends_overdue_executions_and_says_so(
+    database_url: str, redis_url: str, redis_conn: redis.Redis
+) -> None:
+    # On rq with no worker, nothing runs: only the sweep can end the overdue run.
+    app = make_workflow_app(database_url, HARVEST_JOBS_BACKEND="rq", HARVEST_REDIS_URL=redis_url)
+    runner = app.test_cli_runner()
+    eid = json.loads(ok(runner.invoke(args=["harvest", "workflows", "start", "hasty", "--json"])).stdout)[
+        "execution_id"
+    ]
+    text = ok(runner.invoke(args=["harvest", "sweep"])).output
+    assert "ended 1 workflow execution(s) TimedOut and 0 as poison pills" in text
+    assert state_of(app, eid) is S.TIMED_OUT

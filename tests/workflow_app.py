@@ -51,6 +51,10 @@ def _register(workflows: HarvestWorkflows) -> None:
         ctx.sleep(timedelta(hours=1))
         return "woke"
 
+    @workflows.workflow("hasty", timeout=timedelta(microseconds=1))
+    def hasty(ctx: WorkflowContext, value: Any) -> Any:
+        return value
+
     @workflows.workflow("gated")
     def gated(ctx: WorkflowContext, value: Any) -> Any:
         ctx.step("wait", lambda: GATES[value["gate"]].wait(GATE_TIMEOUT))
