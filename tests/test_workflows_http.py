@@ -14,13 +14,14 @@ from typing import Any
 
 import pytest
 import redis
-from flask import Flask
+from flask import Blueprint, Flask
 from flask.testing import FlaskClient
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from werkzeug.test import TestResponse
 
-from flask_harvest import get_engine, workflow_service
+from flask_harvest import HarvestError, get_engine, workflow_service
+from flask_harvest.admin_http import install_admin_api
 from flask_harvest.workflows import ExecutionState
 
 from .workflow_app import (
@@ -127,6 +128,8 @@ def test_start_runs_the_workflow_and_every_read_route_shows_it(app: Flask, clien
     started = start(client, "three_steps", input={"order": "o-1"}, workflow_id="order-o-1")
     assert started["created"] is True
     assert started["workflow_id"] == "order-o-1" and started["workflow_name"] == "three_steps"
+    again = call(client, "POST", "/workflows/three_steps/start", {"workflow_id": "order-o-1"})
+    assert again.headers["Location"] == f"{PREFIX}/workflows/{started['execution_id']}"
     assert started["state"] in ("Pending", "Running", "Completed")
     eid = started["execution_id"]
     done = result(client, eid)
@@ -551,3 +554,36 @@ def test_arbitrary_requests_never_get_a_5xx_nor_change_anything_when_refused(
         assert response.is_json, response.get_data(as_text=True)
         assert response.get_json()["error"]["message"]
         assert snapshot(rq_app) == before
+
+
+# -- how admin_http maps errors --------------------------------------------------------------------
+
+
+class _Declared(HarvestError):
+    http_status = 422
+    error_code = "callback_rejected"
+
+
+class _Undeclared(HarvestError):
+    pass
+
+
+def test_an_error_that_declares_its_status_is_answered_with_it(app: Flask) -> None:
+    # What a subsystem's error (a refused completion callback) gets without admin_http knowing it.
+    blueprint = Blueprint("declared_errors", __name__)
+    install_admin_api(blueprint, realm="test")
+
+    @blueprint.get("/declared")
+    def declared() -> str:
+        raise _Declared("the callback URL is refused")
+
+    @blueprint.get("/undeclared")
+    def undeclared() -> str:
+        raise _Undeclared("a bug")
+
+    app.register_blueprint(blueprint, url_prefix="/t")
+    app.config["PROPAGATE_EXCEPTIONS"] = False
+    client = app.test_client()
+    error = assert_error(client.get("/t/declared", headers=AUTH), 422, "callback_rejected")
+    assert error["message"] == "the callback URL is refused"
+    assert client.get("/t/undeclared", headers=AUTH).status_code == 500

@@ -17,11 +17,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from flask import Blueprint, Response, jsonify, request
+from flask import Blueprint, Response, jsonify, request, url_for
 
 from .._app import get_engine, workflow_service
 from ..admin_http import MAX_BODY_BYTES, install_admin_api, json_error, load_body, load_query
-from .models import ExecutionState
+from .models import Execution, ExecutionState
 from .schemas import CancelSchema, ListQuerySchema, ResultQuerySchema, StartSchema, TerminateSchema
 from .service import execution_to_dict, step_to_dict
 
@@ -40,7 +40,7 @@ install_admin_api(
 )
 
 
-def _summary(execution: Any) -> dict[str, Any]:
+def _summary(execution: Execution) -> dict[str, Any]:
     return execution_to_dict(execution, with_io=False)
 
 
@@ -56,7 +56,9 @@ def start(name: str) -> tuple[Response, int]:
         completion_callbacks=body["completion_callbacks"],
     )
     execution = handle.execution()
-    return jsonify({**_summary(execution), "created": created}), 201 if created else 200
+    response = jsonify({**_summary(execution), "created": created})
+    response.headers["Location"] = url_for(".show", execution_id=execution.execution_id)
+    return response, 201 if created else 200
 
 
 @workflows_api.get("/workflows")
