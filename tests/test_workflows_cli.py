@@ -27,7 +27,7 @@ from .workflow_app import (
     snapshot,
     state_of,
     wait_asleep,
-    wait_running,
+    wait_in_step,
 )
 from .workflow_support import SQL_KINDS
 
@@ -156,7 +156,7 @@ def test_cancel_and_terminate(app: Flask, cli: Cli) -> None:
     released = gate("cli-terminate")
     running = start(cli, "gated", "--input", '{"gate": "cli-terminate"}')["execution_id"]
     try:
-        wait_running(app, running)
+        wait_in_step("cli-terminate")
         assert "Aborted" in cli("terminate", running, input="n\n").output  # asks first
         assert state_of(app, running) is S.RUNNING
         ended = as_json(cli("terminate", running, "--yes", "--reason", "operator", "--json"))
@@ -169,7 +169,7 @@ def test_cancel_of_a_running_run_says_it_ends_at_the_next_boundary(app: Flask, c
     released = gate("cli-cancel")
     eid = start(cli, "gated", "--input", '{"gate": "cli-cancel"}')["execution_id"]
     try:
-        wait_running(app, eid)
+        wait_in_step("cli-cancel")
         assert "cancel requested" in ok(cli("cancel", eid)).stdout
     finally:
         released.set()

@@ -34,7 +34,7 @@ from .workflow_app import (
     snapshot,
     state_of,
     wait_asleep,
-    wait_running,
+    wait_in_step,
 )
 from .workflow_support import SQL_KINDS
 
@@ -296,7 +296,7 @@ def test_cancel_of_a_running_run_is_202_and_it_ends_cancelled_at_its_next_step(
     released = gate("cancel-running")
     eid = start(client, "gated", input={"gate": "cancel-running"})["execution_id"]
     try:
-        wait_running(app, eid)
+        wait_in_step("cancel-running")
         accepted = call(client, "POST", f"/workflows/{eid}/cancel", {})
         assert accepted.status_code == 202
         assert accepted.get_json()["state"] == "Running" and accepted.get_json()["cancel_requested"] is True
@@ -312,7 +312,7 @@ def test_terminate_of_a_running_run_ends_it_at_once(app: Flask, client: FlaskCli
     released = gate("terminate-running")
     eid = start(client, "gated", input={"gate": "terminate-running"})["execution_id"]
     try:
-        wait_running(app, eid)
+        wait_in_step("terminate-running")
         ended = call(client, "POST", f"/workflows/{eid}/terminate", {"reason": "operator"})
         assert ended.status_code == 200
         assert (ended.get_json()["state"], ended.get_json()["error"]) == ("Terminated", "operator")

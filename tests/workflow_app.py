@@ -27,8 +27,9 @@ TOKEN = "test-workflow-token-0123456789"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 PREFIX = "/api/harvest"
 
-#: Gates that the ``gated`` workflow's step waits on, by the name in its input.
-GATES: dict[str, threading.Event] = {}
+#: Gates that the ``gated`` workflow's step waits on, by the name in its input: an event the step
+#: sets when it has begun, and the event it waits for.
+GATES: dict[str, tuple[threading.Event, threading.Event]] = {}
 #: How long a gated step waits for its gate at most, so a failing test cannot hang.
 GATE_TIMEOUT = 20.0
 
@@ -57,9 +58,15 @@ def _register(workflows: HarvestWorkflows) -> None:
 
     @workflows.workflow("gated")
     def gated(ctx: WorkflowContext, value: Any) -> Any:
-        ctx.step("wait", lambda: GATES[value["gate"]].wait(GATE_TIMEOUT))
+        ctx.step("wait", lambda: _in_gate(value["gate"]))
         ctx.step("after", lambda: "after")
         return "done"
+
+
+def _in_gate(name: str) -> bool:
+    entered, released = GATES[name]
+    entered.set()
+    return released.wait(GATE_TIMEOUT)
 
 
 def make_workflow_app(database_url: str, **config: Any) -> Flask:
@@ -93,9 +100,14 @@ def database_url_for(request: pytest.FixtureRequest, tmp_path: Path) -> str:
 
 
 def gate(name: str) -> threading.Event:
-    """A fresh gate for a ``gated`` run started with ``{"gate": name}``."""
-    GATES[name] = threading.Event()
-    return GATES[name]
+    """A fresh gate for a ``gated`` run started with ``{"gate": name}``; set it to let the run go."""
+    GATES[name] = (threading.Event(), threading.Event())
+    return GATES[name][1]
+
+
+def wait_in_step(name: str) -> None:
+    """Wait until the ``gated`` run of gate ``name`` is inside its step (Running, mid-step)."""
+    assert GATES[name][0].wait(GATE_TIMEOUT), f"the run of gate {name!r} never began its step"
 
 
 def executions(app: Flask) -> list[Execution]:
@@ -136,11 +148,6 @@ def wait_for(app: Flask, execution_id: str, done: Callable[[ExecutionState, int]
                 return
             time.sleep(0.01)
     raise AssertionError(f"execution {execution_id} never got there")
-
-
-def wait_running(app: Flask, execution_id: str) -> None:
-    """Wait until the local backend's thread has claimed the execution."""
-    wait_for(app, execution_id, lambda state, steps: state is ExecutionState.RUNNING)
 
 
 def wait_asleep(app: Flask, execution_id: str) -> None:
