@@ -32,6 +32,7 @@ SCENARIOS = {
     "S5": "bench.s5_latency",
     "S6": "bench.s6_outbox",
     "S7": "bench.s7_memory",
+    "S8": "bench.s8_callbacks",
 }
 
 

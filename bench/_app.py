@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from typing import Any
 
 import sqlalchemy as sa
@@ -18,6 +19,8 @@ from flask_sqlalchemy import SQLAlchemy
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 from flask_harvest import OutboundWebhookPlugin
+from flask_harvest.workflow_extension import HarvestWorkflows
+from flask_harvest.workflows.context import WorkflowContext
 
 from ._services import DATABASE_URL, REDIS_URL
 
@@ -57,4 +60,37 @@ def create_app(config: dict[str, Any] | None = None) -> Flask:
     app.config.update(config or {})
     db.init_app(app)
     OutboundWebhookPlugin.sql(db, app)
+    return app
+
+
+# -- S8: workflows with completion callbacks -------------------------------------------------------
+
+workflows = HarvestWorkflows(db)
+
+
+@workflows.workflow("bench_callback")
+def bench_callback(ctx: WorkflowContext, number: int) -> dict[str, Any]:
+    """Ends at once; ``sent_at`` is read just before the terminal transition commits."""
+    return {"n": number, "sent_at": time.time()}
+
+
+def workflow_config() -> dict[str, Any]:
+    return {
+        "HARVEST_COMPLETION_CALLBACK_ALLOWLIST": "127.0.0.1",
+        "HARVEST_COMPLETION_CALLBACK_ALLOW_PRIVATE_TARGETS": True,
+        "HARVEST_COMPLETION_CALLBACK_SECRET": "bench-completion-callback-secret",
+    }
+
+
+def create_workflow_app(config: dict[str, Any] | None = None) -> Flask:
+    """The app with workflows and completion callbacks; workers run it as
+    ``flask --app bench._app:create_workflow_app harvest worker``."""
+    app = Flask("bench_workflows")
+    app.config.update(base_config())
+    app.config.update(workflow_config())
+    app.config.update(json.loads(os.environ.get(CONFIG_ENV, "{}")))
+    app.config.update(config or {})
+    db.init_app(app)
+    OutboundWebhookPlugin.sql(db, app)
+    workflows.init_app(app)
     return app

@@ -93,7 +93,7 @@ def main() -> int:
 
             deadline = time.monotonic() + 30
             while time.monotonic() < deadline:
-                states = [store.get_delivery(i).state for i in ids]
+                states = [delivery.state for delivery in store.get_deliveries(ids)]
                 if all(s in (DeliveryState.DELIVERED, DeliveryState.DLQ) for s in states):
                     break
                 time.sleep(0.1)
@@ -105,7 +105,7 @@ def main() -> int:
                     f"  {entry.id} -> {entry.subscription_id}: {entry.last_error}"
                     f" after {entry.attempt} attempts"
                 )
-            delivered = sum(store.get_delivery(i).state is DeliveryState.DELIVERED for i in ids)
+            delivered = sum(d.state is DeliveryState.DELIVERED for d in store.get_deliveries(ids))
             ok = delivered == 4 and len(received) == 4 and len(dlq) == 3
             print("quickstart OK" if ok else f"quickstart FAILED: {delivered} delivered, {len(dlq)} in DLQ")
             return 0 if ok else 1

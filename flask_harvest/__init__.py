@@ -35,6 +35,8 @@ if TYPE_CHECKING:
     from .receiver import MemoryReplayCache, RedisReplayCache, ReplayCache, WebhookRejected, verify_webhook
     from .signing import generate_secret
     from .ssrf import SsrfError, SsrfPolicy, SsrfRejection
+    from .trigger_extension import HarvestTriggers, trigger_service
+    from .triggers.definitions import CompletionTrigger
     from .webhooks.manager import OutboundWebhookManager
     from .webhooks.manager import OutboundWebhookManager as WebhookOutboundManager
     from .webhooks.models import (
@@ -99,6 +101,8 @@ _SOURCES: dict[str, tuple[str, ...]] = {
         "OutboundWebhookStore",
         "SqlOutboundWebhookStore",
     ),
+    ".trigger_extension": ("HarvestTriggers", "trigger_service"),
+    ".triggers.definitions": ("CompletionTrigger",),
     ".workflow_extension": ("HarvestWorkflows",),
     ".workflows.models": ("ExecutionState", "IdReusePolicy"),
     ".workflows.service": ("WorkflowFailedError", "WorkflowHandle"),
@@ -128,6 +132,7 @@ def __dir__() -> list[str]:
 
 
 __all__ = [
+    "CompletionTrigger",
     "ConfigurationError",
     "DeliveryAttempt",
     "DeliveryLog",
@@ -138,6 +143,7 @@ __all__ = [
     "ExecutionState",
     "HarvestEngine",
     "HarvestError",
+    "HarvestTriggers",
     "HarvestWorkflows",
     "IdReusePolicy",
     "InMemoryOutboundWebhookHandler",
@@ -173,6 +179,7 @@ __all__ = [
     "get_engine",
     "get_manager",
     "signals",
+    "trigger_service",
     "verify_webhook",
     "workflow_service",
 ]

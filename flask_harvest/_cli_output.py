@@ -15,7 +15,8 @@ from typing import Any
 import click
 from flask.cli import AppGroup
 
-from .errors import HarvestError
+from ._input import text_problem, to_utc
+from .errors import HarvestError, InvalidFieldError
 
 #: The ``--json`` flag every reporting command takes.
 json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
@@ -70,10 +71,24 @@ def one_line(exc: BaseException) -> str:
     return lines[0] if lines else type(exc).__name__
 
 
+def _check_params(ctx: click.Context) -> None:
+    """Refuse an argument that is not text a store can keep: bytes that are not UTF-8 (Python
+    hands them over as lone surrogates) or a NUL character. The message never shows the value."""
+    for param in ctx.command.params:
+        value = ctx.params.get(param.name or "")
+        for item in value if isinstance(value, tuple | list) else [value]:
+            problem = text_problem(item) if isinstance(item, str) else None
+            if problem is not None:
+                label = param.opts[0] if isinstance(param, click.Option) else (param.name or "").upper()
+                raise click.ClickException(f"{label} {problem}")
+
+
 class HarvestCommand(click.Command):
-    """A command whose :class:`HarvestError` ends it with ``Error: <reason>`` and exit status 1."""
+    """A command whose :class:`HarvestError` ends it with ``Error: <reason>`` and exit status 1,
+    like an argument that is not valid text."""
 
     def invoke(self, ctx: click.Context) -> Any:
+        _check_params(ctx)
         try:
             return super().invoke(ctx)
         except HarvestError as exc:
@@ -105,7 +120,12 @@ def iso_datetime(ctx: click.Context, param: click.Parameter, value: str | None) 
         raise click.BadParameter(
             f"{value!r} is not an ISO 8601 datetime such as 2024-05-01T12:00:00Z", ctx, param
         ) from None
-    return parsed if parsed.tzinfo is not None else parsed.replace(tzinfo=timezone.utc)
+    if parsed.tzinfo is None:
+        return parsed.replace(tzinfo=timezone.utc)
+    try:
+        return to_utc(parsed, param.name or "datetime")
+    except InvalidFieldError as exc:
+        raise click.BadParameter(f"{value!r} {exc.message}", ctx, param) from None
 
 
 class Seconds(click.FloatRange):

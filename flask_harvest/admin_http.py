@@ -13,11 +13,13 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from flask import Blueprint, Response, jsonify, request
+from flask import Blueprint, Response, current_app, jsonify, request
 from marshmallow import Schema, ValidationError
 from werkzeug.exceptions import HTTPException
+from werkzeug.routing import PathConverter
 
 from ._app import get_engine
+from ._input import check_json_value, check_text, parse_json, text_problem
 from .errors import (
     DuplicateSubscriptionError,
     HarvestError,
@@ -31,6 +33,7 @@ log = logging.getLogger(__name__)
 
 #: Request bodies larger than this are refused with 413 before they are read.
 MAX_BODY_BYTES = 64 * 1024
+_CHUNK = 16 * 1024
 
 
 class ApiError(Exception):
@@ -64,7 +67,8 @@ def authorize_admin(realm: str) -> tuple[Response, int] | None:
         return None
     authorizer = engine.access.authorizer
     if authorizer is not None:
-        if authorizer(request):
+        # Exactly True: a truthy "denied" string or a forgotten return value must not open the API.
+        if authorizer(request) is True:
             return None
         return json_error(403, "forbidden", "the admin authorizer refused this request")
     if token:
@@ -80,27 +84,97 @@ def authorize_admin(realm: str) -> tuple[Response, int] | None:
     )
 
 
+def _read_limited_body(limit: int) -> bytes:
+    """Return the request body, refusing one over ``limit`` bytes (413) without reading past it.
+
+    A declared length is checked up front; a chunked body (no length) is read one byte past the
+    limit at most.
+    """
+    too_large = ApiError(413, "request_entity_too_large", f"the body is larger than {limit} bytes")
+    length = request.content_length
+    if length is not None and length > limit:
+        raise too_large
+    stream, chunks, size = request.stream, [], 0
+    while chunk := stream.read(min(_CHUNK, limit + 1 - size)):
+        chunks.append(chunk)
+        size += len(chunk)
+        if size > limit:
+            raise too_large
+    return b"".join(chunks)
+
+
 def load_body(schema: Schema) -> dict[str, Any]:
     """Return the request's JSON object loaded through ``schema``.
+
+    The body is refused before the schema sees it when it is over :data:`MAX_BODY_BYTES` (413),
+    not a JSON object in UTF-8 or nested past :data:`~flask_harvest._input.MAX_JSON_DEPTH` (400),
+    or holds a string with a NUL character or a lone surrogate (422 naming the field).
 
     :raises ApiError: the body is not a JSON object.
     :raises ValidationError: the object does not fit the schema.
     """
     if not request.is_json:
         raise ApiError(415, "unsupported_media_type", "send a JSON body with Content-Type: application/json")
-    data = request.get_json(silent=True)
-    if data is None:
-        raise ApiError(400, "bad_json", "the body is not valid JSON")
+    try:
+        data = parse_json(_read_limited_body(MAX_BODY_BYTES))
+    except InvalidFieldError as exc:
+        raise ApiError(400, "bad_json", f"the body {exc.message}") from None
     if not isinstance(data, dict):
         raise ApiError(400, "bad_json", "the body must be a JSON object")
+    for key, value in data.items():
+        check_text(key, "body")
+        check_json_value(value, key)
     loaded: dict[str, Any] = schema.load(data)
     return loaded
 
 
 def load_query(schema: Schema) -> dict[str, Any]:
-    """Return the query string loaded through ``schema``."""
+    """Return the query string loaded through ``schema``; a NUL or undecodable character is refused
+    (422 naming the parameter) before the schema sees it."""
+    for key, values in request.args.lists():
+        check_text(key, "query")
+        for value in values:
+            check_text(value, key)
     loaded: dict[str, Any] = schema.load(request.args.to_dict())
     return loaded
+
+
+def _bad_path_id() -> tuple[Response, int] | None:
+    """A path id no object can have (NUL, undecodable) is answered 404 before any store sees it."""
+    for name, value in (request.view_args or {}).items():
+        if isinstance(value, str) and text_problem(value) is not None:
+            return json_error(404, "not_found", f"no object has this {name}: {text_problem(value)}")
+    return None
+
+
+def no_such_route() -> tuple[Response, int]:
+    """The answer of a blueprint's catch-all route: ``405`` with ``Allow`` when the path exists for
+    other methods, else ``404``; JSON either way."""
+    adapter = current_app.url_map.bind_to_environ(request.environ)
+    allowed: set[str] = set()
+    for method in ("GET", "POST", "PUT", "PATCH", "DELETE"):
+        try:
+            rule, _ = adapter.match(method=method, return_rule=True)
+        except HTTPException:
+            continue
+        # A method the path's own route refuses falls through to the catch-all: not allowed.
+        if rule.endpoint != request.endpoint:
+            allowed |= set(rule.methods or ())
+    if not allowed:
+        return json_error(404, "not_found", f"no route {request.method} {request.path}")
+    response, status = json_error(
+        405, "method_not_allowed", f"{request.path} takes {', '.join(sorted(allowed))}"
+    )
+    response.headers["Allow"] = ", ".join(sorted(allowed))
+    return response, status
+
+
+class AnyPathConverter(PathConverter):
+    """``<anypath:path>``: like ``<path:...>``, but also across newlines (``%0A``), so that a
+    blueprint's catch-all route answers every path under its prefix in JSON, after the access
+    check."""
+
+    regex = "(?s:[^/].*?)"
 
 
 def error_status(exc: BaseException, default: int) -> int:
@@ -129,16 +203,23 @@ def install_admin_api(
 ) -> None:
     """Guard every route of ``blueprint`` with :func:`authorize_admin` and answer its errors as JSON.
 
+    Call it before the blueprint's routes are declared: it registers the ``anypath`` converter
+    their catch-all route uses.
+
     :param invalid_status: the status of a request whose fields do not validate (the actuator's
         422; the workflow API's 400).
     :param max_body_bytes: the largest request body, read per request (default
         :data:`MAX_BODY_BYTES`).
     """
 
+    @blueprint.record_once
+    def _converter(state: Any) -> None:
+        state.app.url_map.converters.setdefault("anypath", AnyPathConverter)
+
     @blueprint.before_request
     def _authorize() -> tuple[Response, int] | None:
         request.max_content_length = max_body_bytes() if max_body_bytes is not None else MAX_BODY_BYTES
-        return authorize_admin(realm)
+        return authorize_admin(realm) or _bad_path_id()
 
     @blueprint.errorhandler(ApiError)
     def _api_error(exc: ApiError) -> tuple[Response, int]:
@@ -149,6 +230,8 @@ def install_admin_api(
         messages = exc.messages if isinstance(exc.messages, dict) else {"_schema": exc.messages}
         return json_error(invalid_status, "validation_error", "the request has invalid fields", messages)
 
+    # Each handler below answers an error's own http_status and error_code when it declares them
+    # (InputTooLargeError is an InvalidFieldError answered 413).
     @blueprint.errorhandler(InvalidFieldError)
     def _invalid_field(exc: InvalidFieldError) -> tuple[Response, int]:
         return json_error(
@@ -167,19 +250,23 @@ def install_admin_api(
     def _conflict(exc: HarvestError) -> tuple[Response, int]:
         return json_error(error_status(exc, 409), _error_code(exc, "conflict"), str(exc))
 
-    @blueprint.errorhandler(HarvestError)
-    def _declared(exc: HarvestError) -> tuple[Response, int]:
-        # Any other flask-harvest error that declares its status (http_status); the rest are bugs
-        # or misconfiguration, and propagate to Flask's 500 with their traceback in the log.
-        status = error_status(exc, 0)
-        if not status:
-            raise exc
-        return json_error(status, _error_code(exc, "rejected"), str(exc))
-
     @blueprint.errorhandler(StoreError)
     def _store_down(exc: StoreError) -> tuple[Response, int]:
         log.error("harvest %s: %s", realm, exc)
         return json_error(503, "store_unavailable", "the store is unavailable; try again")
+
+    @blueprint.errorhandler(HarvestError)
+    def _typed_error(exc: HarvestError) -> tuple[Response, int]:
+        # An error that names its own status (``http_status``, e.g. a refused callback target:
+        # 422) is answered with it, its ``error_code`` and whatever ``error_details()`` adds.
+        status = getattr(exc, "http_status", None)
+        if not isinstance(status, int):
+            raise exc
+        body: dict[str, Any] = {"code": getattr(exc, "error_code", "error"), "message": str(exc)}
+        details = getattr(exc, "error_details", None)
+        if callable(details):
+            body.update(details())
+        return jsonify(error=body), status
 
     @blueprint.errorhandler(HTTPException)
     def _http_error(exc: HTTPException) -> tuple[Response, int]:

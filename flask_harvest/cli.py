@@ -16,9 +16,11 @@ from flask import current_app
 from . import _cli_output as out
 from ._app import get_engine
 from ._cli_output import HarvestGroup as _Group
+from .callbacks.service import CompletionCallbacks
 from .engine import HarvestEngine
+from .errors import ConfigurationError
 from .webhooks.models import WebhookSubscriptionStatus, isoformat, utcnow
-from .webhooks.operations import MAX_BULK_REPLAY, NewSecret, WebhookOperations
+from .webhooks.operations import MAX_BULK_REPLAY, MAX_DLQ_PAGE, NewSecret, WebhookOperations
 from .worker import serve
 from .workflow_cli import workflows_cli
 
@@ -63,7 +65,8 @@ def sweep_command() -> None:
     )
     if engine.workflows is not None:
         line += (
-            f"; ended {report.timed_out} workflow execution(s) TimedOut and {report.poisoned} as poison pills"
+            f"; ended {report.timed_out} workflow execution(s) TimedOut and "
+            f"{report.poisoned} as poison pills"
         )
     click.echo(line)
 
@@ -234,7 +237,9 @@ harvest_cli.add_command(dlq_cli)
 
 
 @dlq_cli.command("list")
-@click.option("--limit", type=click.IntRange(1, 500), default=50, show_default=True, help="Rows per page.")
+@click.option(
+    "--limit", type=click.IntRange(1, MAX_DLQ_PAGE), default=50, show_default=True, help="Rows per page."
+)
 @click.option("--cursor", default=None, help="Continue after a previous page (its 'more:' line).")
 @click.option("--subscription", "subscription_id", default=None, help="Only this subscription's.")
 @click.option("--topic", default=None, help="Only this topic's.")
@@ -345,3 +350,101 @@ def outbox_purge_command(older_than: float | None) -> None:
     """Delete relayed outbox messages older than the retention period."""
     removed, seconds = _ops().purge_outbox(older_than)
     click.echo(f"removed {removed} relayed outbox message(s) older than {seconds:g} s")
+
+
+# -- completion callbacks --------------------------------------------------------------------------
+
+completion_cli = _Group(
+    "completion-delivery",
+    help="Completion-callback deliveries of workflow executions: list and redrive "
+    "(aliases: completion-deliveries, callbacks).",
+)
+harvest_cli.add_command(completion_cli)
+harvest_cli.add_command(completion_cli, "completion-deliveries")
+harvest_cli.add_command(completion_cli, "callbacks")
+
+_DELIVERY_STATES = ("pending", "inflight", "delivered", "failed")
+_DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+
+
+def _callbacks() -> CompletionCallbacks:
+    callbacks = get_engine().callbacks
+    if callbacks is None:
+        raise ConfigurationError(
+            "workflows are not registered on this app: use HarvestWorkflows.sql(db, app)"
+        )
+    return callbacks
+
+
+def _duration(ctx: click.Context, param: click.Parameter, value: str | None) -> float | None:
+    """Read ``90``, ``30s``, ``10m``, ``2h`` or ``1d`` as seconds."""
+    if value is None:
+        return None
+    text = value.strip().lower()
+    unit = next((u for u in ("ms", "s", "m", "h", "d") if text.endswith(u)), "")
+    number = text[: len(text) - len(unit)] if unit else text
+    try:
+        seconds = float(number) * _DURATION_UNITS.get(unit, 1.0)
+    except ValueError:
+        raise click.BadParameter(f"{value!r} is not a duration such as 90, 30s, 10m, 2h or 1d") from None
+    if not 0 <= seconds <= 7 * 86400 or seconds != seconds:
+        raise click.BadParameter("must be between 0 and 7 days")
+    return seconds
+
+
+def _delivery_rows(data: Any) -> str:
+    rows = [
+        [d["callback_index"], d["delivery_id"], d["state"], d["attempts"], d["last_status"], d["target_url"]]
+        for d in data["deliveries"]
+    ]
+    return out.table(rows, ["#", "delivery_id", "state", "attempts", "last_status", "target"])
+
+
+@completion_cli.command("list")
+@click.argument("execution_id")
+@click.option(
+    "--state", type=click.Choice(_DELIVERY_STATES), default=None, help="Only deliveries in this state."
+)
+@out.json_option
+def completion_list(execution_id: str, state: str | None, as_json: bool) -> None:
+    """The completion deliveries of EXECUTION_ID, by callback index."""
+    rows = [d.to_json() for d in _callbacks().deliveries(execution_id)]
+    if state is not None:  # applied here: an execution has few deliveries
+        rows = [d for d in rows if d["state"] == state.upper()]
+    out.output({"deliveries": rows}, as_json, _delivery_rows)
+
+
+@completion_cli.command("redrive")
+@click.argument("execution_id")
+@click.argument("delivery_id")
+@out.json_option
+def completion_redrive(execution_id: str, delivery_id: str, as_json: bool) -> None:
+    """Send a FAILED delivery again: fresh budget, same delivery id, byte-identical body."""
+    outcome = _callbacks().redrive(execution_id, delivery_id)
+    out.output({"outcome": outcome}, as_json, lambda d: f"{delivery_id}: {d['outcome']}")
+
+
+@dlq_cli.command("redrive")
+@click.option(
+    "--queue",
+    type=click.Choice(["completion-callback"]),
+    required=True,
+    help="The dead-letter queue to redrive.",
+)
+@click.option(
+    "--window",
+    callback=_duration,
+    default="0s",
+    show_default=True,
+    help="Spread the next attempts evenly over this long (90, 30s, 10m, 2h), so the receiver gets no burst.",
+)
+@out.json_option
+def dlq_redrive(queue: str, window: float, as_json: bool) -> None:
+    """Send every FAILED completion callback again (after fixing the receiver)."""
+    rows = _callbacks().redrive_failed(window)
+    data = {"queue": queue, "redriven": len(rows), "window_seconds": window}
+    out.output(
+        data,
+        as_json,
+        lambda d: f"redriven {d['redriven']} completion deliveries over {d['window_seconds']:g} s",
+    )

@@ -7,6 +7,7 @@ wins over the default here. Keys are read once, in ``init_app``.
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -84,6 +85,38 @@ class Settings:
     workflow_api_prefix: str = "/api/harvest"
     #: The longest ``?wait=N`` the result route holds a request open for, in seconds.
     workflow_result_max_wait_seconds: float = 30.0
+    #: The deepest chain of completion triggers: a target whose trigger depth (1 for a target of a
+    #: directly started run) would exceed it is not started (``chain_depth_exceeded``).
+    trigger_max_chain_depth: int = 16
+    #: Completion-trigger fires rows older than this many seconds, whose source execution no longer
+    #: exists, are deleted by the sweeper; ``0`` (the default) keeps every row.
+    trigger_fires_retention_seconds: float = 0.0
+    #: Completion-callback targets of every execution, after its own: a JSON list (or a Python
+    #: list) of ``{"url": ..., "filter": {"type": ...}}``. Checked at ``init_app``.
+    completion_callback_defaults: str = ""
+    #: Hosts completion callbacks may reach: comma-separated (or a list) ``api.example.com``,
+    #: ``*.example.com`` (subdomains only), each with an optional ``:port``. Empty refuses every target.
+    completion_callback_allowlist: str = ""
+    #: The HMAC-SHA256 key of ``X-Harvest-Signature``; never stored, logged or shown.
+    completion_callback_secret: str = field(default="", repr=False)
+    #: Accept ``http://`` completion-callback targets (not recommended).
+    completion_callback_allow_http: bool = False
+    #: Accept allowlisted IP-literal hosts; loopback, private, link-local, CGNAT and ULA stay refused.
+    completion_callback_allow_ip_literals: bool = False
+    #: Development and tests only: callbacks may use ``http://`` and reach loopback and private
+    #: addresses (still only allowlisted hosts). Warned about at start-up.
+    completion_callback_allow_private_targets: bool = False
+    #: Attempts per completion callback before it fails (frozen into each row at enqueue).
+    completion_callback_max_attempts: int = 10
+    #: The first retry delay of a completion callback, in milliseconds (doubling each attempt).
+    completion_callback_initial_backoff_ms: int = 30_000
+    #: The longest retry delay of a completion callback, in milliseconds.
+    completion_callback_max_backoff_ms: int = 600_000
+    #: Seconds a claimed completion delivery stays leased; after that it is due again.
+    completion_callback_lease_seconds: float = 30.0
+    #: Completion callbacks in flight at once to one endpoint (scheme, host, port) in one process;
+    #: past it, deliveries are given back for a second without using an attempt.
+    completion_callback_max_inflight_per_endpoint: int = 8
 
     @property
     def backoff(self) -> tuple[int, int]:
@@ -100,10 +133,15 @@ class Settings:
         )
 
 
+#: The shortest ``HARVEST_ACTUATOR_TOKEN`` accepted (empty means "no token").
+MIN_ACTUATOR_TOKEN_LENGTH = 16
+
 PREFIX = "HARVEST_"
 #: The ``HARVEST_*`` key of each setting, e.g. ``KEYS["jobs_backend"] == "HARVEST_JOBS_BACKEND"``.
 KEYS = {f.name: PREFIX + f.name.upper() for f in dataclasses.fields(Settings)}
 JOBS_BACKENDS = ("local", "rq")
+#: Settings whose ``0`` means "never" rather than being refused.
+_ZERO_MEANS_NEVER = frozenset({"trigger_fires_retention_seconds"})
 
 
 def _coerce(name: str, value: Any, default: Any) -> Any:
@@ -122,10 +160,16 @@ def _coerce(name: str, value: Any, default: Any) -> Any:
             raise ConfigurationError(f"{key} must be a number, not {value!r}") from None
         if not math.isfinite(number):  # "nan" and "inf" parse as floats; nan <= 0 is False
             raise ConfigurationError(f"{key} must be a finite number, not {value!r}")
+        if number == 0 and name in _ZERO_MEANS_NEVER:
+            return number
         if number <= 0:
             raise ConfigurationError(f"{key} must be greater than zero, not {value!r}")
         return number
-    if name.endswith("_cidrs"):  # a network list: a comma-separated string, or a list of strings
+    if name == "completion_callback_defaults" and isinstance(value, list | tuple):
+        return json.dumps(list(value))
+    if name.endswith(
+        ("_cidrs", "_allowlist")
+    ):  # a network list: a comma-separated string, or a list of strings
         if isinstance(value, list | tuple) and all(isinstance(item, str) for item in value):
             return ",".join(value)
         if not isinstance(value, str):
@@ -166,6 +210,18 @@ def load_settings(config: Mapping[str, Any], overrides: Mapping[str, Any]) -> Se
             raise ConfigurationError(
                 f"{KEYS[name]} must list networks such as '10.1.0.0/16, fd00::/8' ({exc})"
             ) from None
+    token = settings.actuator_token
+    if token and (len(token.strip()) < MIN_ACTUATOR_TOKEN_LENGTH or token != token.strip()):
+        # A guessable token opens the admin API; "Bearer " plus spaces must never be a credential.
+        raise ConfigurationError(
+            f"{KEYS['actuator_token']} must be at least {MIN_ACTUATOR_TOKEN_LENGTH} characters "
+            "without leading or trailing whitespace (or empty, for no token)"
+        )
+    if settings.completion_callback_initial_backoff_ms > settings.completion_callback_max_backoff_ms:
+        raise ConfigurationError(
+            f"{KEYS['completion_callback_initial_backoff_ms']} must not exceed "
+            f"{KEYS['completion_callback_max_backoff_ms']}"
+        )
     if settings.webhooks_initial_backoff_ms > settings.webhooks_max_backoff_ms:
         raise ConfigurationError(
             f"{KEYS['webhooks_initial_backoff_ms']} must not exceed {KEYS['webhooks_max_backoff_ms']}"

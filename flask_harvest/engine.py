@@ -15,6 +15,8 @@ from typing import Any
 
 import redis
 
+from .callbacks.service import CALLBACK_JOB, CompletionCallbacks
+from .callbacks.store import SqlCallbackStore
 from .config import Settings
 from .errors import ConfigurationError
 from .jobs.base import JobBackend, JobKinds, JobRef
@@ -22,6 +24,9 @@ from .jobs.local import LocalBackend
 from .jobs.rq import RqBackend, job_timeout_for
 from .sweeper import Sweeper, SweepReport
 from .transport import Transport
+from .triggers.firing import FireListener, TriggerFiring
+from .triggers.service import TriggerService
+from .triggers.store import SqlTriggerStore
 from .webhooks import sweeper as webhook_sweeps
 from .webhooks.delivery import WEBHOOK_JOB, AttemptListener, DeliveryRunner
 from .webhooks.manager import Delegate, OutboundWebhookManager, SkipListener
@@ -66,6 +71,10 @@ class HarvestEngine:
     access: AdminAccess = field(default_factory=AdminAccess)
     #: Durable workflows, once :func:`add_workflows` added them.
     workflows: WorkflowService | None = None
+    #: Completion triggers, once :func:`add_triggers` added them.
+    triggers: TriggerService | None = None
+    #: Completion callbacks of the workflows, added with them.
+    callbacks: CompletionCallbacks | None = None
 
     def sweep(self) -> SweepReport:
         """Run one sweep of every kind of work (see :mod:`flask_harvest.sweeper`)."""
@@ -155,7 +164,56 @@ def add_workflows(
     engine.jobs.register(WORKFLOW_JOB, runner.run_many)
     engine.sweeper.add_step("workflows", partial(_sweep_workflows, runner))
     engine.workflows = WorkflowService(store, registry, runner, store.hooks)
+    _add_callbacks(engine, store, engine.workflows)
     return engine.workflows
+
+
+def add_triggers(
+    engine: HarvestEngine, store: SqlTriggerStore, *, listener: FireListener | None = None
+) -> TriggerService:
+    """Add completion triggers to ``engine``: a terminal hook on its workflows and a sweeper step
+    that purges old fires rows (``HARVEST_TRIGGER_FIRES_RETENTION_SECONDS``).
+
+    :param listener: told about every fire outcome once its transaction committed.
+    :raises ConfigurationError: the engine has no workflows, or has triggers already.
+    """
+    workflows = engine.workflows
+    if workflows is None:
+        raise ConfigurationError("completion triggers need workflows: call add_workflows first")
+    if engine.triggers is not None:
+        raise ConfigurationError("this engine has completion triggers already: add them once")
+    settings = engine.settings
+    registry = workflows.registry
+    firing = TriggerFiring(
+        store,
+        workflows.runner.start,
+        knows=registry.__contains__,
+        max_chain_depth=settings.trigger_max_chain_depth,
+        max_input_bytes=settings.workflow_max_input_bytes,
+        listener=listener,
+    )
+    retention = settings.trigger_fires_retention_seconds or None
+    engine.triggers = TriggerService(store, firing, workflows, retention_seconds=retention)
+    workflows.hooks.register(firing)
+    engine.sweeper.add_step("trigger-fires", partial(_purge_fires, engine.triggers))
+    return engine.triggers
+
+
+def _purge_fires(service: TriggerService) -> SweepReport:
+    return SweepReport(fires_purged=service.purge_fires())
+def _add_callbacks(engine: HarvestEngine, store: SqlWorkflowStore, service: WorkflowService) -> None:
+    """Completion callbacks: a start preparer, a terminal hook, a job kind and a sweeper step."""
+    callbacks = CompletionCallbacks(
+        engine.settings,
+        SqlCallbackStore(store.engine),
+        engine.backend,
+        engine.transport,
+    )
+    service.add_start_preparer(callbacks.prepare)
+    store.hooks.register(callbacks.terminal_hook)
+    engine.jobs.register(CALLBACK_JOB, callbacks.run_many)
+    engine.sweeper.add_step("completion-callbacks", callbacks.sweep)
+    engine.callbacks = callbacks
 
 
 def _sweep_workflows(runner: WorkflowRunner) -> SweepReport:

@@ -52,18 +52,27 @@ import abc
 import functools
 import hashlib
 import heapq
+import hmac
 import io
 import json
 import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
+from datetime import datetime
 from typing import TYPE_CHECKING, Any, Literal, TypeVar, cast
 
 from flask import Response, make_response, request
 from werkzeug.exceptions import HTTPException
 
-from .errors import ConfigurationError, HarvestError, SignatureVerificationError, VerificationFailure
+from ._input import parse_json
+from .errors import (
+    ConfigurationError,
+    HarvestError,
+    InvalidFieldError,
+    SignatureVerificationError,
+    VerificationFailure,
+)
 from .signing import (
     DEFAULT_SIGNATURE_HEADER,
     DEFAULT_TOLERANCE_SECONDS,
@@ -273,11 +282,9 @@ def _read_body(limit: int) -> bytes:
 
 def _parse_json(body: bytes) -> Any:
     try:
-        return json.loads(body)
-    except ValueError:  # JSONDecodeError and UnicodeDecodeError
-        raise WebhookRejected(400, "invalid_json", "the body is not JSON") from None
-    except RecursionError:  # a valid signature on "[[[[...]]]]" nested past the interpreter's limit
-        raise WebhookRejected(400, "invalid_json", "the JSON body is nested too deeply to parse") from None
+        return parse_json(body)
+    except InvalidFieldError as exc:  # not UTF-8 JSON, NaN, or nested past MAX_JSON_DEPTH
+        raise WebhookRejected(400, "invalid_json", f"the body {exc.message}") from None
 
 
 def _replay_keys(
@@ -414,6 +421,38 @@ def _forget(cache: ReplayCache, keys: Sequence[str]) -> None:
             )
 
 
+def verify_completion_callback(
+    secret: bytes | str,
+    body: bytes,
+    signature: str | None,
+    *,
+    timestamp: str | None = None,
+    tolerance_seconds: float | None = None,
+    now: float | None = None,
+) -> bool:
+    """Whether a completion callback's ``X-Harvest-Signature`` matches ``body`` under ``secret``.
+
+    Recomputes ``sha256=<hex HMAC-SHA256(secret, body)>`` over the exact bytes received and compares
+    in constant time. With ``tolerance_seconds``, the ``X-Harvest-Timestamp`` (RFC 3339) must also
+    be within that many seconds of ``now`` (default: the clock).
+    """
+    if not isinstance(signature, str) or not isinstance(body, bytes | bytearray):
+        return False
+    key = secret.encode("utf-8") if isinstance(secret, str) else bytes(secret)
+    expected = "sha256=" + hmac.new(key, bytes(body), hashlib.sha256).hexdigest()
+    if not hmac.compare_digest(expected.encode("ascii"), signature.strip().encode("utf-8", "replace")):
+        return False
+    if tolerance_seconds is None:
+        return True
+    try:
+        sent = datetime.fromisoformat((timestamp or "").replace("Z", "+00:00"))
+    except ValueError:
+        return False
+    if sent.tzinfo is None:
+        return False
+    return abs((now if now is not None else time.time()) - sent.timestamp()) <= tolerance_seconds
+
+
 __all__ = [
     "MemoryReplayCache",
     "RedisReplayCache",
@@ -421,5 +460,6 @@ __all__ = [
     "ReplayCacheError",
     "SecretSource",
     "WebhookRejected",
+    "verify_completion_callback",
     "verify_webhook",
 ]

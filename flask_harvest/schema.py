@@ -1,7 +1,8 @@
 """Every flask-harvest table, for migrations: one :data:`metadata` and the DDL that creates it all.
 
 Give :data:`metadata` to Alembic (or Flask-Migrate) as a ``target_metadata`` to autogenerate
-migrations for the webhook, outbox and workflow tables, or apply :func:`schema_sql`'s DDL yourself.
+migrations for the webhook, outbox, workflow and completion-trigger tables, or apply
+:func:`schema_sql`'s DDL yourself.
 Each store's ``ensure_schema()`` creates only its own tables.
 """
 
@@ -11,13 +12,15 @@ from sqlalchemy import Table
 
 from . import _sql
 from ._sql import metadata
+from .callbacks._schema import CALLBACK_TABLES
+from .triggers._schema import TRIGGER_TABLES
 from .webhooks.stores._schema import WEBHOOK_TABLES
 from .workflows._schema import WORKFLOW_TABLES
 
 __all__ = ["ALL_TABLES", "metadata", "schema_sql"]
 
 #: Every table flask-harvest keeps.
-ALL_TABLES: tuple[Table, ...] = (*WEBHOOK_TABLES, *WORKFLOW_TABLES)
+ALL_TABLES: tuple[Table, ...] = (*WEBHOOK_TABLES, *WORKFLOW_TABLES, *CALLBACK_TABLES, *TRIGGER_TABLES)
 
 
 def schema_sql(dialect: str = "postgresql") -> str:

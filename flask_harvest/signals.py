@@ -31,3 +31,20 @@ delivery_skipped = _signals.signal("harvest.delivery-skipped")
 subscription_disabled = _signals.signal("harvest.subscription-disabled")
 #: The subscription reached the consecutive-failure threshold and was marked failed.
 subscription_failed = _signals.signal("harvest.subscription-failed")
+#: A completion trigger was evaluated for a source execution (after the transaction committed):
+#: ``event`` is the :class:`~flask_harvest.triggers.firing.FireEvent`, ``outcome`` its outcome
+#: (``started``, ``skipped``, ``deduped``, ``validation_failed``, ``payload_too_large``,
+#: ``chain_depth_exceeded``): the ``harvest.completion_trigger.fires`` counter.
+completion_trigger_fired = _signals.signal("harvest.completion-trigger-fired")
+#: A completion trigger was skipped: ``trigger_id``, ``source_exec_id`` and ``reason``
+#: (``condition_unmet``, ``condition_invalid``): the ``harvest.completion_trigger.skipped`` counter.
+completion_trigger_skipped = _signals.signal("harvest.completion-trigger-skipped")
+
+#: A completion callback was delivered (2xx); carries ``delivery`` (a
+#: :class:`~flask_harvest.callbacks.CompletionDelivery`).
+completion_callback_delivered = _signals.signal("harvest.completion-callback-delivered")
+#: A completion-callback attempt failed and will be retried at ``delivery.next_attempt_at``.
+completion_callback_failed = _signals.signal("harvest.completion-callback-failed")
+#: A completion callback failed for good (a permanent 4xx, exhaustion, a refused target) and was
+#: dead-lettered with the reason ``CallbackDeliveryExhausted``.
+completion_callback_dead_lettered = _signals.signal("harvest.completion-callback-dead-lettered")

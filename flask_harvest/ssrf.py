@@ -158,22 +158,61 @@ def parse_url(url: object) -> SplitResult | SsrfRejection:
     return parts
 
 
+@dataclass(frozen=True)
+class Target:
+    """A target URL as a resolver would see it, from :func:`parse_target`.
+
+    :param scheme: ``http`` or ``https``, lower case.
+    :param host: the host name in lower-case IDNA form without a trailing dot, or the literal
+        address in whatever spelling the URL used (``0x7f.1`` is ``127.0.0.1``).
+    :param port: the explicit port, or ``None``.
+    :param userinfo: whether the URL carries ``user:password@``.
+    """
+
+    scheme: str
+    host: str | IPAddress
+    port: int | None
+    userinfo: bool
+
+    @property
+    def effective_port(self) -> int:
+        """The port a connection uses: the explicit one, else 443 or 80."""
+        if self.port is not None:
+            return self.port
+        return 443 if self.scheme == "https" else 80
+
+
+def parse_target(url: object) -> Target | SsrfRejection:
+    """Return ``url``'s scheme, host (name or literal address) and port, or why it is refused.
+
+    The one parser of target URLs: :func:`check_url` and the completion-callback policy build on
+    it. Refuses what is not an absolute http(s) URL (``INVALID_URL``, ``SCHEME``) and names that are
+    loopback by definition (``LOCALHOST_NAME``); it does not judge addresses or resolve names.
+    """
+    parts = parse_url(url)
+    if isinstance(parts, SsrfRejection):
+        return parts
+    host = _host(parts.hostname or "")
+    if isinstance(host, SsrfRejection):
+        return host
+    return Target(parts.scheme.lower(), host, parts.port, "@" in parts.netloc)
+
+
 def check_url(url: str, policy: SsrfPolicy) -> SsrfRejection | None:
     """Return why ``url`` is refused, or ``None``; IP-literal hosts are checked, names are not resolved."""
     parts = parse_url(url)
     if isinstance(parts, SsrfRejection):
         return parts
-    scheme = parts.scheme.lower()
-    if policy.https_only and scheme != "https":
+    if policy.https_only and parts.scheme.lower() != "https":
         return SsrfRejection.HTTPS_REQUIRED
     if "@" in parts.netloc:
         return SsrfRejection.USERINFO
-    host = _host(parts.hostname or "")
-    if isinstance(host, SsrfRejection):
-        return host
-    if isinstance(host, str):
+    target = parse_target(url)
+    if isinstance(target, SsrfRejection):
+        return target
+    if isinstance(target.host, str):
         return None
-    return check_address(host, policy)
+    return check_address(target.host, policy)
 
 
 def check_address(ip: IPAddress, policy: SsrfPolicy) -> SsrfRejection | None:

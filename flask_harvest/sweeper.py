@@ -35,6 +35,8 @@ class SweepReport:
     timed_out: int = 0
     #: Workflow executions failed as poison pills (their workers kept dying).
     poisoned: int = 0
+    #: Completion-trigger fires rows deleted by the retention horizon.
+    fires_purged: int = 0
 
     def __add__(self, other: SweepReport) -> SweepReport:
         return SweepReport(

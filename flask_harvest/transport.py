@@ -206,6 +206,7 @@ class Transport:
         self.read_timeout = read_timeout
         self.deadline = deadline
         self.policy = policy
+        self._resolver = resolver
         self._guard = _Guard(policy, resolver) if policy is not None else None
         self._local = threading.local()
 
@@ -220,15 +221,22 @@ class Transport:
             self._local.session = session
         return session
 
-    def post(self, url: str, body: bytes, headers: Mapping[str, str]) -> HttpResponse:
-        """POST ``body`` to ``url``; return the response or raise :class:`TransportError`."""
-        reason = check_url(url, self.policy) if self.policy is not None else None
+    def post(
+        self, url: str, body: bytes, headers: Mapping[str, str], *, policy: SsrfPolicy | None = None
+    ) -> HttpResponse:
+        """POST ``body`` to ``url``; return the response or raise :class:`TransportError`.
+
+        :param policy: check the URL and the connection against this policy instead of the
+            transport's own (completion callbacks have theirs).
+        """
+        chosen = policy if policy is not None else self.policy
+        reason = check_url(url, chosen) if chosen is not None else None
         if reason is not None:
             raise TransportError(FailureKind.SSRF, describe(reason, url), 0)
         started = time.monotonic()
         _attempt.deadline = started + self.deadline
         _attempt.handles = []
-        _attempt.guard = self._guard
+        _attempt.guard = self._guard if policy is None else _Guard(policy, self._resolver)
         try:
             return self._post(url, body, headers, started)
         finally:
@@ -238,11 +246,11 @@ class Transport:
             _attempt.guard = None
 
     def post_or_error(
-        self, url: str, body: bytes, headers: Mapping[str, str]
+        self, url: str, body: bytes, headers: Mapping[str, str], *, policy: SsrfPolicy | None = None
     ) -> HttpResponse | TransportError:
         """Like :meth:`post`, but return the :class:`TransportError` instead of raising it."""
         try:
-            return self.post(url, body, headers)
+            return self.post(url, body, headers, policy=policy)
         except TransportError as exc:
             return exc
 

@@ -13,7 +13,12 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from flask import Flask
 
+from . import signals
 from ._app import EXTENSION_KEY, get_engine, workflow_service
+from .callbacks.api import completion_blueprint
+from .callbacks.outcome import AttemptOutcome, DeliveryState
+from .callbacks.service import CallbackListener
+from .callbacks.store import CompletionDelivery
 from .engine import add_workflows
 from .errors import ConfigurationError
 from .extension import OutboundWebhookPlugin
@@ -106,6 +111,14 @@ class HarvestWorkflows:
             store.ensure_schema()
         add_workflows(engine, store, self.registry)
         app.register_blueprint(workflows_api, url_prefix=engine.settings.workflow_api_prefix)
+        callbacks = engine.callbacks
+        if callbacks is not None:
+            if self._create_tables:
+                callbacks.store.ensure_schema()
+            callbacks.listener = _callback_signals(app)
+            app.register_blueprint(
+                completion_blueprint(), url_prefix=engine.settings.workflow_api_prefix
+            )
 
     @property
     def service(self) -> WorkflowService:
@@ -145,3 +158,19 @@ class HarvestWorkflows:
     ) -> tuple[list[Execution], str | None]:
         """Return one page of executions, newest first (see :meth:`WorkflowService.list_executions`)."""
         return workflow_service().list_executions(name=name, state=state, cursor=cursor, limit=limit)
+
+
+def _callback_signals(app: Flask) -> CallbackListener:
+    """Send the completion-callback signals with ``app`` as sender."""
+
+    def listener(delivery: CompletionDelivery, outcome: AttemptOutcome) -> None:
+        signal = {
+            DeliveryState.DELIVERED: signals.completion_callback_delivered,
+            DeliveryState.PENDING: signals.completion_callback_failed,
+            DeliveryState.FAILED: signals.completion_callback_dead_lettered,
+        }.get(outcome.state)
+        if signal is not None:
+            signal.send(app, delivery=delivery)
+
+    return listener
+

@@ -27,21 +27,21 @@ seeds = st.integers(min_value=0, max_value=2**32)
 @pytest.mark.parametrize(
     ("attempt", "ceiling"), [(1, 1000), (2, 2000), (3, 4000), (4, 8000), (5, 16_000), (12, 2_048_000)]
 )
-def test_ceiling_doubles_from_the_base(attempt, ceiling):
+def test_ceiling_doubles_from_the_base(attempt: int, ceiling: int) -> None:
     assert backoff_ceiling_ms(attempt, INITIAL_MS, MAX_MS) == ceiling
 
 
 @pytest.mark.parametrize("attempt", [13, 14, 64, 65, 1000, 10**6])
-def test_ceiling_is_capped_at_one_hour(attempt):
+def test_ceiling_is_capped_at_one_hour(attempt: int) -> None:
     assert backoff_ceiling_ms(attempt, INITIAL_MS, MAX_MS) == MAX_MS
 
 
-def test_ceiling_cap_below_the_base():
+def test_ceiling_cap_below_the_base() -> None:
     assert backoff_ceiling_ms(1, 5000, 3000) == 3000
 
 
 @pytest.mark.parametrize("attempt", [0, -1, -100])
-def test_attempt_counts_from_one(attempt):
+def test_attempt_counts_from_one(attempt: int) -> None:
     with pytest.raises(ValueError, match="from 1"):
         backoff_ceiling_ms(attempt, INITIAL_MS, MAX_MS)
     with pytest.raises(ValueError, match="from 1"):
@@ -49,7 +49,7 @@ def test_attempt_counts_from_one(attempt):
 
 
 @given(attempt=attempts, initial=initials, cap=caps)
-def test_ceiling_is_monotonic_and_bounded(attempt, initial, cap):
+def test_ceiling_is_monotonic_and_bounded(attempt: int, initial: int, cap: int) -> None:
     ceiling = backoff_ceiling_ms(attempt, initial, cap)
     assert 0 < ceiling <= cap
     assert ceiling <= initial * 2 ** (attempt - 1)
@@ -60,18 +60,18 @@ def test_ceiling_is_monotonic_and_bounded(attempt, initial, cap):
 
 
 @given(attempt=attempts, initial=initials, cap=caps, seed=seeds)
-def test_full_jitter_is_within_zero_and_the_ceiling(attempt, initial, cap, seed):
+def test_full_jitter_is_within_zero_and_the_ceiling(attempt: int, initial: int, cap: int, seed: int) -> None:
     delay = full_jitter_ms(attempt, initial, cap, random.Random(seed))
     assert isinstance(delay, int)
     assert 0 <= delay <= backoff_ceiling_ms(attempt, initial, cap)
 
 
-def test_full_jitter_without_rng_is_within_the_ceiling():
+def test_full_jitter_without_rng_is_within_the_ceiling() -> None:
     for _ in range(200):
         assert 0 <= full_jitter_ms(4, INITIAL_MS, MAX_MS) <= 8000
 
 
-def test_full_jitter_covers_the_whole_window():
+def test_full_jitter_covers_the_whole_window() -> None:
     rng = random.Random(1234)
     delays = [full_jitter_ms(4, INITIAL_MS, MAX_MS, rng) for _ in range(500)]
     assert all(0 <= d <= 8000 for d in delays)
@@ -82,7 +82,7 @@ def test_full_jitter_covers_the_whole_window():
     assert 3000 < mean < 5000  # centred on half the ceiling
 
 
-def test_full_jitter_is_reproducible_with_a_seed():
+def test_full_jitter_is_reproducible_with_a_seed() -> None:
     first = [full_jitter_ms(3, INITIAL_MS, MAX_MS, random.Random(7)) for _ in range(5)]
     second = [full_jitter_ms(3, INITIAL_MS, MAX_MS, random.Random(7)) for _ in range(5)]
     assert first == second
@@ -98,7 +98,9 @@ def test_full_jitter_is_reproducible_with_a_seed():
     hint=st.floats(min_value=0, max_value=10**7, allow_nan=False),
     seed=seeds,
 )
-def test_retry_after_floors_the_delay_but_never_past_the_cap(attempt, initial, cap, hint, seed):
+def test_retry_after_floors_the_delay_but_never_past_the_cap(
+    attempt: int, initial: int, cap: int, hint: float, seed: int
+) -> None:
     delay = retry_delay_ms(attempt, initial, cap, hint, random.Random(seed))
     assert isinstance(delay, int)
     assert delay <= cap
@@ -107,23 +109,25 @@ def test_retry_after_floors_the_delay_but_never_past_the_cap(attempt, initial, c
 
 
 @given(attempt=attempts, initial=initials, cap=caps, seed=seeds)
-def test_without_retry_after_the_delay_is_full_jitter(attempt, initial, cap, seed):
+def test_without_retry_after_the_delay_is_full_jitter(
+    attempt: int, initial: int, cap: int, seed: int
+) -> None:
     delay = retry_delay_ms(attempt, initial, cap, None, random.Random(seed))
     assert delay == full_jitter_ms(attempt, initial, cap, random.Random(seed))
 
 
-def test_a_short_retry_after_changes_nothing():
+def test_a_short_retry_after_changes_nothing() -> None:
     jitter = full_jitter_ms(5, INITIAL_MS, MAX_MS, random.Random(99))
     assert retry_delay_ms(5, INITIAL_MS, MAX_MS, 0.0, random.Random(99)) == jitter
     assert retry_delay_ms(5, INITIAL_MS, MAX_MS, jitter / 1000 / 2, random.Random(99)) == jitter
 
 
-def test_a_long_retry_after_raises_the_delay():
+def test_a_long_retry_after_raises_the_delay() -> None:
     assert retry_delay_ms(1, INITIAL_MS, MAX_MS, 120, random.Random(0)) == 120_000
     assert retry_delay_ms(1, INITIAL_MS, MAX_MS, 7200, random.Random(0)) == MAX_MS
 
 
-def test_an_absurd_retry_after_is_capped():
+def test_an_absurd_retry_after_is_capped() -> None:
     # A receiver may send any digits; the delay must still be the cap, not an error.
     seconds = parse_retry_after("9" * 400, NOW)
     assert seconds is not None
@@ -136,7 +140,7 @@ def test_an_absurd_retry_after_is_capped():
 @pytest.mark.parametrize(
     ("value", "seconds"), [("120", 120.0), ("0", 0.0), (" 30 ", 30.0), ("86400", 86400.0)]
 )
-def test_delta_seconds(value, seconds):
+def test_delta_seconds(value: str, seconds: float) -> None:
     assert parse_retry_after(value, NOW) == seconds
 
 
@@ -148,7 +152,7 @@ def test_delta_seconds(value, seconds):
         "Thu Jan  1 00:02:00 2026",  # obsolete asctime
     ],
 )
-def test_http_date_in_the_future(value):
+def test_http_date_in_the_future(value: str) -> None:
     assert parse_retry_after(value, NOW) == 120.0
 
 
@@ -161,11 +165,11 @@ def test_http_date_in_the_future(value):
         "Wed, 31 Dec 2025 23:59:59 GMT",  # one second ago
     ],
 )
-def test_http_date_in_the_past_means_zero(value):
+def test_http_date_in_the_past_means_zero(value: str) -> None:
     assert parse_retry_after(value, NOW) == 0.0
 
 
-def test_http_date_now_means_zero():
+def test_http_date_now_means_zero() -> None:
     assert parse_retry_after("Thu, 01 Jan 2026 00:00:00 GMT", NOW) == 0.0
 
 
@@ -184,11 +188,11 @@ def test_http_date_now_means_zero():
         "Thu, 01 Foo 2026 00:00:00 GMT",
     ],
 )
-def test_garbage_is_none(value):
+def test_garbage_is_none(value: str) -> None:
     assert parse_retry_after(value, NOW) is None
 
 
-def test_none_is_none():
+def test_none_is_none() -> None:
     assert parse_retry_after(None, NOW) is None
 
 
@@ -198,6 +202,6 @@ def test_none_is_none():
 @example("9" * 5000)  # past int()'s default digit limit
 @example("Fri, 31 Dec 9999 23:59:59 GMT")
 @example("Fri, 31 Dec 99999 23:59:59 GMT")
-def test_parse_never_raises_and_is_never_negative(value):
+def test_parse_never_raises_and_is_never_negative(value: str) -> None:
     seconds = parse_retry_after(value, NOW)
     assert seconds is None or seconds >= 0

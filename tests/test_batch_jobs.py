@@ -51,7 +51,7 @@ def live(backend: RqBackend, deliveries: list[DeliveryLog]) -> set[str]:
     return {ref.id for ref in backend.live_jobs([delivery_job(d) for d in deliveries])}
 
 
-def harvest_keys(redis_conn: redis.Redis) -> list[bytes]:
+def harvest_keys(redis_conn: redis.Redis) -> list[bytes | str]:
     """What delivery jobs leave in Redis: job hashes, batch member lists, alias entries."""
     keys = redis_conn.keys("rq:job:harvest-*") + redis_conn.keys("harvest:batch:*")
     return keys + [k for k in redis_conn.keys("harvest:batch-of:*") if redis_conn.hlen(k)]

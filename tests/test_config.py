@@ -10,7 +10,7 @@ from flask_harvest.config import KEYS, Settings, load_settings
 from flask_harvest.errors import ConfigurationError
 
 
-def test_defaults_are_the_seeds():
+def test_defaults_are_the_seeds() -> None:
     settings = load_settings({}, {})
     assert settings.webhooks_max_attempts == 5
     assert settings.webhooks_initial_backoff_ms == 1000
@@ -22,11 +22,11 @@ def test_defaults_are_the_seeds():
     assert settings == Settings()
 
 
-def test_unrelated_app_config_is_ignored():
+def test_unrelated_app_config_is_ignored() -> None:
     assert load_settings({"SECRET_KEY": "x", "DEBUG": True, "MAX_ATTEMPTS": 0}, {}) == Settings()
 
 
-def test_keys_are_all_prefixed_and_cover_every_setting():
+def test_keys_are_all_prefixed_and_cover_every_setting() -> None:
     assert KEYS
     for name, key in KEYS.items():
         assert key.startswith("HARVEST_")
@@ -36,7 +36,7 @@ def test_keys_are_all_prefixed_and_cover_every_setting():
     assert KEYS["webhooks_max_attempts"] == "HARVEST_WEBHOOKS_MAX_ATTEMPTS"
 
 
-def test_app_config_wins_over_keyword_which_wins_over_default():
+def test_app_config_wins_over_keyword_which_wins_over_default() -> None:
     key = KEYS["webhooks_max_attempts"]
     assert load_settings({key: 7}, {"webhooks_max_attempts": 3}).webhooks_max_attempts == 7
     assert load_settings({}, {"webhooks_max_attempts": 3}).webhooks_max_attempts == 3
@@ -44,7 +44,7 @@ def test_app_config_wins_over_keyword_which_wins_over_default():
     assert load_settings({}, {}).webhooks_max_attempts == 5
 
 
-def test_precedence_per_key_for_strings():
+def test_precedence_per_key_for_strings() -> None:
     settings = load_settings(
         {"HARVEST_WEBHOOKS_SIGNATURE_HEADER": "X-From-Config", "HARVEST_JOBS_BACKEND": "rq"},
         {"webhooks_signature_header": "X-From-Keyword", "webhooks_queue": "from-keyword"},
@@ -55,7 +55,7 @@ def test_precedence_per_key_for_strings():
     assert settings.redis_url == Settings().redis_url
 
 
-def test_a_bad_keyword_is_not_used_when_app_config_overrides_it():
+def test_a_bad_keyword_is_not_used_when_app_config_overrides_it() -> None:
     # The app's value wins, so the shadowed keyword is never read.
     settings = load_settings({"HARVEST_WEBHOOKS_MAX_ATTEMPTS": "4"}, {"webhooks_max_attempts": 4})
     assert settings.webhooks_max_attempts == 4
@@ -75,7 +75,7 @@ def test_a_bad_keyword_is_not_used_when_app_config_overrides_it():
         ("sweep_interval_seconds", "0.25", 0.25),
     ],
 )
-def test_string_numbers_are_coerced(name, value, expected):
+def test_string_numbers_are_coerced(name: str, value: object, expected: float) -> None:
     for settings in (load_settings({KEYS[name]: value}, {}), load_settings({}, {name: value})):
         got = getattr(settings, name)
         assert got == expected
@@ -106,7 +106,7 @@ def test_string_numbers_are_coerced(name, value, expected):
         ("sweep_interval_seconds", None),
     ],
 )
-def test_bad_numbers_are_rejected_naming_the_key(name, value):
+def test_bad_numbers_are_rejected_naming_the_key(name: str, value: object) -> None:
     with pytest.raises(ConfigurationError, match=KEYS[name]):
         load_settings({KEYS[name]: value}, {})
     with pytest.raises(ConfigurationError, match=KEYS[name]):
@@ -123,13 +123,13 @@ def test_bad_numbers_are_rejected_naming_the_key(name, value):
         ("jobs_backend", ""),
     ],
 )
-def test_bad_strings_are_rejected_naming_the_key(name, value):
+def test_bad_strings_are_rejected_naming_the_key(name: str, value: object) -> None:
     with pytest.raises(ConfigurationError, match=KEYS[name]):
         load_settings({KEYS[name]: value}, {})
 
 
 @pytest.mark.parametrize("backend", ["celery", "RQ", "Local", "redis"])
-def test_unknown_backend_is_rejected(backend):
+def test_unknown_backend_is_rejected(backend: str) -> None:
     with pytest.raises(ConfigurationError, match="HARVEST_JOBS_BACKEND") as info:
         load_settings({"HARVEST_JOBS_BACKEND": backend}, {})
     assert "local" in str(info.value)
@@ -139,18 +139,18 @@ def test_unknown_backend_is_rejected(backend):
 
 
 @pytest.mark.parametrize("backend", ["local", "rq"])
-def test_known_backends(backend):
+def test_known_backends(backend: str) -> None:
     assert load_settings({"HARVEST_JOBS_BACKEND": backend}, {}).jobs_backend == backend
 
 
 @pytest.mark.parametrize("keyword", ["max_attempts", "HARVEST_WEBHOOKS_MAX_ATTEMPTS", "webhook_max_attempts"])
-def test_unknown_keyword_is_rejected_naming_it(keyword):
+def test_unknown_keyword_is_rejected_naming_it(keyword: str) -> None:
     with pytest.raises(ConfigurationError, match=keyword) as info:
         load_settings({}, {keyword: 3})
     assert "webhooks_max_attempts" in str(info.value)  # the message lists the known options
 
 
-def test_initial_backoff_must_not_exceed_the_cap():
+def test_initial_backoff_must_not_exceed_the_cap() -> None:
     with pytest.raises(ConfigurationError, match="HARVEST_WEBHOOKS_INITIAL_BACKOFF_MS"):
         load_settings(
             {"HARVEST_WEBHOOKS_INITIAL_BACKOFF_MS": 5000, "HARVEST_WEBHOOKS_MAX_BACKOFF_MS": 4000}, {}
@@ -161,7 +161,7 @@ def test_initial_backoff_must_not_exceed_the_cap():
     assert settings.backoff == (4000, 4000)
 
 
-def test_settings_are_frozen():
+def test_settings_are_frozen() -> None:
     settings = load_settings({}, {})
     with pytest.raises(dataclasses.FrozenInstanceError):
         settings.webhooks_max_attempts = 1  # type: ignore[misc]

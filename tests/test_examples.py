@@ -54,3 +54,17 @@ def test_outbox_app() -> None:
         in out
     )
     assert out.rstrip().endswith("outbox example OK")
+
+
+def test_completion_triggers() -> None:
+    out = run_example("completion_triggers.py")
+    assert "etl_ingest 2026-06-24: Completed" in out
+    assert "  -> daily_report (trigger depth 1): report for 2026-06-24: 12000 rows" in out
+    assert "  -> page_on_call (trigger depth 1): paged: 12000 rows is a big day" in out
+    assert "  -> daily_report (trigger depth 1): report for 2026-06-25: 3000 rows" in out
+    assert out.count("-> page_on_call") == 1  # the guard skipped the small day
+    assert "etl_ingest 2026-06-26: Failed" in out
+    assert "  -> ingest_postmortem (trigger depth 1): postmortem of etl_ingest: FAILED, ValueError:" in out
+    assert out.count("-> daily_report") == 2  # the failed ingest started no report
+    assert "page_on_call fires ledger: condition_unmet, fired" in out
+    assert out.rstrip().endswith("completion triggers example OK")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from datetime import datetime, timedelta, timezone
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -30,8 +31,8 @@ SECRET = "whsec_c2VjcmV0LXNpZ25pbmcta2V5LW9mLTMyLWJ5dGVzISE="
 URL = "https://api.consumer.com/webhooks/receiver"
 
 
-def make(**changes):
-    fields = {
+def make(**changes: Any) -> WebhookSubscription:
+    fields: dict[str, Any] = {
         "id": "sub_123",
         "target_url": URL,
         "event_topics": ["order.created", "order.fulfilled"],
@@ -70,18 +71,18 @@ def make(**changes):
         ("*.created", "created", False),
     ],
 )
-def test_topic_matches(pattern, topic, expected):
+def test_topic_matches(pattern: str, topic: str, expected: bool) -> None:
     assert topic_matches(pattern, topic) is expected
 
 
 @pytest.mark.parametrize("topic", ["order.created", "order", "a_b-c:d.E9", "invoice.payment_failed"])
-def test_validate_topic_accepts(topic):
+def test_validate_topic_accepts(topic: str) -> None:
     assert validate_topic(topic, pattern=False) == topic
     assert validate_topic(topic, pattern=True) == topic
 
 
 @pytest.mark.parametrize("topic", ["*", "order.*", "order.*.added", "*.created"])
-def test_validate_topic_accepts_wildcards_only_in_patterns(topic):
+def test_validate_topic_accepts_wildcards_only_in_patterns(topic: str) -> None:
     assert validate_topic(topic, pattern=True) == topic
     with pytest.raises(InvalidFieldError):
         validate_topic(topic, pattern=False)
@@ -105,21 +106,22 @@ def test_validate_topic_accepts_wildcards_only_in_patterns(topic):
         ["order.created"],
     ],
 )
-def test_validate_topic_rejects(topic):
+def test_validate_topic_rejects(topic: object) -> None:
     for pattern in (False, True):
         with pytest.raises(InvalidFieldError) as info:
-            validate_topic(topic, pattern=pattern, field_name="event_topics")
+            validate_topic(topic, pattern=pattern, field_name="event_topics")  # type: ignore[arg-type]
         assert info.value.field == "event_topics"
 
 
 # -- subscriptions ----------------------------------------------------------------------------------
 
 
-def test_valid_subscription():
+def test_valid_subscription() -> None:
     sub = make(description="orders")
     assert sub.id == "sub_123"
     assert sub.status is WebhookSubscriptionStatus.ACTIVE
-    assert WebhookSubscriptionStatus.Active is WebhookSubscriptionStatus.ACTIVE
+    # An alias of the same member, which mypy takes for a second one.
+    assert WebhookSubscriptionStatus.Active is WebhookSubscriptionStatus.ACTIVE  # type: ignore[comparison-overlap]
     assert sub.is_active
     assert sub.consecutive_failures == 0
     assert sub.matches("order.created")
@@ -136,7 +138,7 @@ def test_valid_subscription():
         "https://example.com/" + "a" * (MAX_URL_LENGTH - len("https://example.com/")),
     ],
 )
-def test_valid_urls(url):
+def test_valid_urls(url: str) -> None:
     assert make(target_url=url).target_url == url
 
 
@@ -165,7 +167,7 @@ def test_valid_urls(url):
         b"https://example.com",
     ],
 )
-def test_invalid_urls(url):
+def test_invalid_urls(url: object) -> None:
     with pytest.raises(InvalidFieldError) as info:
         make(target_url=url)
     assert info.value.field == "target_url"
@@ -175,13 +177,13 @@ def test_invalid_urls(url):
 @pytest.mark.parametrize(
     "topics", [[], (), "order.created", None, 42, ["order..x"], ["order.created", ""], [None]]
 )
-def test_invalid_topics(topics):
+def test_invalid_topics(topics: object) -> None:
     with pytest.raises(InvalidFieldError) as info:
         make(event_topics=topics)
     assert info.value.field == "event_topics"
 
 
-def test_topics_are_deduplicated_into_a_tuple_in_order():
+def test_topics_are_deduplicated_into_a_tuple_in_order() -> None:
     sub = make(event_topics=["order.fulfilled", "order.created", "order.fulfilled", "order.*"])
     assert sub.event_topics == ("order.fulfilled", "order.created", "order.*")
     assert make(event_topics=("a", "a")).event_topics == ("a",)
@@ -198,7 +200,7 @@ def test_topics_are_deduplicated_into_a_tuple_in_order():
         (b"whsec_c2VjcmV0", InvalidFieldError),
     ],
 )
-def test_invalid_secret(secret, error):
+def test_invalid_secret(secret: object, error: type[InvalidFieldError]) -> None:
     with pytest.raises(error) as info:
         make(secret=secret)
     assert info.value.field == "secret"
@@ -208,11 +210,11 @@ def test_invalid_secret(secret, error):
         assert secret[len("whsec_") :] not in str(info.value)
 
 
-def test_plain_secret_is_accepted():
+def test_plain_secret_is_accepted() -> None:
     assert make(secret="a plain shared secret").secret == "a plain shared secret"
 
 
-def test_secret_is_not_in_repr_str_or_to_dict():
+def test_secret_is_not_in_repr_str_or_to_dict() -> None:
     sub = make()
     for text in (repr(sub), str(sub), json.dumps(sub.to_dict())):
         assert SECRET not in text
@@ -221,14 +223,14 @@ def test_secret_is_not_in_repr_str_or_to_dict():
     assert sub.secret == SECRET
 
 
-def test_secret_is_not_in_errors_about_other_fields():
+def test_secret_is_not_in_errors_about_other_fields() -> None:
     with pytest.raises(InvalidFieldError) as info:
         make(target_url="ftp://example.com", event_topics=[])
     assert SECRET not in str(info.value)
     assert SECRET not in repr(info.value)
 
 
-def test_id_validation():
+def test_id_validation() -> None:
     for bad in ("", "x" * 256, None):
         with pytest.raises(InvalidFieldError) as info:
             make(id=bad)
@@ -286,7 +288,7 @@ AWARE = datetime(2026, 1, 1, tzinfo=timezone.utc)
         ("previous_secret_expires_at", datetime.min.replace(tzinfo=timezone(timedelta(hours=14)))),
     ],
 )
-def test_every_field_is_validated_with_an_error_naming_it(field, bad):
+def test_every_field_is_validated_with_an_error_naming_it(field: str, bad: object) -> None:
     # Issue 16, item 7: any type was accepted for some fields, others raised a plain
     # ValueError, TypeError or AttributeError.
     with pytest.raises(InvalidFieldError) as info:
@@ -295,7 +297,7 @@ def test_every_field_is_validated_with_an_error_naming_it(field, bad):
     assert SECRET not in str(info.value)
 
 
-def test_the_fields_accept_their_edge_values():
+def test_the_fields_accept_their_edge_values() -> None:
     sub = make(
         consecutive_failures=2**31 - 1,
         description="x" * MAX_DESCRIPTION_LENGTH,
@@ -332,10 +334,10 @@ _FIELDS = [f.name for f in dataclasses.fields(WebhookSubscription)]
 
 @settings(max_examples=400, deadline=None)
 @given(st.dictionaries(st.sampled_from(_FIELDS), _ANY_VALUE, min_size=1))
-def test_the_constructor_raises_invalid_field_error_or_succeeds(changes):
+def test_the_constructor_raises_invalid_field_error_or_succeeds(changes: dict[str, object]) -> None:
     values = {"target_url": URL, "event_topics": ["order.*"], "secret": SECRET, **changes}
     try:
-        sub = WebhookSubscription(**values)
+        sub = WebhookSubscription(**values)  # type: ignore[arg-type]
     except InvalidFieldError as exc:
         assert_names_one_of(exc, changes)
         return
@@ -353,20 +355,22 @@ def test_the_constructor_raises_invalid_field_error_or_succeeds(changes):
         optional={name: _ANY_VALUE for name in ("target_url", "event_topics", "description", "status")},
     )
 )
-def test_changes_raise_invalid_field_error_or_succeed(values):
+def test_changes_raise_invalid_field_error_or_succeed(values: dict[str, object]) -> None:
     try:
-        changes = SubscriptionChanges(**values)
+        changes = SubscriptionChanges(**values)  # type: ignore[arg-type]
     except InvalidFieldError as exc:
         assert_names_one_of(exc, values)
         return
     make().replace(**changes.values())
 
 
-def test_changes_name_only_what_they_set():
+def test_changes_name_only_what_they_set() -> None:
     assert SubscriptionChanges().values() == {}
     assert SubscriptionChanges(description="").values() == {"description": ""}
     assert SubscriptionChanges(event_topics=["a", "a"]).values() == {"event_topics": ("a",)}
-    assert SubscriptionChanges(status="disabled").values() == {"status": WebhookSubscriptionStatus.DISABLED}
+    assert SubscriptionChanges(status="disabled").values() == {  # type: ignore[arg-type]
+        "status": WebhookSubscriptionStatus.DISABLED
+    }
     assert SubscriptionChanges(status=WebhookSubscriptionStatus.ACTIVE).values() == {
         "status": WebhookSubscriptionStatus.ACTIVE,
         "consecutive_failures": 0,
@@ -376,7 +380,7 @@ def test_changes_name_only_what_they_set():
     assert info.value.field == "target_url"
 
 
-def test_standard_secret_keeps_the_signing_key():
+def test_standard_secret_keeps_the_signing_key() -> None:
     plain = "a plain shared secret ünïcode"
     normalised = standard_secret(plain)
     assert normalised.startswith("whsec_")
@@ -387,13 +391,13 @@ def test_standard_secret_keeps_the_signing_key():
         standard_secret("whsec_not!base64")
 
 
-def test_status_from_string():
+def test_status_from_string() -> None:
     sub = make(status="failed")
     assert sub.status is WebhookSubscriptionStatus.FAILED
     assert not sub.is_active
 
 
-def test_replace_validates_again():
+def test_replace_validates_again() -> None:
     sub = make()
     with pytest.raises(InvalidFieldError) as info:
         sub.replace(target_url="ftp://example.com")
@@ -401,7 +405,7 @@ def test_replace_validates_again():
     assert sub.replace(event_topics=["x", "x"]).event_topics == ("x",)
 
 
-def test_from_trusted_builds_the_same_subscription_without_validating():
+def test_from_trusted_builds_the_same_subscription_without_validating() -> None:
     sub = make(previous_secret=SECRET, previous_secret_expires_at=datetime(2026, 1, 1, tzinfo=timezone.utc))
     fields = {f.name: getattr(sub, f.name) for f in dataclasses.fields(WebhookSubscription)}
 
@@ -416,7 +420,7 @@ def test_from_trusted_builds_the_same_subscription_without_validating():
         trusted.description = "changed"  # type: ignore[misc]
 
 
-def test_subscription_to_dict():
+def test_subscription_to_dict() -> None:
     created = datetime(2026, 5, 26, 7, 0, tzinfo=timezone(timedelta(hours=2)))
     sub = make(created_at=created, updated_at=created, description="d")
     assert sub.to_dict() == {
@@ -452,7 +456,7 @@ SEED_DLQ_FIELDS = {
 }
 
 
-def test_delivery_to_dict_is_the_seed_dlq_shape_plus_state_and_schedule():
+def test_delivery_to_dict_is_the_seed_dlq_shape_plus_state_and_schedule() -> None:
     at = datetime(2026, 5, 26, 5, 0, tzinfo=timezone.utc)
     log = DeliveryLog(
         id="log_456",
@@ -496,7 +500,7 @@ def test_delivery_to_dict_is_the_seed_dlq_shape_plus_state_and_schedule():
     assert json.loads(json.dumps(data)) == data
 
 
-def test_pending_delivery_to_dict():
+def test_pending_delivery_to_dict() -> None:
     at = datetime(2026, 5, 26, 5, 0, 0, 123000, tzinfo=timezone.utc)
     log = DeliveryLog(
         id="log_1",
@@ -521,7 +525,7 @@ def test_pending_delivery_to_dict():
         assert "+00:00" not in data[key]
 
 
-def test_delivery_to_dict_copies_the_headers():
+def test_delivery_to_dict_copies_the_headers() -> None:
     headers = {"A": "1"}
     data = DeliveryLog(
         id="l", subscription_id="s", topic="t", payload="{}", request_headers=headers
@@ -530,7 +534,7 @@ def test_delivery_to_dict_copies_the_headers():
     assert headers == {"A": "1"}
 
 
-def test_attempt_to_dict():
+def test_attempt_to_dict() -> None:
     at = datetime(2026, 5, 26, 7, 0, tzinfo=timezone(timedelta(hours=2)))
     attempt = DeliveryAttempt("dlv_1", 2, at, 503, "busy", 12, "HTTP 503")
     assert attempt.to_dict() == {

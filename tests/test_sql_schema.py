@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from datetime import timedelta
 from pathlib import Path
 
@@ -24,9 +24,9 @@ from flask_harvest.webhooks.models import (
     WebhookSubscription,
     utcnow,
 )
+from flask_harvest.webhooks.stores._schema import WEBHOOK_TABLES
 from flask_harvest.webhooks.stores.sql import (
     WEBHOOK_SCHEMA_SQL,
-    WEBHOOK_TABLES,
     SqlOutboundWebhookStore,
     attempts_table,
     deliveries_table,
@@ -184,11 +184,12 @@ def test_store_error_never_shows_the_secret(sql_store: SqlOutboundWebhookStore) 
     subscription = sql_store.add_subscription(make_subscription())
     subscriptions_table.drop(sql_store.engine)
 
-    for call in (
+    calls: list[Callable[[], object]] = [
         lambda: sql_store.add_subscription(make_subscription()),
         lambda: sql_store.update_subscription(subscription.id, SubscriptionChanges(description="x")),
         lambda: sql_store.rotate_secret(subscription.id, SECRET, previous_expires_at=utcnow()),
-    ):
+    ]
+    for call in calls:
         with pytest.raises(StoreError) as info:
             call()
         assert SECRET not in str(info.value)

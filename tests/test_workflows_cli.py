@@ -149,7 +149,7 @@ def test_cancel_and_terminate(app: Flask, cli: Cli) -> None:
     assert out.strip() == f"execution {pending} is Cancelled"
     shown = as_json(cli("show", pending, "--json"))
     assert (shown["state"], shown["error"]) == ("Cancelled", "customer asked")
-    assert "reason: is not valid Unicode" in fails(cli("cancel", pending, "--reason", "a\udcffb"))
+    assert "--reason must be valid Unicode" in fails(cli("cancel", pending, "--reason", "a\udcffb"))
     assert "already ended Cancelled" in fails(cli("cancel", pending))
     assert "already ended Cancelled" in fails(cli("terminate", pending, "--yes"))
 
@@ -192,10 +192,10 @@ def test_cancel_of_a_running_run_says_it_ends_at_the_next_boundary(app: Flask, c
         (("start", "echo", "--workflow-id", "x" * 300), "workflow_id"),
         (("list", "--cursor", "bogus"), "cursor"),
         # Bytes on the command line that are not UTF-8 arrive as lone surrogates.
-        (("start", "echo", "--workflow-id", "a\udcffb"), "workflow_id: is not valid Unicode"),
-        (("list", "--name", "a\udcffb"), "name: is not valid Unicode"),
-        (("show", "a\udcffb"), "no workflow execution"),
-        (("start", "a\udcffb"), "no workflow named"),
+        (("start", "echo", "--workflow-id", "a\udcffb"), "--workflow-id must be valid Unicode"),
+        (("list", "--name", "a\udcffb"), "--name must be valid Unicode"),
+        (("show", "a\udcffb"), "EXECUTION_ID must be valid Unicode"),
+        (("start", "a\udcffb"), "NAME must be valid Unicode"),
     ],
 )
 def test_errors_are_one_line_and_change_nothing(

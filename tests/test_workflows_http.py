@@ -199,16 +199,35 @@ def test_the_id_reuse_policy_refuses_with_409_and_creates_nothing(app: Flask, cl
     assert len(executions(app)) == 4
 
 
-def test_completion_callbacks_are_passed_to_the_service(app: Flask, client: FlaskClient) -> None:
-    callbacks = [{"url": "https://hooks.example.com/done", "states": ["Completed"]}]
+def test_completion_callbacks_are_passed_to_the_service(database_url: str) -> None:
+    app = make_workflow_app(
+        database_url,
+        HARVEST_COMPLETION_CALLBACK_ALLOWLIST="hooks.example.com",
+        HARVEST_COMPLETION_CALLBACK_SECRET="callback-secret-0123456789abcdef",
+    )
+    client = app.test_client()
+    callbacks = [{"url": "https://hooks.example.com/done", "filter": {"type": "AnyTerminal"}}]
     started = start(client, "sleeper", completion_callbacks=callbacks)
     with app.app_context():
         stored = workflow_service().get(started["execution_id"])
-    assert stored.completion_callbacks == callbacks
-    # They are not shown: a callback may carry a signing key.
+    assert stored.completion_callbacks
+    # They are not shown by the workflow routes.
     assert (
         "completion_callbacks" not in call(client, "GET", f"/workflows/{started['execution_id']}").get_json()
     )
+    # A target the callbacks refuse is answered with the status its error declares (422).
+    refused = call(
+        client,
+        "POST",
+        "/workflows/sleeper/start",
+        {
+            "completion_callbacks": [
+                {"url": "https://elsewhere.example.org/x", "filter": {"type": "AnyTerminal"}}
+            ]
+        },
+    )
+    assert_error(refused, 422)
+    assert len(executions(app)) == 1
 
 
 def test_an_unknown_workflow_is_404_and_creates_nothing(app: Flask, client: FlaskClient) -> None:
@@ -243,14 +262,14 @@ def test_an_input_over_the_limit_is_413_and_creates_nothing(app: Flask, client: 
 def test_a_malformed_start_body_is_400_and_names_the_field(
     app: Flask, client: FlaskClient, body: dict[str, Any], field: str | None
 ) -> None:
-    if field is None:  # a non-finite number: only raw JSON text can carry one
+    if field is None:  # a non-finite number: only raw JSON text can carry one; not JSON at all
         raw = '{"completion_callbacks": Infinity}'
         response = call(client, "POST", "/workflows/echo/start", data=raw, content_type="application/json")
-        field = "completion_callbacks"
+        assert_error(response, 400, "bad_json")
     else:
         response = call(client, "POST", "/workflows/echo/start", body)
-    error = assert_error(response, 400, "validation_error")
-    assert field in error["fields"]
+        error = assert_error(response, 400, "validation_error")
+        assert field in error["fields"]
     assert executions(app) == []
 
 
@@ -259,7 +278,9 @@ def test_a_malformed_start_body_is_400_and_names_the_field(
 )
 def test_an_input_that_is_not_storable_json_is_400(app: Flask, client: FlaskClient, raw: str) -> None:
     response = call(client, "POST", "/workflows/echo/start", data=raw, content_type="application/json")
-    assert assert_error(response, 400, "validation_error")["fields"].keys() == {"input"}
+    error = assert_error(response, 400)
+    if error["code"] != "bad_json":  # NaN and Infinity are not JSON: refused as the body is read
+        assert error["fields"].keys() == {"input"}
     assert executions(app) == []
 
 

@@ -117,11 +117,15 @@ class LocalBackend(JobBackend):
             self._closed = True
             self._timers.clear()
             self._lock.notify_all()
+        end = time.monotonic() + timeout
+        # A sweep in progress on the timer thread finishes first: it may hold a connection.
+        timer = self._timer.take()
+        if timer is not None and timer is not threading.current_thread():
+            timer.join(timeout)
         executor = self._executor.take()
         if executor is None:
             return
         executor.shutdown(wait=False, cancel_futures=True)
-        end = time.monotonic() + timeout
         with self._lock:
             while self._busy and time.monotonic() < end:
                 self._lock.wait(min(0.05, max(0.0, end - time.monotonic())))

@@ -28,6 +28,11 @@ def running_kinds(kinds: JobKinds) -> Iterator[None]:
         _kinds.reset(token)
 
 
+def in_worker_job() -> bool:
+    """Whether this thread is running a job in ``flask harvest worker`` right now."""
+    return _kinds.get() is not None
+
+
 def _current_kinds() -> JobKinds:
     kinds = _kinds.get()
     if kinds is None:

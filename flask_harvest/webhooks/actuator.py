@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import logging
 
-from flask import Blueprint, Response, jsonify, request
+from flask import Blueprint, Response, jsonify
 
 from .._app import get_engine
-from ..admin_http import install_admin_api, json_error, load_body, load_query
+from ..admin_http import install_admin_api, load_body, load_query, no_such_route
 from .models import WebhookSubscriptionStatus
+from .openapi import build_openapi
 from .schemas import (
     DlqQuerySchema,
     ReplaySchema,
@@ -136,8 +137,15 @@ def rotate_secret(subscription_id: str) -> Response:
     return jsonify({**rotated.subscription.to_dict(), "secret": rotated.secret})
 
 
+@actuator.get("/openapi.json")
+def openapi() -> Response:
+    """This API's OpenAPI 3 description, generated from the request schemas."""
+    return jsonify(build_openapi(get_engine().settings.actuator_prefix))
+
+
 @actuator.route("/", defaults={"path": ""}, methods=["GET", "POST", "PUT", "PATCH", "DELETE"])
-@actuator.route("/<path:path>", methods=["GET", "POST", "PUT", "PATCH", "DELETE"])
+@actuator.route("/<anypath:path>", methods=["GET", "POST", "PUT", "PATCH", "DELETE"])
 def unknown_route(path: str) -> tuple[Response, int]:
-    """Anything else under the prefix: a JSON 404, after the auth check like every route."""
-    return json_error(404, "not_found", f"no actuator route {request.method} {request.path}")
+    """Anything else under the prefix, after the auth check like every route: a JSON 404, or 405
+    with ``Allow`` for a method the path does not take."""
+    return no_such_route()

@@ -240,7 +240,12 @@ def standard_secret(secret: str) -> str:
 
 
 def _validate_id(value: object) -> str:
-    return validate_text(value, "id", max_length=MAX_ID_LENGTH, empty=False)
+    text = validate_text(value, "id", max_length=MAX_ID_LENGTH, empty=False)
+    if "/" in text:
+        # The admin API addresses a subscription as /subscriptions/<id>: a '/' would make it
+        # impossible to read, change or delete over HTTP.
+        raise InvalidFieldError("id", "must not contain '/'")
+    return text
 
 
 def _validate_topics(value: object) -> tuple[str, ...]:
@@ -293,7 +298,8 @@ class WebhookSubscription:
     """
 
     target_url: str
-    event_topics: tuple[str, ...]
+    #: Any sequence of topic patterns; kept as a tuple.
+    event_topics: Sequence[str]
     secret: str = field(repr=False, metadata=PRIVATE)
     id: str = field(default_factory=lambda: new_id("sub"))
     status: WebhookSubscriptionStatus = WebhookSubscriptionStatus.ACTIVE

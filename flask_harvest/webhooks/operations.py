@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
+from .._input import text_problem, to_utc
 from ..config import Settings
 from ..errors import ConfigurationError, DeliveryNotFoundError, InvalidFieldError, SubscriptionNotFoundError
 from ..jobs.base import JobBackend, JobBackendError
@@ -30,6 +31,10 @@ from .stores.base import DlqCursor, OutboundWebhookHandler
 
 #: The most deliveries one bulk replay may touch.
 MAX_BULK_REPLAY = 1000
+#: The most rows one DLQ page holds.
+MAX_DLQ_PAGE = 500
+#: The longest grace period of a secret rotation (30 days).
+MAX_GRACE_SECONDS = 30 * 24 * 3600.0
 
 
 @dataclass(frozen=True)
@@ -64,12 +69,37 @@ def decode_cursor(cursor: str) -> DlqCursor:
     try:
         raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
         stamp, _, delivery_id = raw.partition("|")
-        when = datetime.fromisoformat(stamp)
-    except (binascii.Error, UnicodeDecodeError, ValueError):
+        when = to_utc(datetime.fromisoformat(stamp), "cursor")
+    except (binascii.Error, UnicodeError, ValueError):  # InvalidFieldError is a ValueError
         raise InvalidFieldError("cursor", "is not a cursor this API returned") from None
-    if not delivery_id or when.tzinfo is None:
+    if not delivery_id or text_problem(delivery_id) is not None:
         raise InvalidFieldError("cursor", "is not a cursor this API returned")
     return when, delivery_id
+
+
+def _lookup(value: str, not_found: type[SubscriptionNotFoundError | DeliveryNotFoundError]) -> str:
+    """Return an id to look up, or raise ``not_found`` for one no object can have (a NUL, a lone
+    surrogate, not a string): such an id must not reach a database as if it could be there."""
+    if not isinstance(value, str) or text_problem(value) is not None:
+        raise not_found(value if isinstance(value, str) else repr(value))
+    return value
+
+
+def _filter(value: str | None, field: str) -> str | None:
+    if value is None:
+        return None
+    problem = text_problem(value) if isinstance(value, str) else "must be a string"
+    if problem is not None:
+        raise InvalidFieldError(field, problem)
+    return value
+
+
+def _window(value: datetime | None, field: str) -> datetime | None:
+    if value is None:
+        return None
+    if not isinstance(value, datetime):
+        raise InvalidFieldError(field, "must be a datetime")
+    return to_utc(value, field)
 
 
 class WebhookOperations:
@@ -136,12 +166,12 @@ class WebhookOperations:
 
         :raises SubscriptionNotFoundError: no such subscription.
         """
-        if not self.store.remove_subscription(subscription_id):
+        if not self.store.remove_subscription(_lookup(subscription_id, SubscriptionNotFoundError)):
             raise SubscriptionNotFoundError(subscription_id)
 
     def get_subscription(self, subscription_id: str) -> WebhookSubscription:
         """Return the subscription or raise :class:`SubscriptionNotFoundError`."""
-        subscription = self.store.get_subscription(subscription_id)
+        subscription = self.store.get_subscription(_lookup(subscription_id, SubscriptionNotFoundError))
         if subscription is None:
             raise SubscriptionNotFoundError(subscription_id)
         return subscription
@@ -171,7 +201,7 @@ class WebhookOperations:
         )
         if not changes.values():
             return self.get_subscription(subscription_id)
-        return self.store.update_subscription(subscription_id, changes)
+        return self.store.update_subscription(_lookup(subscription_id, SubscriptionNotFoundError), changes)
 
     def rotate_secret(
         self,
@@ -185,9 +215,15 @@ class WebhookOperations:
         During the grace period every delivery carries signatures from both secrets, so the receiver
         can switch without downtime. The default grace is ``HARVEST_WEBHOOKS_SECRET_GRACE_SECONDS``.
         """
+        _lookup(subscription_id, SubscriptionNotFoundError)
         grace = self.settings.webhooks_secret_grace_seconds if grace_seconds is None else grace_seconds
-        if grace < 0:
-            raise InvalidFieldError("grace_seconds", "must not be negative")
+        if (
+            isinstance(grace, bool)
+            or not isinstance(grace, int | float)
+            or not 0 <= grace <= MAX_GRACE_SECONDS
+        ):
+            # NaN fails the comparison too; a huge number would overflow the expiry time.
+            raise InvalidFieldError("grace_seconds", f"must be from 0 to {MAX_GRACE_SECONDS:g} seconds")
         chosen = standard_secret(new_secret) if new_secret is not None else generate_secret()
         expires = utcnow() + timedelta(seconds=grace)
         return NewSecret(
@@ -200,7 +236,7 @@ class WebhookOperations:
         :raises DeliveryNotFoundError: no such delivery.
         :raises InvalidStateError: the delivery is not dead-lettered.
         """
-        replayed = self.store.replay_delivery(delivery_id, now=utcnow())
+        replayed = self.store.replay_delivery(_lookup(delivery_id, DeliveryNotFoundError), now=utcnow())
         return ReplayResult([replayed.id], enqueue_error=self._enqueue([replayed]))
 
     def replay_many(
@@ -216,11 +252,12 @@ class WebhookOperations:
 
         With ``dry_run``, report what would be replayed and change nothing.
         """
+        since, until = _window(since, "since"), _window(until, "until")
         if subscription_id is None and since is None and until is None:
             raise InvalidFieldError(
                 "subscription_id", "give a subscription_id, a since/until window, or both"
             )
-        if not 1 <= limit <= MAX_BULK_REPLAY:
+        if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_BULK_REPLAY:
             raise InvalidFieldError("limit", f"must be between 1 and {MAX_BULK_REPLAY}")
         if since is not None and until is not None and since >= until:
             raise InvalidFieldError("since", "must be earlier than until")
@@ -252,9 +289,14 @@ class WebhookOperations:
         topic: str | None = None,
     ) -> tuple[list[DeliveryLog], str | None]:
         """Return one page of the DLQ, newest first, and the cursor of the next page (or ``None``)."""
+        if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_DLQ_PAGE:
+            raise InvalidFieldError("limit", f"must be between 1 and {MAX_DLQ_PAGE}")
         before = decode_cursor(cursor) if cursor else None
         rows = self.store.list_dlq(
-            limit=limit + 1, before=before, subscription_id=subscription_id, topic=topic
+            limit=limit + 1,
+            before=before,
+            subscription_id=_filter(subscription_id, "subscription_id"),
+            topic=_filter(topic, "topic"),
         )
         page = rows[:limit]
         return page, encode_cursor(page[-1]) if len(rows) > limit else None
@@ -274,7 +316,7 @@ class WebhookOperations:
 
         :raises DeliveryNotFoundError: no such delivery.
         """
-        delivery = self.store.get_delivery(delivery_id)
+        delivery = self.store.get_delivery(_lookup(delivery_id, DeliveryNotFoundError))
         if delivery is None:
             raise DeliveryNotFoundError(delivery_id)
         return {
@@ -284,7 +326,10 @@ class WebhookOperations:
 
     def purge_delivered(self, cutoff: datetime) -> int:
         """Delete delivered logs whose last attempt is before ``cutoff``; return how many."""
-        return self.store.purge_deliveries_before(cutoff)
+        checked = _window(cutoff, "cutoff")
+        if checked is None:
+            raise InvalidFieldError("cutoff", "must be a datetime")
+        return self.store.purge_deliveries_before(checked)
 
     def relay_outbox(self, *, limit: int = 500) -> tuple[int, int]:
         """Relay committed outbox messages until none are left or one fails; return (relayed, failed).

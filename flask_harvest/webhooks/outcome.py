@@ -16,6 +16,7 @@ from __future__ import annotations
 import random
 from datetime import datetime, timedelta
 
+from .._input import text_problem
 from ..attempt import FailureKind, HttpResponse, TransportError
 from ..backoff import parse_retry_after, retry_delay_ms
 from ..config import Settings
@@ -34,7 +35,9 @@ def before_sending(claim: Claim, settings: Settings, now: datetime) -> AttemptRe
     A delivery whose subscription was removed is skipped (there is nowhere to send it). One whose
     subscription became disabled or failed after the dispatch accepted it is dead-lettered, so it
     stays visible and can be replayed once the endpoint is back. An attempt number past the
-    current limit (the limit was lowered while the delivery waited) dead-letters it too. None of
+    current limit (the limit was lowered while the delivery waited) dead-letters it too, and so
+    does one whose payload no attempt could send (text that cannot be encoded, which dispatch
+    refuses but a row written another way may hold): retrying it would fail forever. None of
     these makes a request.
     """
     delivery, subscription = claim.delivery, claim.subscription
@@ -43,6 +46,8 @@ def before_sending(claim: Claim, settings: Settings, now: datetime) -> AttemptRe
         state, reason = DeliveryState.SKIPPED, "subscription was removed"
     elif not subscription.is_active:
         reason = f"subscription is {subscription.status.value}; not sent"
+    elif text_problem(delivery.payload, nul=True) is not None:
+        reason = f"the payload cannot be sent: it {text_problem(delivery.payload, nul=True)}"
     elif delivery.attempt > settings.webhooks_max_attempts:
         reason = f"attempt limit is {settings.webhooks_max_attempts}; attempt {delivery.attempt} was not made"
     else:

@@ -9,6 +9,7 @@ import json
 import uuid
 from typing import Any
 
+from .._input import MAX_JSON_DEPTH, check_json_value, check_text, parse_json
 from ..errors import InvalidFieldError
 
 
@@ -30,18 +31,30 @@ def encode_payload(payload: Any) -> str:
     Dicts, lists and JSON scalars are encoded as they are; datetimes, dates, UUIDs, decimals and
     dataclasses are converted. ``bytes`` are taken as already-encoded JSON and checked.
 
+    Checked once, here, so that a delivery is never logged that no attempt could send: the text
+    must be UTF-8 encodable (no lone surrogates) and at most
+    :data:`~flask_harvest._input.MAX_JSON_DEPTH` deep, without NaN or Infinity.
+
     :raises InvalidFieldError: the payload cannot be represented as JSON.
     """
     if isinstance(payload, bytes | bytearray):
         try:
             text = bytes(payload).decode("utf-8")
-            json.loads(text)
-        except (UnicodeDecodeError, ValueError):
-            raise InvalidFieldError("payload", "bytes must be UTF-8 encoded JSON") from None
+            parse_json(text, "payload")
+        except (UnicodeDecodeError, InvalidFieldError):
+            message = f"bytes must be UTF-8 encoded JSON, at most {MAX_JSON_DEPTH} deep"
+            raise InvalidFieldError("payload", message) from None
         return text
+    # NUL is fine in a payload: the encoder escapes it as \u0000.
+    check_json_value(payload, "payload", nul=True)
     try:
-        return json.dumps(
+        text = json.dumps(
             payload, separators=(",", ":"), ensure_ascii=False, allow_nan=False, default=_default
         )
+    except RecursionError:  # a converted value (a dataclass) nested past the interpreter's limit
+        raise InvalidFieldError("payload", "is nested too deeply") from None
     except (TypeError, ValueError) as exc:
-        raise InvalidFieldError("payload", f"cannot be encoded as JSON ({exc})") from None
+        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise InvalidFieldError("payload", f"cannot be encoded as JSON ({reason})") from None
+    # A converted value (a dataclass, a set) may still hold a lone surrogate.
+    return check_text(text, "payload", nul=True)

@@ -6,12 +6,15 @@ be strings, so a malformed request gets a 422 that names the field instead of a 
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
 from marshmallow import Schema, ValidationError, fields, validate, validates_schema
 
+from .._input import text_problem, to_utc
+from ..errors import InvalidFieldError
 from .models import MAX_DESCRIPTION_LENGTH, MAX_ID_LENGTH, MAX_URL_LENGTH
-from .operations import MAX_BULK_REPLAY
+from .operations import MAX_BULK_REPLAY, MAX_DLQ_PAGE, MAX_GRACE_SECONDS
 
 _ID = validate.Length(min=1, max=MAX_ID_LENGTH)
 _URL = validate.Length(max=MAX_URL_LENGTH)
@@ -31,21 +34,41 @@ class StrictBoolean(fields.Boolean):
         return value
 
 
+class Text(fields.String):
+    """A string a database can keep and a socket can send: no NUL, no lone surrogate."""
+
+    def _deserialize(self, value: Any, attr: str | None, data: Any, **kwargs: Any) -> str:
+        text: str = super()._deserialize(value, attr, data, **kwargs)
+        problem = text_problem(text)
+        if problem is not None:
+            raise ValidationError(problem)
+        return text
+
+
+class UtcDateTime(fields.AwareDateTime):
+    """An ISO 8601 datetime with a time zone, converted to UTC; refused if that overflows."""
+
+    def _deserialize(self, value: Any, attr: str | None, data: Any, **kwargs: Any) -> datetime:
+        parsed: datetime = super()._deserialize(value, attr, data, **kwargs)
+        try:
+            return to_utc(parsed, attr or "datetime")
+        except InvalidFieldError as exc:
+            raise ValidationError(exc.message) from None
+
+
 class SubscriptionCreateSchema(Schema):
-    id = fields.String(validate=_ID)
-    target_url = fields.String(required=True, validate=_URL)
-    event_topics = fields.List(
-        fields.String(validate=_ID), required=True, validate=validate.Length(min=1, max=100)
-    )
-    secret = fields.String(validate=validate.Length(min=1, max=1024))
-    description = fields.String(load_default="", validate=_DESCRIPTION)
+    id = Text(validate=_ID)
+    target_url = Text(required=True, validate=_URL)
+    event_topics = fields.List(Text(validate=_ID), required=True, validate=validate.Length(min=1, max=100))
+    secret = Text(validate=validate.Length(min=1, max=1024))
+    description = Text(load_default="", validate=_DESCRIPTION)
 
 
 class SubscriptionPatchSchema(Schema):
-    target_url = fields.String(validate=_URL)
-    event_topics = fields.List(fields.String(validate=_ID), validate=validate.Length(min=1, max=100))
-    description = fields.String(validate=_DESCRIPTION)
-    status = fields.String(validate=validate.OneOf(["active", "disabled"]))
+    target_url = Text(validate=_URL)
+    event_topics = fields.List(Text(validate=_ID), validate=validate.Length(min=1, max=100))
+    description = Text(validate=_DESCRIPTION)
+    status = Text(validate=validate.OneOf(["active", "disabled"]))
 
     @validates_schema
     def _not_empty(self, data: dict[str, Any], **kwargs: Any) -> None:
@@ -54,8 +77,8 @@ class SubscriptionPatchSchema(Schema):
 
 
 class RotateSecretSchema(Schema):
-    secret = fields.String(validate=validate.Length(min=1, max=1024))
-    grace_seconds = fields.Float(validate=validate.Range(min=0, max=30 * 24 * 3600), allow_nan=False)
+    secret = Text(validate=validate.Length(min=1, max=1024))
+    grace_seconds = fields.Float(validate=validate.Range(min=0, max=MAX_GRACE_SECONDS), allow_nan=False)
 
 
 class ReplaySchema(Schema):
@@ -65,10 +88,10 @@ class ReplaySchema(Schema):
     replay that carries them is refused rather than silently run for real.
     """
 
-    log_id = fields.String(validate=_ID)
-    subscription_id = fields.String(validate=_ID)
-    since = fields.AwareDateTime()
-    until = fields.AwareDateTime()
+    log_id = Text(validate=_ID)
+    subscription_id = Text(validate=_ID)
+    since = UtcDateTime()
+    until = UtcDateTime()
     limit = fields.Integer(strict=True, load_default=100, validate=validate.Range(min=1, max=MAX_BULK_REPLAY))
     dry_run = StrictBoolean(load_default=False)
 
@@ -93,7 +116,7 @@ class ReplaySchema(Schema):
 
 
 class DlqQuerySchema(Schema):
-    limit = fields.Integer(load_default=50, validate=validate.Range(min=1, max=500))
-    cursor = fields.String(validate=validate.Length(min=1, max=1024))
-    subscription_id = fields.String(validate=_ID)
-    topic = fields.String(validate=_ID)
+    limit = fields.Integer(load_default=50, validate=validate.Range(min=1, max=MAX_DLQ_PAGE))
+    cursor = Text(validate=validate.Length(min=1, max=1024))
+    subscription_id = Text(validate=_ID)
+    topic = Text(validate=_ID)

@@ -21,7 +21,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from .._sql import UTCDateTime, create_tables, store_error
 from ..errors import ConfigurationError, InvalidStateError
 from ._schema import WORKFLOW_TABLES, executions_table, row_to_execution
-from .hooks import TerminalHooks
+from .hooks import TerminalHooks, pop_after_commit
 from .models import OPEN_STATES, Execution, ExecutionState, JsonValue, encode_json
 
 logger = logging.getLogger(__name__)
@@ -73,6 +73,7 @@ class _StoreBase:
         A transaction of its own hands the executions started in it to ``on_started`` after commit.
         """
         started: list[str] = []
+        after: list[Callable[[], object]] = []
         try:
             if conn is not None:
                 yield conn
@@ -80,14 +81,22 @@ class _StoreBase:
                 with self.engine.begin() as own:
                     # info belongs to the pooled DBAPI connection: drop what a rolled-back use left.
                     own.info.pop(_STARTED, None)
+                    pop_after_commit(own)
                     try:
                         yield own
                     except BaseException:
                         own.info.pop(_STARTED, None)
+                        pop_after_commit(own)
                         raise
                     started = own.info.pop(_STARTED, [])
+                    after = pop_after_commit(own)
         except SQLAlchemyError as exc:
             raise store_error(action, exc, self.engine, hint=_SCHEMA_HINT) from exc
+        for after_action in after:
+            try:
+                after_action()
+            except Exception:
+                logger.warning("an after-commit action failed; the sweeper covers it", exc_info=True)
         if started and self.on_started is not None:
             try:
                 self.on_started(started)

@@ -7,6 +7,7 @@ it writes commits with the state change, and if it raises, the state change roll
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable
 
@@ -14,7 +15,39 @@ from sqlalchemy import Connection
 
 from .models import Execution
 
-__all__ = ["TerminalHook", "TerminalHooks"]
+logger = logging.getLogger(__name__)
+
+__all__ = ["TerminalHook", "TerminalHooks", "after_commit", "run_after_commit"]
+
+#: ``conn.info`` key of the functions to call once the transaction has committed.
+_AFTER_COMMIT = "harvest_after_commit"
+
+
+def after_commit(conn: Connection, fn: Callable[[], object]) -> None:
+    """Call ``fn`` once ``conn``'s transaction has committed (never if it rolls back).
+
+    For a terminal hook whose rows need a job (completion callbacks): queueing it inside the
+    transaction could run it before the rows are visible. The store runs these after committing a
+    transaction it owns; in a caller's transaction (``conn=``) call :func:`run_after_commit` after
+    the commit. A lost call is harmless when a sweeper step covers the same rows.
+    """
+    conn.info.setdefault(_AFTER_COMMIT, []).append(fn)
+
+
+def pop_after_commit(conn: Connection) -> list[Callable[[], object]]:
+    """Return (and forget) the functions :func:`after_commit` registered on ``conn``."""
+    pending: list[Callable[[], object]] = conn.info.pop(_AFTER_COMMIT, [])
+    return pending
+
+
+def run_after_commit(conn: Connection) -> None:
+    """Run what :func:`after_commit` registered on ``conn``; errors are logged, never raised."""
+    for fn in pop_after_commit(conn):
+        try:
+            fn()
+        except Exception:
+            logger.warning("harvest: an after-commit action failed; the sweeper covers it", exc_info=True)
+
 
 #: ``hook(conn, execution)``: runs inside the terminal transaction, after the state change landed.
 TerminalHook = Callable[[Connection, Execution], None]

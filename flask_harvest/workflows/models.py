@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
+from .._input import text_problem
 from ..errors import InvalidFieldError
 from .errors import InputTooLargeError
 
@@ -22,7 +23,6 @@ __all__ = [
     "IdReusePolicy",
     "JsonValue",
     "StepRecord",
-    "check_text",
     "decode_json",
     "encode_json",
     "timeout_message",
@@ -147,30 +147,14 @@ def encode_json(value: JsonValue, *, field: str, max_bytes: int | None = None) -
         raise InvalidFieldError(
             field, "is not a JSON value (use dict with str keys, list, str, int, float, bool, None)"
         )
-    try:
-        # A lone surrogate (JSON's "\ud800") decodes to a str that no database driver can send.
-        size = len(text.encode("utf-8"))
-    except UnicodeEncodeError:
-        raise InvalidFieldError(field, "holds a string that is not Unicode (a lone surrogate)") from None
+    # A lone surrogate (JSON's "\ud800") decodes to a str that no database driver can send.
+    problem = text_problem(text, nul=True)
+    if problem is not None:
+        raise InvalidFieldError(field, problem)
+    size = len(text.encode("utf-8"))
     if max_bytes is not None and size > max_bytes:
         raise InputTooLargeError(field, size, max_bytes)
     return text
-
-
-def check_text(field: str, value: str) -> None:
-    """Refuse a string no database can store: one with a NUL (PostgreSQL) or a lone surrogate
-    (no driver can encode it; the command line makes one of bytes that are not UTF-8).
-
-    :raises InvalidFieldError: ``value`` holds either.
-    """
-    if "\x00" in value:
-        raise InvalidFieldError(field, "must not contain a NUL character")
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:
-        raise InvalidFieldError(
-            field, "is not valid Unicode (a lone surrogate, or bytes that are not UTF-8)"
-        ) from None
 
 
 def decode_json(text: str | None) -> JsonValue:

@@ -13,6 +13,7 @@ from typing import Any
 
 from marshmallow import Schema, ValidationError, fields, validate
 
+from .._input import text_problem
 from ..errors import InvalidFieldError
 from ._schema import NAME_LENGTH
 from .models import ExecutionState, IdReusePolicy, encode_json
@@ -35,12 +36,9 @@ MAX_PAGE = 500
 
 def _storable(value: str) -> None:
     # PostgreSQL refuses a NUL in text, and no driver can encode a lone surrogate.
-    if "\x00" in value:
-        raise ValidationError("must not contain a NUL character")
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:
-        raise ValidationError("must be valid Unicode (it holds a lone surrogate)") from None
+    problem = text_problem(value)
+    if problem is not None:
+        raise ValidationError(problem)
 
 
 def _text(max_length: int) -> list[Any]:

@@ -9,9 +9,11 @@ from __future__ import annotations
 import base64
 import binascii
 import time
+from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
+from .._input import check_text
 from ..errors import HarvestError, InvalidFieldError
 from .errors import ExecutionEndedError, ExecutionNotFoundError
 from .hooks import TerminalHooks
@@ -21,7 +23,6 @@ from .models import (
     IdReusePolicy,
     JsonValue,
     StepRecord,
-    check_text,
     utcnow,
 )
 from .registry import WorkflowRegistry
@@ -29,6 +30,7 @@ from .runner import WorkflowRunner
 from .store import SqlWorkflowStore
 
 __all__ = [
+    "StartPreparer",
     "WorkflowFailedError",
     "WorkflowHandle",
     "WorkflowService",
@@ -37,6 +39,9 @@ __all__ = [
     "execution_to_dict",
     "step_to_dict",
 ]
+
+#: Turns a start's ``completion_callbacks`` into what is stored, or raises to refuse the start.
+StartPreparer = Callable[[JsonValue], JsonValue]
 
 # How often waiting for a result looks at the row: starts small, since most runs end quickly.
 _POLL_START = 0.01
@@ -134,6 +139,16 @@ class WorkflowService:
         self.registry = registry
         self.runner = runner
         self.hooks = hooks
+        self._preparers: list[StartPreparer] = []
+
+    def add_start_preparer(self, preparer: StartPreparer) -> None:
+        """Run ``preparer`` on every start's ``completion_callbacks`` before the run is stored.
+
+        It returns the value to store (completion callbacks validate the targets and add the
+        app-wide defaults) and raises a :class:`~flask_harvest.errors.HarvestError` to refuse the
+        start; preparers run in the order they were added.
+        """
+        self._preparers.append(preparer)
 
     def __repr__(self) -> str:
         return f"<WorkflowService workflows={self.registry.names()}>"
@@ -160,6 +175,8 @@ class WorkflowService:
         except ValueError:
             names = ", ".join(p.value for p in IdReusePolicy)
             raise InvalidFieldError("policy", f"must be one of {names}") from None
+        for prepare in self._preparers:
+            completion_callbacks = prepare(completion_callbacks)
         execution, created = self.runner.start(
             name, input, workflow_id=workflow_id, policy=chosen, completion_callbacks=completion_callbacks
         )
@@ -201,7 +218,7 @@ class WorkflowService:
                 "state", f"must be one of {', '.join(s.value for s in ExecutionState)}"
             ) from None
         if name is not None:
-            check_text("name", name)
+            check_text(name, "name")
         position = decode_cursor(cursor) if cursor else None
         rows = self.store.list_executions(name=name, state=chosen, cursor=position, limit=limit + 1)
         page = rows[:limit]
@@ -267,7 +284,7 @@ def _plausible_id(execution_id: object) -> bool:
     if not isinstance(execution_id, str) or not 0 < len(execution_id) <= 64:
         return False
     try:
-        check_text("execution_id", execution_id)
+        check_text(execution_id, "execution_id")
     except InvalidFieldError:
         return False
     return True
@@ -277,7 +294,7 @@ def _check_reason(reason: str | None) -> None:
     if reason is not None:
         if not isinstance(reason, str):
             raise InvalidFieldError("reason", "must be a string")
-        check_text("reason", reason)
+        check_text(reason, "reason")
 
 
 class WorkflowHandle:

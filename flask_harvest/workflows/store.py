@@ -12,6 +12,7 @@ from datetime import datetime, timedelta
 
 from sqlalchemy import Connection, Text, literal, or_, select, text, update
 
+from .._input import check_text
 from .._sql import UTCDateTime
 from ..errors import InvalidFieldError, StoreError
 from ._schema import _OPEN, NAME_LENGTH, row_to_execution, row_to_step, steps_table
@@ -24,7 +25,6 @@ from .models import (
     IdReusePolicy,
     JsonValue,
     StepRecord,
-    check_text,
     encode_json,
 )
 
@@ -368,4 +368,4 @@ def _check_key(field: str, value: str) -> None:
         raise InvalidFieldError(
             field, f"must be a string of 1 to {NAME_LENGTH} characters, not {value!r:.80}"
         )
-    check_text(field, value)
+    check_text(value, field)

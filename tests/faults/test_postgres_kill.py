@@ -98,9 +98,9 @@ def test_dispatch_succeeds_whole_or_raises_clearly_while_connections_die(faults:
             f"dispatch {serial} returned ids not all stored"
         )
     ambiguous: list[str] = []
-    for serial, exc in raised.items():
-        assert isinstance(exc, StoreError), repr(exc)
-        message = str(exc)
+    for serial, error in raised.items():
+        assert isinstance(error, StoreError), repr(error)
+        message = str(error)
         assert message.startswith("could not ") and "postgresql" in message, message
         assert "[parameters:" not in message and not find_canary(message), message
         written = by_serial.get(serial, [])

@@ -8,6 +8,7 @@ abandoned-job timeout (minutes).
 from __future__ import annotations
 
 import time
+from typing import cast
 
 import pytest
 
@@ -57,7 +58,7 @@ def _delivery_waiting_in_a_started_job(faults: FaultEnv) -> str | None:
     """The delivery whose RQ job the worker has started but not yet claimed (waiting for a slot)."""
     client = faults.redis_server.client()
     try:
-        executions = client.zrange("rq:wip:faults", 0, -1)
+        executions = cast("list[bytes]", client.zrange("rq:wip:faults", 0, -1))  # bytes: not decoded
     finally:
         client.close()
     for execution in executions:
@@ -96,7 +97,9 @@ def test_a_job_a_killed_worker_had_just_dequeued_is_recovered_within_a_lease(fau
     # is a few Redis round trips per job, too short to hit with a real kill on demand).
     client = faults.redis_server.client()
     try:
-        stranded = client.lmove("rq:queue:faults", "rq:queue:faults:intermediate", "LEFT", "RIGHT")
+        stranded = cast(
+            "bytes | None", client.lmove("rq:queue:faults", "rq:queue:faults:intermediate", "LEFT", "RIGHT")
+        )
         assert stranded is not None and client.hget(b"rq:job:" + stranded, "status") == b"queued"
     finally:
         client.close()

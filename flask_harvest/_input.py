@@ -1,0 +1,146 @@
+"""The one place bad input is recognised, before it reaches a parser, a database or an encoder.
+
+Every edge uses it: the admin HTTP helpers (bodies, query strings, path ids), the marshmallow
+schemas, DLQ cursors, the CLI, the receiver kit and :func:`~flask_harvest.webhooks.payload.encode_payload`.
+Pure: no Flask, SQL or network. What it refuses, and why:
+
+- NUL characters: PostgreSQL cannot store them in text, so one reaching the database would look
+  like an outage (a driver error) instead of bad input.
+- Lone surrogates (``"\\ud800"`` in JSON, undecodable bytes in ``sys.argv``): they cannot be
+  encoded as UTF-8, so they would fail in the database driver, the log or the socket.
+- JSON nested deeper than :data:`MAX_JSON_DEPTH`: Python's parser and encoder recurse, so the
+  depth is counted first, without recursion.
+- Datetimes that leave the representable range once converted to UTC.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from datetime import datetime, timezone
+from typing import Any
+
+from .errors import InvalidFieldError
+
+#: The deepest JSON accepted anywhere (admin bodies, event payloads, received webhooks): far beyond
+#: any real document, far below the interpreter's recursion limit.
+MAX_JSON_DEPTH = 128
+
+NUL_MESSAGE = "must not contain NUL characters"
+SURROGATE_MESSAGE = "must be valid Unicode text (no lone surrogates or undecodable bytes)"
+DEPTH_MESSAGE = f"is nested too deeply (more than {MAX_JSON_DEPTH} levels)"
+
+
+def text_problem(value: str, *, nul: bool = False) -> str | None:
+    """Return why ``value`` cannot be stored and sent as text, or ``None`` if it can.
+
+    :param nul: allow NUL characters (text that is JSON-escaped before it is stored).
+    """
+    if not nul and "\x00" in value:
+        return NUL_MESSAGE
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return SURROGATE_MESSAGE
+    return None
+
+
+def check_text(value: str, field: str, *, nul: bool = False) -> str:
+    """Return ``value`` if :func:`text_problem` finds nothing, else raise :class:`InvalidFieldError`.
+
+    The message never shows the value: it may be a secret.
+    """
+    problem = text_problem(value, nul=nul)
+    if problem is not None:
+        raise InvalidFieldError(field, problem)
+    return value
+
+
+def json_text_depth(raw: bytes | str) -> int:
+    """Return how deeply the JSON text ``raw`` nests arrays and objects, without parsing it.
+
+    Brackets inside strings do not count. The text need not be valid JSON: this runs before the
+    parser, to keep a recursive parser from ever seeing a document too deep for it.
+    """
+    text = raw if isinstance(raw, str) else raw.decode("latin-1")  # one char per byte; ASCII kept
+    depth = deepest = 0
+    in_string = escaped = False
+    for char in text:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif char == "\\":
+                escaped = True
+            elif char == '"':
+                in_string = False
+        elif char == '"':
+            in_string = True
+        elif char in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif char in "]}":
+            depth -= 1
+    return deepest
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def parse_json(raw: bytes | str, field: str = "body") -> Any:
+    """Parse strict JSON text: UTF-8, at most :data:`MAX_JSON_DEPTH` deep, no NaN or Infinity.
+
+    :raises InvalidFieldError: naming ``field``, for any of those, or text that is not JSON.
+    """
+    if isinstance(raw, bytes):
+        try:
+            raw = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            raise InvalidFieldError(field, "is not UTF-8 encoded JSON") from None
+    # Fewer brackets than the limit cannot nest past it: the scan is for the rare rest.
+    brackets = raw.count("[") + raw.count("{")
+    if brackets > MAX_JSON_DEPTH and json_text_depth(raw) > MAX_JSON_DEPTH:
+        raise InvalidFieldError(field, DEPTH_MESSAGE)
+    try:
+        return json.loads(raw, parse_constant=_refuse_constant)
+    except RecursionError:  # unreachable past the depth check; kept as a last line
+        raise InvalidFieldError(field, DEPTH_MESSAGE) from None
+    except ValueError as exc:  # JSONDecodeError, NaN/Infinity, integers too long to convert
+        raise InvalidFieldError(field, f"is not valid JSON ({str(exc).splitlines()[0]})") from None
+
+
+def check_json_value(value: Any, field: str, *, nul: bool = False) -> Any:
+    """Return ``value`` if every string in it (keys too) is text and it is at most
+    :data:`MAX_JSON_DEPTH` deep, else raise :class:`InvalidFieldError` naming ``field``.
+
+    Walks without recursion, so any depth is safe to check. Containers are dicts (any mapping),
+    lists, tuples, sets and frozensets; other values are not looked into.
+    """
+    stack: list[tuple[Any, int]] = [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, str):
+            check_text(item, field, nul=nul)
+        elif isinstance(item, Mapping | list | tuple | set | frozenset):
+            if depth >= MAX_JSON_DEPTH:
+                raise InvalidFieldError(field, DEPTH_MESSAGE)
+            if isinstance(item, Mapping):
+                stack.extend((key, depth) for key in item)
+                stack.extend((child, depth + 1) for child in item.values())
+            else:
+                stack.extend((child, depth + 1) for child in item)
+    return value
+
+
+def to_utc(value: datetime, field: str) -> datetime:
+    """Return the aware ``value`` in UTC.
+
+    :raises InvalidFieldError: it is naive, or out of range once converted
+        (``9999-12-31T23:59:59-12:00``, ``0001-01-01T00:00:00+14:00``).
+    """
+    if value.tzinfo is None or value.utcoffset() is None:
+        raise InvalidFieldError(field, "must have a time zone (such as Z or +02:00)")
+    try:
+        return value.astimezone(timezone.utc)
+    except OverflowError:
+        raise InvalidFieldError(field, "is out of range once converted to UTC") from None

@@ -1,0 +1,369 @@
+"""Completion deliveries in SQL: enqueue in the terminal transaction, claim, record, redrive.
+
+Every move is a short transaction around a guarded ``UPDATE ... RETURNING``; no transaction is open
+while a callback is sent. Claiming takes due rows (``PENDING`` and due, or ``INFLIGHT`` with an
+expired lease, whose worker died) with ``FOR UPDATE SKIP LOCKED`` on PostgreSQL.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import Connection, Engine, and_, delete, or_, select, update
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.engine import Row
+from sqlalchemy.exc import SQLAlchemyError
+
+from .._sql import create_tables, store_error
+from ..errors import ConfigurationError
+from ._schema import CALLBACK_TABLES, dead_letters_table, deliveries_table
+from .outcome import AttemptOutcome, DeliveryState, RetryPolicy, dead_letter_reason
+
+__all__ = ["CompletionDelivery", "SqlCallbackStore"]
+
+_d = deliveries_table
+_dl = dead_letters_table
+_INSERTS: dict[str, Callable[..., Any]] = {"postgresql": postgresql.insert, "sqlite": sqlite.insert}
+_HINT = "create the tables with ensure_schema()"
+
+
+@dataclass(frozen=True)
+class CompletionDelivery:
+    """One completion-callback delivery row (its body is the exact bytes sent)."""
+
+    delivery_id: str
+    execution_id: str
+    callback_index: int
+    target_url: str
+    filter: Any
+    state: DeliveryState
+    attempts: int
+    retry_policy: RetryPolicy
+    body: str
+    next_attempt_at: datetime | None
+    lease_token: str | None
+    lease_expires_at: datetime | None
+    last_status: int | None
+    last_error: str | None
+    created_at: datetime
+    updated_at: datetime
+    delivered_at: datetime | None
+
+    def to_json(self) -> dict[str, Any]:
+        """The management API's form (no body, no lease token)."""
+
+        def iso(when: datetime | None) -> str | None:
+            return when.isoformat() if when is not None else None
+
+        return {
+            "delivery_id": self.delivery_id,
+            "execution_id": self.execution_id,
+            "callback_index": self.callback_index,
+            "target_url": self.target_url,
+            "filter": self.filter,
+            "state": self.state.value,
+            "attempts": self.attempts,
+            "max_attempts": self.retry_policy.max_attempts,
+            "next_attempt_at": iso(self.next_attempt_at),
+            "last_status": self.last_status,
+            "last_error": self.last_error,
+            "created_at": iso(self.created_at),
+            "updated_at": iso(self.updated_at),
+            "delivered_at": iso(self.delivered_at),
+        }
+
+
+def _row(row: Row[Any]) -> CompletionDelivery:
+    return CompletionDelivery(
+        delivery_id=row.delivery_id,
+        execution_id=row.execution_id,
+        callback_index=row.callback_index,
+        target_url=row.target_url,
+        filter=json.loads(row.filter),
+        state=DeliveryState(row.state),
+        attempts=row.attempts,
+        retry_policy=RetryPolicy(row.max_attempts, row.initial_backoff_ms, row.max_backoff_ms),
+        body=row.body,
+        next_attempt_at=row.next_attempt_at,
+        lease_token=row.lease_token,
+        lease_expires_at=row.lease_expires_at,
+        last_status=row.last_status,
+        last_error=row.last_error,
+        created_at=row.created_at,
+        updated_at=row.updated_at,
+        delivered_at=row.delivered_at,
+    )
+
+
+@dataclass(frozen=True)
+class NewDelivery:
+    """A row to enqueue."""
+
+    execution_id: str
+    callback_index: int
+    target_url: str
+    filter: Any
+    body: bytes
+    delivery_id: str
+
+
+def new_delivery_id() -> str:
+    return str(uuid.uuid4())
+
+
+class SqlCallbackStore:
+    """The completion-delivery rows of one database (PostgreSQL or SQLite)."""
+
+    def __init__(self, engine: Engine) -> None:
+        if engine.dialect.name not in _INSERTS:
+            raise ConfigurationError(
+                f"completion callbacks need PostgreSQL or SQLite, not {engine.dialect.name!r}"
+            )
+        self.engine = engine
+        self._insert = _INSERTS[engine.dialect.name]
+        self._postgres = engine.dialect.name == "postgresql"
+
+    def __repr__(self) -> str:
+        return f"<SqlCallbackStore {self.engine.url.render_as_string(hide_password=True)}>"
+
+    def ensure_schema(self) -> None:
+        """Create the completion-callback tables where they do not exist yet."""
+        create_tables(self.engine, CALLBACK_TABLES, what="the completion-callback tables", hint=_HINT)
+
+    @contextmanager
+    def _tx(self, action: str) -> Iterator[Connection]:
+        try:
+            with self.engine.begin() as conn:
+                yield conn
+        except SQLAlchemyError as exc:
+            raise store_error(action, exc, self.engine, hint=_HINT) from exc
+
+    # -- enqueue (in the caller's terminal transaction) ---------------------------------------
+
+    def insert(
+        self, conn: Connection, rows: Sequence[NewDelivery], policy: RetryPolicy, now: datetime
+    ) -> list[str]:
+        """Insert ``rows`` with ``ON CONFLICT (execution_id, callback_index) DO NOTHING``.
+
+        :returns: the ids of the rows that were new.
+        """
+        inserted = []
+        for new in rows:
+            stmt = (
+                self._insert(_d)
+                .values(
+                    delivery_id=new.delivery_id,
+                    execution_id=new.execution_id,
+                    callback_index=new.callback_index,
+                    target_url=new.target_url,
+                    filter=json.dumps(new.filter, sort_keys=True),
+                    state=DeliveryState.PENDING.value,
+                    attempts=0,
+                    max_attempts=policy.max_attempts,
+                    initial_backoff_ms=policy.initial_backoff_ms,
+                    max_backoff_ms=policy.max_backoff_ms,
+                    body=new.body.decode("utf-8"),
+                    next_attempt_at=now,
+                    created_at=now,
+                    updated_at=now,
+                )
+                .on_conflict_do_nothing(index_elements=[_d.c.execution_id, _d.c.callback_index])
+                .returning(_d.c.delivery_id)
+            )
+            if conn.execute(stmt).first() is not None:
+                inserted.append(new.delivery_id)
+        return inserted
+
+    # -- delivery ------------------------------------------------------------------------------
+
+    @staticmethod
+    def _due(now: datetime) -> Any:
+        return or_(
+            and_(_d.c.state == DeliveryState.PENDING.value, _d.c.next_attempt_at <= now),
+            and_(_d.c.state == DeliveryState.INFLIGHT.value, _d.c.lease_expires_at <= now),
+        )
+
+    def claim(
+        self, ids: Sequence[str] | None, *, now: datetime, lease_seconds: float, limit: int = 100
+    ) -> list[CompletionDelivery]:
+        """Lease the due rows (among ``ids``, or any) to the caller: ``INFLIGHT``, attempts + 1."""
+        pick = select(_d.c.delivery_id).where(self._due(now))
+        if ids is not None:
+            if not ids:
+                return []
+            pick = pick.where(_d.c.delivery_id.in_(list(ids)))
+        pick = pick.order_by(_d.c.next_attempt_at).limit(limit)
+        if self._postgres:
+            pick = pick.with_for_update(skip_locked=True)
+        token = uuid.uuid4().hex
+        stmt = (
+            update(_d)
+            .where(_d.c.delivery_id.in_(pick.scalar_subquery()), self._due(now))
+            .values(
+                state=DeliveryState.INFLIGHT.value,
+                attempts=_d.c.attempts + 1,
+                lease_token=token,
+                lease_expires_at=now + timedelta(seconds=lease_seconds),
+                updated_at=now,
+            )
+            .returning(*_d.c)
+        )
+        with self._tx("claim completion deliveries") as conn:
+            return [_row(r) for r in conn.execute(stmt).all()]
+
+    def record(
+        self, delivery: CompletionDelivery, outcome: AttemptOutcome, *, now: datetime
+    ) -> CompletionDelivery | None:
+        """Write an attempt's outcome if the caller still holds the lease; ``None`` if it lost it.
+
+        A ``FAILED`` outcome adds the dead-letter entry in the same transaction.
+        """
+        stmt = (
+            update(_d)
+            .where(
+                _d.c.delivery_id == delivery.delivery_id,
+                _d.c.state == DeliveryState.INFLIGHT.value,
+                _d.c.lease_token == delivery.lease_token,
+            )
+            .values(
+                state=outcome.state.value,
+                last_status=outcome.last_status,
+                last_error=outcome.last_error,
+                next_attempt_at=outcome.next_attempt_at,
+                lease_token=None,
+                lease_expires_at=None,
+                updated_at=now,
+                delivered_at=now if outcome.state is DeliveryState.DELIVERED else None,
+            )
+            .returning(*_d.c)
+        )
+        with self._tx("record a completion delivery attempt") as conn:
+            row = conn.execute(stmt).first()
+            if row is None:
+                return None
+            if outcome.state is DeliveryState.FAILED:
+                reason = dead_letter_reason(row.delivery_id, row.attempts, row.last_status, row.target_url)
+                conn.execute(delete(_dl).where(_dl.c.delivery_id == row.delivery_id))
+                conn.execute(
+                    _dl.insert().values(
+                        delivery_id=row.delivery_id,
+                        execution_id=row.execution_id,
+                        reason_type=reason["type"],
+                        reason=json.dumps(reason),
+                        created_at=now,
+                    )
+                )
+        return _row(row)
+
+    def give_back(self, delivery: CompletionDelivery, *, due: datetime, now: datetime) -> bool:
+        """Return a claimed row unsent, without using an attempt, due at ``due`` (endpoint at its cap)."""
+        stmt = (
+            update(_d)
+            .where(
+                _d.c.delivery_id == delivery.delivery_id,
+                _d.c.state == DeliveryState.INFLIGHT.value,
+                _d.c.lease_token == delivery.lease_token,
+            )
+            .values(
+                state=DeliveryState.PENDING.value,
+                attempts=_d.c.attempts - 1,
+                next_attempt_at=due,
+                lease_token=None,
+                lease_expires_at=None,
+                updated_at=now,
+            )
+            .returning(_d.c.delivery_id)
+        )
+        with self._tx("give back a completion delivery") as conn:
+            return conn.execute(stmt).first() is not None
+
+    def due(self, now: datetime, limit: int = 1000) -> list[CompletionDelivery]:
+        """Return rows due now (pending and due, or in flight under an expired lease)."""
+        with self._tx("list due completion deliveries") as conn:
+            rows = conn.execute(select(_d).where(self._due(now)).order_by(_d.c.next_attempt_at).limit(limit))
+            return [_row(r) for r in rows.all()]
+
+    # -- reads and redrive ---------------------------------------------------------------------
+
+    def get(self, delivery_id: str) -> CompletionDelivery | None:
+        with self._tx("read a completion delivery") as conn:
+            row = conn.execute(select(_d).where(_d.c.delivery_id == delivery_id)).first()
+        return _row(row) if row is not None else None
+
+    def list_for_execution(self, execution_id: str) -> list[CompletionDelivery]:
+        """Every delivery of an execution, by ``callback_index``."""
+        with self._tx("list completion deliveries") as conn:
+            rows = conn.execute(
+                select(_d).where(_d.c.execution_id == execution_id).order_by(_d.c.callback_index)
+            ).all()
+        return [_row(r) for r in rows]
+
+    def dead_letter(self, delivery_id: str) -> dict[str, Any] | None:
+        """The dead-letter reason of a ``FAILED`` delivery, or ``None``."""
+        with self._tx("read a completion dead letter") as conn:
+            row = conn.execute(select(_dl.c.reason).where(_dl.c.delivery_id == delivery_id)).first()
+        return json.loads(row.reason) if row is not None else None
+
+    def redrive(
+        self, execution_id: str, delivery_id: str, *, now: datetime
+    ) -> CompletionDelivery | str | None:
+        """Put a ``FAILED`` delivery back to ``PENDING`` (attempt 0, same id and body), due now.
+
+        :returns: the row if it was redriven, ``"not_failed"`` if it exists but is not failed,
+            ``None`` if the execution has no such delivery.
+        """
+        rows = self._redrive(
+            [_d.c.execution_id == execution_id, _d.c.delivery_id == delivery_id], now=now, window=0.0, limit=1
+        )
+        if rows:
+            return rows[0]
+        current = self.get(delivery_id)
+        if current is None or current.execution_id != execution_id:
+            return None
+        return "not_failed"
+
+    def redrive_failed(
+        self, *, now: datetime, window_seconds: float, limit: int = 10_000
+    ) -> list[CompletionDelivery]:
+        """Redrive every ``FAILED`` delivery, their next attempts spread evenly over the window."""
+        return self._redrive([], now=now, window=window_seconds, limit=limit)
+
+    def _redrive(
+        self, where: list[Any], *, now: datetime, window: float, limit: int
+    ) -> list[CompletionDelivery]:
+        failed = _d.c.state == DeliveryState.FAILED.value
+        with self._tx("redrive completion deliveries") as conn:
+            pick = (
+                select(_d.c.delivery_id)
+                .where(failed, *where)
+                .order_by(_d.c.updated_at, _d.c.delivery_id)
+                .limit(limit)
+            )
+            if self._postgres:
+                pick = pick.with_for_update(skip_locked=True)
+            ids = list(conn.execute(pick).scalars())
+            redriven = []
+            for position, delivery_id in enumerate(ids):
+                due = now + timedelta(seconds=window * position / len(ids)) if window > 0 else now
+                row = conn.execute(
+                    update(_d)
+                    .where(_d.c.delivery_id == delivery_id, failed)
+                    .values(
+                        state=DeliveryState.PENDING.value,
+                        attempts=0,
+                        next_attempt_at=due,
+                        last_error=None,
+                        updated_at=now,
+                    )
+                    .returning(*_d.c)
+                ).first()
+                if row is not None:
+                    conn.execute(delete(_dl).where(_dl.c.delivery_id == delivery_id))
+                    redriven.append(_row(row))
+        return redriven

@@ -1,0 +1,170 @@
+"""What an app does with completion triggers: register, list, read, delete, read fires, re-evaluate.
+
+The admin API and the CLI are thin over :class:`TriggerService`; :func:`flask_harvest.engine.add_triggers`
+builds it and plugs its :class:`~.firing.TriggerFiring` into the workflow store's terminal hooks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy.exc import SQLAlchemyError
+
+from .._sql import store_error
+from ..errors import InvalidFieldError, InvalidStateError, NotFoundError
+from ..workflows.models import utcnow
+from ..workflows.service import WorkflowService
+from ..workflows.store import SqlWorkflowStore
+from .definitions import CompletionTrigger, trigger_to_json
+from .firing import FireEvent, TriggerCounters, TriggerFiring
+from .store import Fire, SqlTriggerStore, StoredTrigger
+
+__all__ = ["TriggerNotFoundError", "TriggerService", "fire_to_json", "stored_to_json"]
+
+#: The most fires rows one listing returns.
+MAX_FIRES_LIMIT = 500
+
+
+class TriggerNotFoundError(NotFoundError):
+    """No completion trigger has this id."""
+
+    def __init__(self, trigger_id: str) -> None:
+        super().__init__(f"no completion trigger with id {trigger_id!r}")
+        self.trigger_id = trigger_id
+
+
+def stored_to_json(stored: StoredTrigger) -> dict[str, Any]:
+    """The admin API's form of a stored trigger; a row that no longer parses is shown as stored,
+    with ``invalid`` saying why (the terminal hook skips it, failing closed)."""
+    try:
+        return trigger_to_json(stored.parse())
+    except InvalidFieldError as exc:
+        return {
+            "id": stored.id,
+            "source_workflow_name": stored.source_workflow_name,
+            "terminal_states": stored.terminal_states,
+            "target_workflow_name": stored.target_workflow_name,
+            "input_mapping": stored.input_mapping,
+            "condition": stored.condition,
+            "created_at": stored.created_at.isoformat().replace("+00:00", "Z"),
+            "updated_at": stored.updated_at.isoformat().replace("+00:00", "Z"),
+            "invalid": str(exc),
+        }
+
+
+def fire_to_json(fire: Fire) -> dict[str, Any]:
+    """The admin API's form of a fires-ledger row."""
+    return {
+        "source_exec_id": fire.source_exec_id,
+        "trigger_id": fire.trigger_id,
+        "fired_at": fire.fired_at.isoformat().replace("+00:00", "Z"),
+        "outcome": fire.outcome,
+        "target_execution_id": fire.target_execution_id,
+    }
+
+
+class TriggerService:
+    """The completion triggers of one engine.
+
+    :param retention_seconds: fires rows older than this whose source execution is gone are purged
+        by :meth:`purge_fires`; ``None`` keeps every row.
+    """
+
+    def __init__(
+        self,
+        store: SqlTriggerStore,
+        firing: TriggerFiring,
+        workflows: WorkflowService,
+        *,
+        retention_seconds: float | None = None,
+        clock: Callable[[], datetime] = utcnow,
+    ) -> None:
+        self.store = store
+        self.firing = firing
+        self.workflows = workflows
+        self.retention_seconds = retention_seconds
+        self.clock = clock
+
+    def __repr__(self) -> str:
+        return f"<TriggerService {self.store!r}>"
+
+    @property
+    def counters(self) -> TriggerCounters:
+        """The in-process fires and skipped counts."""
+        return self.firing.counters
+
+    def register(self, trigger: CompletionTrigger) -> CompletionTrigger:
+        """Register ``trigger`` (full replacement of a trigger with the same id); return it as stored."""
+        return self.store.upsert(trigger, now=self.clock())
+
+    def sync(self, triggers: Sequence[CompletionTrigger]) -> list[CompletionTrigger]:
+        """Upsert the statically registered triggers (at start-up)."""
+        return self.store.sync(triggers, now=self.clock())
+
+    def list_triggers(self) -> list[StoredTrigger]:
+        """Every stored trigger, oldest first."""
+        return self.store.list_triggers()
+
+    def get(self, trigger_id: str) -> StoredTrigger:
+        """:raises TriggerNotFoundError: no trigger has this id."""
+        stored = self.store.get(trigger_id) if _plausible(trigger_id) else None
+        if stored is None:
+            raise TriggerNotFoundError(trigger_id)
+        return stored
+
+    def delete(self, trigger_id: str) -> None:
+        """Delete a trigger and its fires rows.
+
+        :raises TriggerNotFoundError: no trigger has this id.
+        """
+        if not (_plausible(trigger_id) and self.store.delete(trigger_id)):
+            raise TriggerNotFoundError(trigger_id)
+
+    def fires(
+        self, *, trigger_id: str | None = None, source_exec_id: str | None = None, limit: int = 100
+    ) -> list[Fire]:
+        """Fires-ledger rows, newest first.
+
+        :raises InvalidFieldError: ``limit`` is not between 1 and 500.
+        """
+        if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_FIRES_LIMIT:
+            raise InvalidFieldError("limit", f"must be an integer between 1 and {MAX_FIRES_LIMIT}")
+        return self.store.fires(trigger_id=trigger_id, source_exec_id=source_exec_id, limit=limit)
+
+    def evaluate(self, execution_id: str) -> list[FireEvent]:
+        """Evaluate the triggers of an ended execution again, in a transaction of its own.
+
+        Pairs the ledger has decided are ``deduped``; a pair left undecided (``condition_invalid``,
+        ``validation_failed``, ``payload_too_large``) can fire now. This is how an operator recovers
+        a lost fire after fixing a trigger.
+
+        :raises ExecutionNotFoundError: no execution has this id.
+        :raises InvalidStateError: the execution has not ended.
+        """
+        execution = self.workflows.get(execution_id)
+        if not execution.terminal:
+            raise InvalidStateError(
+                f"workflow execution {execution_id} is {execution.state.value}: triggers fire when it ends"
+            )
+        engine = self.workflows.store.engine
+        try:
+            with engine.begin() as conn:
+                events = self.firing.evaluate(conn, execution)
+                started = SqlWorkflowStore.started_in(conn)
+        except SQLAlchemyError as exc:
+            raise store_error("evaluate completion triggers", exc, engine) from exc
+        self.workflows.runner.schedule_started(started)
+        return events
+
+    def purge_fires(self) -> int:
+        """Delete fires rows older than the retention horizon whose source execution is gone;
+        with no horizon, none. :returns: how many were deleted."""
+        if self.retention_seconds is None:
+            return 0
+        return self.store.purge_fires(before=self.clock() - timedelta(seconds=self.retention_seconds))
+
+
+def _plausible(trigger_id: object) -> bool:
+    return isinstance(trigger_id, str) and 0 < len(trigger_id) <= 64 and "\x00" not in trigger_id

@@ -1,0 +1,279 @@
+"""Trigger definitions and the fires ledger in SQL (SQLAlchemy 2 Core, PostgreSQL or SQLite).
+
+Registration is a full-replacement upsert keyed by the trigger's id. The ledger's primary key
+``(source_exec_id, trigger_id)`` with ``INSERT ... ON CONFLICT DO NOTHING`` decides each pair once,
+on both databases, without an error that would abort the caller's PostgreSQL transaction.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import Connection, Engine, delete, exists, select, update
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.engine import Row
+from sqlalchemy.exc import SQLAlchemyError
+
+from .._sql import create_tables, store_error
+from ..errors import ConfigurationError, InvalidFieldError
+from ..workflows._schema import executions_table
+from ._schema import TRIGGER_TABLES, fires_table, triggers_table
+from .conditions import condition_to_json, parse_condition
+from .definitions import CompletionTrigger, parse_terminal_states
+from .mappings import mapping_to_json, parse_mapping
+
+__all__ = ["Fire", "SqlTriggerStore", "StoredTrigger", "loads_column"]
+
+_t = triggers_table
+_f = fires_table
+_INSERTS: dict[str, Callable[..., Any]] = {"postgresql": postgresql.insert, "sqlite": sqlite.insert}
+_HINT = "create the tables with SqlTriggerStore.ensure_schema() (HarvestTriggers does it at init_app)"
+
+
+@dataclass(frozen=True)
+class Fire:
+    """One row of the fires ledger: how a (source execution, trigger) pair was decided.
+
+    :param outcome: ``None`` when the target was started, else the durable skip reason
+        (``condition_unmet``, ``chain_depth_exceeded``).
+    :param fired_at: when the pair was decided (fired or skipped).
+    """
+
+    source_exec_id: str
+    trigger_id: str
+    fired_at: datetime
+    outcome: str | None
+    target_execution_id: str | None
+
+
+@dataclass(frozen=True)
+class StoredTrigger:
+    """A trigger row as stored, its JSON columns still text: the terminal hook parses each one
+    itself, so that a row it cannot understand fails closed instead of failing the transition."""
+
+    id: str
+    source_workflow_name: str
+    target_workflow_name: str
+    terminal_states: str
+    input_mapping: str
+    condition: str | None
+    created_at: datetime
+    updated_at: datetime
+
+    def parse(self) -> CompletionTrigger:
+        """Return the trigger this row holds.
+
+        :raises InvalidFieldError: a column does not hold a valid definition (or is not JSON).
+        """
+        return CompletionTrigger(
+            source_workflow_name=self.source_workflow_name,
+            target_workflow_name=self.target_workflow_name,
+            terminal_states=parse_terminal_states(loads_column(self.terminal_states, "terminal_states")),
+            input_mapping=parse_mapping(loads_column(self.input_mapping, "input_mapping")),
+            condition=(
+                parse_condition(loads_column(self.condition, "condition"))
+                if self.condition is not None
+                else None
+            ),
+            id=self.id,
+            created_at=self.created_at,
+            updated_at=self.updated_at,
+        )
+
+
+def loads_column(text: str, field: str) -> Any:
+    try:
+        return json.loads(text)
+    except (ValueError, RecursionError):
+        raise InvalidFieldError(field, "is not valid JSON") from None
+
+
+def _dumps(value: Any) -> str:
+    return json.dumps(value, allow_nan=False, ensure_ascii=False, separators=(",", ":"))
+
+
+class SqlTriggerStore:
+    """Completion-trigger definitions and their fires ledger.
+
+    :param engine: the workflow store's engine (the ledger commits in the source's terminal
+        transaction, so it lives in the same database).
+    """
+
+    def __init__(self, engine: Engine) -> None:
+        if engine.dialect.name not in _INSERTS:
+            raise ConfigurationError(
+                f"SqlTriggerStore supports PostgreSQL and SQLite, not {engine.dialect.name!r}"
+            )
+        self.engine = engine
+        self._insert = _INSERTS[engine.dialect.name]
+
+    def __repr__(self) -> str:
+        return f"<SqlTriggerStore {self.engine.url.render_as_string(hide_password=True)}>"
+
+    def ensure_schema(self) -> None:
+        """Create the completion-trigger tables and indexes where they do not exist yet."""
+        create_tables(self.engine, TRIGGER_TABLES, what="the completion-trigger tables", hint=_HINT)
+
+    @contextmanager
+    def _transaction(self, action: str, conn: Connection | None = None) -> Iterator[Connection]:
+        try:
+            if conn is not None:
+                yield conn
+            else:
+                with self.engine.begin() as own:
+                    yield own
+        except SQLAlchemyError as exc:
+            raise store_error(action, exc, self.engine, hint=_HINT) from exc
+
+    # -- definitions ---------------------------------------------------------------------------
+
+    def upsert(self, trigger: CompletionTrigger, *, now: datetime) -> CompletionTrigger:
+        """Register ``trigger``, replacing every field of a trigger with the same id (an omitted
+        condition clears the stored one); ``created_at`` is kept.
+
+        :returns: the trigger as stored, with its timestamps.
+        """
+        with self._transaction("register a completion trigger") as conn:
+            return self._upsert(conn, trigger, now)
+
+    def sync(self, triggers: Sequence[CompletionTrigger], *, now: datetime) -> list[CompletionTrigger]:
+        """Upsert every trigger in one transaction, leaving rows that already hold the same
+        definition untouched (so ``updated_at`` says when a definition last changed)."""
+        stored = []
+        with self._transaction("sync the static completion triggers") as conn:
+            for trigger in triggers:
+                row = conn.execute(select(_t).where(_t.c.id == trigger.id)).first()
+                if row is not None and _same(row, trigger):
+                    stored.append(_row(row).parse())
+                else:
+                    stored.append(self._upsert(conn, trigger, now))
+        return stored
+
+    def _upsert(self, conn: Connection, trigger: CompletionTrigger, now: datetime) -> CompletionTrigger:
+        values = _values(trigger)
+        stmt = self._insert(_t).values(id=trigger.id, created_at=now, updated_at=now, **values)
+        stmt = stmt.on_conflict_do_update(index_elements=[_t.c.id], set_={**values, "updated_at": now})
+        conn.execute(stmt)
+        row = conn.execute(select(_t).where(_t.c.id == trigger.id)).one()
+        return _row(row).parse()
+
+    def get(self, trigger_id: str) -> StoredTrigger | None:
+        """Return the stored row of a trigger, or ``None``."""
+        with self._transaction("read a completion trigger") as conn:
+            row = conn.execute(select(_t).where(_t.c.id == trigger_id)).first()
+        return _row(row) if row is not None else None
+
+    def list_triggers(self) -> list[StoredTrigger]:
+        """Return every stored trigger, oldest first."""
+        with self._transaction("list completion triggers") as conn:
+            rows = conn.execute(select(_t).order_by(_t.c.created_at, _t.c.id)).all()
+        return [_row(row) for row in rows]
+
+    def delete(self, trigger_id: str) -> bool:
+        """Delete a trigger and its fires rows; ``False`` if there was none."""
+        with self._transaction("delete a completion trigger") as conn:
+            conn.execute(delete(_f).where(_f.c.trigger_id == trigger_id))
+            return (
+                conn.execute(delete(_t).where(_t.c.id == trigger_id).returning(_t.c.id)).first() is not None
+            )
+
+    def for_source(self, conn: Connection, workflow_name: str) -> list[StoredTrigger]:
+        """Return the triggers of ``workflow_name``, in the caller's transaction."""
+        rows = conn.execute(
+            select(_t).where(_t.c.source_workflow_name == workflow_name).order_by(_t.c.created_at, _t.c.id)
+        ).all()
+        return [_row(row) for row in rows]
+
+    # -- the fires ledger ----------------------------------------------------------------------
+
+    def fire_decided(self, conn: Connection, source_exec_id: str, trigger_id: str) -> bool:
+        """Whether the pair has a ledger row already (in the caller's transaction)."""
+        query = select(_f.c.trigger_id).where(
+            _f.c.source_exec_id == source_exec_id, _f.c.trigger_id == trigger_id
+        )
+        return conn.execute(query).first() is not None
+
+    def record_fire(
+        self, conn: Connection, source_exec_id: str, trigger_id: str, *, outcome: str | None, now: datetime
+    ) -> bool:
+        """Insert the pair's ledger row unless it has one; return whether this call inserted it.
+
+        On PostgreSQL a concurrent inserter of the same pair makes this wait for its commit, then
+        do nothing: exactly one transaction decides a pair.
+        """
+        stmt = (
+            self._insert(_f)
+            .values(source_exec_id=source_exec_id, trigger_id=trigger_id, fired_at=now, outcome=outcome)
+            .on_conflict_do_nothing(index_elements=[_f.c.source_exec_id, _f.c.trigger_id])
+            .returning(_f.c.trigger_id)
+        )
+        return conn.execute(stmt).first() is not None
+
+    def set_target(
+        self, conn: Connection, source_exec_id: str, trigger_id: str, target_execution_id: str
+    ) -> None:
+        conn.execute(
+            update(_f)
+            .where(_f.c.source_exec_id == source_exec_id, _f.c.trigger_id == trigger_id)
+            .values(target_execution_id=target_execution_id)
+        )
+
+    def fires(
+        self, *, trigger_id: str | None = None, source_exec_id: str | None = None, limit: int = 100
+    ) -> list[Fire]:
+        """Return ledger rows, newest first."""
+        query = select(_f)
+        if trigger_id is not None:
+            query = query.where(_f.c.trigger_id == trigger_id)
+        if source_exec_id is not None:
+            query = query.where(_f.c.source_exec_id == source_exec_id)
+        query = query.order_by(_f.c.fired_at.desc(), _f.c.source_exec_id).limit(max(0, limit))
+        with self._transaction("list completion trigger fires") as conn:
+            return [_fire(row) for row in conn.execute(query).all()]
+
+    def purge_fires(self, *, before: datetime) -> int:
+        """Delete ledger rows decided before ``before`` whose source execution no longer exists.
+
+        :returns: how many rows were deleted.
+        """
+        ex = executions_table
+        source_exists = exists().where(ex.c.execution_id == _f.c.source_exec_id)
+        with self._transaction("purge completion trigger fires") as conn:
+            result = conn.execute(delete(_f).where(_f.c.fired_at < before, ~source_exists))
+        return int(result.rowcount or 0)
+
+
+def _values(trigger: CompletionTrigger) -> dict[str, Any]:
+    return {
+        "source_workflow_name": trigger.source_workflow_name,
+        "terminal_states": _dumps(list(trigger.terminal_states)),
+        "target_workflow_name": trigger.target_workflow_name,
+        "input_mapping": _dumps(mapping_to_json(trigger.input_mapping)),
+        "condition": _dumps(condition_to_json(trigger.condition)) if trigger.condition is not None else None,
+    }
+
+
+def _same(row: Row[Any], trigger: CompletionTrigger) -> bool:
+    return all(getattr(row, key) == value for key, value in _values(trigger).items())
+
+
+def _row(row: Row[Any]) -> StoredTrigger:
+    return StoredTrigger(
+        id=row.id,
+        source_workflow_name=row.source_workflow_name,
+        target_workflow_name=row.target_workflow_name,
+        terminal_states=row.terminal_states,
+        input_mapping=row.input_mapping,
+        condition=row.condition,
+        created_at=row.created_at,
+        updated_at=row.updated_at,
+    )
+
+
+def _fire(row: Row[Any]) -> Fire:
+    return Fire(row.source_exec_id, row.trigger_id, row.fired_at, row.outcome, row.target_execution_id)

@@ -1,0 +1,159 @@
+"""``flask harvest triggers ...``: list, show, register, delete, fires, evaluate.
+
+Thin over :class:`~flask_harvest.triggers.service.TriggerService` (outside the ``triggers`` package,
+which the ``cli`` module's engine imports); an invalid definition ends with
+a one-line ``Error:`` naming the field, like every ``flask harvest`` command.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import click
+
+from . import _cli_output as out
+from ._app import get_engine
+from ._cli_output import HarvestGroup as _Group
+from .errors import ConfigurationError, InvalidFieldError
+from .triggers.definitions import trigger_from_json, trigger_to_json
+from .triggers.service import TriggerService, fire_to_json, stored_to_json
+
+__all__ = ["triggers_cli"]
+
+triggers_cli = _Group("triggers", help="Completion triggers: start a workflow when another one ends.")
+
+_COLUMNS = ("id", "source_workflow_name", "terminal_states", "target_workflow_name", "condition")
+
+
+def _service() -> TriggerService:
+    service = get_engine().triggers
+    if service is None:
+        raise ConfigurationError(
+            "completion triggers are not registered on this app: use HarvestTriggers(app)"
+        )
+    return service
+
+
+def _json_option_value(name: str, text: str | None) -> Any:
+    if text is None:
+        return None
+    try:
+        return json.loads(text)
+    except ValueError:
+        raise InvalidFieldError(name, "is not valid JSON") from None
+
+
+def _rows(data: list[dict[str, Any]]) -> str:
+    rows = [
+        [
+            d["id"],
+            d["source_workflow_name"],
+            d["terminal_states"],
+            d["target_workflow_name"],
+            "yes" if d["condition"] is not None else "-",
+        ]
+        for d in data
+    ]
+    return out.table(rows, _COLUMNS)
+
+
+@triggers_cli.command("list")
+@out.json_option
+def triggers_list(as_json: bool) -> None:
+    """Every registered trigger, oldest first."""
+    out.output([stored_to_json(s) for s in _service().list_triggers()], as_json, _rows)
+
+
+@triggers_cli.command("show")
+@click.argument("trigger_id")
+@out.json_option
+def triggers_show(trigger_id: str, as_json: bool) -> None:
+    """One trigger, with its mapping and condition as JSON."""
+    data = stored_to_json(_service().get(trigger_id))
+    shown = {k: json.dumps(v) if isinstance(v, dict | list) else v for k, v in data.items()}
+    out.output(data, as_json, lambda _: out.fields(shown))
+
+
+@triggers_cli.command("register")
+@click.option("--source", "source", required=True, help="The source workflow's name.")
+@click.option("--target", "target", required=True, help="The workflow to start.")
+@click.option(
+    "--state",
+    "states",
+    multiple=True,
+    help="A terminal state that fires it (Completed, Failed, Cancelled, TimedOut, Terminated); repeat. "
+    "Default: Completed.",
+)
+@click.option(
+    "--mapping",
+    default=None,
+    help='The input mapping as JSON, e.g. \'{"type": "Projection", "data": "summary"}\'.',
+)
+@click.option("--condition", default=None, help="The guard condition as JSON (default: none).")
+@click.option(
+    "--id", "trigger_id", default=None, help="The trigger's UUID; an existing one is replaced whole."
+)
+@out.json_option
+def triggers_register(
+    source: str,
+    target: str,
+    states: tuple[str, ...],
+    mapping: str | None,
+    condition: str | None,
+    trigger_id: str | None,
+    as_json: bool,
+) -> None:
+    """Register a trigger, or replace every field of the trigger with --id."""
+    body: dict[str, Any] = {"source_workflow_name": source, "target_workflow_name": target}
+    if states:
+        body["terminal_states"] = list(states)
+    if mapping is not None:
+        body["input_mapping"] = _json_option_value("--mapping", mapping)
+    if condition is not None:
+        body["condition"] = _json_option_value("--condition", condition)
+    if trigger_id is not None:
+        body["id"] = trigger_id
+    stored = _service().register(trigger_from_json(body))
+    out.output(trigger_to_json(stored), as_json, lambda d: f"registered completion trigger {d['id']}")
+
+
+@triggers_cli.command("delete")
+@click.argument("trigger_id")
+def triggers_delete(trigger_id: str) -> None:
+    """Delete a trigger and its fires rows."""
+    _service().delete(trigger_id)
+    click.echo(f"deleted completion trigger {trigger_id}")
+
+
+@triggers_cli.command("fires")
+@click.argument("trigger_id")
+@click.option("--limit", type=click.IntRange(1, 500), default=100, help="At most this many rows (1-500).")
+@out.json_option
+def triggers_fires(trigger_id: str, limit: int, as_json: bool) -> None:
+    """The trigger's fires ledger, newest first (outcome '-' means the target was started)."""
+    service = _service()
+    service.get(trigger_id)
+    data = [fire_to_json(f) for f in service.fires(trigger_id=trigger_id, limit=limit)]
+    columns = ("source_exec_id", "fired_at", "outcome", "target_execution_id")
+    out.output(data, as_json, lambda d: out.table([[r[c] for c in columns] for r in d], columns))
+
+
+@triggers_cli.command("evaluate")
+@click.argument("execution_id")
+@out.json_option
+def triggers_evaluate(execution_id: str, as_json: bool) -> None:
+    """Evaluate the triggers of an ended execution again (pairs already decided stay as they are):
+    how a fire lost to an invalid condition is recovered once the trigger is fixed."""
+    events = _service().evaluate(execution_id)
+    data = [
+        {
+            "trigger_id": e.trigger_id,
+            "outcome": e.outcome.value,
+            "reason": e.reason.value if e.reason else None,
+            "target_execution_id": e.target_execution_id,
+        }
+        for e in events
+    ]
+    columns = ("trigger_id", "outcome", "reason", "target_execution_id")
+    out.output(data, as_json, lambda d: out.table([[r[c] for c in columns] for r in d], columns))

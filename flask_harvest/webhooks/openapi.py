@@ -1,0 +1,202 @@
+"""The actuator's OpenAPI 3 description, generated from its marshmallow schemas with apispec.
+
+Served at ``GET <HARVEST_ACTUATOR_PREFIX>/openapi.json`` (behind the same access check as every
+actuator route), for people reading the API and for client generators. The request shapes come
+from :mod:`flask_harvest.webhooks.schemas`, so the document cannot drift from what is validated.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from apispec import APISpec
+from apispec.ext.marshmallow import MarshmallowPlugin
+
+from .._version import __version__
+from .schemas import (
+    DlqQuerySchema,
+    ReplaySchema,
+    RotateSecretSchema,
+    SubscriptionCreateSchema,
+    SubscriptionPatchSchema,
+)
+
+_ERROR = {
+    "type": "object",
+    "required": ["error"],
+    "properties": {
+        "error": {
+            "type": "object",
+            "required": ["code", "message"],
+            "properties": {
+                "code": {"type": "string"},
+                "message": {"type": "string"},
+                "fields": {"type": "object", "additionalProperties": True},
+            },
+        }
+    },
+}
+_OBJECT = {"type": "object", "additionalProperties": True}
+
+
+def _json(schema: Any) -> dict[str, Any]:
+    return {"content": {"application/json": {"schema": schema}}}
+
+
+def _responses(
+    ok: int, description: str, schema: Any | None = None, *, errors: tuple[int, ...]
+) -> dict[str, Any]:
+    refusals = {401: "no or a wrong bearer token", 403: "the actuator is closed, or the authorizer refused"}
+    reasons = {
+        400: "the body is not a JSON object (or nested too deeply)",
+        404: "no such subscription or delivery",
+        409: "the id is taken, or the delivery is not dead-lettered",
+        413: "the body is larger than 64 KiB",
+        415: "the body is not JSON",
+        422: "a field is invalid",
+        503: "the store is unavailable",
+        **refusals,
+    }
+    answers: dict[str, Any] = {str(ok): {"description": description, **(_json(schema) if schema else {})}}
+    for status in (*errors, 401, 403, 503):
+        answers[str(status)] = {
+            "description": reasons[status],
+            **_json({"$ref": "#/components/schemas/Error"}),
+        }
+    return answers
+
+
+_ID = {"type": "string", "minLength": 1, "maxLength": 255, "pattern": "^[^/]+$"}
+
+
+def _id_parameter(name: str) -> dict[str, Any]:
+    return {"name": name, "in": "path", "required": True, "schema": _ID}
+
+
+def build_openapi(prefix: str) -> dict[str, Any]:
+    """Return the actuator's OpenAPI 3.0 document, with paths under ``prefix``."""
+    spec = APISpec(
+        title="flask-harvest actuator",
+        version=__version__,
+        openapi_version="3.0.3",
+        plugins=[MarshmallowPlugin()],
+        info={"description": "Operators' JSON API for outbound webhooks (see the operations guide)."},
+        servers=[{"url": prefix.rstrip("/") or "/"}],
+    )
+    spec.components.security_scheme("bearer", {"type": "http", "scheme": "bearer"})
+    spec.components.schema("Error", _ERROR)
+    for name, schema in (
+        ("SubscriptionCreate", SubscriptionCreateSchema),
+        ("SubscriptionPatch", SubscriptionPatchSchema),
+        ("RotateSecret", RotateSecretSchema),
+        ("Replay", ReplaySchema),
+    ):
+        spec.components.schema(name, schema=schema)
+
+    def request_body(name: str) -> dict[str, Any]:
+        return {"required": True, **_json({"$ref": f"#/components/schemas/{name}"})}
+
+    sub = [_id_parameter("subscription_id")]
+    spec.path(
+        path="/dlq",
+        operations={
+            "get": {
+                "summary": "Dead-lettered deliveries, newest first; X-Next-Cursor continues",
+                "parameters": [{"in": "query", "schema": DlqQuerySchema}],
+                "responses": _responses(
+                    200, "a page of deliveries", {"type": "array", "items": _OBJECT}, errors=(422,)
+                ),
+            }
+        },
+    )
+    spec.path(
+        path="/replay",
+        operations={
+            "post": {
+                "summary": "Replay one delivery (log_id) or many (subscription and/or window)",
+                "requestBody": request_body("Replay"),
+                "responses": {
+                    **_responses(200, "what was replayed", _OBJECT, errors=(400, 404, 409, 413, 415, 422)),
+                    "202": {"description": "replayed, not queued yet", **_json(_OBJECT)},
+                },
+            }
+        },
+    )
+    spec.path(
+        path="/deliveries/{delivery_id}",
+        operations={
+            "get": {
+                "summary": "One delivery and its attempts",
+                "parameters": [_id_parameter("delivery_id")],
+                "responses": _responses(200, "the delivery", _OBJECT, errors=(404,)),
+            }
+        },
+    )
+    spec.path(
+        path="/stats",
+        operations={
+            "get": {"summary": "Delivery counts", "responses": _responses(200, "counts", _OBJECT, errors=())}
+        },
+    )
+    spec.path(
+        path="/subscriptions",
+        operations={
+            "get": {
+                "summary": "Every subscription, oldest first",
+                "responses": _responses(200, "subscriptions", {"type": "array", "items": _OBJECT}, errors=()),
+            },
+            "post": {
+                "summary": "Create a subscription; the answer shows its secret, once",
+                "requestBody": request_body("SubscriptionCreate"),
+                "responses": _responses(
+                    201, "the subscription and its secret", _OBJECT, errors=(400, 409, 413, 415, 422)
+                ),
+            },
+        },
+    )
+    spec.path(
+        path="/subscriptions/{subscription_id}",
+        operations={
+            "get": {
+                "summary": "One subscription (never its secret)",
+                "parameters": sub,
+                "responses": _responses(200, "the subscription", _OBJECT, errors=(404,)),
+            },
+            "patch": {
+                "summary": "Change URL, topics, description or status",
+                "parameters": sub,
+                "requestBody": request_body("SubscriptionPatch"),
+                "responses": _responses(200, "the subscription", _OBJECT, errors=(400, 404, 413, 415, 422)),
+            },
+            "delete": {
+                "summary": "Remove a subscription; its delivery logs stay",
+                "parameters": sub,
+                "responses": _responses(204, "removed", errors=(404,)),
+            },
+        },
+    )
+    spec.path(
+        path="/subscriptions/{subscription_id}/rotate-secret",
+        operations={
+            "post": {
+                "summary": "A new secret (send {} for the defaults); the old one signs during the grace",
+                "parameters": sub,
+                "requestBody": request_body("RotateSecret"),
+                "responses": _responses(
+                    200, "the subscription and its new secret", _OBJECT, errors=(400, 404, 413, 415, 422)
+                ),
+            }
+        },
+    )
+    spec.path(
+        path="/openapi.json",
+        operations={
+            "get": {"summary": "This document", "responses": _responses(200, "OpenAPI 3", _OBJECT, errors=())}
+        },
+    )
+    document: dict[str, Any] = spec.to_dict()
+    for name in ("SubscriptionCreate", "SubscriptionPatch", "RotateSecret", "Replay"):
+        # The schemas refuse unknown fields (marshmallow's RAISE); apispec says so only from 6.1.
+        document["components"]["schemas"][name]["additionalProperties"] = False
+    document["security"] = [{"bearer": []}]
+    return document

@@ -1,0 +1,569 @@
+"""Completion callbacks end to end: a Flask app on SQLite and PostgreSQL, its workers (the local
+backend's threads), and a real HTTP receiver on 127.0.0.1."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import logging
+import re
+import threading
+import time
+from collections.abc import Callable
+from datetime import datetime, timedelta, timezone
+from email.utils import format_datetime
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+from flask import Flask
+from flask_sqlalchemy import SQLAlchemy
+from werkzeug import Request, Response
+
+from flask_harvest import get_engine, signals
+from flask_harvest.callbacks import (
+    CallbackPolicy,
+    CallbackTargetRejected,
+    CompletionCallbacks,
+    CompletionDelivery,
+    build_envelope,
+    parse_allowlist,
+)
+from flask_harvest.callbacks._schema import CALLBACK_TABLES
+from flask_harvest.errors import ConfigurationError
+from flask_harvest.receiver import verify_completion_callback
+from flask_harvest.testing import CapturingReceiver
+from flask_harvest.workflow_extension import HarvestWorkflows
+from flask_harvest.workflows.context import WorkflowContext
+from flask_harvest.workflows.models import TERMINAL_STATES, ExecutionState, utcnow
+from flask_harvest.workflows.service import WorkflowService
+
+from .pipeline import close_later
+from .workflow_support import SQL_KINDS
+
+SECRET = "cb-SECRET-CANARY-5e1d9a"
+TOKEN = "admin-token-for-tests"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+
+
+@pytest.fixture(params=SQL_KINDS)
+def db_url(request: pytest.FixtureRequest) -> str:
+    engine: sa.Engine = request.getfixturevalue(f"{request.param}_engine")
+    return engine.url.render_as_string(hide_password=False)
+
+
+AppFactory = Callable[..., Flask]
+
+
+@pytest.fixture
+def make_app(db_url: str) -> AppFactory:
+    def factory(**config: Any) -> Flask:
+        app = Flask("callbacks_test")
+        app.config.update(
+            SQLALCHEMY_DATABASE_URI=db_url,
+            HARVEST_ACTUATOR_TOKEN=TOKEN,
+            HARVEST_COMPLETION_CALLBACK_ALLOWLIST="127.0.0.1",
+            HARVEST_COMPLETION_CALLBACK_ALLOW_PRIVATE_TARGETS=True,
+            HARVEST_COMPLETION_CALLBACK_SECRET=SECRET,
+            HARVEST_SWEEP_INTERVAL_SECONDS=0.2,
+        )
+        app.config.update({f"HARVEST_{k.upper()}": v for k, v in config.items()})
+        db = SQLAlchemy()
+        db.init_app(app)
+        workflows = HarvestWorkflows(db)
+
+        @workflows.workflow("echo")
+        def echo(ctx: WorkflowContext, data: Any) -> Any:
+            return {"echo": data}
+
+        @workflows.workflow("boom")
+        def boom(ctx: WorkflowContext, data: Any) -> Any:
+            raise RuntimeError("boom")
+
+        @workflows.workflow("nap")
+        def nap(ctx: WorkflowContext, data: Any) -> Any:
+            ctx.sleep(timedelta(hours=1))
+            return None
+
+        try:
+            workflows.init_app(app)
+        except Exception:
+            get_engine(app).close()  # the engine exists already: stop its threads, free its pool
+            with app.app_context():
+                db.engine.dispose()
+            raise
+        return close_later(app)
+
+    return factory
+
+
+def callbacks_of(app: Flask) -> CompletionCallbacks:
+    callbacks = get_engine(app).callbacks
+    assert callbacks is not None
+    return callbacks
+
+
+def service_of(app: Flask) -> WorkflowService:
+    service = get_engine(app).workflows
+    assert service is not None
+    return service
+
+
+def wait(predicate: Callable[[], Any], what: str, timeout: float = 20.0) -> Any:
+    end = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > end:
+            pytest.fail(f"timed out waiting for {what}")
+        time.sleep(0.02)
+
+
+def rows(app: Flask, execution_id: str) -> list[CompletionDelivery]:
+    return callbacks_of(app).deliveries(execution_id)
+
+
+def settled(
+    app: Flask, execution_id: str, count: int, *states: str, attempts: int = 1
+) -> list[CompletionDelivery]:
+    """Wait until the execution has ``count`` deliveries in ``states``, each attempted at least
+    ``attempts`` times."""
+
+    def look() -> list[CompletionDelivery] | None:
+        found = rows(app, execution_id)
+        ok = len(found) == count and all(r.state.value in states and r.attempts >= attempts for r in found)
+        return found if ok else None
+
+    result: list[CompletionDelivery] = wait(look, f"{count} deliveries in {states}")
+    return result
+
+
+def target(receiver: CapturingReceiver, path: str, kind: str = "AnyTerminal", **data: Any) -> dict[str, Any]:
+    return {"url": receiver.url(path), "filter": {"type": kind, **data}}
+
+
+def napping(app: Flask, callbacks: list[dict[str, Any]]) -> str:
+    """Start a run that sleeps for an hour (open, not due) and return its id."""
+    handle, _ = service_of(app).start("nap", None, completion_callbacks=callbacks)
+    wait(lambda: service_of(app).get(handle.execution_id).next_run_at is not None, "the run to sleep")
+    return handle.execution_id
+
+
+# -- registration and enqueue ----------------------------------------------------------------------
+
+
+def test_each_terminal_state_against_each_filter(make_app: AppFactory, receiver: CapturingReceiver) -> None:
+    app = make_app()
+    store = service_of(app).store
+    targets = [
+        target(receiver, "/any"),
+        target(receiver, "/completed", "CompletedOnly"),
+        target(receiver, "/failed-or-timed-out", "States", data=["Failed", "TimedOut"]),
+    ]
+    fired: dict[ExecutionState, set[str]] = {}
+    for state in TERMINAL_STATES:
+        execution_id = napping(app, targets)
+        output = {"ok": True} if state is ExecutionState.COMPLETED else None
+        error = None if state is ExecutionState.COMPLETED else f"ended {state.value}"
+        assert store.finish(execution_id, state, output=output, error=error, now=utcnow()) is not None
+        found = rows(app, execution_id)
+        fired[state] = {r.target_url.rsplit("/", 1)[1] for r in found}
+        settled(app, execution_id, len(found), "DELIVERED")
+    assert fired == {
+        ExecutionState.COMPLETED: {"any", "completed"},
+        ExecutionState.FAILED: {"any", "failed-or-timed-out"},
+        ExecutionState.CANCELLED: {"any"},
+        ExecutionState.TIMED_OUT: {"any", "failed-or-timed-out"},
+        ExecutionState.TERMINATED: {"any"},
+    }
+    got = [json.loads(r.body) for r in receiver.requests]
+    assert sorted((g["state"], p.path) for g, p in zip(got, receiver.requests, strict=True)) == sorted(
+        (s.value, f"/{name}") for s, names in fired.items() for name in names
+    )
+
+
+def test_a_completed_run_delivers_the_exact_signed_envelope(
+    make_app: AppFactory, receiver: CapturingReceiver
+) -> None:
+    app = make_app()
+    handle, _ = service_of(app).start(
+        "echo",
+        {"n": 1, "s": "é"},
+        workflow_id="refund-r-123",
+        completion_callbacks=[target(receiver, "/hook")],
+    )
+    [request] = receiver.wait_for(1, timeout=20)
+    execution = service_of(app).get(handle.execution_id)
+    [row] = settled(app, handle.execution_id, 1, "DELIVERED")
+    assert request.body == build_envelope(row.delivery_id, execution) == row.body.encode()
+    assert list(json.loads(request.body)) == [
+        "delivery_id", "execution_id", "workflow_name", "workflow_id", "state", "result", "completed_at",
+    ]  # fmt: skip
+    data = json.loads(request.body)
+    assert data["result"] == {"echo": {"n": 1, "s": "é"}} and data["workflow_id"] == "refund-r-123"
+    expected = "sha256=" + hmac.new(SECRET.encode(), request.body, hashlib.sha256).hexdigest()
+    assert request.headers["x-harvest-signature"] == expected
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", request.headers["x-harvest-timestamp"])
+    assert verify_completion_callback(
+        SECRET, request.body, request.headers["x-harvest-signature"],
+        timestamp=request.headers["x-harvest-timestamp"], tolerance_seconds=300,
+    )  # fmt: skip
+    assert row.attempts == 1 and row.last_status == 200
+
+
+def test_a_failed_run_sends_its_error(make_app: AppFactory, receiver: CapturingReceiver) -> None:
+    app = make_app()
+    handle, _ = service_of(app).start("boom", None, completion_callbacks=[target(receiver, "/hook")])
+    [request] = receiver.wait_for(1, timeout=20)
+    data = json.loads(request.body)
+    assert data["state"] == "Failed" and "result" not in data and "boom" in data["error"]
+    assert data["execution_id"] == handle.execution_id
+
+
+def test_defaults_union_and_deduplication(make_app: AppFactory, receiver: CapturingReceiver) -> None:
+    defaults = [target(receiver, "/shared"), target(receiver, "/default", "CompletedOnly")]
+    app = make_app(completion_callback_defaults=defaults)
+    callbacks_of(app).add_default(receiver.url("/python"), {"type": "AnyTerminal"})
+    own = [
+        target(receiver, "/own"),
+        target(receiver, "/shared"),
+        target(receiver, "/shared", "CompletedOnly"),
+    ]
+    execution_id = napping(app, own)
+    stored = service_of(app).get(execution_id).completion_callbacks
+    assert [(t["callback_index"], t["url"].rsplit("/", 1)[1], t["filter"]["type"]) for t in stored] == [
+        (0, "own", "AnyTerminal"),
+        (1, "shared", "AnyTerminal"),
+        (2, "shared", "CompletedOnly"),
+        (3, "default", "CompletedOnly"),
+        (4, "python", "AnyTerminal"),
+    ]
+    # A run without targets of its own still gets the defaults.
+    plain = napping(app, [])
+    assert len(service_of(app).get(plain).completion_callbacks) == 3
+
+
+def test_no_target_means_no_rows(make_app: AppFactory, receiver: CapturingReceiver) -> None:
+    app = make_app()
+    handle, _ = service_of(app).start("echo", 1)
+    wait(lambda: service_of(app).get(handle.execution_id).terminal, "the run to end")
+    assert service_of(app).get(handle.execution_id).completion_callbacks is None
+    assert rows(app, handle.execution_id) == []
+    with callbacks_of(app).store.engine.connect() as conn:
+        assert conn.execute(sa.select(sa.func.count()).select_from(CALLBACK_TABLES[0])).scalar() == 0
+
+
+def test_rerunning_the_terminal_hooks_enqueues_nothing_new(
+    make_app: AppFactory, receiver: CapturingReceiver
+) -> None:
+    app = make_app()
+    execution_id = napping(app, [target(receiver, "/a"), target(receiver, "/b")])
+    store = service_of(app).store
+    store.finish(execution_id, ExecutionState.COMPLETED, output=1, now=utcnow())
+    before = settled(app, execution_id, 2, "DELIVERED")
+    execution = service_of(app).get(execution_id)
+    with store.engine.begin() as conn:
+        store.hooks.run(conn, execution)
+        store.hooks.run(conn, execution)
+    assert store.finish(execution_id, ExecutionState.FAILED, error="again", now=utcnow()) is None
+    after = rows(app, execution_id)
+    assert [(r.delivery_id, r.state, r.attempts) for r in after] == [
+        (r.delivery_id, r.state, r.attempts) for r in before
+    ]
+    assert len(receiver.requests) == 2
+
+
+def test_a_bad_default_fails_init_app(make_app: AppFactory) -> None:
+    with pytest.raises(ConfigurationError, match="HARVEST_COMPLETION_CALLBACK_DEFAULTS"):
+        make_app(completion_callback_defaults=[{"url": "https://evil.net/h"}])
+    with pytest.raises(ConfigurationError, match="HARVEST_COMPLETION_CALLBACK_DEFAULTS"):
+        make_app(completion_callback_defaults="not json")
+    with pytest.raises(ConfigurationError, match="HARVEST_COMPLETION_CALLBACK_ALLOWLIST"):
+        make_app(completion_callback_allowlist="*.")
+
+
+def test_a_refused_target_refuses_the_start(make_app: AppFactory) -> None:
+    app = make_app()
+    for url in ("https://169.254.169.254/latest", "http://10.0.0.1/h", "https://user:pw@127.0.0.1/"):
+        with pytest.raises(CallbackTargetRejected) as caught:
+            service_of(app).start("echo", 1, completion_callbacks=[{"url": url}])
+        assert caught.value.http_status == 422 and caught.value.rejection is not None
+    assert service_of(app).list_executions()[0] == []
+
+
+def test_admin_routes_answer_a_refused_target_with_422_and_the_rejection(make_app: AppFactory) -> None:
+    from flask import Blueprint
+
+    from flask_harvest.admin_http import install_admin_api
+
+    app = make_app()
+    probe = Blueprint("probe", __name__)
+    install_admin_api(probe, realm="probe")
+
+    @probe.post("/start")
+    def start() -> Any:
+        service_of(app).start("echo", 1, completion_callbacks=[{"url": "https://[::ffff:127.0.0.1]/h"}])
+        return {}
+
+    app.register_blueprint(probe, url_prefix="/probe")
+    response = app.test_client().post("/probe/start", headers=AUTH)
+    assert response.status_code == 422
+    error = response.get_json()["error"]
+    assert error["code"] == "callback_target_rejected"
+    assert error["rejection"]["type"] == "HostNotAllowed"
+
+
+def test_a_target_no_longer_allowed_at_enqueue_is_skipped_with_a_warning(
+    make_app: AppFactory, receiver: CapturingReceiver, caplog: pytest.LogCaptureFixture
+) -> None:
+    app = make_app()
+    execution_id = napping(app, [target(receiver, "/gone"), target(receiver, "/kept")])
+    callbacks = callbacks_of(app)
+    with caplog.at_level(logging.WARNING, logger="flask_harvest"):
+        # The operator tightened the policy after the run registered its targets.
+        callbacks.policy = CallbackPolicy(parse_allowlist("*.example.com"), allow_private=True)
+        ended = service_of(app).store.finish(execution_id, ExecutionState.COMPLETED, output=1, now=utcnow())
+    assert ended is not None and ended.state is ExecutionState.COMPLETED
+    assert rows(app, execution_id) == []
+    skipped = [r for r in caplog.records if "skipped" in r.getMessage()]
+    assert len(skipped) == 2 and all(r.levelno == logging.WARNING for r in skipped)
+    assert all(r.harvest["rejection"]["type"] == "HostNotAllowed" for r in skipped)  # type: ignore[attr-defined]
+
+
+# -- outcomes --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("status", [400, 401, 403, 404, 422])
+def test_a_permanent_4xx_fails_at_once_with_the_dead_letter_reason(
+    make_app: AppFactory, receiver: CapturingReceiver, status: int
+) -> None:
+    app = make_app()
+    receiver.respond("/hook", status)
+    handle, _ = service_of(app).start("echo", 1, completion_callbacks=[target(receiver, "/hook")])
+    [row] = settled(app, handle.execution_id, 1, "FAILED")
+    assert (row.attempts, row.last_status) == (1, status)
+    assert callbacks_of(app).store.dead_letter(row.delivery_id) == {
+        "type": "CallbackDeliveryExhausted",
+        "delivery_id": row.delivery_id,
+        "attempts": 1,
+        "last_status": status,
+        "target": receiver.url("/hook"),
+    }
+
+
+@pytest.mark.parametrize(
+    ("status", "retry_after"), [(408, None), (421, None), (425, None), (429, None), (413, "1")]
+)
+def test_transient_4xx_are_retried(
+    make_app: AppFactory, receiver: CapturingReceiver, status: int, retry_after: str | None
+) -> None:
+    app = make_app()
+    receiver.respond("/hook", status, headers={"Retry-After": retry_after} if retry_after else None)
+    handle, _ = service_of(app).start("echo", 1, completion_callbacks=[target(receiver, "/hook")])
+    [row] = settled(app, handle.execution_id, 1, "PENDING")
+    assert (row.attempts, row.last_status) == (1, status)
+    # The outcome's clock reads just before the record's: a few milliseconds apart.
+    assert row.next_attempt_at is not None and row.next_attempt_at >= row.updated_at + timedelta(seconds=29)
+
+
+@pytest.mark.parametrize("form", ["seconds", "http-date", "capped"])
+def test_retry_after_floors_the_next_attempt(
+    make_app: AppFactory, receiver: CapturingReceiver, form: str
+) -> None:
+    app = make_app(completion_callback_initial_backoff_ms=1000)
+    when = datetime.now(timezone.utc) + timedelta(seconds=300)
+    value = {"seconds": "300", "http-date": format_datetime(when, usegmt=True), "capped": "86400"}[form]
+    receiver.respond("/hook", 503, headers={"Retry-After": value})
+    handle, _ = service_of(app).start("echo", 1, completion_callbacks=[target(receiver, "/hook")])
+    [row] = settled(app, handle.execution_id, 1, "PENDING")
+    assert row.next_attempt_at is not None and row.attempts == 1
+    delay = (row.next_attempt_at - row.updated_at).total_seconds()
+    if form == "capped":
+        assert delay == pytest.approx(900, abs=1)
+    else:
+        assert 290 <= delay <= 301
+
+
+def test_exhaustion_leaves_the_row_failed_and_dead_lettered(
+    make_app: AppFactory, receiver: CapturingReceiver
+) -> None:
+    app = make_app(completion_callback_max_attempts=3, completion_callback_initial_backoff_ms=1)
+    receiver.respond("/hook", 500, times=10)
+    dead: list[CompletionDelivery] = []
+    signals.completion_callback_dead_lettered.connect(
+        lambda sender, delivery: dead.append(delivery), weak=False
+    )
+    try:
+        handle, _ = service_of(app).start("echo", 1, completion_callbacks=[target(receiver, "/hook")])
+        [row] = settled(app, handle.execution_id, 1, "FAILED")
+    finally:
+        signals.completion_callback_dead_lettered.receivers.clear()
+    assert (row.attempts, row.last_status) == (3, 500)
+    assert len(receiver.requests) == 3
+    assert len({r.body for r in receiver.requests}) == 1
+    reason = callbacks_of(app).store.dead_letter(row.delivery_id)
+    assert reason is not None and reason["attempts"] == 3 and reason["type"] == "CallbackDeliveryExhausted"
+    assert [d.delivery_id for d in dead] == [row.delivery_id]
+
+
+# -- management API and redrive --------------------------------------------------------------------
+
+
+def test_list_and_redrive_over_the_admin_api(make_app: AppFactory, receiver: CapturingReceiver) -> None:
+    app = make_app()
+    receiver.respond("/hook", 403)
+    handle, _ = service_of(app).start(
+        "echo", 1, completion_callbacks=[target(receiver, "/hook"), target(receiver, "/ok")]
+    )
+    execution_id = handle.execution_id
+    wait(
+        lambda: {r.state.value for r in rows(app, execution_id)} == {"FAILED", "DELIVERED"},
+        "one failed, one delivered",
+    )
+    client = app.test_client()
+    base = f"/api/harvest/workflows/{execution_id}/completion-deliveries"
+    assert client.get(base).status_code in (401, 403)
+    listed = client.get(base, headers=AUTH).get_json()["deliveries"]
+    assert [(d["callback_index"], d["state"]) for d in listed] == [(0, "FAILED"), (1, "DELIVERED")]
+    assert all("body" not in d and "lease_token" not in d for d in listed)
+    failed, delivered = listed[0]["delivery_id"], listed[1]["delivery_id"]
+    first = [r.body for r in receiver.requests if r.path == "/hook"]
+
+    response = client.post(f"{base}/{failed}/redrive", headers=AUTH)
+    assert (response.status_code, response.get_json()) == (200, {"outcome": "redriven"})
+    [row] = [r for r in settled(app, execution_id, 2, "DELIVERED") if r.delivery_id == failed]
+    assert row.attempts == 1
+    again = [r.body for r in receiver.requests if r.path == "/hook"]
+    assert again == first * 2  # byte-identical, same delivery_id
+    assert callbacks_of(app).store.dead_letter(failed) is None
+
+    response = client.post(f"{base}/{delivered}/redrive", headers=AUTH)
+    assert (response.status_code, response.get_json()) == (200, {"outcome": "not_failed"})
+    assert client.post(f"{base}/nope/redrive", headers=AUTH).status_code == 404
+    other = f"/api/harvest/workflows/another-execution/completion-deliveries/{failed}/redrive"
+    assert client.post(other, headers=AUTH).status_code == 404
+
+
+# -- the CLI ---------------------------------------------------------------------------------------
+
+
+def test_cli_list_redrive_aliases_and_bulk_redrive(make_app: AppFactory, receiver: CapturingReceiver) -> None:
+    app = make_app()
+    receiver.respond("/hook", 404, times=2)
+    ids = []
+    for _ in range(2):
+        handle, _ = service_of(app).start("echo", 1, completion_callbacks=[target(receiver, "/hook")])
+        ids.append(handle.execution_id)
+    for execution_id in ids:
+        settled(app, execution_id, 1, "FAILED")
+    runner = app.test_cli_runner()
+    result = runner.invoke(args=["harvest", "completion-delivery", "list", ids[0], "--json"])
+    assert result.exit_code == 0, result.output
+    [row] = json.loads(result.output)["deliveries"]
+    assert row["state"] == "FAILED"
+    for alias in ("completion-deliveries", "callbacks"):
+        result = runner.invoke(args=["harvest", alias, "list", ids[0], "--state", "delivered", "--json"])
+        assert json.loads(result.output) == {"deliveries": []}
+    result = runner.invoke(args=["harvest", "callbacks", "redrive", ids[0], "nope"])
+    assert result.exit_code == 1 and result.output.startswith("Error:") and "Traceback" not in result.output
+    result = runner.invoke(
+        args=["harvest", "dlq", "redrive", "--queue", "completion-callback", "--window", "bad"]
+    )
+    assert result.exit_code == 2
+    result = runner.invoke(
+        args=["harvest", "dlq", "redrive", "--queue", "completion-callback", "--window", "0s", "--json"]
+    )
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.output)["redriven"] == 2
+    for execution_id in ids:
+        settled(app, execution_id, 1, "DELIVERED")
+    result = runner.invoke(args=["harvest", "completion-delivery", "redrive", ids[0], row["delivery_id"]])
+    assert result.exit_code == 0 and "not_failed" in result.output
+
+
+def test_bulk_redrive_spreads_attempts_over_the_window(
+    make_app: AppFactory, receiver: CapturingReceiver
+) -> None:
+    app = make_app()
+    receiver.respond("/hook", 401, times=4)
+    ids = [
+        service_of(app).start("echo", i, completion_callbacks=[target(receiver, "/hook")])[0].execution_id
+        for i in range(4)
+    ]
+    for execution_id in ids:
+        settled(app, execution_id, 1, "FAILED")
+    before = datetime.now(timezone.utc)
+    redriven = callbacks_of(app).redrive_failed(3600)
+    due = sorted(r.next_attempt_at for r in redriven if r.next_attempt_at is not None)
+    assert len(due) == 4
+    offsets = [(d - before).total_seconds() for d in due]
+    assert offsets[0] < 5 and 850 < offsets[1] < 950 and 1750 < offsets[2] < 1850 and 2650 < offsets[3] < 2750
+
+
+# -- secrets ---------------------------------------------------------------------------------------
+
+
+def test_the_secret_is_in_no_table_log_or_error(
+    make_app: AppFactory, receiver: CapturingReceiver, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.DEBUG):
+        app = make_app()
+        receiver.respond("/hook", 500)
+        receiver.respond("/bad", 400)
+        handle, _ = service_of(app).start(
+            "echo", 1, completion_callbacks=[target(receiver, "/hook"), target(receiver, "/bad")]
+        )
+        wait(
+            lambda: {r.state.value for r in rows(app, handle.execution_id)} == {"PENDING", "FAILED"},
+            "attempts",
+        )
+        with pytest.raises(CallbackTargetRejected) as caught:
+            service_of(app).start("echo", 1, completion_callbacks=[{"url": "https://nope.example/"}])
+    assert SECRET not in str(caught.value) and SECRET not in json.dumps(caught.value.error_details())
+    assert SECRET not in caplog.text
+    assert SECRET not in repr(callbacks_of(app)) and SECRET not in repr(get_engine(app).settings)
+    engine = callbacks_of(app).store.engine
+    with engine.connect() as conn:
+        names = [t for t in sa.inspect(engine).get_table_names() if t.startswith("harvest_")]
+        for name in names:
+            for db_row in conn.execute(sa.select(sa.Table(name, sa.MetaData(), autoload_with=conn))).all():
+                assert SECRET not in json.dumps([str(v) for v in db_row]), name
+    listed = app.test_client().get(
+        f"/api/harvest/workflows/{handle.execution_id}/completion-deliveries", headers=AUTH
+    )
+    assert SECRET not in listed.get_data(as_text=True)
+
+
+def test_redirects_are_not_followed(make_app: AppFactory, receiver: CapturingReceiver) -> None:
+    app = make_app()
+    receiver.respond("/moved", 302, headers={"Location": receiver.url("/elsewhere")})
+    handle, _ = service_of(app).start("echo", 1, completion_callbacks=[target(receiver, "/moved")])
+    [row] = settled(app, handle.execution_id, 1, "PENDING")
+    assert (row.attempts, row.last_status) == (1, 302)
+    assert [r.path for r in receiver.requests] == ["/moved"]
+
+
+def test_the_per_endpoint_cap_holds_and_gives_back_without_using_attempts(
+    make_app: AppFactory, receiver: CapturingReceiver
+) -> None:
+    app = make_app(completion_callback_max_inflight_per_endpoint=1)
+    lock = threading.Lock()
+    state = {"now": 0, "peak": 0}
+
+    def slow(_request: Request) -> Response:
+        with lock:
+            state["now"] += 1
+            state["peak"] = max(state["peak"], state["now"])
+        time.sleep(0.3)
+        with lock:
+            state["now"] -= 1
+        return Response("", status=200)
+
+    receiver.handle("/capped", slow)
+    execution_id = napping(app, [target(receiver, f"/capped?n={n}") for n in range(4)])
+    service_of(app).store.finish(execution_id, ExecutionState.COMPLETED, output=1, now=utcnow())
+    found = settled(app, execution_id, 4, "DELIVERED")
+    assert state["peak"] == 1
+    assert [r.attempts for r in found] == [1, 1, 1, 1]  # a give-back uses no attempt

@@ -1,0 +1,367 @@
+"""Completion triggers in a Flask app: static registration, the admin API and the CLI, on SQLite
+and PostgreSQL, through Flask-SQLAlchemy and HarvestTriggers."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+from flask import Flask
+from flask.testing import FlaskClient
+from flask_sqlalchemy import SQLAlchemy
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from sqlalchemy.engine import URL
+
+from flask_harvest import (
+    CompletionTrigger,
+    ConfigurationError,
+    HarvestTriggers,
+    HarvestWorkflows,
+    InvalidFieldError,
+    OutboundWebhookPlugin,
+    signals,
+    trigger_service,
+)
+from flask_harvest.triggers.conditions import Eq, Not
+
+from .pipeline import close_later
+
+TOKEN = "trigger-admin-token"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+ROOT = "/api/harvest/admin/completion-triggers"
+SEED_ID = "78099354-94b3-4f24-9b16-621be94576ff"
+
+
+def build_app(uri: str, *, static: list[CompletionTrigger] | None = None, **config: Any) -> Flask:
+    app = Flask("trigger_test")
+    app.config.update(SQLALCHEMY_DATABASE_URI=uri, HARVEST_ACTUATOR_TOKEN=TOKEN, **config)
+    db = SQLAlchemy(app)
+    workflows = HarvestWorkflows.sql(db, app)
+
+    @workflows.registry.workflow("order_flow")
+    def order_flow(ctx: Any, data: Any) -> Any:
+        return data
+
+    @workflows.registry.workflow("fulfil")
+    def fulfil(ctx: Any, data: Any) -> Any:
+        return data
+
+    HarvestTriggers(app, triggers=static or [])
+    return close_later(app)
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def uri(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'triggers.db'}"
+    request.getfixturevalue("postgres_engine")  # empties the harvest tables
+    url: URL = request.getfixturevalue("postgres_url")
+    return url.render_as_string(hide_password=False)
+
+
+@pytest.fixture
+def app(uri: str) -> Flask:
+    return build_app(uri)
+
+
+@pytest.fixture
+def client(app: Flask) -> FlaskClient:
+    return app.test_client()
+
+
+def seed_body(**changes: Any) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "id": SEED_ID,
+        "source_workflow_name": "order_flow",
+        "terminal_states": ["Completed", "Failed"],
+        "target_workflow_name": "fulfil",
+        "input_mapping": {"type": "Projection", "data": "results.summary"},
+        "condition": {"type": "GreaterThan", "data": {"path": "results.amount", "value": 1000}},
+    }
+    body.update(changes)
+    return body
+
+
+def test_the_api_is_closed_without_credentials(client: FlaskClient) -> None:
+    assert client.get(ROOT).status_code == 401
+    assert client.post(ROOT, json=seed_body()).status_code == 401
+
+
+def test_register_list_get_and_the_seeds_shapes(client: FlaskClient) -> None:
+    created = client.post(ROOT, json=seed_body(), headers=AUTH)
+    assert created.status_code == 201
+    data = created.get_json()
+    assert {k: data[k] for k in seed_body()} == seed_body()
+    assert data["created_at"].endswith("Z") and data["updated_at"].endswith("Z")
+    listed = client.get(ROOT, headers=AUTH).get_json()
+    assert [t["id"] for t in listed] == [SEED_ID]
+    assert client.get(f"{ROOT}/{SEED_ID}", headers=AUTH).get_json()["condition"] == seed_body()["condition"]
+    plain = client.post(
+        ROOT, json={"source_workflow_name": "order_flow", "target_workflow_name": "fulfil"}, headers=AUTH
+    ).get_json()
+    assert plain["condition"] is None
+    assert plain["input_mapping"] == {"type": "Passthrough"}
+    assert uuid.UUID(plain["id"])
+
+
+def test_reposting_replaces_every_field_and_omitting_condition_clears_it(client: FlaskClient) -> None:
+    first = client.post(ROOT, json=seed_body(), headers=AUTH).get_json()
+    body = seed_body(terminal_states=["Cancelled"], input_mapping={"type": "Passthrough"})
+    del body["condition"]
+    second = client.post(ROOT, json=body, headers=AUTH)
+    assert second.status_code == 201
+    data = second.get_json()
+    assert data["condition"] is None
+    assert data["terminal_states"] == ["Cancelled"]
+    assert data["input_mapping"] == {"type": "Passthrough"}
+    assert data["created_at"] == first["created_at"]
+    assert len(client.get(ROOT, headers=AUTH).get_json()) == 1
+
+
+def nest(depth: int) -> dict[str, Any]:
+    condition: dict[str, Any] = {"type": "Exists", "data": {"path": "a"}}
+    for _ in range(depth - 1):
+        condition = {"type": "Not", "data": condition}
+    return condition
+
+
+BAD_BODIES: list[tuple[Any, str]] = [
+    (seed_body(condition=nest(9)), "condition"),
+    (
+        seed_body(condition={"type": "All", "data": [{"type": "Exists", "data": {"path": "a"}}] * 64}),
+        "condition",
+    ),
+    (seed_body(condition={"type": "In", "data": {"path": "a", "values": list(range(65))}}), "condition"),
+    (seed_body(condition={"type": "Eq", "data": {"path": "a..b", "value": 1}}), "condition"),
+    (seed_body(condition={"type": "Exists", "data": {"path": ".a"}}), "condition"),
+    (seed_body(condition={"type": "IsNull", "data": {"path": "a."}}), "condition"),
+    (seed_body(condition={"type": "Regex", "data": {"path": "a", "value": "x"}}), "condition"),
+    (seed_body(condition={"type": "Eq", "data": {"path": "a"}}), "condition"),
+    (seed_body(condition=[1, 2]), "condition"),
+    (seed_body(condition="Eq"), "condition"),
+    (seed_body(input_mapping={"type": "Projection", "data": "a..b"}), "input_mapping"),
+    (seed_body(input_mapping={"type": "Copy"}), "input_mapping"),
+    (seed_body(input_mapping="Passthrough"), "input_mapping"),
+    (seed_body(terminal_states=["COMPLETED"]), "terminal_states"),
+    (seed_body(terminal_states=[]), "terminal_states"),
+    (seed_body(terminal_states="Completed"), "terminal_states"),
+    (seed_body(id="not-a-uuid"), "id"),
+    (seed_body(id=5), "id"),
+    (seed_body(source_workflow_name=""), "source_workflow_name"),
+    (seed_body(target_workflow_name=None), "target_workflow_name"),
+    (seed_body(unknown_field=1), "body"),
+    ({"source_workflow_name": "order_flow"}, "target_workflow_name"),
+    ([seed_body()], "body"),
+    ("text", "body"),
+]
+
+
+@pytest.mark.parametrize(("body", "field"), BAD_BODIES)
+def test_every_invalid_body_is_a_400_json_error_naming_the_field(
+    client: FlaskClient, body: Any, field: str
+) -> None:
+    response = client.post(ROOT, json=body, headers=AUTH)
+    assert response.status_code == 400, response.get_data(as_text=True)
+    error = response.get_json()["error"]
+    assert error["code"] == "invalid_trigger"
+    assert field in error["fields"]
+    assert client.get(ROOT, headers=AUTH).get_json() == []
+
+
+def test_a_body_that_is_not_json_is_a_400_whatever_its_content_type(client: FlaskClient) -> None:
+    for content_type in ("application/json", "text/plain"):
+        response = client.post(ROOT, data="{not json", headers={**AUTH, "Content-Type": content_type})
+        assert response.status_code == 400
+        assert response.get_json()["error"]["code"] == "bad_json"
+    response = client.post(ROOT, data=json.dumps(seed_body()), headers={**AUTH, "Content-Type": "text/plain"})
+    assert response.status_code == 201
+
+
+def test_a_body_nested_too_deeply_is_a_400(client: FlaskClient) -> None:
+    for body in (
+        "[" * 20000 + "]" * 20000,
+        json.dumps(seed_body(condition=None)).replace("null", "[" * 5000 + "]" * 5000),
+    ):
+        response = client.post(ROOT, data=body, headers={**AUTH, "Content-Type": "application/json"})
+        assert response.status_code == 400, response.status_code
+        assert response.get_json()["error"]["code"] in ("bad_json", "invalid_trigger")
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=5),
+    lambda children: (
+        st.lists(children, max_size=3) | st.dictionaries(st.text(max_size=4), children, max_size=3)
+    ),
+    max_leaves=15,
+)
+body_fields = st.sampled_from(
+    [
+        "id",
+        "source_workflow_name",
+        "target_workflow_name",
+        "terminal_states",
+        "input_mapping",
+        "condition",
+        "x",
+    ]
+)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(changes=st.dictionaries(body_fields, json_values, max_size=3))
+def test_arbitrary_bodies_are_201_or_a_400_json_error(
+    sqlite_client: FlaskClient, changes: dict[str, Any]
+) -> None:
+    response = sqlite_client.post(ROOT, json=seed_body(**changes), headers=AUTH)
+    assert response.status_code in (201, 400), response.get_data(as_text=True)
+    if response.status_code == 400:
+        assert response.get_json()["error"]["code"] in ("invalid_trigger", "bad_json")
+
+
+@pytest.fixture
+def sqlite_client(tmp_path: Path) -> FlaskClient:
+    return build_app(f"sqlite:///{tmp_path / 'property.db'}").test_client()
+
+
+def test_delete_removes_the_trigger_and_its_fires(app: Flask, client: FlaskClient) -> None:
+    client.post(ROOT, json=seed_body(condition=None, input_mapping={"type": "Passthrough"}), headers=AUTH)
+    with app.app_context():
+        handle, _ = trigger_service().workflows.start("order_flow", {})
+        handle.result(timeout=20)
+        fires = client.get(f"{ROOT}/{SEED_ID}/fires", headers=AUTH).get_json()
+        assert [f["source_exec_id"] for f in fires] == [handle.execution_id]
+        assert client.delete(f"{ROOT}/{SEED_ID}", headers=AUTH).status_code == 204
+        assert trigger_service().fires() == []
+    assert client.delete(f"{ROOT}/{SEED_ID}", headers=AUTH).status_code == 404
+    assert client.get(f"{ROOT}/{SEED_ID}", headers=AUTH).status_code == 404
+    assert client.get(f"{ROOT}/{SEED_ID}/fires", headers=AUTH).status_code == 404
+    assert client.get(f"{ROOT}/x/fires?limit=0", headers=AUTH).status_code == 404
+
+
+def test_fires_limit_is_validated(client: FlaskClient) -> None:
+    client.post(ROOT, json=seed_body(), headers=AUTH)
+    for bad in ("0", "501", "x"):
+        response = client.get(f"{ROOT}/{SEED_ID}/fires?limit={bad}", headers=AUTH)
+        assert response.status_code == 400
+        assert response.get_json()["error"]["code"] == "invalid_query"
+
+
+def test_static_triggers_are_synced_with_full_replacement(uri: str) -> None:
+    guarded = CompletionTrigger("order_flow", "fulfil", condition=Eq("region", "EU"), id=SEED_ID)
+    app = build_app(uri, static=[guarded])
+    with app.app_context():
+        [stored] = trigger_service().list_triggers()
+        assert stored.parse() == guarded
+        first_update = stored.updated_at
+    # The same definition at the next start-up leaves the row alone.
+    again = build_app(uri, static=[guarded])
+    with again.app_context():
+        assert trigger_service().get(SEED_ID).updated_at == first_update
+    # A changed definition replaces every field: the condition is cleared.
+    changed = build_app(uri, static=[CompletionTrigger("order_flow", "fulfil", id=SEED_ID)])
+    with changed.app_context():
+        assert trigger_service().get(SEED_ID).parse().condition is None
+
+
+def test_an_invalid_static_trigger_fails_naming_it() -> None:
+    with pytest.raises(InvalidFieldError, match=r"completion trigger .*order_flow.*fulfil") as info:
+        CompletionTrigger("order_flow", "fulfil", condition=Not(Eq("a..b", 1)))
+    assert "segment is empty" in str(info.value)
+    with pytest.raises(ConfigurationError, match="must be a CompletionTrigger"):
+        HarvestTriggers(triggers=[{"source_workflow_name": "a"}])  # type: ignore[list-item]
+    with pytest.raises(ConfigurationError, match="two static completion triggers have the id"):
+        HarvestTriggers(
+            triggers=[
+                CompletionTrigger("a", "b", id=SEED_ID),
+                CompletionTrigger("a", "c", id=SEED_ID),
+            ]
+        )
+
+
+def test_triggers_need_workflows(tmp_path: Path) -> None:
+    app = Flask("no_workflows")
+    app.config["SQLALCHEMY_DATABASE_URI"] = f"sqlite:///{tmp_path / 'x.db'}"
+    OutboundWebhookPlugin.sql(SQLAlchemy(app), app)
+    close_later(app)
+    with pytest.raises(ConfigurationError, match="register HarvestWorkflows"):
+        HarvestTriggers(app)
+
+
+def test_signals_count_fires_and_skips(uri: str) -> None:
+    app = build_app(
+        uri, static=[CompletionTrigger("order_flow", "fulfil", condition=Eq("region", "EU"), id=SEED_ID)]
+    )
+    fired: list[str] = []
+    skipped: list[tuple[str, str]] = []
+
+    def on_fired(sender: Flask, **extra: Any) -> None:
+        fired.append(extra["outcome"])
+
+    def on_skipped(sender: Flask, **extra: Any) -> None:
+        skipped.append((extra["trigger_id"], extra["reason"]))
+
+    with (
+        signals.completion_trigger_fired.connected_to(on_fired, sender=app),
+        signals.completion_trigger_skipped.connected_to(on_skipped, sender=app),
+        app.app_context(),
+    ):
+        service = trigger_service()
+        workflows = service.workflows
+        eu, _ = workflows.start("order_flow", {"region": "EU"})
+        us, _ = workflows.start("order_flow", {"region": "US"})
+        eu.result(timeout=20)
+        us.result(timeout=20)
+        service.evaluate(us.execution_id)
+    assert sorted(fired) == ["deduped", "skipped", "started"]
+    assert skipped == [(SEED_ID, "condition_unmet")]
+
+
+def test_the_cli(app: Flask) -> None:
+    runner = app.test_cli_runner()
+    result = runner.invoke(
+        args=[
+            "harvest", "triggers", "register", "--source", "order_flow", "--target", "fulfil",
+            "--state", "Completed", "--state", "Failed",
+            "--mapping", '{"type": "Projection", "data": "summary"}',
+            "--condition", '{"type": "Exists", "data": {"path": "summary"}}', "--id", SEED_ID, "--json",
+        ]
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.output)["terminal_states"] == ["Completed", "Failed"]
+    listed = runner.invoke(args=["harvest", "triggers", "list"])
+    assert SEED_ID in listed.output and "order_flow" in listed.output
+    shown = runner.invoke(args=["harvest", "triggers", "show", SEED_ID])
+    assert '"Projection"' in shown.output
+    bad = runner.invoke(
+        args=[
+            "harvest",
+            "triggers",
+            "register",
+            "--source",
+            "a",
+            "--target",
+            "b",
+            "--condition",
+            '{"type": "Nope"}',
+        ]
+    )
+    assert bad.exit_code == 1
+    assert bad.output.startswith("Error: condition:") and "Traceback" not in bad.output
+    not_json = runner.invoke(
+        args=["harvest", "triggers", "register", "--source", "a", "--target", "b", "--mapping", "{"]
+    )
+    assert not_json.exit_code == 1 and "Error: --mapping: is not valid JSON" in not_json.output
+    with app.app_context():
+        handle, _ = trigger_service().workflows.start("order_flow", {"summary": 1})
+        handle.result(timeout=20)
+    evaluated = runner.invoke(args=["harvest", "triggers", "evaluate", handle.execution_id, "--json"])
+    assert json.loads(evaluated.output)[0]["outcome"] == "deduped"
+    fires = runner.invoke(args=["harvest", "triggers", "fires", SEED_ID, "--json"])
+    assert json.loads(fires.output)[0]["source_exec_id"] == handle.execution_id
+    assert runner.invoke(args=["harvest", "triggers", "delete", SEED_ID]).exit_code == 0
+    missing = runner.invoke(args=["harvest", "triggers", "delete", SEED_ID])
+    assert missing.exit_code == 1 and "no completion trigger" in missing.output
