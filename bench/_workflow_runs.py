@@ -14,7 +14,7 @@ from pathlib import Path
 import sqlalchemy as sa
 from flask import Flask
 
-from flask_harvest.workflow_extension import workflow_service
+from flask_harvest import workflow_service
 from flask_harvest.workflows._schema import executions_table
 
 from . import _dbos_app, _workers

@@ -14,7 +14,7 @@ from ._version import __version__
 
 if TYPE_CHECKING:
     from . import signals
-    from ._app import get_engine
+    from ._app import get_engine, workflow_service
     from .engine import HarvestEngine, build_engine
     from .errors import (
         ConfigurationError,
@@ -53,7 +53,7 @@ if TYPE_CHECKING:
         OutboundWebhookStore,
         SqlOutboundWebhookStore,
     )
-    from .workflow_extension import HarvestWorkflows, workflow_service
+    from .workflow_extension import HarvestWorkflows
     from .workflows.models import ExecutionState, IdReusePolicy
     from .workflows.service import WorkflowFailedError, WorkflowHandle
 
@@ -73,7 +73,7 @@ _SOURCES: dict[str, tuple[str, ...]] = {
         "StoreError",
         "SubscriptionNotFoundError",
     ),
-    "._app": ("get_engine",),
+    "._app": ("get_engine", "workflow_service"),
     ".engine": ("HarvestEngine", "build_engine"),
     ".extension": ("OutboundWebhookPlugin", "get_manager"),
     ".jobs.base": ("JobBackendError",),
@@ -103,7 +103,7 @@ _SOURCES: dict[str, tuple[str, ...]] = {
     ),
     ".trigger_extension": ("HarvestTriggers", "trigger_service"),
     ".triggers.definitions": ("CompletionTrigger",),
-    ".workflow_extension": ("HarvestWorkflows", "workflow_service"),
+    ".workflow_extension": ("HarvestWorkflows",),
     ".workflows.models": ("ExecutionState", "IdReusePolicy"),
     ".workflows.service": ("WorkflowFailedError", "WorkflowHandle"),
 }

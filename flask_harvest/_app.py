@@ -10,6 +10,7 @@ from .errors import ConfigurationError
 
 if TYPE_CHECKING:
     from .engine import HarvestEngine
+    from .workflows.service import WorkflowService
 
 #: The key of the engine in ``app.extensions``.
 EXTENSION_KEY = "harvest"
@@ -28,3 +29,16 @@ def get_engine(app: Flask | None = None) -> HarvestEngine:
             "flask-harvest is not registered on this app; call OutboundWebhookPlugin(...).init_app(app)"
         ) from None
     return engine
+
+
+def workflow_service(app: Flask | None = None) -> WorkflowService:
+    """Return the workflow service of ``app`` (default: the current app).
+
+    :raises ConfigurationError: flask-harvest, or workflows, are not registered on the app.
+    """
+    service = get_engine(app).workflows
+    if service is None:
+        raise ConfigurationError(
+            "workflows are not registered on this app: use HarvestWorkflows.sql(db, app)"
+        )
+    return service

@@ -13,9 +13,10 @@ from datetime import datetime, timezone
 from typing import Any
 
 import click
+from flask.cli import AppGroup
 
-from ._input import to_utc
-from .errors import InvalidFieldError
+from ._input import text_problem, to_utc
+from .errors import HarvestError, InvalidFieldError
 
 #: The ``--json`` flag every reporting command takes.
 json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
@@ -59,6 +60,45 @@ def fields(data: Mapping[str, object], keys: Sequence[str] | None = None) -> str
 def output(data: Any, as_json: bool, render: Callable[[Any], str]) -> None:
     """Print ``data`` as JSON, or as ``render(data)`` for people."""
     click.echo(json.dumps(data, indent=2) if as_json else render(data))
+
+
+# -- commands ------------------------------------------------------------------------------------
+
+
+def one_line(exc: BaseException) -> str:
+    """Return the first non-empty line of an error's message (or its type's name)."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    return lines[0] if lines else type(exc).__name__
+
+
+def _check_params(ctx: click.Context) -> None:
+    """Refuse an argument that is not text a store can keep: bytes that are not UTF-8 (Python
+    hands them over as lone surrogates) or a NUL character. The message never shows the value."""
+    for param in ctx.command.params:
+        value = ctx.params.get(param.name or "")
+        for item in value if isinstance(value, tuple | list) else [value]:
+            problem = text_problem(item) if isinstance(item, str) else None
+            if problem is not None:
+                label = param.opts[0] if isinstance(param, click.Option) else (param.name or "").upper()
+                raise click.ClickException(f"{label} {problem}")
+
+
+class HarvestCommand(click.Command):
+    """A command whose :class:`HarvestError` ends it with ``Error: <reason>`` and exit status 1,
+    like an argument that is not valid text."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        _check_params(ctx)
+        try:
+            return super().invoke(ctx)
+        except HarvestError as exc:
+            raise click.ClickException(one_line(exc)) from exc
+
+
+class HarvestGroup(AppGroup):
+    """The ``harvest`` groups: every command runs in the app context and reports errors in one line."""
+
+    command_class = HarvestCommand
 
 
 # -- option types ----------------------------------------------------------------------------------

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import hmac
 import logging
+from collections.abc import Callable
 from typing import Any
 
-from flask import Blueprint, Response, current_app, jsonify, request
+from flask import Blueprint, Response, current_app, g, jsonify, request
 from marshmallow import Schema, ValidationError
 from werkzeug.exceptions import HTTPException
 from werkzeug.routing import PathConverter
@@ -105,11 +106,12 @@ def _read_limited_body(limit: int) -> bytes:
 def read_json() -> Any:
     """Return the request body parsed as JSON, whatever its content type.
 
-    :raises ApiError: the body is over :data:`MAX_BODY_BYTES` (413), or not JSON in UTF-8, or
+    :raises ApiError: the body is over the blueprint's limit (default :data:`MAX_BODY_BYTES`;
+        413), or not JSON in UTF-8, or
         nested past :data:`~flask_harvest._input.MAX_JSON_DEPTH` (400 ``bad_json``).
     """
     try:
-        return parse_json(_read_limited_body(MAX_BODY_BYTES))
+        return parse_json(_read_limited_body(g.get("harvest_body_limit", MAX_BODY_BYTES)))
     except InvalidFieldError as exc:
         raise ApiError(400, "bad_json", f"the body {exc.message}") from None
 
@@ -185,11 +187,39 @@ class AnyPathConverter(PathConverter):
     regex = "(?s:[^/].*?)"
 
 
-def install_admin_api(blueprint: Blueprint, *, realm: str) -> None:
+def error_status(exc: BaseException, default: int) -> int:
+    """Return the 4xx status ``exc`` asks for in an ``http_status`` attribute, else ``default``.
+
+    An error class of any subsystem maps itself to a status this way (``InputTooLargeError`` is a
+    413, a refused completion callback a 422), so this module need not know every class.
+    """
+    status = getattr(exc, "http_status", None)
+    if isinstance(status, int) and not isinstance(status, bool) and 400 <= status < 500:
+        return status
+    return default
+
+
+def _error_code(exc: BaseException, default: str) -> str:
+    code = getattr(exc, "error_code", None)
+    return code if isinstance(code, str) and code else default
+
+
+def install_admin_api(
+    blueprint: Blueprint,
+    *,
+    realm: str,
+    invalid_status: int = 422,
+    max_body_bytes: Callable[[], int] | None = None,
+) -> None:
     """Guard every route of ``blueprint`` with :func:`authorize_admin` and answer its errors as JSON.
 
     Call it before the blueprint's routes are declared: it registers the ``anypath`` converter
     their catch-all route uses.
+
+    :param invalid_status: the status of a request whose fields do not validate (the actuator's
+        422; the workflow API's 400).
+    :param max_body_bytes: the largest request body, read per request (default
+        :data:`MAX_BODY_BYTES`).
     """
 
     @blueprint.record_once
@@ -198,6 +228,9 @@ def install_admin_api(blueprint: Blueprint, *, realm: str) -> None:
 
     @blueprint.before_request
     def _authorize() -> tuple[Response, int] | None:
+        # What read_json() reads at most: this blueprint's limit (the workflow API's follows the
+        # workflow input limit), never Flask's max_content_length, which has no setter before 3.1.
+        g.harvest_body_limit = max_body_bytes() if max_body_bytes is not None else MAX_BODY_BYTES
         return authorize_admin(realm) or _bad_path_id()
 
     @blueprint.errorhandler(ApiError)
@@ -207,20 +240,27 @@ def install_admin_api(blueprint: Blueprint, *, realm: str) -> None:
     @blueprint.errorhandler(ValidationError)
     def _validation_error(exc: ValidationError) -> tuple[Response, int]:
         messages = exc.messages if isinstance(exc.messages, dict) else {"_schema": exc.messages}
-        return json_error(422, "validation_error", "the request has invalid fields", messages)
+        return json_error(invalid_status, "validation_error", "the request has invalid fields", messages)
 
+    # Each handler below answers an error's own http_status and error_code when it declares them
+    # (InputTooLargeError is an InvalidFieldError answered 413).
     @blueprint.errorhandler(InvalidFieldError)
     def _invalid_field(exc: InvalidFieldError) -> tuple[Response, int]:
-        return json_error(422, "validation_error", str(exc), {exc.field: [exc.message]})
+        return json_error(
+            error_status(exc, invalid_status),
+            _error_code(exc, "validation_error"),
+            str(exc),
+            {exc.field: [exc.message]},
+        )
 
     @blueprint.errorhandler(NotFoundError)
     def _not_found(exc: NotFoundError) -> tuple[Response, int]:
-        return json_error(404, "not_found", str(exc))
+        return json_error(error_status(exc, 404), _error_code(exc, "not_found"), str(exc))
 
     @blueprint.errorhandler(DuplicateSubscriptionError)
     @blueprint.errorhandler(InvalidStateError)
     def _conflict(exc: HarvestError) -> tuple[Response, int]:
-        return json_error(409, "conflict", str(exc))
+        return json_error(error_status(exc, 409), _error_code(exc, "conflict"), str(exc))
 
     @blueprint.errorhandler(StoreError)
     def _store_down(exc: StoreError) -> tuple[Response, int]:

@@ -12,55 +12,21 @@ from typing import Any
 
 import click
 from flask import current_app
-from flask.cli import AppGroup
 
 from . import _cli_output as out
 from ._app import get_engine
-from ._input import text_problem
+from ._cli_output import HarvestGroup as _Group
 from .callbacks.service import CompletionCallbacks
 from .engine import HarvestEngine
-from .errors import ConfigurationError, HarvestError
+from .errors import ConfigurationError
 from .webhooks.models import WebhookSubscriptionStatus, isoformat, utcnow
 from .webhooks.operations import MAX_BULK_REPLAY, MAX_DLQ_PAGE, NewSecret, WebhookOperations
 from .worker import serve
-
-
-def _one_line(exc: BaseException) -> str:
-    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
-    return lines[0] if lines else type(exc).__name__
-
-
-def _check_params(ctx: click.Context) -> None:
-    """Refuse an argument that is not text a store can keep: bytes that are not UTF-8 (Python
-    hands them over as lone surrogates) or a NUL character. The message never shows the value."""
-    for param in ctx.command.params:
-        value = ctx.params.get(param.name or "")
-        for item in value if isinstance(value, tuple | list) else [value]:
-            problem = text_problem(item) if isinstance(item, str) else None
-            if problem is not None:
-                label = param.opts[0] if isinstance(param, click.Option) else (param.name or "").upper()
-                raise click.ClickException(f"{label} {problem}")
-
-
-class _Command(click.Command):
-    """A command whose :class:`HarvestError` ends it with ``Error: <reason>`` and exit status 1,
-    like an argument that is not valid text."""
-
-    def invoke(self, ctx: click.Context) -> Any:
-        _check_params(ctx)
-        try:
-            return super().invoke(ctx)
-        except HarvestError as exc:
-            raise click.ClickException(_one_line(exc)) from exc
-
-
-class _Group(AppGroup):
-    """The ``harvest`` groups: every command runs in the app context and reports errors in one line."""
-
-    command_class = _Command
-
+from .workflow_cli import workflows_cli
 
 harvest_cli = _Group("harvest", help="Outbound webhooks: subscriptions, dead letters, workers, maintenance.")
+# In an app without workflows its commands say so in one line.
+harvest_cli.add_command(workflows_cli)
 
 
 @harvest_cli.command("worker")
@@ -89,14 +55,20 @@ def worker_command(burst: bool, name: str | None, concurrency: int | None) -> No
 @harvest_cli.command("sweep")
 def sweep_command() -> None:
     """Once: relay waiting outbox messages, purge old relayed ones, free expired leases and queue
-    due deliveries that have no job."""
+    due deliveries (and workflow executions) that have no job; end overdue workflow executions."""
     engine = get_engine()
     report = engine.sweep()
     _finish_local_jobs(engine)
-    click.echo(
+    line = (
         f"relayed {report.relayed} outbox message(s), released {report.released} expired lease(s), "
         f"requeued {report.requeued} delivery(ies)"
     )
+    if engine.workflows is not None:
+        line += (
+            f"; ended {report.timed_out} workflow execution(s) TimedOut and "
+            f"{report.poisoned} as poison pills"
+        )
+    click.echo(line)
 
 
 def _finish_local_jobs(engine: HarvestEngine) -> None:
@@ -110,13 +82,18 @@ def _ops() -> WebhookOperations:
 
 @harvest_cli.command("init-db")
 def init_db_command() -> None:
-    """Create the webhook tables where they do not exist yet (existing ones are left alone)."""
-    store = get_engine().store
+    """Create the webhook tables, and the workflow tables if workflows are registered, where they
+    do not exist yet (existing ones are left alone)."""
+    engine = get_engine()
+    store = engine.store
     if not store.capabilities.schema:
         click.echo(f"{type(store).__name__} keeps no tables: there is nothing to create")
-        return
-    store.ensure_schema()
-    click.echo("the webhook tables are in place")
+    else:
+        store.ensure_schema()
+        click.echo("the webhook tables are in place")
+    if engine.workflows is not None:
+        engine.workflows.store.ensure_schema()
+        click.echo("the workflow tables are in place")
 
 
 @harvest_cli.command("purge")

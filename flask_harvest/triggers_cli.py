@@ -14,7 +14,7 @@ import click
 
 from . import _cli_output as out
 from ._app import get_engine
-from .cli import _Group
+from ._cli_output import HarvestGroup as _Group
 from .errors import ConfigurationError, InvalidFieldError
 from .triggers.definitions import trigger_from_json, trigger_to_json
 from .triggers.service import TriggerService, fire_to_json, stored_to_json

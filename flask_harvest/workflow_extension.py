@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from flask import Flask
 
 from . import signals
-from ._app import EXTENSION_KEY, get_engine
+from ._app import EXTENSION_KEY, get_engine, workflow_service
 from .callbacks.api import completion_blueprint
 from .callbacks.outcome import AttemptOutcome, DeliveryState
 from .callbacks.service import CallbackListener
@@ -22,6 +22,7 @@ from .callbacks.store import CompletionDelivery
 from .engine import add_workflows
 from .errors import ConfigurationError
 from .extension import OutboundWebhookPlugin
+from .workflows.http import workflows_api
 from .workflows.models import Execution, ExecutionState, IdReusePolicy, JsonValue
 from .workflows.registry import WorkflowFunction, WorkflowRegistry
 from .workflows.service import WorkflowHandle, WorkflowService
@@ -109,6 +110,7 @@ class HarvestWorkflows:
         if self._create_tables:
             store.ensure_schema()
         add_workflows(engine, store, self.registry)
+        app.register_blueprint(workflows_api, url_prefix=engine.settings.workflow_api_prefix)
         callbacks = engine.callbacks
         if callbacks is not None:
             if self._create_tables:
@@ -172,15 +174,3 @@ def _callback_signals(app: Flask) -> CallbackListener:
 
     return listener
 
-
-def workflow_service(app: Flask | None = None) -> WorkflowService:
-    """Return the workflow service of ``app`` (default: the current app).
-
-    :raises ConfigurationError: no workflows are registered on the app.
-    """
-    service = get_engine(app).workflows
-    if service is None:
-        raise ConfigurationError(
-            "workflows are not registered on this app: use HarvestWorkflows.sql(db, app)"
-        )
-    return service

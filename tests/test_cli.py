@@ -125,12 +125,13 @@ def assert_no_secret(result: Result) -> None:
             (),
             [
                 *("init-db", "subscriptions", "dlq", "deliveries", "purge", "stats", "sweep", "worker"),
-                *("outbox", "completion-delivery", "completion-deliveries", "callbacks"),
+                *("outbox", "completion-delivery", "completion-deliveries", "callbacks", "workflows"),
             ],
         ),
         (("subscriptions",), ["add", "list", "show", "enable", "disable", "rotate-secret", "remove"]),
         (("dlq",), ["list", "replay", "redrive"]),
         (("deliveries",), ["show"]),
+        (("workflows",), ["start", "list", "show", "steps", "result", "cancel", "terminate"]),
     ],
 )
 def test_help_lists_every_command(cli: Cli, group: tuple[str, ...], commands: list[str]) -> None:

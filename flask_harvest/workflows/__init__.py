@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from .context import StepRetryPolicy, WorkflowContext
 from .errors import (
+    ExecutionEndedError,
     ExecutionNotFoundError,
     InputTooLargeError,
     NonDeterminismError,
@@ -27,6 +28,7 @@ from .store import ExecutionCursor, LeaseSweep, SqlWorkflowStore
 __all__ = [
     "Execution",
     "ExecutionCursor",
+    "ExecutionEndedError",
     "ExecutionNotFoundError",
     "ExecutionState",
     "IdReusePolicy",

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..errors import HarvestError, InvalidFieldError, NotFoundError
+from ..errors import HarvestError, InvalidFieldError, InvalidStateError, NotFoundError
 
 
 class WorkflowError(HarvestError):
@@ -37,6 +37,10 @@ class WorkflowIdReusedError(WorkflowError):
     :param previous_state: that run's terminal state.
     """
 
+    #: The HTTP API answers this error with 409 Conflict.
+    http_status = 409
+    error_code = "workflow_id_reused"
+
     def __init__(
         self, workflow_id: str, policy: str, previous_execution_id: str, previous_state: str
     ) -> None:
@@ -54,6 +58,10 @@ class WorkflowIdReusedError(WorkflowError):
 class InputTooLargeError(InvalidFieldError):
     """A workflow input (or output) is larger, encoded as JSON, than the configured limit."""
 
+    #: The HTTP API answers this error with 413 Content Too Large.
+    http_status = 413
+    error_code = "input_too_large"
+
     def __init__(self, field: str, size: int, limit: int) -> None:
         super().__init__(
             field,
@@ -62,6 +70,23 @@ class InputTooLargeError(InvalidFieldError):
         )
         self.size = size
         self.limit = limit
+
+
+class ExecutionEndedError(WorkflowError, InvalidStateError):
+    """Cancel or terminate asked of an execution that has already ended; nothing was changed.
+
+    :param execution_id: the execution.
+    :param state: the terminal state it ended in (its value, e.g. ``Completed``).
+    """
+
+    error_code = "execution_ended"
+
+    def __init__(self, execution_id: str, state: str, action: str) -> None:
+        super().__init__(
+            f"workflow execution {execution_id} already ended {state}: there is nothing to {action}"
+        )
+        self.execution_id = execution_id
+        self.state = state
 
 
 class NonDeterminismError(WorkflowError):

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
-from .._input import check_json_value
+from .._input import check_json_value, text_problem
 from ..errors import InvalidFieldError
 from .errors import InputTooLargeError
 
@@ -156,10 +156,13 @@ def encode_json(value: JsonValue, *, field: str, max_bytes: int | None = None) -
         raise InvalidFieldError(
             field, "is not a JSON value (use dict with str keys, list, str, int, float, bool, None)"
         )
-    if max_bytes is not None:
-        size = len(text.encode("utf-8"))
-        if size > max_bytes:
-            raise InputTooLargeError(field, size, max_bytes)
+    # A lone surrogate (JSON's "\ud800") decodes to a str that no database driver can send.
+    problem = text_problem(text, nul=True)
+    if problem is not None:
+        raise InvalidFieldError(field, problem)
+    size = len(text.encode("utf-8"))
+    if max_bytes is not None and size > max_bytes:
+        raise InputTooLargeError(field, size, max_bytes)
     return text
 
 

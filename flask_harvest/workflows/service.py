@@ -13,11 +13,18 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
-from .._input import text_problem
+from .._input import check_text, text_problem
 from ..errors import HarvestError, InvalidFieldError
-from .errors import ExecutionNotFoundError
+from .errors import ExecutionEndedError, ExecutionNotFoundError
 from .hooks import TerminalHooks
-from .models import Execution, ExecutionState, IdReusePolicy, JsonValue, StepRecord, utcnow
+from .models import (
+    Execution,
+    ExecutionState,
+    IdReusePolicy,
+    JsonValue,
+    StepRecord,
+    utcnow,
+)
 from .registry import WorkflowRegistry
 from .runner import WorkflowRunner
 from .store import SqlWorkflowStore
@@ -210,6 +217,8 @@ class WorkflowService:
             raise InvalidFieldError(
                 "state", f"must be one of {', '.join(s.value for s in ExecutionState)}"
             ) from None
+        if name is not None:
+            check_text(name, "name")
         position = decode_cursor(cursor) if cursor else None
         rows = self.store.list_executions(name=name, state=chosen, cursor=position, limit=limit + 1)
         page = rows[:limit]
@@ -225,20 +234,33 @@ class WorkflowService:
 
     def cancel(self, execution_id: str, reason: str | None = None) -> Execution:
         """Cancel cooperatively: a pending run ends ``Cancelled`` now, a running one at its next
-        step or sleep boundary. An ended run is left as it is.
+        step or sleep boundary.
 
+        :returns: the execution after the request (still ``Running``, with ``cancel_requested``,
+            until its code reaches a boundary).
         :raises ExecutionNotFoundError: no execution has this id.
+        :raises ExecutionEndedError: it had already ended; nothing was changed.
         """
-        self.get(execution_id)
+        _check_reason(reason)
+        self._require_open(execution_id, "cancel")
         return self.store.request_cancel(execution_id, reason, now=utcnow())
 
     def terminate(self, execution_id: str, reason: str | None = None) -> Execution:
         """End an open run ``Terminated`` at once; its code can record nothing more.
 
         :raises ExecutionNotFoundError: no execution has this id.
+        :raises ExecutionEndedError: it had already ended; nothing was changed.
         """
-        self.get(execution_id)
+        _check_reason(reason)
+        self._require_open(execution_id, "terminate")
         return self.store.terminate(execution_id, reason, now=utcnow())
+
+    def _require_open(self, execution_id: str, action: str) -> None:
+        # An execution that ends between this read and the store's guarded UPDATE is left as it
+        # ended (the UPDATE only moves an open row): the caller then sees its real terminal state.
+        execution = self.get(execution_id)
+        if execution.terminal:
+            raise ExecutionEndedError(execution.execution_id, execution.state.value, action)
 
     def wait(self, execution_id: str, timeout: float | None) -> Execution:
         """Return the execution once it has ended, or as it is after ``timeout`` seconds.
@@ -263,6 +285,13 @@ def _plausible_id(execution_id: object) -> bool:
     return (
         isinstance(execution_id, str) and 0 < len(execution_id) <= 64 and text_problem(execution_id) is None
     )
+
+
+def _check_reason(reason: str | None) -> None:
+    if reason is not None:
+        if not isinstance(reason, str):
+            raise InvalidFieldError("reason", "must be a string")
+        check_text(reason, "reason")
 
 
 class WorkflowHandle:

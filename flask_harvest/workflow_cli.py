@@ -1,0 +1,258 @@
+"""``flask harvest workflows ...``: operator commands, thin over
+:class:`~flask_harvest.workflows.service.WorkflowService`.
+
+The same conventions as the rest of ``flask harvest`` (:mod:`flask_harvest.cli`): text for people,
+``--json`` for scripts, and a failure as one ``Error: ...`` line with exit status 1. The commands
+print what the HTTP API answers: :func:`~flask_harvest.workflows.service.execution_to_dict` and
+:func:`~flask_harvest.workflows.service.step_to_dict` are the one source of both shapes.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+import click
+
+from . import _cli_output as out
+from ._app import workflow_service
+from .errors import InvalidFieldError
+from .workflows.models import ExecutionState, IdReusePolicy, JsonValue
+from .workflows.schemas import MAX_PAGE
+from .workflows.service import WorkflowService, execution_to_dict, step_to_dict
+
+__all__ = ["workflows_cli"]
+
+workflows_cli = out.HarvestGroup(
+    "workflows", help="Durable workflow executions: start, inspect, cancel, terminate."
+)
+
+EXECUTION_FIELDS = (
+    "execution_id",
+    "workflow_name",
+    "workflow_id",
+    "state",
+    "created_at",
+    "started_at",
+    "completed_at",
+    "deadline",
+    "attempt",
+    "recovery_count",
+    "cancel_requested",
+    "trigger_depth",
+    "input",
+    "output",
+    "error",
+)
+
+
+def _service() -> WorkflowService:
+    return workflow_service()
+
+
+def _json_argument(text: str | None, field: str) -> JsonValue:
+    if text is None:
+        return None
+    try:
+        return json.loads(text)
+    except (ValueError, RecursionError) as exc:
+        raise InvalidFieldError(field, f"is not JSON ({exc})") from None
+
+
+def _compact(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+
+
+def _execution(data: Mapping[str, Any]) -> str:
+    shown = {k: _compact(v) if k in ("input", "output") else v for k, v in data.items()}
+    return out.fields(shown, EXECUTION_FIELDS)
+
+
+def _execution_rows(data: Mapping[str, Any]) -> str:
+    rows = [
+        (
+            e["execution_id"],
+            e["workflow_name"],
+            e["workflow_id"],
+            e["state"],
+            e["created_at"],
+            e["completed_at"],
+        )
+        for e in data["executions"]
+    ]
+    columns = ("execution_id", "workflow", "workflow_id", "state", "created", "completed")
+    text = out.table(rows, columns, empty="no matching workflow executions")
+    if data["next_cursor"]:
+        text += f"\nmore: --cursor {data['next_cursor']}"
+    return text
+
+
+def _step_rows(data: Mapping[str, Any]) -> str:
+    rows = [
+        (s["seq"], s["name"], "failed" if "error" in s else "ok", s.get("error", _compact(s.get("output"))))
+        for s in data["steps"]
+    ]
+    return out.table(rows, ("seq", "step", "outcome", "result / error"), empty="no step checkpoints yet")
+
+
+def _started(data: Mapping[str, Any]) -> str:
+    verb = "started" if data["created"] else "already open:"
+    return (
+        f"{verb} {data['workflow_name']} execution {data['execution_id']} "
+        f"(workflow_id {data['workflow_id']}, {data['state']})"
+    )
+
+
+@workflows_cli.command("start")
+@click.argument("name")
+@click.option(
+    "--input", "input_text", metavar="JSON", default=None, help="The input, as JSON (default: null)."
+)
+@click.option(
+    "--input-file",
+    type=click.File("r", encoding="utf-8"),
+    default=None,
+    help="Read the input's JSON from this file ('-' for standard input).",
+)
+@click.option("--workflow-id", default=None, help="Your business key (default: a new UUID).")
+@click.option(
+    "--id-reuse-policy",
+    type=click.Choice([p.value for p in IdReusePolicy]),
+    default=IdReusePolicy.ALLOW_DUPLICATE.value,
+    show_default=True,
+    help="What to do when an earlier run of --workflow-id has ended.",
+)
+@click.option("--completion-callbacks", metavar="JSON", default=None, help="Completion callbacks, as JSON.")
+@out.json_option
+def workflows_start(
+    name: str,
+    input_text: str | None,
+    input_file: Any,
+    workflow_id: str | None,
+    id_reuse_policy: str,
+    completion_callbacks: str | None,
+    as_json: bool,
+) -> None:
+    """Start a run of the workflow NAME (or show the open run of --workflow-id)."""
+    if input_text is not None and input_file is not None:
+        raise click.UsageError("give --input or --input-file, not both")
+    if input_file is not None:
+        input_text = input_file.read()
+    handle, created = _service().start(
+        name,
+        _json_argument(input_text, "input"),
+        workflow_id=workflow_id,
+        policy=id_reuse_policy,
+        completion_callbacks=_json_argument(completion_callbacks, "completion_callbacks"),
+    )
+    data = {**execution_to_dict(handle.execution(), with_io=False), "created": created}
+    out.output(data, as_json, _started)
+
+
+@workflows_cli.command("list")
+@click.option("--name", default=None, help="Only runs of this workflow.")
+@click.option(
+    "--state",
+    type=click.Choice([s.value for s in ExecutionState]),
+    default=None,
+    help="Only runs in this state.",
+)
+@click.option(
+    "--limit", type=click.IntRange(1, MAX_PAGE), default=50, show_default=True, help="Rows per page."
+)
+@click.option("--cursor", default=None, help="Continue after a previous page (its 'more:' line).")
+@out.json_option
+def workflows_list(
+    name: str | None, state: str | None, limit: int, cursor: str | None, as_json: bool
+) -> None:
+    """Workflow executions, newest first."""
+    page, next_cursor = _service().list_executions(name=name, state=state, cursor=cursor, limit=limit)
+    data = {"executions": [execution_to_dict(e, with_io=False) for e in page], "next_cursor": next_cursor}
+    out.output(data, as_json, _execution_rows)
+
+
+@workflows_cli.command("show")
+@click.argument("execution_id")
+@out.json_option
+def workflows_show(execution_id: str, as_json: bool) -> None:
+    """One execution: state, timestamps, input, and output or error."""
+    out.output(execution_to_dict(_service().get(execution_id)), as_json, _execution)
+
+
+@workflows_cli.command("steps")
+@click.argument("execution_id")
+@out.json_option
+def workflows_steps(execution_id: str, as_json: bool) -> None:
+    """The execution's step checkpoints, in order."""
+    checkpoints = _service().steps(execution_id)
+    data = {"execution_id": execution_id, "steps": [step_to_dict(s) for s in checkpoints]}
+    out.output(data, as_json, _step_rows)
+
+
+@workflows_cli.command("result")
+@click.argument("execution_id")
+@click.option("--wait", type=out.Seconds(), default=0.0, help="Seconds to wait for the run to end.")
+@out.json_option
+def workflows_result(execution_id: str, wait: float, as_json: bool) -> None:
+    """Print the run's result; exit status 1 if it ended otherwise than Completed, or is still open."""
+    execution = _service().wait(execution_id, wait)
+    data: dict[str, Any] = {
+        "execution_id": execution.execution_id,
+        "workflow_id": execution.workflow_id,
+        "state": execution.state.value,
+    }
+    if execution.state is ExecutionState.COMPLETED:
+        data["result"] = execution.output
+        out.output(data, as_json, lambda d: json.dumps(d["result"], indent=2, ensure_ascii=False))
+        return
+    if execution.terminal:
+        data["error"] = execution.error
+        reason = f"execution {execution.execution_id} ended {execution.state.value}: {execution.error}"
+    else:
+        reason = (
+            f"execution {execution.execution_id} is still {execution.state.value}; wait longer with --wait"
+        )
+    if as_json:
+        out.output(data, as_json, str)
+    raise click.ClickException(out.cell(reason, width=500))
+
+
+@workflows_cli.command("cancel")
+@click.argument("execution_id")
+@click.option("--reason", default=None, help="Why; recorded as the run's error.")
+@out.json_option
+def workflows_cancel(execution_id: str, reason: str | None, as_json: bool) -> None:
+    """Cancel cooperatively: a pending run ends now, a running one at its next step or sleep."""
+    execution = _service().cancel(execution_id, reason)
+    out.output(execution_to_dict(execution), as_json, _cancelled)
+
+
+def _cancelled(data: Mapping[str, Any]) -> str:
+    if data["state"] == ExecutionState.CANCELLED.value:
+        return f"execution {data['execution_id']} is Cancelled"
+    if data["cancel_requested"]:
+        return f"cancel requested: execution {data['execution_id']} ends Cancelled at its next step or sleep"
+    return f"execution {data['execution_id']} ended {data['state']} before the cancel"
+
+
+@workflows_cli.command("terminate")
+@click.argument("execution_id")
+@click.option("--reason", default=None, help="Why; recorded as the run's error.")
+@click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
+@out.json_option
+def workflows_terminate(execution_id: str, reason: str | None, yes: bool, as_json: bool) -> None:
+    """End the run Terminated at once: its code records nothing more."""
+    service = _service()
+    current = service.get(execution_id)
+    if not yes and not current.terminal:
+        click.confirm(
+            f"Terminate {current.workflow_name} execution {current.execution_id} ({current.state.value})?",
+            abort=True,
+        )
+    execution = service.terminate(execution_id, reason)
+    out.output(
+        execution_to_dict(execution),
+        as_json,
+        lambda d: f"execution {d['execution_id']} is {d['state']}",
+    )

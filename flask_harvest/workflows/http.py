@@ -1,0 +1,134 @@
+"""The workflow HTTP API: a blueprint thin over :class:`~flask_harvest.workflows.service.WorkflowService`.
+
+:class:`~flask_harvest.workflow_extension.HarvestWorkflows` registers it under
+``HARVEST_WORKFLOW_API_PREFIX`` (``/api/harvest``). Access is the actuator's, from
+:mod:`flask_harvest.admin_http`: deny by default, ``Authorization: Bearer <HARVEST_ACTUATOR_TOKEN>``
+or the registered authorizer; errors are ``{"error": {"code", "message", "fields"}}``.
+
+Statuses: 201 a run was created, 200 an existing open run of the ``workflow_id`` was returned (the
+start collapsed into it); 400 a malformed body or query; 404 an unknown workflow name or execution;
+409 the id reuse policy refused, or the execution had already ended (cancel, terminate); 413 the
+input is over ``HARVEST_WORKFLOW_MAX_INPUT_BYTES``; 415 a body that is not JSON; 503 the database
+is unavailable. An error class may declare its own status (``http_status``), which
+:func:`~flask_harvest.admin_http.install_admin_api` honours.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from flask import Blueprint, Response, jsonify, request, url_for
+
+from .._app import get_engine, workflow_service
+from ..admin_http import MAX_BODY_BYTES, install_admin_api, json_error, load_body, load_query
+from .models import Execution, ExecutionState
+from .schemas import CancelSchema, ListQuerySchema, ResultQuerySchema, StartSchema, TerminateSchema
+from .service import execution_to_dict, step_to_dict
+
+__all__ = ["workflows_api"]
+
+workflows_api = Blueprint("harvest_workflows", __name__)
+
+
+def _max_body_bytes() -> int:
+    # Room for the largest input the settings allow, written less compactly than we store it.
+    return 2 * get_engine().settings.workflow_max_input_bytes + MAX_BODY_BYTES
+
+
+install_admin_api(
+    workflows_api, realm="harvest-workflows", invalid_status=400, max_body_bytes=_max_body_bytes
+)
+
+
+def _summary(execution: Execution) -> dict[str, Any]:
+    return execution_to_dict(execution, with_io=False)
+
+
+@workflows_api.post("/workflows/<name>/start")
+def start(name: str) -> tuple[Response, int]:
+    """Start a run of ``name`` (or return the open run of ``workflow_id``)."""
+    body = load_body(StartSchema())
+    handle, created = workflow_service().start(
+        name,
+        body["input"],
+        workflow_id=body.get("workflow_id"),
+        policy=body["id_reuse_policy"],
+        completion_callbacks=body["completion_callbacks"],
+    )
+    execution = handle.execution()
+    response = jsonify({**_summary(execution), "created": created})
+    response.headers["Location"] = url_for(".show", execution_id=execution.execution_id)
+    return response, 201 if created else 200
+
+
+@workflows_api.get("/workflows")
+def list_executions() -> Response:
+    """One page of executions, newest first; ``next_cursor`` (and ``X-Next-Cursor``) continues."""
+    query = load_query(ListQuerySchema())
+    page, next_cursor = workflow_service().list_executions(
+        name=query.get("name"), state=query.get("state"), cursor=query.get("cursor"), limit=query["limit"]
+    )
+    response = jsonify({"executions": [_summary(e) for e in page], "next_cursor": next_cursor})
+    if next_cursor:
+        response.headers["X-Next-Cursor"] = next_cursor
+    return response
+
+
+@workflows_api.get("/workflows/<execution_id>")
+def show(execution_id: str) -> Response:
+    """An execution: its state, timestamps, input, and output or error."""
+    return jsonify(execution_to_dict(workflow_service().get(execution_id)))
+
+
+@workflows_api.get("/workflows/<execution_id>/steps")
+def steps(execution_id: str) -> Response:
+    """The execution's step checkpoints, in order."""
+    checkpoints = workflow_service().steps(execution_id)
+    return jsonify({"execution_id": execution_id, "steps": [step_to_dict(s) for s in checkpoints]})
+
+
+@workflows_api.get("/workflows/<execution_id>/result")
+def result(execution_id: str) -> tuple[Response, int]:
+    """200 with ``result`` (or ``error``) once ended; 202 while open, after waiting up to ``wait`` s."""
+    query = load_query(ResultQuerySchema())
+    cap = get_engine().settings.workflow_result_max_wait_seconds
+    execution = workflow_service().wait(execution_id, min(query["wait"], cap))
+    body: dict[str, Any] = {
+        "execution_id": execution.execution_id,
+        "workflow_id": execution.workflow_id,
+        "state": execution.state.value,
+    }
+    if not execution.terminal:
+        return jsonify(body), 202
+    if execution.state is ExecutionState.COMPLETED:
+        body["result"] = execution.output
+    else:
+        body["error"] = execution.error
+    return jsonify(body), 200
+
+
+@workflows_api.post("/workflows/<execution_id>/cancel")
+def cancel(execution_id: str) -> tuple[Response, int]:
+    """Cancel: 200 when it ended ``Cancelled`` at once, 202 when it ends at its next boundary."""
+    # A JSON body ({} will do) is required: a cross-site form cannot send one.
+    body = load_body(CancelSchema())
+    execution = workflow_service().cancel(execution_id, body.get("reason"))
+    return jsonify(execution_to_dict(execution)), 200 if execution.terminal else 202
+
+
+@workflows_api.post("/workflows/<execution_id>/terminate")
+def terminate(execution_id: str) -> Response:
+    """Terminate: the execution ends ``Terminated`` now."""
+    body = load_body(TerminateSchema())
+    return jsonify(execution_to_dict(workflow_service().terminate(execution_id, body.get("reason"))))
+
+
+_ALL = ["GET", "POST", "PUT", "PATCH", "DELETE"]
+
+
+@workflows_api.route("/workflows", methods=["POST", "PUT", "PATCH", "DELETE"])
+@workflows_api.route("/workflows/", methods=_ALL)
+@workflows_api.route("/workflows/<path:path>", methods=_ALL)
+def unknown_route(path: str = "") -> tuple[Response, int]:
+    """Anything else under ``/workflows``: a JSON 404, after the access check like every route."""
+    return json_error(404, "not_found", f"no workflow API route {request.method} {request.path}")
