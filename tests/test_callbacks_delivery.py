@@ -621,3 +621,42 @@ def test_hostile_ids_in_the_admin_routes_get_a_4xx_or_an_empty_list(
         f"/api/harvest/workflows/{execution_id}/completion-deliveries/{execution_id}/redrive", headers=AUTH
     )
     assert 400 <= redriven.status_code < 500, redriven.get_data(as_text=True)
+
+
+def test_a_run_started_over_http_with_a_target_ends_and_the_receiver_verifies_the_envelope(
+    make_app: AppFactory, receiver: CapturingReceiver
+) -> None:
+    # The "done when": the start route, a real receiver, the receiver-side check.
+    client = make_app().test_client()
+    response = client.post(
+        "/api/harvest/workflows/echo/start",
+        json={"input": {"n": 7}, "completion_callbacks": [target(receiver, "/http-hook", "CompletedOnly")]},
+        headers=AUTH,
+    )
+    assert response.status_code == 201, response.get_json()
+    [request] = receiver.wait_for(1, timeout=20)
+    assert request.path == "/http-hook"
+    assert verify_completion_callback(
+        SECRET, request.body, request.headers["x-harvest-signature"],
+        timestamp=request.headers["x-harvest-timestamp"], tolerance_seconds=300,
+    )  # fmt: skip
+    data = json.loads(request.body)
+    assert data["execution_id"] == response.get_json()["execution_id"]
+    assert data["state"] == "Completed" and data["result"] == {"echo": {"n": 7}}
+
+
+def test_the_http_start_route_answers_422_with_the_rejection_and_starts_nothing(
+    make_app: AppFactory,
+) -> None:
+    app = make_app()
+    client = app.test_client()
+    response = client.post(
+        "/api/harvest/workflows/echo/start",
+        json={"input": None, "completion_callbacks": [{"url": "https://evil.example.net/h"}]},
+        headers=AUTH,
+    )
+    assert response.status_code == 422
+    body = response.get_json()
+    assert "HostNotAllowed" in json.dumps(body)
+    page, _ = service_of(app).list_executions(limit=10)
+    assert page == []
