@@ -172,7 +172,7 @@ def add_workflows(
     # live one, so the backend's job timeout (sized for one webhook attempt) must not kill it.
     engine.backend.set_job_timeout(WORKFLOW_JOB, None)
     # A worker takes as many workflow jobs at a time as the runner's threads have room for, and
-    # hands them over: its threads keep up to HARVEST_WORKER_CONCURRENCY runs going.
+    # hands them over: its threads keep up to HARVEST_WORKFLOW_CONCURRENCY runs going.
     if isinstance(engine.backend, RqBackend):
         engine.jobs.register(WORKFLOW_JOB, runner.submit_many, take=runner.free_slots)
     else:

@@ -17,7 +17,7 @@ from datetime import datetime, timedelta
 
 from sqlalchemy import Connection
 
-from ..errors import HarvestError, InvalidFieldError, StoreError
+from ..errors import HarvestError, InvalidFieldError, InvalidStateError, StoreError
 from ..jobs.base import JobBackend, JobBackendError, JobRef
 from .context import StepRetryPolicy, WorkflowContext, _EngineFailed, _Unwind
 from .errors import UnknownWorkflowError
@@ -288,9 +288,10 @@ class WorkflowRunner:
 
     def _run_claimed(self, claimed: Execution, now: datetime) -> Execution | None:
         """Run an execution this runner has just claimed (at ``now``); see :meth:`run`."""
-        assert claimed.lease_token is not None
         execution_id = claimed.execution_id
         token = claimed.lease_token
+        if token is None:
+            raise InvalidStateError(f"execution {execution_id} was handed over without its lease")
         if claimed.cancel_requested:
             return self._end(
                 claimed, token, ExecutionState.CANCELLED, error=claimed.cancel_reason or "cancelled"

@@ -429,7 +429,8 @@ class SqlWorkflowStore(_SweepQueries):
             if lease_seconds is None:
                 # The guard holds the row (or SQLite's write lock): it is still ours as read here.
                 row = conn.execute(select(*flags).where(_ex.c.execution_id == execution_id)).first()
-        assert row is not None
+        if row is None:  # the guarded step above holds the row: it cannot have gone
+            raise StoreError(f"workflow execution {execution_id} vanished during its checkpoint")
         return LeaseView(bool(row.cancel_requested), row.cancel_reason, row.deadline)
 
     def suspend(
