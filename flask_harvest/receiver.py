@@ -19,8 +19,8 @@ reaches the view; it is answered with a JSON body ``{"error": {"code", "message"
 HTTP   ``code``                        why
 =====  ==============================  ==================================================================
 400    ``missing_header``              ``webhook-id`` or ``webhook-timestamp`` is absent (Standard)
-400    ``malformed_header``            the timestamp is not an integer, or the Stripe-style header has no
-                                       ``t=``
+400    ``malformed_header``            the timestamp is not an integer, the Stripe-style header has no
+                                       ``t=``, or ``webhook-id`` holds a NUL or a lone surrogate
 401    ``missing_signature``           no signature header, or no ``v1`` signature in it
 401    ``timestamp_out_of_tolerance``  the timestamp is more than ``tolerance`` seconds old or ahead
 413    ``body_too_large``              the body is over ``max_body_bytes`` (announced, or read so far)
