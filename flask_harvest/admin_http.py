@@ -13,9 +13,9 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from flask import Blueprint, Response, current_app, g, jsonify, request
+from flask import Blueprint, Flask, Response, current_app, g, jsonify, request
 from marshmallow import Schema, ValidationError
-from werkzeug.exceptions import HTTPException
+from werkzeug.exceptions import HTTPException, MethodNotAllowed, NotFound
 from werkzeug.routing import PathConverter
 
 from ._app import get_engine
@@ -63,7 +63,14 @@ def authorize_admin(realm: str) -> tuple[Response, int] | None:
     token = engine.settings.actuator_token
     given = request.headers.get("Authorization", "")
     scheme, _, credentials = given.partition(" ")
-    if token and scheme.lower() == "bearer" and hmac.compare_digest(credentials.encode(), token.encode()):
+    # surrogatepass: a header no server could send (a lone surrogate, from a test client or an
+    # ASGI bridge) must fail to match, not raise.
+    sent = credentials.encode("utf-8", "surrogatepass")
+    if (
+        token
+        and scheme.lower() == "bearer"
+        and hmac.compare_digest(sent, token.encode("utf-8", "surrogatepass"))
+    ):
         return None
     authorizer = engine.access.authorizer
     if authorizer is not None:
@@ -161,14 +168,16 @@ def no_such_route() -> tuple[Response, int]:
     """The answer of a blueprint's catch-all route: ``405`` with ``Allow`` when the path exists for
     other methods, else ``404``; JSON either way."""
     adapter = current_app.url_map.bind_to_environ(request.environ)
+    # A method the path's own route refuses falls through to a catch-all (an ``anypath`` route):
+    # that does not make the method allowed.
+    catch_alls = {rule.endpoint for rule in current_app.url_map.iter_rules() if "<anypath:" in rule.rule}
     allowed: set[str] = set()
     for method in ("GET", "POST", "PUT", "PATCH", "DELETE"):
         try:
             rule, _ = adapter.match(method=method, return_rule=True)
         except HTTPException:
             continue
-        # A method the path's own route refuses falls through to the catch-all: not allowed.
-        if rule.endpoint != request.endpoint:
+        if rule.endpoint != request.endpoint and rule.endpoint not in catch_alls:
             allowed |= set(rule.methods or ())
     if not allowed:
         return json_error(404, "not_found", f"no route {request.method} {request.path}")
@@ -177,6 +186,39 @@ def no_such_route() -> tuple[Response, int]:
     )
     response.headers["Allow"] = ", ".join(sorted(allowed))
     return response, status
+
+
+#: Where :func:`_guard_unrouted` keeps, per app, each admin prefix and its realm.
+_PREFIXES_KEY = "harvest_admin_prefixes"
+
+
+def _guard_unrouted(app: Flask, prefix: str, realm: str) -> None:
+    """Answer a request under ``prefix`` that matches no route (a method no rule takes, such as
+    ``PROPFIND`` or ``FOO``, or a path outside every blueprint's routes) like the blueprint's own:
+    after the access check, as a JSON ``404``/``405``.
+
+    Werkzeug refuses such a request while routing, before any blueprint is chosen, so neither the
+    blueprint's ``before_request`` nor its error handlers see it: without this it would get Flask's
+    HTML page. Only paths under an admin prefix are touched; the app's other pages keep its own
+    handlers.
+    """
+    prefixes: dict[str, str] | None = app.extensions.get(_PREFIXES_KEY)
+    if prefixes is None:
+        prefixes = app.extensions[_PREFIXES_KEY] = {}
+        app.before_request(_unrouted_admin_request)
+    prefixes.setdefault(prefix.rstrip("/"), realm)
+
+
+def _unrouted_admin_request() -> tuple[Response, int] | None:
+    exc = request.routing_exception
+    if not isinstance(exc, NotFound | MethodNotAllowed):
+        return None
+    prefixes: dict[str, str] = current_app.extensions.get(_PREFIXES_KEY, {})
+    # The longest prefix first: its realm is the one of the API the path belongs to.
+    for prefix in sorted(prefixes, key=len, reverse=True):
+        if request.path == prefix or request.path.startswith(prefix + "/"):
+            return authorize_admin(prefixes[prefix]) or no_such_route()
+    return None
 
 
 class AnyPathConverter(PathConverter):
@@ -225,6 +267,10 @@ def install_admin_api(
     @blueprint.record_once
     def _converter(state: Any) -> None:
         state.app.url_map.converters.setdefault("anypath", AnyPathConverter)
+
+    @blueprint.record
+    def _prefix(state: Any) -> None:
+        _guard_unrouted(state.app, state.url_prefix or "", realm)
 
     @blueprint.before_request
     def _authorize() -> tuple[Response, int] | None:

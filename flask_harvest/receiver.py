@@ -19,8 +19,8 @@ reaches the view; it is answered with a JSON body ``{"error": {"code", "message"
 HTTP   ``code``                        why
 =====  ==============================  ==================================================================
 400    ``missing_header``              ``webhook-id`` or ``webhook-timestamp`` is absent (Standard)
-400    ``malformed_header``            the timestamp is not an integer, or the Stripe-style header has no
-                                       ``t=``
+400    ``malformed_header``            the timestamp is not an integer, the Stripe-style header has no
+                                       ``t=``, or ``webhook-id`` holds a NUL or a lone surrogate
 401    ``missing_signature``           no signature header, or no ``v1`` signature in it
 401    ``timestamp_out_of_tolerance``  the timestamp is more than ``tolerance`` seconds old or ahead
 413    ``body_too_large``              the body is over ``max_body_bytes`` (announced, or read so far)
@@ -65,7 +65,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar, cast
 from flask import Response, make_response, request
 from werkzeug.exceptions import HTTPException
 
-from ._input import parse_json
+from ._input import parse_json, text_problem
 from .errors import (
     ConfigurationError,
     HarvestError,
@@ -372,10 +372,15 @@ def verify_webhook(
                 signed.verify(secrets, body)
             except SignatureVerificationError as exc:
                 raise _refused(exc) from None
-            payload = _parse_json(body)
             found_id = (
                 signed.msg_id if isinstance(signed, StandardHeaders) else request.headers.get(WEBHOOK_ID)
             )
+            if found_id and text_problem(found_id) is not None:
+                # Unsigned under the Stripe scheme, but handed to the view: never one it cannot store.
+                raise WebhookRejected(
+                    400, "malformed_header", f"the {WEBHOOK_ID} header {text_problem(found_id)}"
+                )
+            payload = _parse_json(body)
             call = functools.partial(view, *args, payload=payload, delivery_id=found_id or None, **kwargs)
             if replay_cache is None:
                 return make_response(call())

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from ._input import text_problem
 from .errors import InvalidSecretError, SignatureVerificationError, VerificationFailure
 
 SECRET_PREFIX = "whsec_"  # noqa: S105 (a prefix, not a secret)
@@ -172,6 +173,13 @@ class StandardHeaders:
             name = WEBHOOK_TIMESTAMP if msg_id else WEBHOOK_ID
             raise SignatureVerificationError(
                 VerificationFailure.MISSING_HEADER, f"the {name} header is missing"
+            )
+        problem = text_problem(msg_id)
+        if problem is not None:
+            # A NUL or a lone surrogate (from a test client or an ASGI bridge: a WSGI server sends
+            # Latin-1) can be in no signed message: it would fail to encode, not to match.
+            raise SignatureVerificationError(
+                VerificationFailure.MALFORMED_HEADER, f"the {WEBHOOK_ID} header {problem}"
             )
         signatures = headers.get(WEBHOOK_SIGNATURE)
         if not signatures:

@@ -66,6 +66,8 @@ def decode_cursor(cursor: str) -> DlqCursor:
 
     :raises InvalidFieldError: the cursor was not made by :func:`encode_cursor`.
     """
+    if not isinstance(cursor, str):
+        raise InvalidFieldError("cursor", "is not a cursor this API returned")
     try:
         raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
         stamp, _, delivery_id = raw.partition("|")
@@ -147,7 +149,8 @@ class WebhookOperations:
         extra: dict[str, Any] = {"id": subscription_id} if subscription_id is not None else {}
         subscription = WebhookSubscription(
             target_url=target_url,
-            event_topics=tuple(event_topics),
+            # Anything not a list of topics (an int, None) is the model's to refuse, by field name.
+            event_topics=tuple(event_topics) if isinstance(event_topics, list | tuple) else event_topics,
             secret=secret if secret is not None else generate_secret(),
             description=description,
             **extra,

@@ -34,6 +34,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.sql import Executable
 
+from ..._input import text_problem
 from ..._sql import create_tables, store_error
 from ...errors import (
     ConfigurationError,
@@ -175,11 +176,15 @@ class SqlOutboundWebhookStore(OutboundWebhookHandler):
         return subscription
 
     def get_subscription(self, subscription_id: str) -> WebhookSubscription | None:
+        if not _could_be_stored(subscription_id):
+            return None
         with self._transaction("read a subscription") as conn:
             row = conn.execute(select(_subs).where(_subs.c.id == subscription_id)).first()
         return row_to_subscription(row) if row is not None else None
 
     def subscriptions_for_topic(self, topic: str) -> list[WebhookSubscription]:
+        if not _could_be_stored(topic):
+            return []
         with self._transaction("read the subscriptions of a topic") as conn:
             return self._subscriptions_for_topic(conn, topic)
 
@@ -229,6 +234,8 @@ class SqlOutboundWebhookStore(OutboundWebhookHandler):
         return row_to_subscription(row)
 
     def remove_subscription(self, subscription_id: str) -> bool:
+        if not _could_be_stored(subscription_id):
+            return False
         with self._transaction("remove a subscription") as conn:
             row = conn.execute(
                 delete(_subs).where(_subs.c.id == subscription_id).returning(_subs.c.id)
@@ -265,12 +272,14 @@ class SqlOutboundWebhookStore(OutboundWebhookHandler):
         return list(result.scalars())
 
     def get_delivery(self, delivery_id: str) -> DeliveryLog | None:
+        if not _could_be_stored(delivery_id):
+            return None
         with self._transaction("read a delivery") as conn:
             row = conn.execute(select(_dels).where(_dels.c.id == delivery_id)).first()
         return row_to_delivery(row) if row is not None else None
 
     def get_deliveries(self, delivery_ids: Sequence[str]) -> list[DeliveryLog]:
-        unique = list(dict.fromkeys(delivery_ids))
+        unique = [i for i in dict.fromkeys(delivery_ids) if _could_be_stored(i)]
         found: list[DeliveryLog] = []
         with self._transaction("read deliveries") as conn:
             for chunk in _chunks(unique):
@@ -279,6 +288,8 @@ class SqlOutboundWebhookStore(OutboundWebhookHandler):
         return found
 
     def list_attempts(self, delivery_id: str) -> list[DeliveryAttempt]:
+        if not _could_be_stored(delivery_id):
+            return []
         with self._transaction("list a delivery's attempts") as conn:
             rows = conn.execute(
                 select(_atts).where(_atts.c.delivery_id == delivery_id).order_by(_atts.c.id)
@@ -295,6 +306,8 @@ class SqlOutboundWebhookStore(OutboundWebhookHandler):
         since: datetime | None = None,
         until: datetime | None = None,
     ) -> list[DeliveryLog]:
+        if any(key is not None and not _could_be_stored(key) for key in (subscription_id, topic)):
+            return []
         query = select(_dels).where(_dels.c.state == DeliveryState.DLQ.value)
         if since is not None:
             query = query.where(_dels.c.timestamp >= since)
@@ -642,3 +655,10 @@ def _finish_statement(*, headers: bool, attempt: bool, fold: bool) -> Executable
     row = select(*(bindparam(f"a_{name}", type_=_atts.c[name].type) for name in _ATTEMPT_COLUMNS))
     appended = insert(_atts).from_select(list(_ATTEMPT_COLUMNS), row.select_from(updated))
     return select(updated.c.subscription_id, updated.c.failures).add_cte(appended.cte("appended"))
+
+
+def _could_be_stored(key: object) -> bool:
+    """Whether a row could have ``key``: a lookup by a string no row can hold (a NUL, a lone
+    surrogate, not a string) finds nothing, without reaching a driver that would fail on it (an
+    outage signal on PostgreSQL, a ``UnicodeEncodeError`` on SQLite)."""
+    return isinstance(key, str) and text_problem(key) is None
