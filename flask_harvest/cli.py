@@ -19,14 +19,17 @@ from ._cli_output import HarvestGroup as _Group
 from .callbacks.service import CompletionCallbacks
 from .engine import HarvestEngine
 from .errors import ConfigurationError
+from .triggers_cli import triggers_cli
 from .webhooks.models import WebhookSubscriptionStatus, isoformat, utcnow
 from .webhooks.operations import MAX_BULK_REPLAY, MAX_DLQ_PAGE, NewSecret, WebhookOperations
 from .worker import serve
 from .workflow_cli import workflows_cli
 
 harvest_cli = _Group("harvest", help="Outbound webhooks: subscriptions, dead letters, workers, maintenance.")
-# In an app without workflows its commands say so in one line.
+# In an app without workflows (or triggers) their commands say so in one line: the command list
+# is the same for every app, whatever extensions it has.
 harvest_cli.add_command(workflows_cli)
+harvest_cli.add_command(triggers_cli)
 
 
 @harvest_cli.command("worker")

@@ -12,7 +12,6 @@ from flask import Flask
 
 from . import signals
 from ._app import get_engine
-from .cli import harvest_cli
 from .engine import add_triggers
 from .errors import ConfigurationError
 from .triggers.admin import trigger_admin
@@ -20,7 +19,6 @@ from .triggers.definitions import CompletionTrigger
 from .triggers.firing import FireEvent, FireListener
 from .triggers.service import TriggerService
 from .triggers.store import SqlTriggerStore
-from .triggers_cli import triggers_cli
 
 __all__ = ["HarvestTriggers", "trigger_service"]
 
@@ -98,7 +96,6 @@ class HarvestTriggers:
         service = add_triggers(engine, store, listener=_signal_listener(app))
         service.sync(self._static)
         app.register_blueprint(trigger_admin, url_prefix=engine.settings.workflow_api_prefix)
-        harvest_cli.add_command(triggers_cli)
 
     @property
     def service(self) -> TriggerService:

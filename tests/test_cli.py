@@ -126,6 +126,7 @@ def assert_no_secret(result: Result) -> None:
             [
                 *("init-db", "subscriptions", "dlq", "deliveries", "purge", "stats", "sweep", "worker"),
                 *("outbox", "completion-delivery", "completion-deliveries", "callbacks", "workflows"),
+                "triggers",
             ],
         ),
         (("subscriptions",), ["add", "list", "show", "enable", "disable", "rotate-secret", "remove"]),
@@ -543,3 +544,8 @@ def test_stats(cli: Cli, store: OutboundWebhookHandler) -> None:
     data = as_json(cli("stats", "--json"))
     assert data["overall"]["dlq_depth"] == 1
     assert data["subscriptions"]["sub_a"]["counts"]["delivered"] == 1
+
+
+def test_triggers_commands_say_in_one_line_that_the_app_has_no_triggers(cli: Cli) -> None:
+    # The command list is the same for every app; an app without HarvestTriggers says so.
+    assert "completion triggers are not registered" in fails(cli("triggers", "list"))
