@@ -154,3 +154,18 @@ def to_utc(value: datetime, field: str) -> datetime:
         return value.astimezone(timezone.utc)
     except OverflowError:
         raise InvalidFieldError(field, "is out of range once converted to UTC") from None
+
+
+def check_number(value: object, field: str, *, low: float, high: float, integer: bool = False) -> float:
+    """Return ``value`` if it is a number (an ``int`` when ``integer``) from ``low`` to ``high``.
+
+    ``True``, NaN (which fails every comparison) and values too large to turn into a duration are
+    refused here rather than as an ``OverflowError`` or an endless loop further in.
+
+    :raises InvalidFieldError: it is not such a number.
+    """
+    number = value if isinstance(value, int | float) and not isinstance(value, bool) else None
+    if number is None or (integer and not isinstance(number, int)) or not low <= number <= high:
+        kind = "an integer" if integer else "a number"
+        raise InvalidFieldError(field, f"must be {kind} from {low:g} to {high:g}")
+    return number

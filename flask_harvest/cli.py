@@ -21,7 +21,7 @@ from .engine import HarvestEngine
 from .errors import ConfigurationError
 from .triggers_cli import triggers_cli
 from .webhooks.models import WebhookSubscriptionStatus, isoformat, utcnow
-from .webhooks.operations import MAX_BULK_REPLAY, MAX_DLQ_PAGE, NewSecret, WebhookOperations
+from .webhooks.operations import MAX_BULK_REPLAY, MAX_DLQ_PAGE, MAX_RELAY_BATCH, NewSecret, WebhookOperations
 from .worker import serve
 from .workflow_cli import workflows_cli
 
@@ -331,7 +331,11 @@ harvest_cli.add_command(outbox_cli)
 
 @outbox_cli.command("relay")
 @click.option(
-    "--limit", type=click.IntRange(min=1), default=500, show_default=True, help="Messages per batch."
+    "--limit",
+    type=click.IntRange(1, MAX_RELAY_BATCH),
+    default=500,
+    show_default=True,
+    help="Messages per batch.",
 )
 def outbox_relay_command(limit: int) -> None:
     """Relay committed messages whose relay never ran, until none are left."""

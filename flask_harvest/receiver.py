@@ -426,6 +426,18 @@ def _forget(cache: ReplayCache, keys: Sequence[str]) -> None:
             )
 
 
+def _callback_key(secret: object) -> bytes:
+    # A secret that is not text or bytes is the caller's mistake: say so instead of a TypeError.
+    if isinstance(secret, bytes | bytearray) and secret:
+        return bytes(secret)
+    if isinstance(secret, str) and secret:
+        try:
+            return secret.encode("utf-8")
+        except UnicodeEncodeError:
+            pass
+    raise InvalidFieldError("secret", "must be non-empty text in UTF-8 or bytes")
+
+
 def verify_completion_callback(
     secret: bytes | str,
     body: bytes,
@@ -440,10 +452,12 @@ def verify_completion_callback(
     Recomputes ``sha256=<hex HMAC-SHA256(secret, body)>`` over the exact bytes received and compares
     in constant time. With ``tolerance_seconds``, the ``X-Harvest-Timestamp`` (RFC 3339) must also
     be within that many seconds of ``now`` (default: the clock).
+
+    :raises InvalidFieldError: ``secret`` is empty, or neither UTF-8 text nor bytes.
     """
+    key = _callback_key(secret)
     if not isinstance(signature, str) or not isinstance(body, bytes | bytearray):
         return False
-    key = secret.encode("utf-8") if isinstance(secret, str) else bytes(secret)
     expected = "sha256=" + hmac.new(key, bytes(body), hashlib.sha256).hexdigest()
     if not hmac.compare_digest(expected.encode("ascii"), signature.strip().encode("utf-8", "replace")):
         return False

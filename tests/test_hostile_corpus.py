@@ -25,7 +25,7 @@ from flask_harvest import (
     get_engine,
 )
 from flask_harvest.errors import StoreError
-from flask_harvest.receiver import MemoryReplayCache, verify_webhook
+from flask_harvest.receiver import MemoryReplayCache, verify_completion_callback, verify_webhook
 from flask_harvest.signing import sign_headers
 from flask_harvest.webhooks.stores.sql import SqlOutboundWebhookStore
 
@@ -504,3 +504,19 @@ def test_cli_arguments_end_in_a_result_or_a_one_line_error(app: Flask, client: F
                 assert "Error" in result.output, context
             if "rotate-secret" not in command and "add" not in command:
                 assert SECRET not in result.output, context
+
+
+@pytest.mark.parametrize("secret", ["\ud800", "", None, 42, b""])
+def test_a_callback_secret_that_cannot_be_a_key_is_an_invalid_field(secret: Any) -> None:
+    with pytest.raises(InvalidFieldError, match="secret"):
+        verify_completion_callback(secret, b"{}", "sha256=00")
+
+
+def test_outbox_maintenance_refuses_numbers_that_would_loop_or_overflow(app: Flask) -> None:
+    operations = get_engine(app).operations
+    for limit in (0, -1, True, 1.5, 10**9):
+        with pytest.raises(InvalidFieldError, match="limit"):
+            operations.relay_outbox(limit=limit)  # type: ignore[arg-type]
+    for seconds in (float("nan"), float("inf"), -1, 1e300, "60"):
+        with pytest.raises(InvalidFieldError, match="older_than_seconds"):
+            operations.purge_outbox(seconds)  # type: ignore[arg-type]

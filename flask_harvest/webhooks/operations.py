@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from .._input import text_problem, to_utc
+from .._input import check_number, text_problem, to_utc
 from ..config import Settings
 from ..errors import ConfigurationError, DeliveryNotFoundError, InvalidFieldError, SubscriptionNotFoundError
 from ..jobs.base import JobBackend, JobBackendError
@@ -35,6 +35,10 @@ MAX_BULK_REPLAY = 1000
 MAX_DLQ_PAGE = 500
 #: The longest grace period of a secret rotation (30 days).
 MAX_GRACE_SECONDS = 30 * 24 * 3600.0
+#: The most outbox messages one relay round claims.
+MAX_RELAY_BATCH = 10_000
+#: The oldest age a purge can be asked for (a century: past it the cut-off overflows).
+MAX_RETENTION_SECONDS = 100 * 365 * 24 * 3600.0
 
 
 @dataclass(frozen=True)
@@ -220,13 +224,8 @@ class WebhookOperations:
         """
         _lookup(subscription_id, SubscriptionNotFoundError)
         grace = self.settings.webhooks_secret_grace_seconds if grace_seconds is None else grace_seconds
-        if (
-            isinstance(grace, bool)
-            or not isinstance(grace, int | float)
-            or not 0 <= grace <= MAX_GRACE_SECONDS
-        ):
-            # NaN fails the comparison too; a huge number would overflow the expiry time.
-            raise InvalidFieldError("grace_seconds", f"must be from 0 to {MAX_GRACE_SECONDS:g} seconds")
+        # A huge number would overflow the expiry time.
+        check_number(grace, "grace_seconds", low=0, high=MAX_GRACE_SECONDS)
         chosen = standard_secret(new_secret) if new_secret is not None else generate_secret()
         expires = utcnow() + timedelta(seconds=grace)
         return NewSecret(
@@ -340,6 +339,8 @@ class WebhookOperations:
         :raises ConfigurationError: the store has no outbox.
         """
         self._outbox()
+        # A limit under 1 would relay nothing and ask again forever.
+        check_number(limit, "limit", low=1, high=MAX_RELAY_BATCH, integer=True)
         relayed = failed = 0
         while True:
             report = self.manager.relay_outbox(limit=limit)
@@ -355,6 +356,7 @@ class WebhookOperations:
         :raises ConfigurationError: the store has no outbox.
         """
         seconds = self.settings.outbox_retention_seconds if older_than_seconds is None else older_than_seconds
+        check_number(seconds, "older_than_seconds", low=0, high=MAX_RETENTION_SECONDS)
         removed = self._outbox().purge_relayed_before(utcnow() - timedelta(seconds=seconds))
         return removed, seconds
 
