@@ -35,6 +35,7 @@ from flask import Flask
 
 from flask_harvest import ExecutionState, workflow_service
 from flask_harvest.workflows import Execution, SqlWorkflowStore, StepRecord
+from flask_harvest.workflows.errors import ExecutionEndedError
 from flask_harvest.workflows.service import WorkflowService
 
 from ..pipeline import close_later
@@ -301,9 +302,12 @@ def test_cancel_and_terminate_of_sleeping_runs_end_them_at_once(wf: WorkflowFaul
     wf.wait_asleep([to_cancel, to_terminate])
     assert wf.service.cancel(to_cancel, "not needed").state is S.CANCELLED
     assert wf.service.terminate(to_terminate).state is S.TERMINATED
-    # A cancel or terminate of an ended run changes nothing: neither becomes the other.
-    assert wf.service.terminate(to_cancel).state is S.CANCELLED
-    assert wf.service.cancel(to_terminate).state is S.TERMINATED
+    # A cancel or terminate of an ended run is refused and changes nothing: neither becomes the other.
+    with pytest.raises(ExecutionEndedError, match="already ended Cancelled"):
+        wf.service.terminate(to_cancel)
+    with pytest.raises(ExecutionEndedError, match="already ended Terminated"):
+        wf.service.cancel(to_terminate)
+    assert wf.get(to_cancel).state is S.CANCELLED and wf.get(to_terminate).state is S.TERMINATED
     assert wf.get(to_cancel).error == "not needed"
     for eid in (to_cancel, to_terminate):
         assert wf.effects(eid) == Counter({"before": 1})
