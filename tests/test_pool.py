@@ -31,11 +31,14 @@ SECRET = generate_secret()
 
 
 class CountingEndpoint:
-    """A receiver handler that answers 200 after ``delay`` seconds, counting requests in flight."""
+    """A receiver handler that answers 200 after ``delay`` seconds (or once ``gate`` is set, 30 s
+    at most), counting requests in flight and answered."""
 
-    def __init__(self, delay: float) -> None:
+    def __init__(self, delay: float, gate: threading.Event | None = None) -> None:
         self.delay = delay
+        self.gate = gate
         self.most = 0  # the most requests in flight at once
+        self.answered = 0
         self.started: list[float] = []  # when each request arrived, on the receiver's clock
         self._now = 0
         self._lock = threading.Lock()
@@ -45,16 +48,21 @@ class CountingEndpoint:
             self._now += 1
             self.most = max(self.most, self._now)
             self.started.append(time.time())
-        time.sleep(self.delay)
+        if self.gate is not None:
+            self.gate.wait(30)
+        else:
+            time.sleep(self.delay)
         with self._lock:
             self._now -= 1
+            self.answered += 1
         return Response("", 200)
 
 
 def test_a_slow_endpoint_holds_at_most_its_cap_and_never_delays_the_others(
     store: OutboundWebhookHandler, redis_conn: redis.Redis, redis_url: str, receiver: CapturingReceiver
 ) -> None:
-    slow = CountingEndpoint(delay=1.0)
+    gate = threading.Event()
+    slow = CountingEndpoint(delay=0, gate=gate)
     receiver.handle("/slow", slow)
     store.add_subscription(WebhookSubscription(receiver.url("/slow"), ["a.*"], SECRET, id="sub_slow"))
     store.add_subscription(WebhookSubscription(receiver.url("/fast"), ["a.*"], SECRET, id="sub_fast"))
@@ -64,14 +72,28 @@ def test_a_slow_endpoint_holds_at_most_its_cap_and_never_delays_the_others(
     assert isinstance(backend, RqBackend)
     with app.app_context():
         ids = [i for n in range(6) for i in state.manager.dispatch("a.b", {"n": n})]
-    # The slow endpoint's deliveries over its cap wait their turn until it counts as slow (0.2 s
-    # here), then are given back: the fast ones are never stuck behind a 1 s answer.
-    pool = DeliveryPool(state.runner, size=4, per_subscription=2, context=app.app_context, slow_after=0.2)
-    HarvestWorker([backend.queue], connection=backend.connection, app=app, pool=pool).work(burst=True)
+    # The slow endpoint answers nothing until every fast delivery has arrived (its gate opens
+    # then): a fast delivery stuck behind a slow one would never arrive, and the gate would only
+    # open after 30 s with answered_then empty. Its deliveries over the cap wait their turn until
+    # it counts as slow (0.2 s here), then are given back.
+    answered_then: list[int] = []
 
-    fast = receiver.wait_for(6, path="/fast", timeout=1)
-    # Every fast delivery arrived before the first slow request was answered (it takes 1 s).
-    assert max(r.received_at for r in fast) < min(slow.started) + 1.0
+    def open_once_the_fast_ones_arrived() -> None:
+        try:
+            receiver.wait_for(6, path="/fast", timeout=30)
+            answered_then.append(slow.answered)
+        finally:
+            gate.set()
+
+    opener = threading.Thread(target=open_once_the_fast_ones_arrived, daemon=True)
+    opener.start()
+    pool = DeliveryPool(state.runner, size=4, per_subscription=2, context=app.app_context, slow_after=0.2)
+    try:
+        HarvestWorker([backend.queue], connection=backend.connection, app=app, pool=pool).work(burst=True)
+    finally:
+        gate.set()
+        opener.join(35)
+    assert answered_then == [0]  # every fast delivery arrived while the slow endpoint held two
     assert slow.most == 2  # the cap, not the pool size
     # The deferred slow deliveries come round again (without using an attempt) and get through.
     for _ in range(10):
