@@ -103,6 +103,10 @@ def test_410_gone_disables_the_subscription(
     with signals.subscription_disabled.connected_to(on_disabled, app), app.app_context():
         [delivery_id] = get_engine().manager.dispatch("order.created", {})
         assert wait_final(store, [delivery_id]) == [DeliveryState.DLQ]
+        # The signal follows the recorded outcome, on the worker's thread: wait for it.
+        deadline = time.monotonic() + 10
+        while not disabled and time.monotonic() < deadline:
+            time.sleep(0.01)
     assert len(receiver.requests) == 1  # no retry after 410
     subscription = store.get_subscription("sub_1")
     assert subscription is not None
