@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
-from .._input import check_json_value, text_problem
+from .._input import check_json_value, check_text, text_problem
 from ..errors import InvalidFieldError
 from .errors import InputTooLargeError
 
@@ -23,6 +23,7 @@ __all__ = [
     "IdReusePolicy",
     "JsonValue",
     "StepRecord",
+    "check_reason",
     "decode_json",
     "describe_error",
     "encode_json",
@@ -164,6 +165,18 @@ def encode_json(value: JsonValue, *, field: str, max_bytes: int | None = None) -
     if max_bytes is not None and size > max_bytes:
         raise InputTooLargeError(field, size, max_bytes)
     return text
+
+
+def check_reason(reason: object) -> None:
+    """Refuse a cancel or terminate reason that is not text a database can store.
+
+    :raises InvalidFieldError: it is not ``None`` or a string, or holds a NUL or a lone surrogate.
+    """
+    if reason is None:
+        return
+    if not isinstance(reason, str):
+        raise InvalidFieldError("reason", f"must be a string, not {type(reason).__name__}")
+    check_text(reason, "reason")
 
 
 def storable_text(text: str) -> str:

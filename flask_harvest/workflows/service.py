@@ -13,7 +13,7 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
-from .._input import check_text, text_problem
+from .._input import check_text
 from ..errors import HarvestError, InvalidFieldError
 from .errors import ExecutionEndedError, ExecutionNotFoundError
 from .hooks import TerminalHooks
@@ -23,6 +23,7 @@ from .models import (
     IdReusePolicy,
     JsonValue,
     StepRecord,
+    check_reason,
     utcnow,
 )
 from .registry import WorkflowRegistry
@@ -187,7 +188,8 @@ class WorkflowService:
 
         :raises ExecutionNotFoundError: no execution has this id.
         """
-        execution = self.store.get(execution_id) if _plausible_id(execution_id) else None
+        # The store finds nothing for an id no row can have (not text, a NUL, a lone surrogate).
+        execution = self.store.get(execution_id)
         if execution is None:
             raise ExecutionNotFoundError(execution_id)
         return execution
@@ -241,7 +243,7 @@ class WorkflowService:
         :raises ExecutionNotFoundError: no execution has this id.
         :raises ExecutionEndedError: it had already ended; nothing was changed.
         """
-        _check_reason(reason)
+        check_reason(reason)
         self._require_open(execution_id, "cancel")
         return self.store.request_cancel(execution_id, reason, now=utcnow())
 
@@ -251,7 +253,7 @@ class WorkflowService:
         :raises ExecutionNotFoundError: no execution has this id.
         :raises ExecutionEndedError: it had already ended; nothing was changed.
         """
-        _check_reason(reason)
+        check_reason(reason)
         self._require_open(execution_id, "terminate")
         return self.store.terminate(execution_id, reason, now=utcnow())
 
@@ -277,21 +279,6 @@ class WorkflowService:
                 return execution
             time.sleep(min(delay, remaining))
             delay = min(delay * 2, _POLL_MAX)
-
-
-def _plausible_id(execution_id: object) -> bool:
-    # Ids are UUID strings: anything the database cannot even compare (a NUL, a lone surrogate) is
-    # simply unknown.
-    return (
-        isinstance(execution_id, str) and 0 < len(execution_id) <= 64 and text_problem(execution_id) is None
-    )
-
-
-def _check_reason(reason: str | None) -> None:
-    if reason is not None:
-        if not isinstance(reason, str):
-            raise InvalidFieldError("reason", "must be a string")
-        check_text(reason, "reason")
 
 
 class WorkflowHandle:

@@ -28,6 +28,7 @@ from .models import (
     IdReusePolicy,
     JsonValue,
     StepRecord,
+    check_reason,
     encode_json,
     storable_text,
 )
@@ -473,7 +474,7 @@ class SqlWorkflowStore(_SweepQueries):
         :raises ExecutionNotFoundError: no execution has this id.
         :raises InvalidFieldError: ``reason`` is not storable text.
         """
-        _check_reason(reason)
+        check_reason(reason)
         if not _storable_id(execution_id):
             raise ExecutionNotFoundError(execution_id)
         error = reason or "cancelled"
@@ -512,7 +513,7 @@ class SqlWorkflowStore(_SweepQueries):
         :raises ExecutionNotFoundError: no execution has this id.
         :raises InvalidFieldError: ``reason`` is not storable text.
         """
-        _check_reason(reason)
+        check_reason(reason)
         if not _storable_id(execution_id):
             raise ExecutionNotFoundError(execution_id)
         ended = self.finish(execution_id, ExecutionState.TERMINATED, error=reason or "terminated", now=now)
@@ -532,14 +533,6 @@ def _check_key(field: str, value: str) -> None:
     # NUL (PostgreSQL refuses it in text) and lone surrogates (no UTF-8 form) are bad input here,
     # not a driver error later.
     check_text(value, field)
-
-
-def _check_reason(reason: str | None) -> None:
-    if reason is None:
-        return
-    if not isinstance(reason, str):
-        raise InvalidFieldError("reason", f"must be a string, not {type(reason).__name__}")
-    check_text(reason, "reason")
 
 
 def _storable_id(execution_id: object) -> bool:
