@@ -73,23 +73,19 @@ JsonValue = typing.Any
 
 
 @dataclass(frozen=True)
-class All:
+class _Group:
+    conditions: tuple[Condition, ...]
+
+    def __init__(self, conditions: Sequence[Condition]) -> None:
+        object.__setattr__(self, "conditions", tuple(conditions))
+
+
+class All(_Group):
     """True when every condition is (true for none)."""
 
-    conditions: tuple[Condition, ...]
 
-    def __init__(self, conditions: Sequence[Condition]) -> None:
-        object.__setattr__(self, "conditions", tuple(conditions))
-
-
-@dataclass(frozen=True)
-class Any:
+class Any(_Group):
     """True when at least one condition is (false for none)."""
-
-    conditions: tuple[Condition, ...]
-
-    def __init__(self, conditions: Sequence[Condition]) -> None:
-        object.__setattr__(self, "conditions", tuple(conditions))
 
 
 @dataclass(frozen=True)
