@@ -4,10 +4,20 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 from ..errors import InvalidFieldError
 
-__all__ = ["MAX_VALUE_DEPTH", "check_text", "check_value", "describe", "is_number"]
+__all__ = [
+    "MAX_VALUE_DEPTH",
+    "check_text",
+    "check_value",
+    "describe",
+    "is_number",
+    "names",
+    "parse_tagged",
+]
 
 #: The deepest nesting of arrays and objects accepted in a registered value (a Static input, a
 #: comparison value).
@@ -83,3 +93,31 @@ def describe(value: object) -> str:
     if isinstance(value, dict):
         return "an object"
     return type(value).__name__
+
+
+def names(keys: Iterable[object]) -> str:
+    """The keys for an error message: sorted, each shown cut to 40 characters."""
+    return ", ".join(repr(k)[:40] for k in sorted(keys, key=str))
+
+
+def parse_tagged(
+    data: object, kinds: Sequence[str], noun: str, field: str, where: str | None = None
+) -> tuple[str, dict[str, Any]]:
+    """Check an adjacently tagged object ``{"type", "data"}`` and return its type and the object.
+
+    Both trigger parsers (conditions, input mappings) take this one JSON shape, so they refuse it
+    the same way. ``kinds`` are the accepted types, ``noun`` names one in errors ("an operator");
+    ``where`` locates the object in errors (``None``: the field itself). ``"data"`` is not checked:
+    whether it is required depends on the type.
+    """
+    lead, dot = ("", "") if where is None else (f"{where} ", f"{where}.")
+    if not isinstance(data, dict):
+        raise InvalidFieldError(field, f'{lead}must be an object {{"type", "data"}}, not {describe(data)}')
+    extra = set(data) - {"type", "data"}
+    if extra:
+        raise InvalidFieldError(field, f"{lead}has unknown key(s) {names(extra)}; use 'type' and 'data'")
+    kind = data.get("type")
+    if not isinstance(kind, str) or kind not in kinds:
+        shown = repr(kind)[:60] if isinstance(kind, str) else describe(kind)
+        raise InvalidFieldError(field, f"{dot}type {shown} is not {noun}; use one of {', '.join(kinds)}")
+    return kind, data

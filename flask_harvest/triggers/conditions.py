@@ -34,7 +34,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from ..errors import InvalidFieldError
-from ._values import MAX_VALUE_DEPTH, check_value, describe, is_number
+from ._values import MAX_VALUE_DEPTH, check_value, describe, is_number, names, parse_tagged
 from .paths import MISSING, Path, parse_path, select
 
 __all__ = [
@@ -73,23 +73,19 @@ JsonValue = typing.Any
 
 
 @dataclass(frozen=True)
-class All:
+class _Group:
+    conditions: tuple[Condition, ...]
+
+    def __init__(self, conditions: Sequence[Condition]) -> None:
+        object.__setattr__(self, "conditions", tuple(conditions))
+
+
+class All(_Group):
     """True when every condition is (true for none)."""
 
-    conditions: tuple[Condition, ...]
 
-    def __init__(self, conditions: Sequence[Condition]) -> None:
-        object.__setattr__(self, "conditions", tuple(conditions))
-
-
-@dataclass(frozen=True)
-class Any:
+class Any(_Group):
     """True when at least one condition is (false for none)."""
-
-    conditions: tuple[Condition, ...]
-
-    def __init__(self, conditions: Sequence[Condition]) -> None:
-        object.__setattr__(self, "conditions", tuple(conditions))
 
 
 @dataclass(frozen=True)
@@ -201,17 +197,7 @@ def _parse(data: object, where: str, depth: int, budget: _Budget, field: str) ->
     if depth > MAX_CONDITION_DEPTH:
         raise InvalidFieldError(field, f"is nested deeper than {MAX_CONDITION_DEPTH} levels (at {where})")
     budget.count(where)
-    if not isinstance(data, dict):
-        raise InvalidFieldError(field, f'{where} must be an object {{"type", "data"}}, not {describe(data)}')
-    extra = set(data) - {"type", "data"}
-    if extra:
-        raise InvalidFieldError(field, f"{where} has unknown key(s) {_names(extra)}; use 'type' and 'data'")
-    kind = data.get("type")
-    if not isinstance(kind, str) or kind not in OPERATORS:
-        shown = repr(kind)[:60] if isinstance(kind, str) else describe(kind)
-        raise InvalidFieldError(
-            field, f"{where}.type {shown} is not an operator; use one of {', '.join(OPERATORS)}"
-        )
+    kind, data = parse_tagged(data, OPERATORS, "an operator", field, where)
     if "data" not in data:
         raise InvalidFieldError(field, f"{where} ({kind}) has no 'data'")
     body = data["data"]
@@ -252,10 +238,10 @@ def _leaf(body: object, at: str, kind: str, keys: tuple[str, ...], field: str) -
         raise InvalidFieldError(field, f"{at} ({kind}) must be an object {shape}, not {describe(body)}")
     missing = [k for k in keys if k not in body]
     if missing:
-        raise InvalidFieldError(field, f"{at} ({kind}) has no {_names(missing)}; it takes {shape}")
+        raise InvalidFieldError(field, f"{at} ({kind}) has no {names(missing)}; it takes {shape}")
     extra = set(body) - set(keys)
     if extra:
-        raise InvalidFieldError(field, f"{at} ({kind}) has unknown key(s) {_names(extra)}; it takes {shape}")
+        raise InvalidFieldError(field, f"{at} ({kind}) has unknown key(s) {names(extra)}; it takes {shape}")
     try:
         parse_path(body["path"])
     except InvalidFieldError as exc:
@@ -436,7 +422,3 @@ _CONDITION_CLASSES = (
     LessThanOrEqual,
     In,
 )
-
-
-def _names(keys: typing.Iterable[str]) -> str:
-    return ", ".join(repr(k)[:40] for k in sorted(keys, key=str))

@@ -23,7 +23,7 @@ import typing
 from dataclasses import dataclass
 
 from ..errors import InvalidFieldError
-from ._values import check_value, describe
+from ._values import check_value, describe, names, parse_tagged
 from .paths import MISSING, parse_path, select
 
 __all__ = [
@@ -102,18 +102,7 @@ def parse_mapping(data: object, *, field: str = "input_mapping") -> InputMapping
 
     :raises InvalidFieldError: an unknown type or key, a wrong shape, or a malformed path.
     """
-    if not isinstance(data, dict):
-        raise InvalidFieldError(field, f'must be an object {{"type", "data"}}, not {describe(data)}')
-    extra = set(data) - {"type", "data"}
-    if extra:
-        names = ", ".join(repr(k)[:40] for k in sorted(extra, key=str))
-        raise InvalidFieldError(field, f"has unknown key(s) {names}; use 'type' and 'data'")
-    kind = data.get("type")
-    if not isinstance(kind, str) or kind not in MAPPING_TYPES:
-        shown = repr(kind)[:60] if isinstance(kind, str) else describe(kind)
-        raise InvalidFieldError(
-            field, f"type {shown} is not a mapping; use one of {', '.join(MAPPING_TYPES)}"
-        )
+    kind, data = parse_tagged(data, MAPPING_TYPES, "a mapping", field)
     if kind == "Passthrough":
         if data.get("data") is not None:
             raise InvalidFieldError(field, "Passthrough takes no 'data'")
@@ -133,8 +122,9 @@ def parse_mapping(data: object, *, field: str = "input_mapping") -> InputMapping
         )
     extra = set(body) - {"projection"}
     if extra:
-        names = ", ".join(repr(k)[:40] for k in sorted(extra, key=str))
-        raise InvalidFieldError(field, f"Outcome's data has unknown key(s) {names}; it takes 'projection'")
+        raise InvalidFieldError(
+            field, f"Outcome's data has unknown key(s) {names(extra)}; it takes 'projection'"
+        )
     projection = body.get("projection")
     if projection is not None:
         _check_path(projection, "data.projection", field)
