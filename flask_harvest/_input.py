@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from datetime import datetime, timezone
-from typing import Any
+from typing import IO, Any
 
 from .errors import InvalidFieldError
 
@@ -169,3 +169,21 @@ def check_number(value: object, field: str, *, low: float, high: float, integer:
         kind = "an integer" if integer else "a number"
         raise InvalidFieldError(field, f"must be {kind} from {low:g} to {high:g}")
     return number
+
+
+def read_limited(stream: IO[bytes], length: int | None, limit: int, *, chunk_size: int) -> bytes | None:
+    """Return a request body of at most ``limit`` bytes from ``stream``, or ``None`` if it is larger.
+
+    A declared ``length`` over the limit is refused before anything is read; a body with no
+    length (chunked) is read ``chunk_size`` bytes at a time, one byte past the limit at most. The
+    caller turns ``None`` into its own error (the admin API's 413, the receiver's refusal).
+    """
+    if length is not None and length > limit:
+        return None
+    chunks, size = [], 0
+    while chunk := stream.read(min(chunk_size, limit + 1 - size)):
+        chunks.append(chunk)
+        size += len(chunk)
+        if size > limit:
+            return None
+    return b"".join(chunks)

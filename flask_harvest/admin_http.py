@@ -19,7 +19,7 @@ from werkzeug.exceptions import HTTPException, MethodNotAllowed, NotFound
 from werkzeug.routing import PathConverter
 
 from ._app import get_engine
-from ._input import check_json_value, check_text, parse_json, text_problem
+from ._input import check_json_value, check_text, parse_json, read_limited, text_problem
 from .errors import (
     DuplicateSubscriptionError,
     HarvestError,
@@ -97,17 +97,10 @@ def _read_limited_body(limit: int) -> bytes:
     A declared length is checked up front; a chunked body (no length) is read one byte past the
     limit at most.
     """
-    too_large = ApiError(413, "request_entity_too_large", f"the body is larger than {limit} bytes")
-    length = request.content_length
-    if length is not None and length > limit:
-        raise too_large
-    stream, chunks, size = request.stream, [], 0
-    while chunk := stream.read(min(_CHUNK, limit + 1 - size)):
-        chunks.append(chunk)
-        size += len(chunk)
-        if size > limit:
-            raise too_large
-    return b"".join(chunks)
+    body = read_limited(request.stream, request.content_length, limit, chunk_size=_CHUNK)
+    if body is None:
+        raise ApiError(413, "request_entity_too_large", f"the body is larger than {limit} bytes")
+    return body
 
 
 def read_json() -> Any:

@@ -65,7 +65,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar, cast
 from flask import Response, make_response, request
 from werkzeug.exceptions import HTTPException
 
-from ._input import parse_json, text_problem
+from ._input import parse_json, read_limited, text_problem
 from .errors import (
     ConfigurationError,
     HarvestError,
@@ -262,21 +262,11 @@ def _refused(exc: SignatureVerificationError) -> WebhookRejected:
 
 def _read_body(limit: int) -> bytes:
     """Return the request body, refusing one over ``limit`` bytes without reading past it."""
-    too_large = WebhookRejected(413, "body_too_large", f"the body is larger than {limit} bytes")
-    length = request.content_length
-    if length is not None and length > limit:
-        raise too_large
-    if length is None:
-        # Chunked: no length to check up front. Read one byte past the limit at most, and give the
-        # request what was read as its stream, so request.get_data() in the view still works.
-        stream, chunks, size = request.stream, [], 0
-        while chunk := stream.read(min(_CHUNK, limit + 1 - size)):
-            chunks.append(chunk)
-            size += len(chunk)
-            if size > limit:
-                raise too_large
-        request.stream = io.BytesIO(b"".join(chunks))
-    # With a length, the stream ends at it: reading it all reads at most ``limit`` bytes.
+    body = read_limited(request.stream, request.content_length, limit, chunk_size=_CHUNK)
+    if body is None:
+        raise WebhookRejected(413, "body_too_large", f"the body is larger than {limit} bytes")
+    # Give the request what was read as its stream, so request.get_data() in the view still works.
+    request.stream = io.BytesIO(body)
     return request.get_data(cache=True)
 
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Connection, Engine, and_, delete, or_, select, update
+from sqlalchemy import Connection, Engine, Update, and_, delete, or_, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Row
 from sqlalchemy.exc import SQLAlchemyError
@@ -111,6 +111,16 @@ class NewDelivery:
     filter: Any
     body: bytes
     delivery_id: str
+
+
+def _update_held(delivery: CompletionDelivery) -> Update:
+    # An update of ``delivery``'s row that matches only while the caller's lease holds (still in
+    # flight under the same token): record and give_back write nothing once the lease is lost.
+    return update(_d).where(
+        _d.c.delivery_id == delivery.delivery_id,
+        _d.c.state == DeliveryState.INFLIGHT.value,
+        _d.c.lease_token == delivery.lease_token,
+    )
 
 
 def new_delivery_id() -> str:
@@ -225,12 +235,7 @@ class SqlCallbackStore:
         A ``FAILED`` outcome adds the dead-letter entry in the same transaction.
         """
         stmt = (
-            update(_d)
-            .where(
-                _d.c.delivery_id == delivery.delivery_id,
-                _d.c.state == DeliveryState.INFLIGHT.value,
-                _d.c.lease_token == delivery.lease_token,
-            )
+            _update_held(delivery)
             .values(
                 state=outcome.state.value,
                 last_status=outcome.last_status,
@@ -264,12 +269,7 @@ class SqlCallbackStore:
     def give_back(self, delivery: CompletionDelivery, *, due: datetime, now: datetime) -> bool:
         """Return a claimed row unsent, without using an attempt, due at ``due`` (endpoint at its cap)."""
         stmt = (
-            update(_d)
-            .where(
-                _d.c.delivery_id == delivery.delivery_id,
-                _d.c.state == DeliveryState.INFLIGHT.value,
-                _d.c.lease_token == delivery.lease_token,
-            )
+            _update_held(delivery)
             .values(
                 state=DeliveryState.PENDING.value,
                 attempts=_d.c.attempts - 1,

@@ -238,19 +238,8 @@ class SqlWorkflowStore(_SweepQueries):
         """
         stmt = (
             update(_ex)
-            .where(
-                _ex.c.execution_id == execution_id,
-                _ex.c.state == _PENDING,
-                or_(_ex.c.next_run_at.is_(None), _ex.c.next_run_at <= now),
-            )
-            .values(
-                state=_RUNNING,
-                lease_token=uuid.uuid4().hex,
-                lease_expires_at=now + timedelta(seconds=lease_seconds),
-                started_at=_coalesce_time(_ex.c.started_at, now),
-                attempt=_ex.c.attempt + 1,
-                next_run_at=None,
-            )
+            .where(_ex.c.execution_id == execution_id, *_due(now))
+            .values(**_claim_values(now, lease_seconds))
             .returning(*_ex.c)
         )
         with self._transaction("claim a workflow execution") as conn:
@@ -272,7 +261,7 @@ class SqlWorkflowStore(_SweepQueries):
         unique = sorted(set(execution_ids))
         if not unique:
             return []
-        due = [_ex.c.state == _PENDING, or_(_ex.c.next_run_at.is_(None), _ex.c.next_run_at <= now)]
+        due = _due(now)
         locked = (
             select(_ex.c.execution_id)
             .where(_ex.c.execution_id.in_(unique), *due)
@@ -282,14 +271,7 @@ class SqlWorkflowStore(_SweepQueries):
         stmt = (
             update(_ex)
             .where(_ex.c.execution_id.in_(locked), *due)
-            .values(
-                state=_RUNNING,
-                lease_token=uuid.uuid4().hex,
-                lease_expires_at=now + timedelta(seconds=lease_seconds),
-                started_at=_coalesce_time(_ex.c.started_at, now),
-                attempt=_ex.c.attempt + 1,
-                next_run_at=None,
-            )
+            .values(**_claim_values(now, lease_seconds))
             .returning(*_ex.c)
         )
         with self._transaction("claim workflow executions") as conn:
@@ -523,6 +505,24 @@ class SqlWorkflowStore(_SweepQueries):
         if current is None:
             raise ExecutionNotFoundError(execution_id)
         return current
+
+
+def _due(now: datetime) -> tuple[Any, Any]:
+    # What makes an execution claimable: pending, with no wait or a wait that has passed.
+    return (_ex.c.state == _PENDING, or_(_ex.c.next_run_at.is_(None), _ex.c.next_run_at <= now))
+
+
+def _claim_values(now: datetime, lease_seconds: float) -> dict[str, Any]:
+    # One claim's writes, shared by claim and claim_many so the two cannot drift: running, a
+    # fresh lease token, one more attempt, the first start kept.
+    return {
+        "state": _RUNNING,
+        "lease_token": uuid.uuid4().hex,
+        "lease_expires_at": now + timedelta(seconds=lease_seconds),
+        "started_at": _coalesce_time(_ex.c.started_at, now),
+        "attempt": _ex.c.attempt + 1,
+        "next_run_at": None,
+    }
 
 
 def _check_key(field: str, value: str) -> None:
