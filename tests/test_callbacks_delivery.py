@@ -10,15 +10,19 @@ import logging
 import re
 import threading
 import time
+import urllib.parse
 from collections.abc import Callable
 from datetime import datetime, timedelta, timezone
 from email.utils import format_datetime
 from typing import Any
 
 import pytest
+import redis
 import sqlalchemy as sa
 from flask import Flask
 from flask_sqlalchemy import SQLAlchemy
+from hypothesis import given
+from hypothesis import strategies as st
 from werkzeug import Request, Response
 
 from flask_harvest import get_engine, signals
@@ -41,6 +45,7 @@ from flask_harvest.workflows.models import TERMINAL_STATES, ExecutionState, utcn
 from flask_harvest.workflows.service import WorkflowService
 
 from .pipeline import close_later
+from .properties import BODY_TEXTS, BUDGET, DATETIME_TEXTS, TEXT
 from .workflow_support import SQL_KINDS
 
 SECRET = "cb-SECRET-CANARY-5e1d9a"
@@ -660,3 +665,104 @@ def test_the_http_start_route_answers_422_with_the_rejection_and_starts_nothing(
     assert "HostNotAllowed" in json.dumps(body)
     page, _ = service_of(app).list_executions(limit=10)
     assert page == []
+
+
+# -- hostile input on the admin routes (property) ---------------------------------------------------
+
+#: Ids for the routes' path segments: the seeded ones (so some examples reach the store and
+#: succeed), and hostile text: NUL, lone surrogates, far longer than an id column.
+ADMIN_IDS = st.one_of(
+    st.sampled_from(["{execution}", "{failed}", "{delivered}", "nope", "\x00", "\ud800", "x" * 300]),
+    TEXT,
+    st.text(min_size=65, max_size=2_000),
+)
+ADMIN_BODIES = st.one_of(
+    st.none(), BODY_TEXTS.map(lambda t: t.encode("utf-8", "surrogatepass")), st.binary(max_size=64)
+)
+ADMIN_QUERIES = st.dictionaries(TEXT, TEXT | DATETIME_TEXTS, max_size=3)
+ADMIN_CONTENT_TYPES = st.sampled_from(
+    ["application/json", "text/plain", "application/x-www-form-urlencoded", ""]
+)
+
+
+def delivery_rows(app: Flask) -> list[list[tuple[Any, ...]]]:
+    """Every row of the completion-callback tables, in key order."""
+    with callbacks_of(app).store.engine.connect() as conn:
+        return [
+            [tuple(row) for row in conn.execute(sa.select(table).order_by(*table.primary_key.columns))]
+            for table in CALLBACK_TABLES
+        ]
+
+
+def quoted(text: str) -> str:
+    return urllib.parse.quote(text.encode("utf-8", "surrogatepass"), safe="")
+
+
+def test_hostile_admin_requests_get_json_and_no_5xx_and_a_refusal_changes_no_row(
+    make_app: AppFactory, receiver: CapturingReceiver, redis_conn: redis.Redis, redis_url: str
+) -> None:
+    # One FAILED and one DELIVERED row, delivered by a first app on the local backend...
+    seeding = make_app()
+    receiver.respond("/hook", 403)
+    handle, _ = service_of(seeding).start(
+        "echo", 1, completion_callbacks=[target(receiver, "/hook"), target(receiver, "/ok")]
+    )
+    execution_id = handle.execution_id
+    wait(
+        lambda: {r.state.value for r in rows(seeding, execution_id)} == {"FAILED", "DELIVERED"},
+        "one failed, one delivered",
+    )
+    failed, delivered = (r.delivery_id for r in rows(seeding, execution_id))
+    get_engine(seeding).close()
+    # ...then the app under test on RQ with no worker and no sweep: a redrive queues its job in
+    # Redis and nothing changes a row behind an example's back.
+    app = make_app(jobs_backend="rq", redis_url=redis_url, sweep_interval_seconds=3600)
+    known = {"{execution}": execution_id, "{failed}": failed, "{delivered}": delivered}
+    client = app.test_client()
+
+    @BUDGET
+    @given(
+        redrive=st.booleans(),
+        execution=ADMIN_IDS,
+        delivery=ADMIN_IDS,
+        query=ADMIN_QUERIES,
+        body=ADMIN_BODIES,
+        content_type=ADMIN_CONTENT_TYPES,
+    )
+    def example(
+        redrive: bool,
+        execution: str,
+        delivery: str,
+        query: dict[str, str],
+        body: bytes | None,
+        content_type: str,
+    ) -> None:
+        path = f"/api/harvest/workflows/{quoted(known.get(execution, execution))}/completion-deliveries"
+        if redrive:
+            path += f"/{quoted(known.get(delivery, delivery))}/redrive"
+        query_string = "&".join(f"{quoted(k)}={quoted(v)}" for k, v in query.items())
+        before = delivery_rows(app)
+        response = client.open(
+            f"{path}?{query_string}" if query_string else path,
+            method="POST" if redrive else "GET",
+            data=body,
+            headers={**AUTH, **({"Content-Type": content_type} if content_type else {})},
+        )
+        assert response.status_code < 500, response.get_data(as_text=True)
+        if 300 <= response.status_code < 400:
+            # WSGI decodes %2F in the path, and Werkzeug redirects an empty segment ("//") to
+            # the merged path: routing, before any route of ours runs.
+            assert "//" in urllib.parse.unquote(path), path
+            assert delivery_rows(app) == before
+            return
+        answer = response.get_json()
+        assert isinstance(answer, dict), (path, response.get_data(as_text=True))
+        if response.status_code >= 400:
+            assert answer["error"]["message"]
+            assert delivery_rows(app) == before
+        elif redrive:
+            assert answer["outcome"] in ("redriven", "not_failed")
+        else:
+            assert isinstance(answer["deliveries"], list)
+
+    example()

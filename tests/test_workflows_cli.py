@@ -19,8 +19,9 @@ from flask_harvest.workflows._schema import WORKFLOW_TABLES
 
 from .pipeline import make_app
 from .test_cli import fails, ok
-from .workflow_app import (
-    database_url_for,
+from .workflow_app import (  # noqa: F401 (app_fixture, database_url_fixture: fixtures)
+    app_fixture,
+    database_url_fixture,
     executions,
     gate,
     make_workflow_app,
@@ -29,20 +30,9 @@ from .workflow_app import (
     wait_asleep,
     wait_in_step,
 )
-from .workflow_support import SQL_KINDS
 
 Cli = Callable[..., Result]
 S = ExecutionState
-
-
-@pytest.fixture(params=SQL_KINDS)
-def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    return database_url_for(request, tmp_path)
-
-
-@pytest.fixture
-def app(database_url: str) -> Flask:
-    return make_workflow_app(database_url, HARVEST_WORKFLOW_MAX_INPUT_BYTES=1000)
 
 
 @pytest.fixture

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import threading
 import urllib.parse
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -24,10 +23,11 @@ from flask_harvest import HarvestError, get_engine, workflow_service
 from flask_harvest.admin_http import install_admin_api
 from flask_harvest.workflows import ExecutionState
 
-from .workflow_app import (
+from .workflow_app import (  # noqa: F401 (app_fixture, database_url_fixture: fixtures)
     AUTH,
     PREFIX,
-    database_url_for,
+    app_fixture,
+    database_url_fixture,
     executions,
     gate,
     make_workflow_app,
@@ -36,19 +36,8 @@ from .workflow_app import (
     wait_asleep,
     wait_in_step,
 )
-from .workflow_support import SQL_KINDS
 
 S = ExecutionState
-
-
-@pytest.fixture(params=SQL_KINDS)
-def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    return database_url_for(request, tmp_path)
-
-
-@pytest.fixture
-def app(database_url: str) -> Flask:
-    return make_workflow_app(database_url, HARVEST_WORKFLOW_MAX_INPUT_BYTES=1000)
 
 
 @pytest.fixture

@@ -1,4 +1,6 @@
-"""A Flask app with durable workflows on Flask-SQLAlchemy, for the HTTP API and CLI tests.
+"""A Flask app with durable workflows on Flask-SQLAlchemy, for the HTTP API and CLI tests, and
+their ``database_url`` and ``app`` fixtures (import ``database_url_fixture`` and ``app_fixture``
+into the test module; named apart so that a test's ``app`` argument does not shadow an import).
 
 The app's engines (Flask-SQLAlchemy's and the job backend) are closed by ``close_apps`` after each
 test (the autouse fixture in ``conftest``), so no pooled connection outlives its test.
@@ -22,6 +24,7 @@ from flask_harvest import HarvestWorkflows, workflow_service
 from flask_harvest.workflows import Execution, ExecutionState, WorkflowContext
 
 from .pipeline import close_later
+from .workflow_support import SQL_KINDS
 
 TOKEN = "test-workflow-token-0123456789"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -89,14 +92,20 @@ def make_workflow_app(database_url: str, **config: Any) -> Flask:
     return close_later(app)
 
 
-def database_url_for(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    """For a fixture parametrized by :data:`SQL_KINDS`: the URL of an empty database, a SQLite
-    file or this session's PostgreSQL schema."""
+@pytest.fixture(name="database_url", params=SQL_KINDS)
+def database_url_fixture(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """The URL of an empty database, a SQLite file or this session's PostgreSQL schema."""
     if request.param == "sqlite":
         return f"sqlite:///{tmp_path / 'workflows.db'}"
     request.getfixturevalue("postgres_engine")  # empties the harvest tables
     url: sa.URL = request.getfixturevalue("postgres_url")
     return url.render_as_string(hide_password=False)
+
+
+@pytest.fixture(name="app")
+def app_fixture(database_url: str) -> Flask:
+    """The workflow app on ``database_url``, its inputs capped at 1000 bytes."""
+    return make_workflow_app(database_url, HARVEST_WORKFLOW_MAX_INPUT_BYTES=1000)
 
 
 def gate(name: str) -> threading.Event:
