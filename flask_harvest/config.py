@@ -121,6 +121,12 @@ class Settings:
     #: Completion callbacks in flight at once to one endpoint (scheme, host, port) in one process;
     #: past it, deliveries are given back for a second without using an attempt.
     completion_callback_max_inflight_per_endpoint: int = 8
+    #: Serve the operator dashboard (needs ``app.secret_key``; opened like the actuator).
+    dashboard: bool = False
+    #: URL prefix of the operator dashboard.
+    dashboard_url_prefix: str = "/harvest"
+    #: Seconds a dashboard sign-in lasts before the token must be given again.
+    dashboard_session_seconds: float = 8 * 3600.0
 
     @property
     def backoff(self) -> tuple[int, int]:
@@ -220,6 +226,12 @@ def load_settings(config: Mapping[str, Any], overrides: Mapping[str, Any]) -> Se
         raise ConfigurationError(
             f"{KEYS['actuator_token']} must be at least {MIN_ACTUATOR_TOKEN_LENGTH} characters "
             "without leading or trailing whitespace (or empty, for no token)"
+        )
+    prefix = settings.dashboard_url_prefix
+    if not prefix.startswith("/") or prefix == "/" or prefix.endswith("/") or "//" in prefix:
+        raise ConfigurationError(
+            f"{KEYS['dashboard_url_prefix']} must be a path such as '/harvest' "
+            "(a leading '/', no trailing one)"
         )
     if settings.completion_callback_initial_backoff_ms > settings.completion_callback_max_backoff_ms:
         raise ConfigurationError(

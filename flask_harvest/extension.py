@@ -17,6 +17,8 @@ from . import signals
 from ._app import EXTENSION_KEY, get_engine
 from .cli import harvest_cli
 from .config import KEYS, Settings, load_settings
+from .dashboard import install_dashboard
+from .dashboard._core import check_dashboard_config
 from .engine import AdminAccess, Authorizer, HarvestEngine, build_engine
 from .errors import ConfigurationError
 from .webhooks.actuator import actuator
@@ -101,6 +103,8 @@ class OutboundWebhookPlugin:
                 "(use one OutboundWebhookPlugin, or create the app anew in tests)"
             )
         settings = load_settings(app.config, self._options)
+        if settings.dashboard:
+            check_dashboard_config(app)
         store = self._store_factory(app) if self._store_factory else self._store
         if store is None:
             raise ConfigurationError(
@@ -119,6 +123,8 @@ class OutboundWebhookPlugin:
         app.extensions[EXTENSION_KEY] = engine
         app.cli.add_command(harvest_cli)
         app.register_blueprint(actuator, url_prefix=settings.actuator_prefix)
+        if settings.dashboard:
+            install_dashboard(app, settings)
         if not engine.backend.durable:
             app.logger.warning(
                 "flask-harvest uses the 'local' job backend: delivery jobs live in this process "

@@ -1,0 +1,24 @@
+"""The operator dashboard: server-rendered pages over the webhook operations (and, when the app
+uses them, workflows and triggers), opened like the actuator.
+
+Enable it with ``HARVEST_DASHBOARD = True``; see ``docs/dashboard.rst``. Each page module adds its
+routes, navigation entries and overview panels to the blueprint of :mod:`._core` when imported
+here.
+"""
+
+from __future__ import annotations
+
+from . import access, overview
+from ._core import CONTENT_SECURITY_POLICY, NAV, PANELS, NavEntry, Panel, dashboard, install_dashboard
+
+__all__ = [
+    "CONTENT_SECURITY_POLICY",
+    "NAV",
+    "PANELS",
+    "NavEntry",
+    "Panel",
+    "access",
+    "dashboard",
+    "install_dashboard",
+    "overview",
+]

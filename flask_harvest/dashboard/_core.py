@@ -1,0 +1,317 @@
+"""The dashboard blueprint and what every page shares: access, CSRF, security headers, errors,
+navigation and rendering.
+
+Page modules (:mod:`.webhooks`, and one per subsystem) add their routes to :data:`dashboard`, a
+:class:`NavEntry` per page to :data:`NAV` and a :class:`Panel` per overview section to
+:data:`PANELS`. A nav entry or panel whose subsystem the app does not use is left out.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit
+
+from flask import Blueprint, Flask, Response, current_app, g, redirect, render_template, request, url_for
+from marshmallow import ValidationError
+from werkzeug.exceptions import BadRequest, HTTPException
+from werkzeug.wrappers import Response as BaseResponse
+
+from .._app import get_engine
+from .._input import text_problem
+from ..config import KEYS, Settings
+from ..engine import HarvestEngine
+from ..errors import (
+    ConfigurationError,
+    DuplicateSubscriptionError,
+    HarvestError,
+    InvalidFieldError,
+    InvalidStateError,
+    NotFoundError,
+    StoreError,
+)
+from ._session import COOKIE_NAME, DashboardSession, csrf_matches, digest_matches, dump_session, load_session
+
+log = logging.getLogger(__name__)
+
+dashboard = Blueprint(
+    "harvest_dashboard",
+    __name__,
+    template_folder="templates",
+    static_folder="static",
+    static_url_path="/static",
+)
+
+#: The strictest policy the pages work with: no script at all, styles only from our own file.
+CONTENT_SECURITY_POLICY = (
+    "default-src 'none'; style-src 'self'; img-src 'self' data:; form-action 'self'; "
+    "frame-ancestors 'none'; base-uri 'none'"
+)
+SECURITY_HEADERS = {
+    "Content-Security-Policy": CONTENT_SECURITY_POLICY,
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "same-origin",
+    "X-Frame-Options": "DENY",
+}
+#: Endpoints open without sign-in (the sign-in form itself and the stylesheet).
+_OPEN_ENDPOINTS = frozenset({"harvest_dashboard.static", "harvest_dashboard.sign_in"})
+#: The longest form field the dashboard reads.
+MAX_FIELD_CHARS = 2048
+
+
+@dataclass(frozen=True)
+class NavEntry:
+    """A link in the navigation bar, shown when ``available(engine)`` is true."""
+
+    label: str
+    endpoint: str
+    available: Callable[[HarvestEngine], bool]
+
+
+@dataclass(frozen=True)
+class Panel:
+    """A section of the overview page: ``template`` rendered with ``build(engine)``, in ``order``,
+    when ``available(engine)`` is true."""
+
+    order: int
+    template: str
+    build: Callable[[HarvestEngine], Mapping[str, Any]]
+    available: Callable[[HarvestEngine], bool]
+
+
+NAV: list[NavEntry] = []
+PANELS: list[Panel] = []
+
+
+def always(_: HarvestEngine) -> bool:
+    return True
+
+
+def check_dashboard_config(app: Flask) -> None:
+    """Refuse to serve the dashboard on an app that cannot sign its session cookie.
+
+    :raises ConfigurationError: the app has no ``secret_key``.
+    """
+    if not app.secret_key:
+        raise ConfigurationError(
+            f"{KEYS['dashboard']} needs app.secret_key (or SECRET_KEY in app.config) to sign its "
+            "session cookie: set a long random value before init_app"
+        )
+
+
+def install_dashboard(app: Flask, settings: Settings) -> None:
+    """Register the dashboard on ``app`` at ``HARVEST_DASHBOARD_URL_PREFIX``.
+
+    :raises ConfigurationError: the app has no ``secret_key`` to sign the session cookie with.
+    """
+    check_dashboard_config(app)
+    app.register_blueprint(dashboard, url_prefix=settings.dashboard_url_prefix)
+
+
+# -- the session -----------------------------------------------------------------------------------
+
+
+def _session() -> DashboardSession:
+    current: DashboardSession | None = g.get("harvest_dashboard_session")
+    if current is None:
+        current = load_session(
+            request.cookies.get(COOKIE_NAME),
+            current_app.secret_key or "",
+            get_engine().settings.dashboard_session_seconds,
+        )
+        if current is None:
+            current = DashboardSession.new()
+            g.harvest_dashboard_set_cookie = True
+        g.harvest_dashboard_session = current
+    return current
+
+
+def replace_session(new: DashboardSession) -> None:
+    """Make ``new`` this client's session (sent as the cookie with the response)."""
+    g.harvest_dashboard_session = new
+    g.harvest_dashboard_set_cookie = True
+
+
+def signed_in() -> bool:
+    """Whether the current request may use the dashboard: a session signed in with the actuator
+    token, or the actuator's authorizer answering exactly ``True``."""
+    engine = get_engine()
+    if digest_matches(_session(), current_app.secret_key or "", engine.settings.actuator_token):
+        return True
+    authorizer = engine.access.authorizer
+    return authorizer is not None and authorizer(request) is True
+
+
+def token_sign_in_enabled() -> bool:
+    return bool(get_engine().settings.actuator_token)
+
+
+def safe_next(target: str | None) -> str:
+    """Return ``target`` if it is a path inside the dashboard, else the overview: a sign-in link
+    must not send the operator to another site."""
+    prefix = url_for("harvest_dashboard.overview")
+    if target and isinstance(target, str) and text_problem(target) is None:
+        parts = urlsplit(target)
+        if (
+            not parts.scheme
+            and not parts.netloc
+            and target.startswith(prefix)
+            and "//" not in target
+            and "\\" not in target
+        ):
+            return target
+    return prefix
+
+
+@dashboard.before_request
+def _guard() -> BaseResponse | tuple[str, int] | None:
+    session = _session()
+    if request.method not in ("GET", "HEAD") and not csrf_matches(session, request.form.get("csrf_token")):
+        # Checked before anything else: a cross-site form can never reach a route that changes state.
+        return render_page(
+            "error.html",
+            status=403,
+            title="Refused",
+            message=(
+                "The form's CSRF token is missing or stale; nothing was changed. "
+                "Reload the page and try again."
+            ),
+        )
+    if signed_in():
+        g.harvest_dashboard_allowed = True
+        return None
+    if request.endpoint in _OPEN_ENDPOINTS:
+        return None
+    if token_sign_in_enabled():
+        if request.method in ("GET", "HEAD"):
+            return redirect(url_for("harvest_dashboard.sign_in", next=request.full_path.rstrip("?")), 303)
+        return render_page("error.html", status=401, title="Sign in", message="Sign in first.")
+    engine = get_engine()
+    if engine.access.authorizer is not None:
+        return render_page(
+            "error.html",
+            status=403,
+            title="Refused",
+            message=("The dashboard's authorizer refused this request."),
+        )
+    return render_page(
+        "error.html",
+        status=403,
+        title="Dashboard closed",
+        message=(
+            f"The dashboard is closed: set {KEYS['actuator_token']} or register an actuator authorizer."
+        ),
+    )
+
+
+@dashboard.after_request
+def _headers(response: Response) -> Response:
+    for name, value in SECURITY_HEADERS.items():
+        response.headers[name] = value
+    if request.endpoint != "harvest_dashboard.static":
+        # Pages show operational data (and once, a new secret): never kept in a cache.
+        response.headers["Cache-Control"] = "no-store"
+    if g.get("harvest_dashboard_set_cookie"):
+        prefix = get_engine().settings.dashboard_url_prefix
+        if g.get("harvest_dashboard_sign_out"):
+            response.delete_cookie(
+                COOKIE_NAME, path=prefix, secure=request.is_secure, httponly=True, samesite="Lax"
+            )
+        else:
+            response.set_cookie(
+                COOKIE_NAME,
+                dump_session(g.harvest_dashboard_session, current_app.secret_key or ""),
+                max_age=int(get_engine().settings.dashboard_session_seconds),
+                path=prefix,
+                secure=request.is_secure,
+                httponly=True,
+                samesite="Lax",
+            )
+    return response
+
+
+# -- rendering -------------------------------------------------------------------------------------
+
+
+def render_page(template: str, *, status: int = 200, **context: Any) -> tuple[str, int]:
+    """Render a dashboard template (``harvest_dashboard/<template>``) with the shared context."""
+    return render_template(f"harvest_dashboard/{template}", **context), status
+
+
+@dashboard.context_processor
+def _shared_context() -> dict[str, Any]:
+    engine = get_engine()
+    allowed = bool(g.get("harvest_dashboard_allowed"))
+    return {
+        "csrf_token": _session().csrf,
+        "nav": [entry for entry in NAV if entry.available(engine)] if allowed else [],
+        "signed_in": allowed,
+        "signed_in_by_token": allowed and bool(_session().auth),
+    }
+
+
+def form_text(name: str, *, required: bool = False, max_chars: int = MAX_FIELD_CHARS) -> str:
+    """Return a form field's text, stripped; refuse a NUL, a lone surrogate or an over-long value
+    (400) before anything reads it."""
+    value = request.form.get(name, "")
+    problem = text_problem(value) if value else None
+    if problem is not None or len(value) > max_chars:
+        raise BadRequest(f"the field {name!r} {problem or f'is longer than {max_chars} characters'}")
+    value = value.strip()
+    if required and not value:
+        raise BadRequest(f"the field {name!r} is required")
+    return value
+
+
+def query_text(name: str, *, max_chars: int = MAX_FIELD_CHARS) -> str | None:
+    """Return a query parameter's text, or ``None`` when absent or empty; refuse bad text (400)."""
+    value = request.args.get(name)
+    if not value:
+        return None
+    problem = text_problem(value)
+    if problem is not None or len(value) > max_chars:
+        raise BadRequest(f"the parameter {name!r} {problem or f'is longer than {max_chars} characters'}")
+    return value.strip() or None
+
+
+# -- errors: HTML pages, never a traceback -----------------------------------------------------------
+
+
+def _error_page(status: int, title: str, message: str) -> tuple[str, int]:
+    return render_page("error.html", status=status, title=title, message=message)
+
+
+@dashboard.errorhandler(NotFoundError)
+def _not_found(exc: NotFoundError) -> tuple[str, int]:
+    return _error_page(404, "Not found", str(exc))
+
+
+@dashboard.errorhandler(InvalidFieldError)
+def _invalid_field(exc: InvalidFieldError) -> tuple[str, int]:
+    return _error_page(400, "Invalid input", str(exc))
+
+
+@dashboard.errorhandler(ValidationError)
+def _invalid(exc: ValidationError) -> tuple[str, int]:
+    return _error_page(400, "Invalid input", str(exc.messages))
+
+
+@dashboard.errorhandler(DuplicateSubscriptionError)
+@dashboard.errorhandler(InvalidStateError)
+def _conflict(exc: HarvestError) -> tuple[str, int]:
+    return _error_page(409, "Conflict", str(exc))
+
+
+@dashboard.errorhandler(StoreError)
+def _store_down(exc: StoreError) -> tuple[str, int]:
+    log.error("harvest dashboard: %s", exc)
+    return _error_page(503, "Store unavailable", "The store is unavailable; try again.")
+
+
+@dashboard.errorhandler(HTTPException)
+def _http_error(exc: HTTPException) -> tuple[str, int] | HTTPException:
+    if exc.code is None or exc.code < 400:
+        return exc
+    return _error_page(exc.code, exc.name, exc.description or "")
