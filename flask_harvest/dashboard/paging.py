@@ -7,27 +7,22 @@ the next page with the cursor of the last row shown.
 
 from __future__ import annotations
 
-import base64
-import binascii
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Generic, TypeVar
 
-from .._input import text_problem, to_utc
-from ..errors import InvalidFieldError
+from .._cursor import MAX_CURSOR_CHARS, decode_position, encode_position
 
 T = TypeVar("T")
+__all__ = ["MAX_CURSOR_CHARS", "PAGE_SIZE", "Page", "decode_cursor", "encode_cursor", "paginate"]
 #: Rows on one dashboard list page.
 PAGE_SIZE = 50
-#: The longest cursor accepted (a timestamp and an id, encoded).
-MAX_CURSOR_CHARS = 512
 
 
 def encode_cursor(when: datetime, row_id: str) -> str:
     """Return the opaque cursor of the position ``(when, row_id)``."""
-    raw = f"{when.isoformat()}|{row_id}".encode("utf-8", "surrogatepass")
-    return base64.urlsafe_b64encode(raw).decode("ascii").rstrip("=")
+    return encode_position(when, row_id)
 
 
 def decode_cursor(cursor: str) -> tuple[datetime, str]:
@@ -35,17 +30,7 @@ def decode_cursor(cursor: str) -> tuple[datetime, str]:
 
     :raises InvalidFieldError: the cursor was not made by :func:`encode_cursor`.
     """
-    if not isinstance(cursor, str) or len(cursor) > MAX_CURSOR_CHARS:
-        raise InvalidFieldError("cursor", "is not a cursor this page made")
-    try:
-        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
-        stamp, _, row_id = raw.partition("|")
-        when = to_utc(datetime.fromisoformat(stamp), "cursor")
-    except (binascii.Error, UnicodeError, ValueError):  # InvalidFieldError is a ValueError
-        raise InvalidFieldError("cursor", "is not a cursor this page made") from None
-    if not row_id or text_problem(row_id) is not None:
-        raise InvalidFieldError("cursor", "is not a cursor this page made")
-    return when, row_id
+    return decode_position(cursor, message="is not a cursor this page made")
 
 
 @dataclass(frozen=True)

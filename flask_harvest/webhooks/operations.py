@@ -3,13 +3,12 @@ blueprint and the CLI are thin over it."""
 
 from __future__ import annotations
 
-import base64
-import binascii
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
+from .._cursor import decode_position, encode_position
 from .._input import check_number, text_problem, to_utc
 from ..config import Settings
 from ..errors import ConfigurationError, DeliveryNotFoundError, InvalidFieldError, SubscriptionNotFoundError
@@ -20,6 +19,7 @@ from .delivery import delivery_job
 from .manager import OutboundWebhookManager
 from .models import (
     DeliveryLog,
+    DeliveryState,
     SubscriptionChanges,
     WebhookSubscription,
     WebhookSubscriptionStatus,
@@ -60,9 +60,8 @@ class ReplayResult:
 
 
 def encode_cursor(delivery: DeliveryLog) -> str:
-    """Return an opaque cursor that continues a DLQ listing after ``delivery``."""
-    raw = f"{delivery.timestamp.isoformat()}|{delivery.id}".encode()
-    return base64.urlsafe_b64encode(raw).decode("ascii").rstrip("=")
+    """Return an opaque cursor that continues a delivery listing after ``delivery``."""
+    return encode_position(delivery.timestamp, delivery.id)
 
 
 def decode_cursor(cursor: str) -> DlqCursor:
@@ -70,17 +69,7 @@ def decode_cursor(cursor: str) -> DlqCursor:
 
     :raises InvalidFieldError: the cursor was not made by :func:`encode_cursor`.
     """
-    if not isinstance(cursor, str):
-        raise InvalidFieldError("cursor", "is not a cursor this API returned")
-    try:
-        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
-        stamp, _, delivery_id = raw.partition("|")
-        when = to_utc(datetime.fromisoformat(stamp), "cursor")
-    except (binascii.Error, UnicodeError, ValueError):  # InvalidFieldError is a ValueError
-        raise InvalidFieldError("cursor", "is not a cursor this API returned") from None
-    if not delivery_id or text_problem(delivery_id) is not None:
-        raise InvalidFieldError("cursor", "is not a cursor this API returned")
-    return when, delivery_id
+    return decode_position(cursor)
 
 
 def _lookup(value: str, not_found: type[SubscriptionNotFoundError | DeliveryNotFoundError]) -> str:
@@ -291,17 +280,53 @@ class WebhookOperations:
         topic: str | None = None,
     ) -> tuple[list[DeliveryLog], str | None]:
         """Return one page of the DLQ, newest first, and the cursor of the next page (or ``None``)."""
+        return self.deliveries_page(
+            state=DeliveryState.DLQ, limit=limit, cursor=cursor, subscription_id=subscription_id, topic=topic
+        )
+
+    def deliveries_page(
+        self,
+        *,
+        state: DeliveryState | None = None,
+        limit: int = 50,
+        cursor: str | None = None,
+        subscription_id: str | None = None,
+        topic: str | None = None,
+        since: datetime | None = None,
+        until: datetime | None = None,
+    ) -> tuple[list[DeliveryLog], str | None]:
+        """Return one page of deliveries (in ``state``, or any), newest first by their latest
+        attempt, and the cursor of the next page (or ``None``): a keyset walk, never a count."""
         if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_DLQ_PAGE:
             raise InvalidFieldError("limit", f"must be between 1 and {MAX_DLQ_PAGE}")
+        since, until = _window(since, "since"), _window(until, "until")
+        if since is not None and until is not None and since >= until:
+            raise InvalidFieldError("since", "must be earlier than until")
         before = decode_cursor(cursor) if cursor else None
-        rows = self.store.list_dlq(
+        rows = self.store.list_deliveries(
             limit=limit + 1,
             before=before,
+            state=state,
             subscription_id=_filter(subscription_id, "subscription_id"),
             topic=_filter(topic, "topic"),
+            since=since,
+            until=until,
         )
         page = rows[:limit]
         return page, encode_cursor(page[-1]) if len(rows) > limit else None
+
+    def attempts_per_minute(self, *, minutes: int = 60) -> list[tuple[datetime, int, int]]:
+        """Return ``(minute, succeeded, failed)`` for each of the last ``minutes`` minutes, oldest
+        first, with zeros for quiet minutes (the current, partial minute is the last)."""
+        check_number(minutes, "minutes", low=1, high=24 * 60, integer=True)
+        end = utcnow().replace(second=0, microsecond=0) + timedelta(minutes=1)
+        start = end - timedelta(minutes=minutes)
+        rows = self.store.attempts_per_minute(since=start, until=end)
+        counted = {when: (ok, failed) for when, ok, failed in rows}
+        return [
+            (start + timedelta(minutes=n), *counted.get(start + timedelta(minutes=n), (0, 0)))
+            for n in range(minutes)
+        ]
 
     def stats(self) -> dict[str, Any]:
         """Return delivery counts by state, DLQ depth and oldest pending age: overall and per

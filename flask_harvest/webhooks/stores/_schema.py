@@ -84,6 +84,8 @@ deliveries_table = Table(
     Index("ix_harvest_webhook_deliveries_lease", "state", "lease_expires_at"),
     # The DLQ listing's keyset paging, and the purge of old delivered rows.
     Index("ix_harvest_webhook_deliveries_state_timestamp", "state", "timestamp", "id"),
+    # The dashboard's delivery list in every state, newest first.
+    Index("ix_harvest_webhook_deliveries_timestamp", "timestamp", "id"),
     Index("ix_harvest_webhook_deliveries_subscription", "subscription_id", "state"),
 )
 
@@ -100,6 +102,8 @@ attempts_table = Table(
     Column("elapsed_ms", Integer, nullable=True),
     Column("error", Text, nullable=True),
     Index("ix_harvest_webhook_attempts_delivery", "delivery_id"),
+    # The dashboard's attempts-per-minute chart reads one window of it.
+    Index("ix_harvest_webhook_attempts_started", "started_at"),
 )
 
 

@@ -58,6 +58,21 @@ def fold_stats(
     return DeliveryStats(dict(overall), oldest_overall), per_subscription
 
 
+def succeeded(status: int | None) -> bool:
+    """Whether an attempt that got ``status`` (``None``: no answer) delivered."""
+    return status is not None and 200 <= status < 300
+
+
+def minute_buckets(started: Iterable[tuple[datetime, int | None]]) -> list[tuple[datetime, int, int]]:
+    """Fold ``(started_at, response_status)`` pairs into ``(minute, succeeded, failed)``, oldest
+    first; a store's :meth:`~OutboundWebhookHandler.attempts_per_minute` uses it."""
+    buckets: dict[datetime, list[int]] = {}
+    for when, status in started:
+        counts = buckets.setdefault(when.replace(second=0, microsecond=0), [0, 0])
+        counts[0 if succeeded(status) else 1] += 1
+    return [(minute, ok, failed) for minute, (ok, failed) in sorted(buckets.items())]
+
+
 @dataclass(frozen=True)
 class StoreCapabilities:
     """What a store can do beyond the contract; the library asks this, never the store's type.
@@ -211,6 +226,33 @@ class OutboundWebhookHandler(abc.ABC):
         :param before: return only rows older than this cursor (the last row of a previous page).
         :param since: only rows dead-lettered at or after this time.
         :param until: only rows dead-lettered before this time.
+        """
+
+    @abc.abstractmethod
+    def list_deliveries(
+        self,
+        *,
+        limit: int = 100,
+        before: DlqCursor | None = None,
+        state: DeliveryState | None = None,
+        subscription_id: str | None = None,
+        topic: str | None = None,
+        since: datetime | None = None,
+        until: datetime | None = None,
+    ) -> list[DeliveryLog]:
+        """Return deliveries in any state (or in ``state``), newest first by ``(timestamp, id)``:
+        the keyset listing behind the dashboard, one bounded index walk per page.
+
+        The parameters are those of :meth:`list_dlq`; ``since`` and ``until`` bound ``timestamp``
+        (the time of the latest attempt, or of the logging).
+        """
+
+    @abc.abstractmethod
+    def attempts_per_minute(self, *, since: datetime, until: datetime) -> list[tuple[datetime, int, int]]:
+        """Return ``(minute, succeeded, failed)`` for each minute in ``[since, until)`` with attempts
+        started in it, oldest first: a 2xx answer succeeded, anything else failed.
+
+        A store that keeps only each delivery's latest attempt counts only those.
         """
 
     @abc.abstractmethod

@@ -27,7 +27,7 @@ from ..models import (
     WebhookSubscriptionStatus,
     utcnow,
 )
-from .base import DlqCursor, OutboundWebhookHandler, fold_stats
+from .base import DlqCursor, OutboundWebhookHandler, fold_stats, minute_buckets
 
 
 class InMemoryOutboundWebhookHandler(OutboundWebhookHandler):
@@ -134,11 +134,32 @@ class InMemoryOutboundWebhookHandler(OutboundWebhookHandler):
         since: datetime | None = None,
         until: datetime | None = None,
     ) -> list[DeliveryLog]:
+        return self.list_deliveries(
+            limit=limit,
+            before=before,
+            state=DeliveryState.DLQ,
+            subscription_id=subscription_id,
+            topic=topic,
+            since=since,
+            until=until,
+        )
+
+    def list_deliveries(
+        self,
+        *,
+        limit: int = 100,
+        before: DlqCursor | None = None,
+        state: DeliveryState | None = None,
+        subscription_id: str | None = None,
+        topic: str | None = None,
+        since: datetime | None = None,
+        until: datetime | None = None,
+    ) -> list[DeliveryLog]:
         with self._lock:
             rows = [
                 d
                 for d in self._deliveries.values()
-                if d.state is DeliveryState.DLQ
+                if (state is None or d.state is state)
                 and (subscription_id is None or d.subscription_id == subscription_id)
                 and (topic is None or d.topic == topic)
                 and (before is None or (d.timestamp, d.id) < before)
@@ -147,6 +168,15 @@ class InMemoryOutboundWebhookHandler(OutboundWebhookHandler):
             ]
         rows.sort(key=lambda d: (d.timestamp, d.id), reverse=True)
         return rows[:limit]
+
+    def attempts_per_minute(self, *, since: datetime, until: datetime) -> list[tuple[datetime, int, int]]:
+        with self._lock:
+            started = [
+                (a.started_at, a.response_status)
+                for a in self._latest_attempt.values()
+                if since <= a.started_at < until
+            ]
+        return minute_buckets(started)
 
     def delivery_stats(self) -> tuple[DeliveryStats, dict[str, DeliveryStats]]:
         with self._lock:

@@ -13,7 +13,7 @@ import functools
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from datetime import datetime, timedelta
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from sqlalchemy import (
@@ -23,6 +23,7 @@ from sqlalchemy import (
     Row,
     and_,
     bindparam,
+    case,
     delete,
     func,
     insert,
@@ -306,9 +307,32 @@ class SqlOutboundWebhookStore(OutboundWebhookHandler):
         since: datetime | None = None,
         until: datetime | None = None,
     ) -> list[DeliveryLog]:
+        return self.list_deliveries(
+            limit=limit,
+            before=before,
+            state=DeliveryState.DLQ,
+            subscription_id=subscription_id,
+            topic=topic,
+            since=since,
+            until=until,
+        )
+
+    def list_deliveries(
+        self,
+        *,
+        limit: int = 100,
+        before: DlqCursor | None = None,
+        state: DeliveryState | None = None,
+        subscription_id: str | None = None,
+        topic: str | None = None,
+        since: datetime | None = None,
+        until: datetime | None = None,
+    ) -> list[DeliveryLog]:
         if any(key is not None and not _could_be_stored(key) for key in (subscription_id, topic)):
             return []
-        query = select(_dels).where(_dels.c.state == DeliveryState.DLQ.value)
+        query = select(_dels)
+        if state is not None:
+            query = query.where(_dels.c.state == state.value)
         if since is not None:
             query = query.where(_dels.c.timestamp >= since)
         if until is not None:
@@ -324,9 +348,32 @@ class SqlOutboundWebhookStore(OutboundWebhookHandler):
                 or_(_dels.c.timestamp < stamp, and_(_dels.c.timestamp == stamp, _dels.c.id < last_id))
             )
         query = query.order_by(_dels.c.timestamp.desc(), _dels.c.id.desc()).limit(limit)
-        with self._transaction("list the DLQ") as conn:
+        with self._transaction("list deliveries") as conn:
             rows = conn.execute(query).all()
         return [row_to_delivery(row) for row in rows]
+
+    def attempts_per_minute(self, *, since: datetime, until: datetime) -> list[tuple[datetime, int, int]]:
+        # Grouped in the database: an hour of a busy worker is over a million attempts, which must
+        # not travel to Python. The started_at index bounds the scan to the window.
+        if self.engine.dialect.name == "postgresql":
+            minute: Any = func.date_trunc("minute", _atts.c.started_at)
+        else:
+            minute = func.strftime("%Y-%m-%d %H:%M:00", _atts.c.started_at)
+        ok = case((_atts.c.response_status.between(200, 299), 1), else_=0)
+        query = (
+            select(minute.label("minute"), func.sum(ok), func.count())
+            .where(_atts.c.started_at >= since, _atts.c.started_at < until)
+            .group_by(minute)
+            .order_by(minute)
+        )
+        with self._transaction("count attempts per minute") as conn:
+            rows = conn.execute(query).all()
+        result = []
+        for when, good, total in rows:
+            stamp = datetime.fromisoformat(when) if isinstance(when, str) else when
+            stamp = stamp.replace(tzinfo=timezone.utc) if stamp.tzinfo is None else stamp
+            result.append((stamp, int(good or 0), int(total) - int(good or 0)))
+        return result
 
     def delivery_stats(self) -> tuple[DeliveryStats, dict[str, DeliveryStats]]:
         # One grouped scan; the (subscription_id, state) index covers the grouping.

@@ -1,0 +1,77 @@
+"""Store contract, continued: the listings behind the dashboard, over every store."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+from flask_harvest import DeliveryState, OutboundWebhookHandler
+
+from .test_store_contract import fail_once, make_delivery, now, seed, success_for  # noqa: F401 (fixture)
+
+STATES = [DeliveryState.PENDING, DeliveryState.DLQ, DeliveryState.DELIVERED, DeliveryState.SKIPPED]
+
+
+def test_list_deliveries_pages_newest_first_in_every_state(
+    store: OutboundWebhookHandler, now: datetime
+) -> None:
+    deliveries = [
+        make_delivery(
+            "sub_a" if n % 2 else "sub_b",
+            now,
+            id=f"dlv_{n:02d}",
+            topic="order.created" if n % 3 else "order.paid",
+            state=STATES[n % len(STATES)],
+            # Two rows per timestamp, so paging must break ties on the id.
+            timestamp=now + timedelta(seconds=n // 2),
+        )
+        for n in range(12)
+    ]
+    store.log_deliveries(deliveries)
+    newest_first = sorted(deliveries, key=lambda d: (d.timestamp, d.id), reverse=True)
+
+    assert store.list_deliveries() == newest_first
+    pages, before = [], None
+    while page := store.list_deliveries(limit=5, before=before):
+        pages.append(page)
+        before = (page[-1].timestamp, page[-1].id)
+    assert [len(page) for page in pages] == [5, 5, 2]
+    assert [d.id for page in pages for d in page] == [d.id for d in newest_first]
+
+    for state in STATES:
+        listed = store.list_deliveries(state=state)
+        assert [d.id for d in listed] == [d.id for d in newest_first if d.state is state]
+        assert listed
+    paid_b = store.list_deliveries(subscription_id="sub_b", topic="order.paid")
+    expected = [d.id for d in newest_first if d.subscription_id == "sub_b" and d.topic == "order.paid"]
+    assert [d.id for d in paid_b] == expected and expected
+
+    since, until = now + timedelta(seconds=2), now + timedelta(seconds=4)
+    windowed = store.list_deliveries(since=since, until=until)
+    assert [d.id for d in windowed] == [d.id for d in newest_first if since <= d.timestamp < until]
+    assert len(windowed) == 4
+    assert store.list_deliveries(subscription_id="sub_\x00") == []
+    # The DLQ listing is the same listing, in one state.
+    assert store.list_dlq() == store.list_deliveries(state=DeliveryState.DLQ)
+
+
+def test_attempts_per_minute(store: OutboundWebhookHandler, now: datetime) -> None:
+    minute = now.replace(second=0, microsecond=0) - timedelta(minutes=10)
+    for offset, ok in [(0, True), (0, False), (1, False), (3, True)]:
+        _, delivery = seed(store, now, next_attempt_at=minute)
+        at = minute + timedelta(minutes=offset, seconds=7)
+        if ok:
+            claim = store.claim_delivery(delivery.id, now=at, lease_seconds=30, max_attempts=5)
+            assert claim is not None
+            store.finish_attempt(delivery.id, claim.lease_token, success_for(delivery, at))
+        else:
+            fail_once(store, delivery, at, threshold=50)
+    buckets = store.attempts_per_minute(since=minute, until=minute + timedelta(minutes=4))
+    assert buckets == [
+        (minute, 1, 1),
+        (minute + timedelta(minutes=1), 0, 1),
+        (minute + timedelta(minutes=3), 1, 0),
+    ]
+    assert all(when.tzinfo is not None for when, _, _ in buckets)
+    assert (
+        store.attempts_per_minute(since=minute + timedelta(minutes=4), until=now + timedelta(hours=1)) == []
+    )
