@@ -4,9 +4,18 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 
-from flask_harvest import DeliveryState, OutboundWebhookHandler
+import pytest
 
-from .test_store_contract import fail_once, make_delivery, now, seed, success_for  # noqa: F401 (fixture)
+from flask_harvest import DeliveryState, OutboundWebhookHandler
+from flask_harvest.webhooks.models import utcnow
+
+from .test_store_contract import fail_once, make_delivery, seed, success_for
+
+
+@pytest.fixture
+def now() -> datetime:
+    return utcnow()
+
 
 STATES = [DeliveryState.PENDING, DeliveryState.DLQ, DeliveryState.DELIVERED, DeliveryState.SKIPPED]
 

@@ -8,7 +8,7 @@ here.
 
 from __future__ import annotations
 
-from . import access, overview
+from . import access, overview, webhooks
 from ._core import CONTENT_SECURITY_POLICY, NAV, PANELS, NavEntry, Panel, dashboard, install_dashboard
 
 __all__ = [
@@ -21,4 +21,5 @@ __all__ = [
     "dashboard",
     "install_dashboard",
     "overview",
+    "webhooks",
 ]

@@ -1,0 +1,258 @@
+"""The webhook pages: the overview panel, subscriptions, deliveries, replay.
+
+Thin over :class:`~flask_harvest.webhooks.operations.WebhookOperations`: every read is one of its
+bounded queries, every action one of its methods, so the dashboard, the actuator and the CLI do
+the same thing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import datetime, timezone
+from typing import Any
+
+from flask import redirect, request, url_for
+from markupsafe import Markup
+from werkzeug.exceptions import BadRequest
+from werkzeug.wrappers import Response as BaseResponse
+
+from .._app import get_engine
+from ..engine import HarvestEngine
+from ..errors import InvalidFieldError
+from ..webhooks.models import DeliveryState, WebhookSubscription, WebhookSubscriptionStatus, utcnow
+from ..webhooks.operations import MAX_BULK_REPLAY, MAX_GRACE_SECONDS
+from ._core import NAV, PANELS, NavEntry, Panel, always, dashboard, form_text, query_text, render_page
+from .chart import stacked_bars
+from .paging import PAGE_SIZE, Page, decode_cursor, encode_cursor
+
+NAV.append(NavEntry("Subscriptions", "harvest_dashboard.subscriptions", always))
+NAV.append(NavEntry("Deliveries", "harvest_dashboard.deliveries", always))
+NAV.append(NavEntry("Replay DLQ", "harvest_dashboard.bulk_replay", always))
+
+#: Recent deliveries shown on a subscription's page.
+RECENT = 20
+STATES = [state.value for state in DeliveryState]
+SUBSCRIPTION_STATUSES = [status.value for status in WebhookSubscriptionStatus]
+
+
+def _overview(engine: HarvestEngine) -> Mapping[str, Any]:
+    operations = engine.operations
+    stats = operations.stats()["overall"]
+    subscriptions = operations.list_subscriptions()
+    troubled = [
+        s for s in subscriptions if s.status is not WebhookSubscriptionStatus.ACTIVE or s.consecutive_failures
+    ]
+    buckets = operations.attempts_per_minute(minutes=60)
+    return {
+        "stats": stats,
+        "states": STATES,
+        "troubled": troubled,
+        "subscription_count": len(subscriptions),
+        # The renderer escapes every text it writes.
+        "chart": Markup(stacked_bars(buckets, title="Attempts per minute, last hour (UTC)")),  # noqa: S704
+        "delivered_hour": sum(ok for _, ok, _ in buckets),
+        "failed_hour": sum(failed for _, _, failed in buckets),
+    }
+
+
+# The webhooks panel comes first; the workflow and trigger panels take higher orders.
+PANELS.append(Panel(10, "harvest_dashboard/webhooks/_overview_panel.html", _overview, always))
+
+
+# -- input -----------------------------------------------------------------------------------------
+
+
+def query_time(name: str) -> datetime | None:
+    """A time filter: ISO 8601, or a form's ``datetime-local`` value; without a zone it is UTC."""
+    value = query_text(name, max_chars=64)
+    if value is None:
+        return None
+    try:
+        when = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        raise BadRequest(f"the parameter {name!r} must be a time such as 2026-12-03T10:00") from None
+    return when.replace(tzinfo=timezone.utc) if when.tzinfo is None else when
+
+
+def form_time(name: str) -> datetime | None:
+    value = form_text(name, max_chars=64)
+    if not value:
+        return None
+    try:
+        when = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        raise BadRequest(f"the field {name!r} must be a time such as 2026-12-03T10:00") from None
+    return when.replace(tzinfo=timezone.utc) if when.tzinfo is None else when
+
+
+def _local(when: datetime | None) -> str:
+    """A time as a ``datetime-local`` input's value, in UTC."""
+    return when.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M") if when is not None else ""
+
+
+def _choice(value: str | None, allowed: list[str], name: str) -> str | None:
+    if value is not None and value not in allowed:
+        raise BadRequest(f"the parameter {name!r} must be one of {', '.join(allowed)}")
+    return value
+
+
+# -- subscriptions ---------------------------------------------------------------------------------
+
+
+@dashboard.get("/webhooks/subscriptions")
+def subscriptions() -> tuple[str, int]:
+    """Every subscription, oldest first, filtered by status and topic pattern; keyset pages."""
+    status = _choice(query_text("status"), SUBSCRIPTION_STATUSES, "status")
+    topic = query_text("topic")
+    cursor = query_text("cursor")
+    listed = get_engine().operations.list_subscriptions()  # small: one row per receiver endpoint
+    chosen = [
+        s
+        for s in listed
+        if (status is None or s.status.value == status) and (topic is None or s.matches(topic))
+    ]
+    page = _page_of(chosen, cursor)
+    return render_page(
+        "webhooks/subscriptions.html",
+        page=page,
+        statuses=SUBSCRIPTION_STATUSES,
+        filters={"status": status or "", "topic": topic or ""},
+    )
+
+
+def _page_of(chosen: list[WebhookSubscription], cursor: str | None) -> Page[WebhookSubscription]:
+    after = decode_cursor(cursor) if cursor else None
+    rest = [s for s in chosen if after is None or (s.created_at, s.id) > after]
+    items = rest[:PAGE_SIZE]
+    more = len(rest) > PAGE_SIZE
+    return Page(items, encode_cursor(items[-1].created_at, items[-1].id) if more else None)
+
+
+def _subscription_page(
+    subscription: WebhookSubscription, *, status: int = 200, new_secret: str | None = None, notice: str = ""
+) -> tuple[str, int]:
+    recent, _ = get_engine().operations.deliveries_page(subscription_id=subscription.id, limit=RECENT)
+    return render_page(
+        "webhooks/subscription.html",
+        status=status,
+        subscription=subscription,
+        recent=recent,
+        new_secret=new_secret,
+        notice=notice,
+        max_grace=int(MAX_GRACE_SECONDS),
+        default_grace=int(get_engine().settings.webhooks_secret_grace_seconds),
+    )
+
+
+@dashboard.get("/webhooks/subscriptions/<subscription_id>")
+def subscription(subscription_id: str) -> tuple[str, int]:
+    notice = {"enabled": "Enabled.", "disabled": "Disabled."}.get(request.args.get("done", ""), "")
+    return _subscription_page(get_engine().operations.get_subscription(subscription_id), notice=notice)
+
+
+@dashboard.post("/webhooks/subscriptions/<subscription_id>/status")
+def set_subscription_status(subscription_id: str) -> BaseResponse:
+    """Enable (which clears the failure count) or disable a subscription."""
+    wanted = _choice(form_text("status", required=True), ["active", "disabled"], "status")
+    get_engine().operations.update_subscription(subscription_id, status=WebhookSubscriptionStatus(wanted))
+    done = "enabled" if wanted == "active" else "disabled"
+    return redirect(url_for(".subscription", subscription_id=subscription_id, done=done), 303)
+
+
+@dashboard.post("/webhooks/subscriptions/<subscription_id>/rotate-secret")
+def rotate_secret(subscription_id: str) -> tuple[str, int]:
+    """Rotate the secret and show the new one on this answer only (never stored for display,
+    never in a redirect, never cached: the page is ``no-store``)."""
+    grace_text = form_text("grace_seconds", max_chars=32)
+    try:
+        grace = float(grace_text) if grace_text else None
+    except ValueError:
+        raise InvalidFieldError("grace_seconds", "must be a number of seconds") from None
+    rotated = get_engine().operations.rotate_secret(subscription_id, grace_seconds=grace)
+    return _subscription_page(
+        rotated.subscription,
+        new_secret=rotated.secret,
+        notice="The secret was rotated. Copy the new secret now: it is shown only this once.",
+    )
+
+
+# -- deliveries ------------------------------------------------------------------------------------
+
+
+@dashboard.get("/webhooks/deliveries")
+def deliveries() -> tuple[str, int]:
+    """Deliveries newest first, filtered by state, subscription, topic and time; keyset pages."""
+    state = _choice(query_text("state"), STATES, "state")
+    subscription_id, topic = query_text("subscription_id"), query_text("topic")
+    since, until = query_time("since"), query_time("until")
+    items, next_cursor = get_engine().operations.deliveries_page(
+        state=DeliveryState(state) if state else None,
+        cursor=query_text("cursor"),
+        limit=PAGE_SIZE,
+        subscription_id=subscription_id,
+        topic=topic,
+        since=since,
+        until=until,
+    )
+    shown = {
+        "state": state or "",
+        "subscription_id": subscription_id or "",
+        "topic": topic or "",
+        "since": _local(since),
+        "until": _local(until),
+    }
+    next_args = {key: value for key, value in request.args.items() if key != "cursor" and value}
+    return render_page(
+        "webhooks/deliveries.html",
+        page=Page(items, next_cursor),
+        states=STATES,
+        filters=shown,
+        next_args=next_args,
+    )
+
+
+@dashboard.get("/webhooks/deliveries/<delivery_id>")
+def delivery(delivery_id: str) -> tuple[str, int]:
+    return _delivery_page(delivery_id, notice="Replayed: due now." if request.args.get("done") else "")
+
+
+def _delivery_page(delivery_id: str, *, notice: str = "", status: int = 200) -> tuple[str, int]:
+    operations = get_engine().operations
+    shown = operations.delivery_with_attempts(delivery_id)
+    return render_page("webhooks/delivery.html", status=status, delivery=shown, notice=notice)
+
+
+@dashboard.post("/webhooks/deliveries/<delivery_id>/replay")
+def replay(delivery_id: str) -> BaseResponse:
+    """Replay one dead-lettered delivery (same id, attempt 1, due now)."""
+    get_engine().operations.replay(delivery_id)
+    return redirect(url_for(".delivery", delivery_id=delivery_id, done="replayed"), 303)
+
+
+@dashboard.route("/webhooks/replay", methods=["GET", "POST"])
+def bulk_replay() -> tuple[str, int]:
+    """Replay the DLQ of a subscription and/or a time window: a dry-run count first, then the
+    replay of exactly the form's selection."""
+    context: dict[str, Any] = {"max_limit": MAX_BULK_REPLAY, "result": None, "dry_run": False}
+    if request.method == "GET":
+        return render_page("webhooks/bulk_replay.html", form={"limit": "100"}, **context)
+    action = _choice(form_text("action", required=True), ["dry-run", "replay"], "action")
+    limit_text = form_text("limit", max_chars=8) or "100"
+    if not limit_text.isdigit():
+        raise InvalidFieldError("limit", f"must be between 1 and {MAX_BULK_REPLAY}")
+    subscription_id = form_text("subscription_id") or None
+    result = get_engine().operations.replay_many(
+        subscription_id=subscription_id,
+        since=form_time("since"),
+        until=form_time("until"),
+        limit=int(limit_text),
+        dry_run=action == "dry-run",
+    )
+    form = {
+        "subscription_id": subscription_id or "",
+        "since": form_text("since", max_chars=64),
+        "until": form_text("until", max_chars=64),
+        "limit": limit_text,
+    }
+    context.update(result=result, dry_run=result.dry_run)
+    return render_page("webhooks/bulk_replay.html", form=form, now=utcnow(), **context)
