@@ -52,6 +52,15 @@ def create_app():
 '''
 
 
+#: The dashboard's templates and stylesheet: package data that both archives must hold.
+DASHBOARD_ASSETS = sorted(
+    path.relative_to(ROOT).as_posix()
+    for folder in ("templates", "static")
+    for path in (ROOT / "flask_harvest" / "dashboard" / folder).rglob("*")
+    if path.is_file()
+)
+
+
 class CheckFailed(Exception):
     pass
 
@@ -72,7 +81,12 @@ def check_contents(wheel: Path) -> None:
     strays = [n for n in names if not n.startswith(("flask_harvest/", "flask_harvest-"))]
     if strays:
         raise CheckFailed(f"the wheel holds files outside the package: {strays[:5]}")
-    for needed in ("flask_harvest/py.typed", "flask_harvest/receiver.py", "flask_harvest/testing.py"):
+    for needed in (
+        "flask_harvest/py.typed",
+        "flask_harvest/receiver.py",
+        "flask_harvest/testing.py",
+        *DASHBOARD_ASSETS,
+    ):
         if needed not in names:
             raise CheckFailed(f"the wheel lacks {needed}")
     if metadata["Description-Content-Type"] != "text/markdown" or "# flask-harvest" not in (
@@ -90,7 +104,14 @@ def check_sdist(dist: Path) -> None:
     [sdist] = sorted(dist.glob("flask_harvest-*.tar.gz"))
     with tarfile.open(sdist) as archive:
         names = {name.split("/", 1)[1] for name in archive.getnames() if "/" in name}
-    needed = {"README.md", "CHANGELOG.md", "setup.cfg", "flask_harvest/py.typed", "examples/quickstart.py"}
+    needed = {
+        "README.md",
+        "CHANGELOG.md",
+        "setup.cfg",
+        "flask_harvest/py.typed",
+        "examples/quickstart.py",
+        *DASHBOARD_ASSETS,
+    }
     if not needed <= names:
         raise CheckFailed(f"the sdist lacks {sorted(needed - names)}")
     compiled = [n for n in names if n.endswith(".pyc")]

@@ -1,0 +1,207 @@
+"""A live dashboard for the browser tests: the app served by werkzeug on 127.0.0.1, on PostgreSQL
+with the RQ backend, a ``flask harvest worker`` subprocess, a real receiver, and headless chromium.
+
+Nothing is downloaded: the browser and its driver are Debian's (``apt-get install chromium
+chromium-driver``; ``.ci/run`` does it). Without them the tests are skipped, and under ``CI=true``
+they fail.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+import sqlalchemy as sa
+from flask import Flask
+from werkzeug.serving import make_server
+
+from flask_harvest import DeliveryState, OutboundWebhookPlugin, get_engine
+from flask_harvest.testing import CapturingReceiver
+from flask_harvest.webhooks.stores.sql import SqlOutboundWebhookStore
+
+from ..dashboard_client import SECRET_KEY, TOKEN
+from ..pipeline import close_later
+from ..test_delivery_rq import stop
+
+CHROMIUM = os.environ.get("HARVEST_CHROMIUM", "/usr/bin/chromium")
+CHROMEDRIVER = os.environ.get("HARVEST_CHROMEDRIVER", "/usr/bin/chromedriver")
+ROOT = Path(__file__).resolve().parents[2]
+#: Where the docs' screenshots live; the tests write there with HARVEST_UPDATE_SCREENSHOTS=1.
+SCREENSHOTS = ROOT / "docs" / "_static" / "screenshots"
+
+#: The settings of the web app and the worker alike: one attempt, so a failure dead-letters at once.
+SETTINGS = {
+    "HARVEST_JOBS_BACKEND": "rq",
+    "HARVEST_WEBHOOKS_MAX_ATTEMPTS": 1,
+    "HARVEST_WEBHOOKS_CONNECT_TIMEOUT_SECONDS": 1,
+    "HARVEST_SWEEP_INTERVAL_SECONDS": 0.5,
+    "HARVEST_WEBHOOKS_ALLOW_PRIVATE_TARGETS": True,  # the receiver is on 127.0.0.1
+}
+WORKER_APP = """
+import os
+
+import sqlalchemy as sa
+from flask import Flask
+
+from flask_harvest import OutboundWebhookPlugin
+from flask_harvest.webhooks.stores.sql import SqlOutboundWebhookStore
+
+
+def create_app():
+    app = Flask("dashboard_worker_app")
+    app.config.update({settings!r})
+    app.config["HARVEST_REDIS_URL"] = os.environ["TEST_REDIS_URL"]
+    OutboundWebhookPlugin(SqlOutboundWebhookStore(sa.create_engine(os.environ["TEST_DATABASE_URL"])), app)
+    return app
+"""
+
+
+def _missing(what: str) -> None:
+    message = f"{what} is not installed: apt-get install -y chromium chromium-driver"
+    if os.environ.get("CI", "").lower() == "true":
+        pytest.fail(f"CI=true and {message}", pytrace=False)
+    pytest.skip(message)
+
+
+@pytest.fixture(scope="session")
+def browser() -> Iterator[Any]:
+    """A headless chromium driven by Selenium, with Debian's chromedriver (never downloaded)."""
+    for path in (CHROMIUM, CHROMEDRIVER):
+        if not (os.path.exists(path) and os.access(path, os.X_OK)):
+            _missing(path)
+    try:
+        from selenium import webdriver
+        from selenium.webdriver.chrome.service import Service
+    except ImportError:
+        _missing("selenium (the test extra)")
+    # Never let Selenium Manager look for, or fetch, a browser or a driver.
+    os.environ["SE_OFFLINE"] = "true"
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for argument in (
+        "--headless=new",
+        "--no-sandbox",  # CI containers run as root
+        "--disable-dev-shm-usage",
+        "--window-size=1280,900",
+        "--disable-gpu",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+    ):
+        options.add_argument(argument)
+    driver = webdriver.Chrome(service=Service(executable_path=CHROMEDRIVER), options=options)
+    driver.set_page_load_timeout(30)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+@dataclass
+class Live:
+    """The running dashboard and what it talks to."""
+
+    app: Flask
+    url: str
+    store: SqlOutboundWebhookStore
+    receiver: CapturingReceiver
+    screenshots: Path
+
+    def page(self, path: str) -> str:
+        return self.url + path
+
+    def wait_state(self, delivery_id: str, state: DeliveryState, timeout: float = 30.0) -> None:
+        """Wait until the worker has moved ``delivery_id`` to ``state`` (a deadline, not a timing
+        assertion: the test fails only if it never happens)."""
+        wait_until(
+            lambda: _state(self.store, delivery_id) is state, timeout, f"{delivery_id} to be {state.value}"
+        )
+
+
+def _state(store: SqlOutboundWebhookStore, delivery_id: str) -> DeliveryState | None:
+    delivery = store.get_delivery(delivery_id)
+    return delivery.state if delivery else None
+
+
+def wait_until(check: Callable[[], bool], timeout: float, what: str) -> None:
+    end = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > end:
+            raise TimeoutError(f"waited {timeout} s for {what}")
+        time.sleep(0.1)
+
+
+@pytest.fixture
+def live(
+    postgres_engine: sa.Engine,
+    redis_url: str,
+    redis_conn: redis.Redis,
+    receiver: CapturingReceiver,
+    tmp_path: Path,
+    browser: Any,
+) -> Iterator[Live]:
+    store = SqlOutboundWebhookStore(postgres_engine)
+    app = Flask("dashboard_live")
+    app.config.update(
+        SETTINGS,
+        HARVEST_REDIS_URL=redis_url,
+        HARVEST_DASHBOARD=True,
+        HARVEST_ACTUATOR_TOKEN=TOKEN,
+        SECRET_KEY=SECRET_KEY,
+    )
+    OutboundWebhookPlugin(store, app)
+    close_later(app)
+    server = make_server("127.0.0.1", 0, app, threaded=True)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    (tmp_path / "dashboard_worker_app.py").write_text(textwrap.dedent(WORKER_APP.format(settings=SETTINGS)))
+    environment = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)]),
+        "TEST_REDIS_URL": redis_url,
+        "TEST_DATABASE_URL": postgres_engine.url.render_as_string(hide_password=False),
+    }
+    command = [sys.executable, "-m", "flask", "--app", "dashboard_worker_app:create_app", "harvest", "worker"]
+    with open(tmp_path / "worker.log", "ab") as log:
+        worker = subprocess.Popen(
+            command,
+            cwd=tmp_path,
+            env=environment,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    update = os.environ.get("HARVEST_UPDATE_SCREENSHOTS") == "1"
+    browser.delete_all_cookies()
+    try:
+        yield Live(
+            app=app,
+            url=f"http://127.0.0.1:{server.server_port}",
+            store=store,
+            receiver=receiver,
+            screenshots=SCREENSHOTS if update else tmp_path,
+        )
+    finally:
+        stop(worker, signal.SIGTERM)
+        server.shutdown()
+        server.server_close()
+        if worker.returncode not in (0, -signal.SIGTERM):
+            print((tmp_path / "worker.log").read_text())
+
+
+def dispatch(app: Flask, topic: str, payload: Any) -> list[str]:
+    """Dispatch an event through the app, as the app's own code would."""
+    with app.app_context():
+        return get_engine().manager.dispatch(topic, payload)

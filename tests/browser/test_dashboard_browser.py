@@ -1,0 +1,165 @@
+"""The dashboard in headless chromium, against a live app, PostgreSQL, Redis, a worker subprocess
+and a receiver: what an operator does, click by click. Each page's screenshot is saved (into the
+docs with ``HARVEST_UPDATE_SCREENSHOTS=1``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from selenium.webdriver.common.by import By
+from selenium.webdriver.remote.webdriver import WebDriver
+
+from flask_harvest import DeliveryState, WebhookSubscription, WebhookSubscriptionStatus, generate_secret
+
+from ..dashboard_client import PREFIX, TOKEN
+from .conftest import Live, dispatch, wait_until
+
+pytestmark = [pytest.mark.postgres, pytest.mark.redis, pytest.mark.slow]
+
+SECRET = generate_secret()
+SCRIPT_PAYLOAD = {"note": "<script>document.title='pwned'</script>", "n": 1}
+
+
+def sign_in(browser: WebDriver, live: Live, token: str = TOKEN) -> None:
+    browser.get(live.page(f"{PREFIX}/sign-in"))
+    browser.find_element(By.ID, "token").send_keys(token)
+    browser.find_element(By.CSS_SELECTOR, "form.stack button[type=submit]").click()
+
+
+def shot(browser: WebDriver, live: Live, name: str) -> None:
+    browser.save_screenshot(str(live.screenshots / f"{name}.png"))
+
+
+def by_id(browser: WebDriver, element_id: str) -> Any:
+    return browser.find_element(By.ID, element_id)
+
+
+def subscribe(live: Live, sub_id: str = "sub_orders") -> None:
+    live.store.add_subscription(
+        WebhookSubscription(
+            live.receiver.url("/hook"), ["order.*"], SECRET, id=sub_id, description="Orders service"
+        )
+    )
+
+
+def dead_lettered(live: Live, count: int = 1, payload: Any = None) -> list[str]:
+    """Deliveries that really failed: the receiver answers 500 and the worker (one attempt each)
+    dead-letters them."""
+    live.receiver.respond("/hook", 500, "boom", times=count)
+    ids = [dispatch(live.app, "order.created", payload or {"n": n})[0] for n in range(count)]
+    for delivery_id in ids:
+        live.wait_state(delivery_id, DeliveryState.DLQ)
+    return ids
+
+
+def test_every_page_is_refused_without_sign_in(browser: WebDriver, live: Live) -> None:
+    subscribe(live)
+    [delivery_id] = dead_lettered(live)
+    pages = [
+        "/",
+        "/webhooks/subscriptions",
+        "/webhooks/subscriptions/sub_orders",
+        "/webhooks/deliveries",
+        f"/webhooks/deliveries/{delivery_id}",
+        "/webhooks/replay",
+    ]
+    for path in pages:
+        browser.get(live.page(PREFIX + path))
+        assert "/sign-in" in browser.current_url, path
+        # The sign-in form, and nothing of the page asked for (its path is only in "next").
+        assert browser.find_element(By.TAG_NAME, "h1").text == "Sign in"
+        assert not browser.find_elements(By.CSS_SELECTOR, "table, nav a")
+    shot(browser, live, "sign-in")
+    sign_in(browser, live, token="not-the-token-at-all")
+    assert "That is not the token." in by_id(browser, "sign-in-error").text
+    sign_in(browser, live)
+    browser.get(live.page(f"{PREFIX}/webhooks/deliveries/{delivery_id}"))
+    assert delivery_id in browser.find_element(By.TAG_NAME, "h1").text
+    # Sign out: the pages are closed again.
+    browser.find_element(By.CSS_SELECTOR, "form.sign-out button").click()
+    browser.get(live.page(f"{PREFIX}/"))
+    assert "/sign-in" in browser.current_url
+
+
+def test_see_a_dead_letter_replay_it_and_watch_it_delivered(browser: WebDriver, live: Live) -> None:
+    subscribe(live)
+    [delivery_id] = dead_lettered(live, payload=SCRIPT_PAYLOAD)
+    dispatch(live.app, "order.paid", {"n": 2})  # and one that goes through
+    sign_in(browser, live)
+    browser.get(live.page(f"{PREFIX}/"))
+    assert by_id(browser, "dlq-size").text.startswith("1")
+    assert browser.find_elements(By.CSS_SELECTOR, "svg.chart")
+    wait_until(lambda: len(live.receiver.requests) >= 2, 30, "the second delivery")
+    browser.refresh()
+    shot(browser, live, "overview")
+
+    browser.get(live.page(f"{PREFIX}/webhooks/deliveries?state=dlq"))
+    assert delivery_id in by_id(browser, "deliveries").text
+    shot(browser, live, "deliveries")
+    browser.find_element(By.LINK_TEXT, delivery_id).click()
+    assert by_id(browser, "delivery-state").text == "dlq"
+    # The <script> in the payload is text on the page, never a script: no script element, the
+    # title untouched.
+    assert "<script>document.title='pwned'</script>" in by_id(browser, "payload").text
+    assert browser.find_elements(By.TAG_NAME, "script") == []
+    assert "pwned" not in browser.title
+    assert "500" in by_id(browser, "attempts").text
+    shot(browser, live, "delivery")
+
+    by_id(browser, "replay").click()
+    assert "Replayed" in by_id(browser, "notice").text
+    live.wait_state(delivery_id, DeliveryState.DELIVERED)
+    browser.refresh()
+    assert by_id(browser, "delivery-state").text == "delivered"
+    assert not browser.find_elements(By.ID, "replay")
+    assert [r.webhook_id for r in live.receiver.requests].count(delivery_id) == 2  # same id again
+
+
+def test_bulk_replay_counts_first(browser: WebDriver, live: Live) -> None:
+    subscribe(live)
+    ids = dead_lettered(live, 3)
+    sign_in(browser, live)
+    browser.get(live.page(f"{PREFIX}/webhooks/replay"))
+    by_id(browser, "r-sub").send_keys("sub_orders")
+    by_id(browser, "dry-run").click()
+    assert by_id(browser, "dry-run-count").text.startswith("3 dead-lettered deliveries match")
+    assert all(live.store.get_delivery(i).state is DeliveryState.DLQ for i in ids)  # type: ignore[union-attr]
+    shot(browser, live, "bulk-replay")
+    by_id(browser, "confirm-replay").click()
+    assert by_id(browser, "replayed-count").text.startswith("Replayed 3")
+    for delivery_id in ids:
+        live.wait_state(delivery_id, DeliveryState.DELIVERED)
+
+
+def test_rotate_a_secret_and_see_it_once(browser: WebDriver, live: Live) -> None:
+    subscribe(live)
+    subscribe(live, "sub_billing")
+    live.store.set_subscription_status("sub_billing", WebhookSubscriptionStatus.DISABLED)
+    sign_in(browser, live)
+    browser.get(live.page(f"{PREFIX}/webhooks/subscriptions"))
+    assert "sub_billing" in by_id(browser, "subscriptions").text
+    shot(browser, live, "subscriptions")
+    browser.find_element(By.LINK_TEXT, "sub_orders").click()
+    assert SECRET not in browser.page_source
+    by_id(browser, "rotate").click()
+    shown = by_id(browser, "new-secret").text
+    stored = live.store.get_subscription("sub_orders")
+    assert stored is not None and shown == stored.secret != SECRET
+    shot(browser, live, "subscription-rotated")
+    browser.get(live.page(f"{PREFIX}/webhooks/subscriptions/sub_orders"))
+    assert shown not in browser.page_source and not browser.find_elements(By.ID, "new-secret")
+    browser.back()  # the answer was no-store: going back does not show it from a cache either
+    assert shown not in browser.page_source
+
+
+def test_a_post_without_the_csrf_token_is_refused(browser: WebDriver, live: Live) -> None:
+    subscribe(live)
+    sign_in(browser, live)
+    browser.get(live.page(f"{PREFIX}/webhooks/subscriptions/sub_orders"))
+    # Take the token out of the real form, then submit it as the operator would.
+    browser.execute_script("document.querySelectorAll('input[name=csrf_token]').forEach(e => e.remove());")
+    by_id(browser, "disable").click()
+    assert "CSRF token is missing" in by_id(browser, "error-message").text
+    stored = live.store.get_subscription("sub_orders")
+    assert stored is not None and stored.status is WebhookSubscriptionStatus.ACTIVE
