@@ -35,11 +35,14 @@ VALUES = st.one_of(
 )
 
 
-def dashboard_routes(app: Flask) -> list[tuple[str, str, list[str]]]:
-    """Every (method, rule, path variables) of the dashboard, from the app's URL map."""
+def dashboard_routes(app: Flask, *, include_open: bool = False) -> list[tuple[str, str, list[str]]]:
+    """Every (method, rule, path variables) of the dashboard, from the app's URL map; the sign-in
+    form and the stylesheet only with ``include_open``."""
     found = []
     for rule in app.url_map.iter_rules():
-        if not rule.endpoint.startswith("harvest_dashboard.") or rule.endpoint in OPEN:
+        if not rule.endpoint.startswith("harvest_dashboard."):
+            continue
+        if rule.endpoint in OPEN and not include_open:
             continue
         for method in sorted((rule.methods or set()) - {"HEAD", "OPTIONS"}):
             found.append((method, rule.rule, sorted(rule.arguments)))
@@ -98,18 +101,23 @@ def test_every_route_is_refused_without_sign_in(
     form = data.draw(st.dictionaries(st.sampled_from(FIELDS), VALUES, max_size=4), label="form")
     client = app.test_client()
     before = snapshot(store)
-    if method == "POST":
+    if method != "GET":
         # Even with a valid CSRF token of an anonymous session, nothing opens.
         client.get(f"{PREFIX}/sign-in")
         page = client.get(f"{PREFIX}/sign-in").get_data(as_text=True)
         form["csrf_token"] = re.search(r'name="csrf_token" value="([^"]+)"', page).group(1)  # type: ignore[union-attr]
-    if method == "POST":
-        response = client.post(fill(rule, path_values), data=encoded(form), content_type=FORM)
+    if method != "GET":
+        response = client.open(fill(rule, path_values), method=method, data=encoded(form), content_type=FORM)
     else:
         response = client.get(fill(rule, path_values), query_string=encoded(form))
-    assert response.status_code in (303, 401, 403), (method, rule, response.status_code)
+    # 308: werkzeug's routing merged a doubled slash (``%2F`` in a path id) before any page ran.
+    assert response.status_code in (303, 308, 401, 403), (method, rule, response.status_code)
     if response.status_code == 303:
         assert response.headers["Location"].startswith(f"{PREFIX}/sign-in")
+    if response.status_code == 308:
+        assert "Sign in" not in response.get_data(as_text=True) and "<table" not in response.get_data(
+            as_text=True
+        )
     assert snapshot(store) == before
 
 
@@ -120,7 +128,7 @@ def test_no_route_fails_and_refusals_change_nothing(
 ) -> None:
     client = app.test_client()
     csrf = signed_in(client)
-    method, rule, args = data.draw(st.sampled_from(dashboard_routes(app)))
+    method, rule, args = data.draw(st.sampled_from(dashboard_routes(app, include_open=True)))
     path_values = {
         name: data.draw(st.one_of(TEXT, st.sampled_from(["sub_1", "msg_sub_1_000"])), label=name)
         for name in args
@@ -128,16 +136,18 @@ def test_no_route_fails_and_refusals_change_nothing(
     fields = data.draw(st.dictionaries(st.sampled_from(FIELDS), VALUES, max_size=5), label="fields")
     with_csrf = data.draw(st.booleans(), label="with_csrf")
     before = snapshot(store)
-    if method == "POST":
+    if method != "GET":
         form = {**fields, **({"csrf_token": csrf} if with_csrf else {})}
-        response = client.post(fill(rule, path_values), data=encoded(form), content_type=FORM)
+        response = client.open(fill(rule, path_values), method=method, data=encoded(form), content_type=FORM)
     else:
         response = client.get(fill(rule, path_values), query_string=encoded(fields))
     body = response.get_data(as_text=True)
+    response.close()  # a stylesheet answer holds its file open
     assert response.status_code < 500, (method, rule, fields, body[:500])
     assert "Traceback" not in body
-    assert response.headers["Content-Security-Policy"].startswith("default-src 'none'")
-    if method == "POST" and not with_csrf:
+    if response.status_code != 308:  # werkzeug's slash-merging redirect comes before any page
+        assert response.headers["Content-Security-Policy"].startswith("default-src 'none'")
+    if method != "GET" and not with_csrf and response.status_code != 308:
         assert response.status_code == 403
     if response.status_code >= 400:
         assert snapshot(store) == before

@@ -7,6 +7,7 @@ from typing import Any
 from werkzeug.exceptions import NotFound
 
 from .._app import get_engine
+from ..admin_http import AnyPathConverter
 from ._core import NAV, PANELS, NavEntry, always, dashboard, render_page
 
 NAV.append(NavEntry("Overview", "harvest_dashboard.overview", always))
@@ -23,7 +24,13 @@ def overview() -> tuple[str, int]:
     return render_page("overview.html", panels=panels)
 
 
-@dashboard.route("/<path:path>", methods=["GET", "POST"])
+@dashboard.record_once
+def _converter(state: Any) -> None:
+    state.app.url_map.converters.setdefault("anypath", AnyPathConverter)
+
+
+@dashboard.route("/<anypath:path>", methods=["GET", "POST", "PUT", "PATCH", "DELETE"])
 def unknown_page(path: str) -> tuple[str, int]:
-    """Any other path under the prefix: a 404 page, after the access check like every page."""
+    """Any other path or method under the prefix (a newline in the path too): a 404 page with the
+    dashboard's headers, after the access and CSRF checks like every page."""
     raise NotFound(f"There is no dashboard page at /{path}.")
