@@ -119,6 +119,8 @@ class OutboundWebhookPlugin:
         app.extensions[EXTENSION_KEY] = engine
         app.cli.add_command(harvest_cli)
         app.register_blueprint(actuator, url_prefix=settings.actuator_prefix)
+        if settings.metrics:
+            _install_metrics()(app)
         if not engine.backend.durable:
             app.logger.warning(
                 "flask-harvest uses the 'local' job backend: delivery jobs live in this process "
@@ -180,7 +182,7 @@ def _signal_listener(app: Flask) -> AttemptListener:
             last_error=result.last_error,
             timestamp=result.timestamp,
         )
-        by_state[result.state].send(app, delivery=delivery)
+        by_state[result.state].send(app, delivery=delivery, attempt=result.attempt)
         if changed is WebhookSubscriptionStatus.DISABLED:
             signals.subscription_disabled.send(app, subscription_id=delivery.subscription_id)
         elif changed is WebhookSubscriptionStatus.FAILED:
@@ -192,9 +194,24 @@ def _signal_listener(app: Flask) -> AttemptListener:
 def _skip_listener(app: Flask) -> Callable[[Sequence[DeliveryLog]], None]:
     def listener(deliveries: Sequence[DeliveryLog]) -> None:
         for delivery in deliveries:
-            signals.delivery_skipped.send(app, delivery=delivery)
+            signals.delivery_skipped.send(app, delivery=delivery, attempt=None)
 
     return listener
+
+
+def _install_metrics() -> Callable[[Flask], None]:
+    """Return :func:`flask_harvest.metrics.install`; that module needs the optional ``prometheus_client``."""
+    # Imported here, not at the top: importing flask_harvest must work without prometheus_client.
+    try:
+        from . import metrics
+    except ModuleNotFoundError as exc:
+        if exc.name != "prometheus_client":
+            raise
+        raise ConfigurationError(
+            f"{KEYS['metrics']} needs prometheus_client: pip install 'flask-harvest[metrics]' "
+            f"(or set {KEYS['metrics']} = False)"
+        ) from None
+    return metrics.install
 
 
 def get_manager() -> OutboundWebhookManager:

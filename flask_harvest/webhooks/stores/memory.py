@@ -156,11 +156,8 @@ class InMemoryOutboundWebhookHandler(OutboundWebhookHandler):
     def queue_gauges(self, *, now: datetime, dlq_limit: int) -> tuple[int, datetime | None]:
         with self._lock:
             dlq = sum(1 for d in self._deliveries.values() if d.state is DeliveryState.DLQ)
-            due = [
-                d.next_attempt_at
-                for d in self._deliveries.values()
-                if d.state is DeliveryState.PENDING and d.next_attempt_at is not None and d.next_attempt_at <= now
-            ]
+            pending = (d for d in self._deliveries.values() if d.state is DeliveryState.PENDING)
+            due = [d.next_attempt_at for d in pending if d.next_attempt_at and d.next_attempt_at <= now]
         return min(dlq, dlq_limit), min(due, default=None)
 
     def purge_deliveries_before(self, cutoff: datetime) -> int:
