@@ -33,13 +33,14 @@ from prometheus_client import (
     Counter,
     Histogram,
     generate_latest,
+    start_http_server,
 )
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 
 from . import signals
-from ._app import get_engine
+from ._app import METRICS_KEY, get_engine
 from .admin_http import authorize_admin
 from .config import KEYS
 from .errors import ConfigurationError, HarvestError
@@ -57,6 +58,7 @@ __all__ = [
     "TRIGGER_FIRES",
     "TRIGGER_SKIPPED",
     "WORKFLOW_EXECUTIONS",
+    "MetricsExposition",
     "install",
 ]
 
@@ -171,10 +173,10 @@ def install(app: Flask) -> None:
                 "before the app's processes start, or unset it"
             )
         # Every process of the host writes its counts there; this scrape adds them all up.
-        counters = CollectorRegistry()
+        counters = CollectorRegistry(auto_describe=False)
         MultiProcessCollector(counters, path=directory)  # type: ignore[no-untyped-call]
     else:
-        counters = REGISTRY
+        counters = None
         if settings.jobs_backend == "rq":
             log.warning(
                 "harvest: %s is on but %s is not set: what `flask harvest worker` processes count "
@@ -182,8 +184,8 @@ def install(app: Flask) -> None:
                 KEYS["metrics"],
                 MULTIPROC_ENV,
             )
-    gauges = CollectorRegistry(auto_describe=False)
-    gauges.register(QueueCollector(app))
+    exposition = MetricsExposition(app, counters)
+    app.extensions[METRICS_KEY] = exposition
     _connect(app)
 
     def scrape() -> Response | tuple[Response, int]:
@@ -191,10 +193,44 @@ def install(app: Flask) -> None:
             refusal = authorize_admin(REALM)
             if refusal is not None:
                 return refusal
-        body = generate_latest(counters) + generate_latest(gauges)
-        return Response(body, content_type=CONTENT_TYPE_LATEST, headers={"Cache-Control": "no-store"})
+        return Response(
+            exposition.render(), content_type=CONTENT_TYPE_LATEST, headers={"Cache-Control": "no-store"}
+        )
 
     app.add_url_rule(settings.metrics_route, endpoint="harvest_metrics", view_func=scrape, methods=["GET"])
+
+
+class MetricsExposition:
+    """What one app's scrape shows: the counters (this process's, or every process's of the
+    multiprocess directory) and the queue gauges of its store, in one registry."""
+
+    def __init__(self, app: Flask, multiprocess: CollectorRegistry | None) -> None:
+        self.registry = multiprocess if multiprocess is not None else CollectorRegistry(auto_describe=False)
+        if multiprocess is None:
+            self.registry.register(_Forward(REGISTRY))
+        self.registry.register(QueueCollector(app))
+
+    def render(self) -> bytes:
+        """The text exposition of every metric."""
+        return generate_latest(self.registry)
+
+    def serve(self, port: int, address: str) -> None:
+        """Serve :meth:`render` on ``address:port`` from a daemon thread, unauthenticated (a worker's
+        own scrape target: ``flask harvest worker --metrics-port``)."""
+        start_http_server(port, addr=address, registry=self.registry)
+
+
+class _Forward(Collector):
+    """Everything another registry collects (the default one, where the counters live)."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self._registry = registry
+
+    def describe(self) -> list[Metric]:
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        yield from self._registry.collect()
 
 
 def _connect(app: Flask) -> None:

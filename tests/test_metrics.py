@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
 import threading
+import time
 import urllib.parse
 from collections.abc import Callable, Iterator
 from datetime import timedelta
@@ -40,7 +42,7 @@ from flask_harvest.webhooks.models import DeliveryLog, new_id, utcnow
 from flask_harvest.webhooks.stores.sql import SqlOutboundWebhookStore
 
 from .metrics_support import delta, parse, value
-from .pipeline import make_app
+from .pipeline import make_app, wait_final
 from .properties import BUDGET, TEXT
 from .test_delivery_rq import stop
 
@@ -293,6 +295,30 @@ def test_importing_needs_no_prometheus_client_and_enabling_says_what_to_install(
 # -- a worker process, scraped over HTTP ---------------------------------------------------------
 
 
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+    return port
+
+
+def get_when_up(url: str) -> requests.Response:
+    """GET ``url`` once its server listens (the worker starts it after loading the app)."""
+    for _ in range(300):
+        try:
+            return requests.get(url, timeout=10)
+        except requests.ConnectionError:
+            time.sleep(0.1)
+    raise AssertionError(f"nothing listens at {url}")
+
+
+def test_metrics_port_needs_metrics(sqlite_engine: sa.Engine) -> None:
+    app = make_app(SqlOutboundWebhookStore(sqlite_engine), HARVEST_JOBS_BACKEND="rq")
+    result = app.test_cli_runner().invoke(args=["harvest", "worker", "--metrics-port", "9"])
+    assert result.exit_code == 2
+    assert "--metrics-port needs HARVEST_METRICS = True" in result.output
+
+
 def _write_worker_app(folder: Path) -> None:
     (folder / "metrics_worker_app.py").write_text(
         textwrap.dedent(
@@ -375,16 +401,9 @@ def test_a_worker_process_counts_and_the_app_scrapes_it_over_http(
         "TEST_DATABASE_URL": sql_store.engine.url.render_as_string(hide_password=False),
         "PROMETHEUS_MULTIPROC_DIR": str(multiproc),
     }
-    command = [
-        sys.executable,
-        "-m",
-        "flask",
-        "--app",
-        "metrics_worker_app:create_app",
-        "harvest",
-        "worker",
-        "--burst",
-    ]
+    port = free_port()
+    command = [sys.executable, "-m", "flask", "--app", "metrics_worker_app:create_app", "harvest", "worker"]
+    command += ["--metrics-port", str(port)]
     with open(tmp_path / "worker.log", "ab") as log:
         worker = subprocess.Popen(
             command,
@@ -395,20 +414,23 @@ def test_a_worker_process_counts_and_the_app_scrapes_it_over_http(
             start_new_session=True,
         )
     try:
-        assert worker.wait(timeout=60) == 0, (tmp_path / "worker.log").read_text()
+        wait_final(sql_store, ok + bad, timeout=60)
+        assert [d.state for d in sql_store.get_deliveries(ok + bad)].count(DeliveryState.DELIVERED) == 3
+        assert {d.id for d in sql_store.get_deliveries(ok + bad) if d.state is DeliveryState.DLQ} == set(bad)
+        # The worker's own scrape target (unauthenticated, on 127.0.0.1) ...
+        from_worker = parse(get_when_up(f"http://127.0.0.1:{port}/").text)
+        # ... and the web app's route, which adds up every process of the directory.
+        base = serve(app)
+        response = requests.get(base + ROUTE, headers=AUTH, timeout=10)
+        assert response.status_code == 200
+        from_app = parse(response.text)
     finally:
         stop(worker, signal.SIGTERM)
-    assert {sql_store.get_delivery(i).state for i in ok} == {DeliveryState.DELIVERED}  # type: ignore[union-attr]
-    assert {sql_store.get_delivery(i).state for i in bad} == {DeliveryState.DLQ}  # type: ignore[union-attr]
     assert [p for p in multiproc.iterdir() if p.suffix == ".db"], "the worker wrote no metric files"
-
-    base = serve(app)
-    response = requests.get(base + ROUTE, headers=AUTH, timeout=10)
-    assert response.status_code == 200
-    samples = parse(response.text)
-    name = "harvest_webhook_deliveries_total"
-    assert value(samples, name, outcome="delivered") == 3
-    assert value(samples, name, outcome="dead_lettered") == 2
-    assert value(samples, "harvest_webhook_attempt_duration_seconds_count") == 5
-    assert value(samples, "harvest_webhook_dlq_size") == 2
+    for samples in (from_worker, from_app):
+        name = "harvest_webhook_deliveries_total"
+        assert value(samples, name, outcome="delivered") == 3
+        assert value(samples, name, outcome="dead_lettered") == 2
+        assert value(samples, "harvest_webhook_attempt_duration_seconds_count") == 5
+        assert value(samples, "harvest_webhook_dlq_size") == 2
     assert requests.get(base + ROUTE, timeout=10).status_code == 401
