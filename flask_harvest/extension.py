@@ -101,6 +101,8 @@ class OutboundWebhookPlugin:
                 "(use one OutboundWebhookPlugin, or create the app anew in tests)"
             )
         settings = load_settings(app.config, self._options)
+        # Before anything is built: a missing prometheus_client leaves nothing to clean up.
+        install_metrics = _install_metrics() if settings.metrics else None
         store = self._store_factory(app) if self._store_factory else self._store
         if store is None:
             raise ConfigurationError(
@@ -119,8 +121,12 @@ class OutboundWebhookPlugin:
         app.extensions[EXTENSION_KEY] = engine
         app.cli.add_command(harvest_cli)
         app.register_blueprint(actuator, url_prefix=settings.actuator_prefix)
-        if settings.metrics:
-            _install_metrics()(app)
+        if install_metrics is not None:
+            try:
+                install_metrics(app)
+            except BaseException:
+                engine.close()  # its job threads must not outlive an app that failed to start
+                raise
         if not engine.backend.durable:
             app.logger.warning(
                 "flask-harvest uses the 'local' job backend: delivery jobs live in this process "

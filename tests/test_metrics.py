@@ -434,3 +434,24 @@ def test_a_worker_process_counts_and_the_app_scrapes_it_over_http(
         assert value(samples, "harvest_webhook_attempt_duration_seconds_count") == 5
         assert value(samples, "harvest_webhook_dlq_size") == 2
     assert requests.get(base + ROUTE, timeout=10).status_code == 401
+
+
+def test_a_multiprocess_directory_that_is_missing_is_refused(
+    sqlite_engine: sa.Engine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(tmp_path / "missing"))
+    with pytest.raises(ConfigurationError, match="PROMETHEUS_MULTIPROC_DIR"):
+        metrics_app(SqlOutboundWebhookStore(sqlite_engine))
+
+
+def test_workers_without_a_multiprocess_directory_are_warned_about(
+    sqlite_engine: sa.Engine,
+    redis_url: str,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    monkeypatch.delenv("PROMETHEUS_MULTIPROC_DIR", raising=False)
+    metrics_app(
+        SqlOutboundWebhookStore(sqlite_engine), HARVEST_JOBS_BACKEND="rq", HARVEST_REDIS_URL=redis_url
+    )
+    assert any("PROMETHEUS_MULTIPROC_DIR is not set" in r.getMessage() for r in caplog.records)
