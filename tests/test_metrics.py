@@ -103,6 +103,11 @@ def test_deliveries_are_counted_by_outcome_and_timed(
     assert value(after, "harvest_webhook_dlq_size") == 3
     assert value(after, "harvest_webhook_queue_lag_seconds") == 0
     assert value(after, "harvest_metrics_store_up") == 1
+    # Bounded labels: the four outcomes and nothing else, however many deliveries and endpoints.
+    series = {labels for (metric, labels) in after if metric == name}
+    assert series == {
+        (("outcome", outcome),) for outcome in ("delivered", "failed", "dead_lettered", "skipped")
+    }
 
 
 def test_a_retry_counts_as_failed(sql_store: SqlOutboundWebhookStore, receiver: CapturingReceiver) -> None:
