@@ -14,6 +14,8 @@ if TYPE_CHECKING:
 
 #: The key of the engine in ``app.extensions``.
 EXTENSION_KEY = "harvest"
+#: The key of the app's :class:`~flask_harvest.metrics.MetricsExposition` (``HARVEST_METRICS``).
+METRICS_KEY = "harvest_metrics"
 
 
 def get_engine(app: Flask | None = None) -> HarvestEngine:

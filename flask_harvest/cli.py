@@ -8,13 +8,13 @@ printed only by ``subscriptions add`` and ``subscriptions rotate-secret``, once.
 from __future__ import annotations
 
 from datetime import datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 from flask import current_app
 
 from . import _cli_output as out
-from ._app import get_engine
+from ._app import METRICS_KEY, get_engine
 from ._cli_output import HarvestGroup as _Group
 from .callbacks.service import CompletionCallbacks
 from .engine import HarvestEngine
@@ -24,6 +24,9 @@ from .webhooks.models import WebhookSubscriptionStatus, isoformat, utcnow
 from .webhooks.operations import MAX_BULK_REPLAY, MAX_DLQ_PAGE, MAX_RELAY_BATCH, NewSecret, WebhookOperations
 from .worker import serve
 from .workflow_cli import workflows_cli
+
+if TYPE_CHECKING:  # only then: the metrics module needs the optional prometheus_client
+    from .metrics import MetricsExposition
 
 harvest_cli = _Group("harvest", help="Outbound webhooks: subscriptions, dead letters, workers, maintenance.")
 # In an app without workflows (or triggers) their commands say so in one line: the command list
@@ -45,13 +48,37 @@ harvest_cli.add_command(triggers_cli)
     default=None,
     help="Attempts in flight at once in this process (default: HARVEST_WORKER_CONCURRENCY).",
 )
-def worker_command(burst: bool, name: str | None, concurrency: int | None) -> None:
+@click.option(
+    "--metrics-port",
+    type=click.IntRange(min=1, max=65535),
+    default=None,
+    help="Serve the Prometheus metrics on this port, without authentication (needs HARVEST_METRICS).",
+)
+@click.option(
+    "--metrics-address",
+    default="127.0.0.1",
+    show_default=True,
+    help="The address --metrics-port listens on.",
+)
+def worker_command(
+    burst: bool, name: str | None, concurrency: int | None, metrics_port: int | None, metrics_address: str
+) -> None:
     """Run one RQ worker for the webhook queue, with the scheduler and the sweeper.
 
     The process keeps up to --concurrency attempts in flight on a thread pool; run one or two
     per core (see the deployment docs).
     """
     app = current_app._get_current_object()  # type: ignore[attr-defined]
+    if metrics_port is not None:
+        exposition: MetricsExposition | None = app.extensions.get(METRICS_KEY)
+        if exposition is None:
+            raise click.UsageError("--metrics-port needs HARVEST_METRICS = True")
+        try:
+            exposition.serve(metrics_port, metrics_address)
+        except OSError as exc:
+            where = f"{metrics_address}:{metrics_port}"
+            raise click.UsageError(f"cannot serve metrics on {where} ({exc})") from None
+        click.echo(f"harvest: metrics on http://{metrics_address}:{metrics_port}/")
     serve(app, burst=burst, name=name, concurrency=concurrency, say=click.echo)
 
 

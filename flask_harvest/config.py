@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -128,6 +129,20 @@ class Settings:
     #: Seconds a dashboard sign-in lasts before the token must be given again.
     dashboard_session_seconds: float = 8 * 3600.0
 
+    #: Count deliveries, attempts, workflow ends, callbacks and trigger fires as Prometheus metrics
+    #: and serve them for scraping (needs the ``metrics`` extra, ``prometheus_client``).
+    metrics: bool = False
+    #: The scrape route; empty (the default) means ``<HARVEST_ACTUATOR_PREFIX>/metrics``.
+    metrics_path: str = ""
+    #: Serve the scrape route to anyone, without the actuator's token or authorizer: only where the
+    #: network keeps strangers away from the app (the metrics hold no secrets, but do tell volumes).
+    metrics_unauthenticated: bool = False
+
+    @property
+    def metrics_route(self) -> str:
+        """The path the metrics are scraped from."""
+        return self.metrics_path or self.actuator_prefix.rstrip("/") + "/metrics"
+
     @property
     def backoff(self) -> tuple[int, int]:
         return self.webhooks_initial_backoff_ms, self.webhooks_max_backoff_ms
@@ -145,6 +160,9 @@ class Settings:
 
 #: The shortest ``HARVEST_ACTUATOR_TOKEN`` accepted (empty means "no token").
 MIN_ACTUATOR_TOKEN_LENGTH = 16
+
+#: A metrics route: an absolute path of plain characters.
+_PLAIN_PATH = re.compile(r"/[A-Za-z0-9._~/-]*")
 
 PREFIX = "HARVEST_"
 #: The ``HARVEST_*`` key of each setting, e.g. ``KEYS["jobs_backend"] == "HARVEST_JOBS_BACKEND"``.
@@ -241,5 +259,10 @@ def load_settings(config: Mapping[str, Any], overrides: Mapping[str, Any]) -> Se
     if settings.webhooks_initial_backoff_ms > settings.webhooks_max_backoff_ms:
         raise ConfigurationError(
             f"{KEYS['webhooks_initial_backoff_ms']} must not exceed {KEYS['webhooks_max_backoff_ms']}"
+        )
+    if settings.metrics_path and not _PLAIN_PATH.fullmatch(settings.metrics_path):
+        # Letters, digits and -._~/ only: '<' would turn the route into a URL converter.
+        raise ConfigurationError(
+            f"{KEYS['metrics_path']} must be a plain path such as '/metrics' (letters, digits, -._~/)"
         )
     return settings

@@ -105,6 +105,8 @@ class OutboundWebhookPlugin:
         settings = load_settings(app.config, self._options)
         if settings.dashboard:
             check_dashboard_config(app)
+        # Before anything is built: a missing prometheus_client leaves nothing to clean up.
+        install_metrics = _install_metrics() if settings.metrics else None
         store = self._store_factory(app) if self._store_factory else self._store
         if store is None:
             raise ConfigurationError(
@@ -125,6 +127,12 @@ class OutboundWebhookPlugin:
         app.register_blueprint(actuator, url_prefix=settings.actuator_prefix)
         if settings.dashboard:
             install_dashboard(app, settings)
+        if install_metrics is not None:
+            try:
+                install_metrics(app)
+            except BaseException:
+                engine.close()  # its job threads must not outlive an app that failed to start
+                raise
         if not engine.backend.durable:
             app.logger.warning(
                 "flask-harvest uses the 'local' job backend: delivery jobs live in this process "
@@ -186,7 +194,7 @@ def _signal_listener(app: Flask) -> AttemptListener:
             last_error=result.last_error,
             timestamp=result.timestamp,
         )
-        by_state[result.state].send(app, delivery=delivery)
+        by_state[result.state].send(app, delivery=delivery, attempt=result.attempt)
         if changed is WebhookSubscriptionStatus.DISABLED:
             signals.subscription_disabled.send(app, subscription_id=delivery.subscription_id)
         elif changed is WebhookSubscriptionStatus.FAILED:
@@ -198,9 +206,24 @@ def _signal_listener(app: Flask) -> AttemptListener:
 def _skip_listener(app: Flask) -> Callable[[Sequence[DeliveryLog]], None]:
     def listener(deliveries: Sequence[DeliveryLog]) -> None:
         for delivery in deliveries:
-            signals.delivery_skipped.send(app, delivery=delivery)
+            signals.delivery_skipped.send(app, delivery=delivery, attempt=None)
 
     return listener
+
+
+def _install_metrics() -> Callable[[Flask], None]:
+    """Return :func:`flask_harvest.metrics.install`; that module needs the optional ``prometheus_client``."""
+    # Imported here, not at the top: importing flask_harvest must work without prometheus_client.
+    try:
+        from . import metrics
+    except ModuleNotFoundError as exc:
+        if exc.name != "prometheus_client":
+            raise
+        raise ConfigurationError(
+            f"{KEYS['metrics']} needs prometheus_client: pip install 'flask-harvest[metrics]' "
+            f"(or set {KEYS['metrics']} = False)"
+        ) from None
+    return metrics.install
 
 
 def get_manager() -> OutboundWebhookManager:

@@ -1,8 +1,10 @@
 """Blinker signals sent as deliveries and subscriptions change state.
 
 Every signal is sent with the Flask app as sender. Delivery signals carry ``delivery`` (the
-:class:`~flask_harvest.webhooks.models.DeliveryLog` as recorded); subscription signals carry
-``subscription_id``. Connect receivers as usual::
+:class:`~flask_harvest.webhooks.models.DeliveryLog` as recorded), and those an attempt sends also
+``attempt`` (the :class:`~flask_harvest.webhooks.models.DeliveryAttempt` with its ``elapsed_ms``,
+or ``None`` when no request was made); subscription signals carry ``subscription_id``. Connect
+receivers as usual::
 
     from flask_harvest import signals
 
@@ -31,6 +33,9 @@ delivery_skipped = _signals.signal("harvest.delivery-skipped")
 subscription_disabled = _signals.signal("harvest.subscription-disabled")
 #: The subscription reached the consecutive-failure threshold and was marked failed.
 subscription_failed = _signals.signal("harvest.subscription-failed")
+#: A workflow execution reached its terminal state (after the transaction committed, once per
+#: execution): ``execution`` is the :class:`~flask_harvest.workflows.models.Execution`.
+workflow_finished = _signals.signal("harvest.workflow-finished")
 #: A completion trigger was evaluated for a source execution (after the transaction committed):
 #: ``event`` is the :class:`~flask_harvest.triggers.firing.FireEvent`, ``outcome`` its outcome
 #: (``started``, ``skipped``, ``deduped``, ``validation_failed``, ``payload_too_large``,

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from datetime import timedelta
+from functools import partial
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from flask import Flask
+from sqlalchemy import Connection
 
 from . import signals
 from ._app import EXTENSION_KEY, get_engine, workflow_service
@@ -22,6 +24,7 @@ from .callbacks.store import CompletionDelivery
 from .engine import add_workflows
 from .errors import ConfigurationError
 from .extension import OutboundWebhookPlugin
+from .workflows.hooks import TerminalHook, after_commit
 from .workflows.http import workflows_api
 from .workflows.models import Execution, ExecutionState, IdReusePolicy, JsonValue
 from .workflows.registry import WorkflowFunction, WorkflowRegistry
@@ -110,6 +113,7 @@ class HarvestWorkflows:
         if self._create_tables:
             store.ensure_schema()
         add_workflows(engine, store, self.registry)
+        store.hooks.register(_finished_signal(app))
         app.register_blueprint(workflows_api, url_prefix=engine.settings.workflow_api_prefix)
         callbacks = engine.callbacks
         if callbacks is not None:
@@ -158,6 +162,17 @@ class HarvestWorkflows:
     ) -> tuple[list[Execution], str | None]:
         """Return one page of executions, newest first (see :meth:`WorkflowService.list_executions`)."""
         return workflow_service().list_executions(name=name, state=state, cursor=cursor, limit=limit)
+
+
+def _finished_signal(app: Flask) -> TerminalHook:
+    """A terminal hook that sends :data:`~flask_harvest.signals.workflow_finished` once the
+    transition has committed (a rolled-back transition sends nothing)."""
+
+    def hook(conn: Connection, execution: Execution) -> None:
+        if signals.workflow_finished.has_receivers_for(app):
+            after_commit(conn, partial(signals.workflow_finished.send, app, execution=execution))
+
+    return hook
 
 
 def _callback_signals(app: Flask) -> CallbackListener:

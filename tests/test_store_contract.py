@@ -702,6 +702,26 @@ def test_due_deliveries(store: OutboundWebhookHandler, now: datetime) -> None:
     assert store.due_deliveries(now=now - timedelta(hours=1), limit=10) == []
 
 
+def test_queue_gauges(store: OutboundWebhookHandler, now: datetime) -> None:
+    assert store.queue_gauges(now=now, dlq_limit=10) == (0, None)
+    oldest_due = now - timedelta(seconds=30)
+    deliveries = [
+        make_delivery("sub_1", now, next_attempt_at=oldest_due),
+        make_delivery("sub_1", now, next_attempt_at=now - timedelta(seconds=5)),
+        make_delivery("sub_1", now, next_attempt_at=now + timedelta(seconds=60)),
+        # Not pending: neither is waiting, whatever its due time says.
+        make_delivery("sub_1", now, next_attempt_at=now - timedelta(hours=1), state=DeliveryState.DELIVERED),
+        *(make_delivery("sub_1", now, next_attempt_at=None, state=DeliveryState.DLQ) for _ in range(3)),
+    ]
+    store.log_deliveries(deliveries)
+
+    assert store.queue_gauges(now=now, dlq_limit=10) == (3, oldest_due)
+    assert store.queue_gauges(now=now, dlq_limit=2) == (2, oldest_due)
+    assert store.queue_gauges(now=now - timedelta(minutes=1), dlq_limit=10) == (3, None)
+    # The base class's fallback (for third-party stores) answers the same.
+    assert OutboundWebhookHandler.queue_gauges(store, now=now, dlq_limit=2) == (2, oldest_due)
+
+
 def test_list_dlq(store: OutboundWebhookHandler, now: datetime) -> None:
     deliveries = [
         make_delivery(

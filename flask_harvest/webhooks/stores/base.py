@@ -260,6 +260,19 @@ class OutboundWebhookHandler(abc.ABC):
         """Return delivery counts by state and the oldest pending delivery: overall, and per
         subscription id."""
 
+    def queue_gauges(self, *, now: datetime, dlq_limit: int) -> tuple[int, datetime | None]:
+        """Return the number of dead-lettered deliveries (at most ``dlq_limit``) and the due time
+        of the longest-waiting due ``PENDING`` delivery (``None`` when none is due).
+
+        What a metrics scrape reads: both must be bounded, indexed queries. This default folds
+        :meth:`delivery_stats` (a grouped scan); the SQL and in-memory stores answer directly.
+        """
+        overall, _ = self.delivery_stats()
+        dlq = min(int(overall.counts.get(DeliveryState.DLQ.value, 0)), dlq_limit)
+        due = self.due_deliveries(now=now, limit=1)
+        delivery = self.get_delivery(due[0]) if due else None
+        return dlq, delivery.next_attempt_at if delivery is not None else None
+
     @abc.abstractmethod
     def purge_deliveries_before(self, cutoff: datetime) -> int:
         """Delete delivered (2xx) logs whose latest attempt is older than ``cutoff``.

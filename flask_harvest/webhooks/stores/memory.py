@@ -183,6 +183,13 @@ class InMemoryOutboundWebhookHandler(OutboundWebhookHandler):
             groups = [(d.subscription_id, d.state.value, 1, d.created_at) for d in self._deliveries.values()]
         return fold_stats(groups)
 
+    def queue_gauges(self, *, now: datetime, dlq_limit: int) -> tuple[int, datetime | None]:
+        with self._lock:
+            dlq = sum(1 for d in self._deliveries.values() if d.state is DeliveryState.DLQ)
+            pending = (d for d in self._deliveries.values() if d.state is DeliveryState.PENDING)
+            due = [d.next_attempt_at for d in pending if d.next_attempt_at and d.next_attempt_at <= now]
+        return min(dlq, dlq_limit), min(due, default=None)
+
     def purge_deliveries_before(self, cutoff: datetime) -> int:
         with self._lock:
             doomed = [

@@ -27,6 +27,7 @@ from sqlalchemy import (
     delete,
     func,
     insert,
+    literal,
     or_,
     select,
     update,
@@ -104,6 +105,7 @@ _atts = attempts_table
 _ACTIVE = WebhookSubscriptionStatus.ACTIVE.value
 _PENDING = DeliveryState.PENDING.value
 _INFLIGHT = DeliveryState.INFLIGHT.value
+_DLQ = DeliveryState.DLQ.value
 
 _INSERTS: dict[str, Callable[..., Any]] = {"postgresql": postgresql.insert, "sqlite": sqlite.insert}
 
@@ -383,6 +385,20 @@ class SqlOutboundWebhookStore(OutboundWebhookHandler):
         with self._transaction("count deliveries") as conn:
             groups = [(row[0], row[1], int(row[2]), row[3]) for row in conn.execute(query)]
         return fold_stats(groups)
+
+    def queue_gauges(self, *, now: datetime, dlq_limit: int) -> tuple[int, datetime | None]:
+        # Both read the (state, ...) indexes: the count stops at dlq_limit rows, the minimum is the
+        # first entry of (state, next_attempt_at); a scrape never scans the whole table.
+        dlq_rows = (
+            select(literal(1)).select_from(_dels).where(_dels.c.state == _DLQ).limit(dlq_limit).subquery()
+        )
+        oldest_due = select(func.min(_dels.c.next_attempt_at)).where(
+            _dels.c.state == _PENDING, _dels.c.next_attempt_at <= now
+        )
+        with self._transaction("read the queue gauges") as conn:
+            dlq = int(conn.execute(select(func.count()).select_from(dlq_rows)).scalar_one())
+            due_at = conn.execute(oldest_due).scalar()
+        return dlq, due_at
 
     def purge_deliveries_before(self, cutoff: datetime) -> int:
         with self._transaction("purge delivered logs") as conn:
