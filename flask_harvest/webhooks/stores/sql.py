@@ -74,7 +74,10 @@ from ._schema import (
     subscription_column_values,
     subscription_values,
     subscriptions_table,
+    subscription_topics_table,
+    topic_rows,
 )
+from ..topic_index import topic_keys
 from .base import DlqCursor, OutboundWebhookHandler, StoreCapabilities, fold_stats
 
 _SCHEMA_HINT = "create the tables with ensure_schema() or apply WEBHOOK_SCHEMA_SQL"
@@ -87,6 +90,7 @@ __all__ = [
     "deliveries_table",
     "metadata",
     "schema_sql",
+    "subscription_topics_table",
     "subscriptions_table",
 ]
 
@@ -97,6 +101,7 @@ WEBHOOK_SCHEMA_SQL = schema_sql("postgresql")
 _CHUNK = 500
 
 _subs = subscriptions_table
+_keys = subscription_topics_table
 _dels = deliveries_table
 _atts = attempts_table
 
@@ -155,8 +160,32 @@ class SqlOutboundWebhookStore(OutboundWebhookHandler):
         return store_error(action, exc, self.engine, hint=_SCHEMA_HINT, secrets=secrets)
 
     def ensure_schema(self) -> None:
-        """Create the webhook tables and indexes where they do not exist yet."""
+        """Create the webhook tables and indexes where they do not exist yet, and file every
+        subscription missing from the topic index under its keys.
+
+        The second part upgrades a database from before the index (0.x: see the upgrade notes in
+        the stores guide); it is idempotent, and on an up-to-date database one indexed query.
+        """
         create_tables(self.engine, WEBHOOK_TABLES, what="the webhook tables")
+        self.index_unindexed_subscriptions()
+
+    def index_unindexed_subscriptions(self) -> int:
+        """File every subscription that has no row in the topic index under its pattern keys, in
+        one transaction; return how many subscriptions that was.
+
+        Every subscription has at least one pattern, so one without a row was written by a version
+        before the index. Safe to run at any time and from several processes at once.
+        """
+        unindexed = select(_subs.c.id, _subs.c.event_topics).where(
+            ~select(_keys.c.subscription_id).where(_keys.c.subscription_id == _subs.c.id).exists()
+        )
+        insert_keys = self._insert(_keys).on_conflict_do_nothing()
+        with self._transaction("index the subscriptions' topics") as conn:
+            found = conn.execute(unindexed).all()
+            rows = [key for row in found for key in topic_rows(row.id, row.event_topics)]
+            for chunk in _chunks(rows):
+                conn.execute(insert_keys, list(chunk))
+        return len(found)
 
     # -- subscriptions -------------------------------------------------------------------------
 
@@ -171,6 +200,8 @@ class SqlOutboundWebhookStore(OutboundWebhookHandler):
         )
         with self._transaction("add a subscription", secrets=[subscription.secret]) as conn:
             inserted = conn.execute(statement).first()
+            if inserted is not None:
+                conn.execute(insert(_keys), topic_rows(subscription.id, subscription.event_topics))
         if inserted is None:
             raise DuplicateSubscriptionError(subscription.id)
         return subscription
@@ -190,8 +221,11 @@ class SqlOutboundWebhookStore(OutboundWebhookHandler):
 
     @staticmethod
     def _subscriptions_for_topic(conn: Connection, topic: str) -> list[WebhookSubscription]:
-        # Matched on the raw rows, so no model is built for the subscriptions of other topics.
-        rows = conn.execute(_ALL_SUBSCRIPTIONS).all()
+        # Only the subscriptions filed under one of the topic's candidate keys: an indexed lookup
+        # whose cost does not grow with the number of subscriptions. A long pattern's key selects
+        # a superset, so the patterns are still matched, on the raw rows, so no model is built
+        # for a row that does not match.
+        rows = conn.execute(_SUBSCRIPTIONS_UNDER_KEYS, {"keys": topic_keys(topic)}).all()
         return [
             row_to_subscription(row)
             for row in rows
@@ -205,7 +239,9 @@ class SqlOutboundWebhookStore(OutboundWebhookHandler):
 
     def update_subscription(self, subscription_id: str, changes: SubscriptionChanges) -> WebhookSubscription:
         values = {**subscription_column_values(changes.values()), "updated_at": utcnow()}
-        return self._change(subscription_id, "update a subscription", values, secrets=())
+        return self._change(
+            subscription_id, "update a subscription", values, secrets=(), topics=changes.event_topics
+        )
 
     def rotate_secret(
         self, subscription_id: str, secret: str, *, previous_expires_at: datetime
@@ -222,13 +258,24 @@ class SqlOutboundWebhookStore(OutboundWebhookHandler):
         return self._change(subscription_id, "rotate a secret", values, secrets=(secret,))
 
     def _change(
-        self, subscription_id: str, action: str, values: dict[str, Any], *, secrets: Sequence[str]
+        self,
+        subscription_id: str,
+        action: str,
+        values: dict[str, Any],
+        *,
+        secrets: Sequence[str],
+        topics: Sequence[str] | None = None,
     ) -> WebhookSubscription:
-        """One UPDATE of only the columns in ``values``; return the row as it now is."""
+        """One UPDATE of only the columns in ``values``, and new index keys if ``topics`` is set
+        (in the same transaction); return the row as it now is."""
         with self._transaction(action, secrets=secrets) as conn:
             row = conn.execute(
                 update(_subs).where(_subs.c.id == subscription_id).values(values).returning(*_subs.c)
             ).first()
+            if row is not None and topics is not None:
+                # The UPDATE holds the row's lock, so concurrent edits rewrite the keys in turn.
+                conn.execute(delete(_keys).where(_keys.c.subscription_id == subscription_id))
+                conn.execute(insert(_keys), topic_rows(subscription_id, topics))
         if row is None:
             raise SubscriptionNotFoundError(subscription_id)
         return row_to_subscription(row)
@@ -240,6 +287,7 @@ class SqlOutboundWebhookStore(OutboundWebhookHandler):
             row = conn.execute(
                 delete(_subs).where(_subs.c.id == subscription_id).returning(_subs.c.id)
             ).first()
+            conn.execute(delete(_keys).where(_keys.c.subscription_id == subscription_id))
         return row is not None
 
     # -- delivery logs -------------------------------------------------------------------------
@@ -587,7 +635,12 @@ def _with_subscriptions(conn: Connection, rows: Sequence[Row[Any]], token: str) 
 
 # -- statements built once ----------------------------------------------------------------------
 
-_ALL_SUBSCRIPTIONS = select(_subs)
+# The subscriptions filed under any of the keys (an expanding IN: one index probe per key).
+_SUBSCRIPTIONS_UNDER_KEYS = select(_subs).where(
+    _subs.c.id.in_(
+        select(_keys.c.subscription_id).where(_keys.c.pattern_key.in_(bindparam("keys", expanding=True)))
+    )
+)
 _INSERT_DELIVERY = insert(_dels)
 
 # -- finish_attempt's statements ----------------------------------------------------------------
