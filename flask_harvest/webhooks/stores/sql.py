@@ -60,6 +60,7 @@ from ..models import (
     validate_datetime,
     validate_secret,
 )
+from ..topic_index import topic_keys
 from ._schema import (
     WEBHOOK_TABLES,
     UTCDateTime,
@@ -72,12 +73,11 @@ from ._schema import (
     row_to_subscription,
     schema_sql,
     subscription_column_values,
+    subscription_topics_table,
     subscription_values,
     subscriptions_table,
-    subscription_topics_table,
     topic_rows,
 )
-from ..topic_index import topic_keys
 from .base import DlqCursor, OutboundWebhookHandler, StoreCapabilities, fold_stats
 
 _SCHEMA_HINT = "create the tables with ensure_schema() or apply WEBHOOK_SCHEMA_SQL"
