@@ -2,11 +2,11 @@
 100,000 subscriptions of other topics (SQL store on PostgreSQL, ``rq`` backend).
 
 dispatch looks the topic's candidate pattern keys up in the topic index, so the subscriptions of
-other topics should cost nothing. Goal: time(N=100,000) / time(N=0) ≤ 1.5 (medians). N=0 is
-timed first and again last (after removing the others), and time(N=0) is the mean of the two, so
-drift on a shared machine does not favour either end. Each N is also timed beside S1's floor (a
-Core insert of the delivery row and an RQ enqueue), interleaved, and the note shows the ratio of
-the dispatch/floor ratios as well.
+other topics should cost nothing. Goal: time(N=100,000) / time(N=0) ≤ 1.5 (medians).
+
+Each N has a database of its own on the same server (the benchmark's for N=0, ``<it>_s11_n<N>``
+for the others, dropped at the end), and an app on it; the calls alternate between the apps call
+by call, in a rotating order, so the drift of a shared machine hits every N alike.
 """
 
 from __future__ import annotations
@@ -18,20 +18,13 @@ from typing import Any
 
 import sqlalchemy as sa
 from flask import Flask
-from rq import Queue
 
 from flask_harvest import WebhookSubscription, generate_secret, get_engine
-from flask_harvest.webhooks.payload import encode_payload
 from flask_harvest.webhooks.stores._schema import subscription_values, topic_rows
-from flask_harvest.webhooks.stores.sql import (
-    deliveries_table,
-    subscription_topics_table,
-    subscriptions_table,
-)
+from flask_harvest.webhooks.stores.sql import subscription_topics_table, subscriptions_table
 
 from ._report import Context, Result, Row, median, percentile
-from ._services import reset_all
-from .s1_dispatch import _baseline
+from ._services import DATABASE_URL, ensure_database, reset_all, reset_database
 
 ID = "S11"
 TITLE = "dispatch() to 1 subscription among N others"
@@ -54,20 +47,20 @@ def _patterns(n: int) -> tuple[str, ...]:
     return (shapes[n % len(shapes)], shapes[(n + 1) % len(shapes)])
 
 
-def _others(start: int, stop: int) -> Iterator[WebhookSubscription]:
+def _others(count: int) -> Iterator[WebhookSubscription]:
     # One secret for all: generating 100,000 takes longer than inserting them.
     secret = generate_secret()
-    for n in range(start, stop):
+    for n in range(count):
         yield WebhookSubscription(
             target_url=f"http://127.0.0.1:9/other/{n}", event_topics=_patterns(n), secret=secret
         )
 
 
-def _add_others(engine: sa.Engine, start: int, stop: int) -> None:
-    """Insert subscriptions ``start`` to ``stop`` with their topic index rows, in bulk through the
-    store's tables (what ``add_subscription`` writes, without 100,000 transactions)."""
+def _add_others(engine: sa.Engine, count: int) -> None:
+    """Insert ``count`` subscriptions with their topic index rows, in bulk through the store's
+    tables (what ``add_subscription`` writes, without 100,000 transactions)."""
     batch: list[WebhookSubscription] = []
-    for subscription in _others(start, stop):
+    for subscription in _others(count):
         batch.append(subscription)
         if len(batch) == _CHUNK:
             _insert(engine, batch)
@@ -79,19 +72,6 @@ def _add_others(engine: sa.Engine, start: int, stop: int) -> None:
         conn.exec_driver_sql(f"ANALYZE {subscriptions_table.name}, {subscription_topics_table.name}")
 
 
-def _remove_others(engine: sa.Engine, *, keep: str) -> None:
-    with engine.begin() as conn:
-        conn.execute(sa.delete(subscriptions_table).where(subscriptions_table.c.id != keep))
-        conn.execute(
-            sa.delete(subscription_topics_table).where(subscription_topics_table.c.subscription_id != keep)
-        )
-        # Also clear the deliveries the runs logged, as the first N=0 run found none.
-        conn.execute(sa.delete(deliveries_table))
-    # VACUUM cannot run in a transaction.
-    with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
-        conn.exec_driver_sql(f"VACUUM ANALYZE {subscriptions_table.name}, {subscription_topics_table.name}")
-
-
 def _insert(engine: sa.Engine, subscriptions: list[WebhookSubscription]) -> None:
     with engine.begin() as conn:
         conn.execute(sa.insert(subscriptions_table), [subscription_values(s) for s in subscriptions])
@@ -99,80 +79,107 @@ def _insert(engine: sa.Engine, subscriptions: list[WebhookSubscription]) -> None
         conn.execute(sa.insert(subscription_topics_table), keys)
 
 
-def _measure(app: Flask, reps: int, subscription_id: str) -> tuple[list[float], list[float]]:
-    """Time dispatch() and the floor, interleaved; return both lists of milliseconds."""
-    payload: dict[str, Any] = {"order_id": "ord_1", "total": 4200, "items": [{"sku": "A", "qty": 1}]}
-    body = encode_payload(payload)
+def _database_url(size: int) -> str:
+    if size == 0:
+        return DATABASE_URL
+    url = sa.make_url(DATABASE_URL)
+    return url.set(database=f"{url.database}_s11_n{size}").render_as_string(hide_password=False)
+
+
+def _drop_database(database_url: str) -> None:
+    url = sa.make_url(database_url)
+    admin = sa.create_engine(url.set(database="postgres"), isolation_level="AUTOCOMMIT")
+    try:
+        with admin.connect() as conn:
+            conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{url.database}" WITH (FORCE)'))
+    finally:
+        admin.dispose()
+
+
+def _prepare(ctx: Context, size: int) -> tuple[Flask, float]:
+    """An app on N=``size``'s database, holding the matching subscription and ``size`` others;
+    return it and the seconds the inserts took."""
+    database_url = _database_url(size)
+    ensure_database(database_url)
+    engine = sa.create_engine(database_url)
+    try:
+        reset_database(engine)
+        started = time.perf_counter()
+        _add_others(engine, size)
+        seconds = time.perf_counter() - started
+    finally:
+        engine.dispose()
+    app = ctx.app({"SQLALCHEMY_DATABASE_URI": database_url})
     with app.app_context():
-        state = get_engine(app)
-        engine = state.store.engine  # type: ignore[attr-defined]
-        queue = Queue("bench-s11-baseline", connection=state.backend.connection)  # type: ignore[attr-defined]
-        ours: list[float] = []
-        theirs: list[float] = []
-        for rep in range(reps + 5):
-            order = (0, 1) if rep % 2 == 0 else (1, 0)
-            for which in order:
+        get_engine(app).store.add_subscription(
+            WebhookSubscription("http://127.0.0.1:9/matching", [TOPIC], generate_secret())
+        )
+    return app, seconds
+
+
+def _measure(apps: dict[int, Flask], reps: int) -> dict[int, list[float]]:
+    """Time dispatch() on every app, alternating call by call in a rotating order; return each
+    N's milliseconds."""
+    payload: dict[str, Any] = {"order_id": "ord_1", "total": 4200, "items": [{"sku": "A", "qty": 1}]}
+    sizes = list(apps)
+    times: dict[int, list[float]] = {size: [] for size in sizes}
+    for rep in range(reps + 5):
+        shift = rep % len(sizes)
+        for size in sizes[shift:] + sizes[:shift]:
+            with apps[size].app_context():
+                manager = get_engine(apps[size]).manager
                 started = time.perf_counter()
-                if which == 0:
-                    delivered = state.manager.dispatch(TOPIC, payload)
-                else:
-                    _baseline(engine, queue, [subscription_id], TOPIC, body)
+                delivered = manager.dispatch(TOPIC, payload)
                 elapsed = time.perf_counter() - started
-                if which == 0 and len(delivered) != 1:
-                    raise AssertionError(f"dispatch logged {len(delivered)} deliveries, not 1")
-                if rep >= 5:  # the first few warm caches and connections
-                    (ours if which == 0 else theirs).append(elapsed * 1000)
-    return ours, theirs
+            if len(delivered) != 1:
+                raise AssertionError(f"dispatch at N={size} logged {len(delivered)} deliveries, not 1")
+            if rep >= 5:  # the first few warm caches and connections
+                times[size].append(elapsed * 1000)
+    return times
 
 
 def run(ctx: Context) -> Result:
     reset_all(ctx.engine)
-    app = ctx.app()
     sizes = ctx.pick((0, 1_000, 10_000, 100_000), (0, 1_000, 10_000))
-    reps = ctx.pick(300, 60)
-    with app.app_context():
-        matching = get_engine(app).store.add_subscription(
-            WebhookSubscription("http://127.0.0.1:9/matching", [TOPIC], generate_secret())
-        )
+    reps = ctx.pick(400, 60)
+    apps: dict[int, Flask] = {}
+    insert_seconds: dict[int, float] = {}
+    try:
+        for size in sizes:
+            apps[size], insert_seconds[size] = _prepare(ctx, size)
+        times = _measure(apps, reps)
+    finally:
+        ctx.close_apps()
+        for size in sizes[1:]:
+            _drop_database(_database_url(size))
     result = Result()
-    medians: dict[str, tuple[float, float]] = {}
-    inserted = 0
-    for size in (*sizes, 0):
-        started = time.perf_counter()
-        if size == 0 and inserted:
-            _remove_others(ctx.engine, keep=matching.id)
-        else:
-            _add_others(ctx.engine, inserted, size)
-        insert_seconds = time.perf_counter() - started
-        label = f"n{size}" if f"n{size}" not in medians else "n0_again"
-        inserted = size
-        ours, theirs = _measure(app, reps, matching.id)
-        medians[label] = (median(ours), median(theirs))
+    base = median(times[0])
+    for size in sizes:
         result.rows.append(
             Row(
                 ID,
-                f"dispatch, K=1 among N={size:,}{', again' if label == 'n0_again' else ''} (median)",
-                median(ours),
+                f"dispatch, K=1 among N={size:,} (median)",
+                median(times[size]),
                 "ms",
                 "report",
                 None,
-                baseline=median(theirs),
-                baseline_label="Core insert + enqueue",
-                ratio=median(ours) / median(theirs),
-                note=f"p95 {percentile(ours, 95):.2f} ms",
+                baseline=base if size else None,
+                baseline_label="N=0" if size else "",
+                ratio=median(times[size]) / base if size else None,
+                note=f"p95 {percentile(times[size], 95):.2f} ms",
             )
         )
-        result.details[label] = {
-            "reps": len(ours),
-            "dispatch_ms": {"median": median(ours), "p95": percentile(ours, 95), "min": min(ours)},
-            "baseline_ms": {"median": median(theirs), "p95": percentile(theirs, 95)},
-            "insert_seconds": insert_seconds,
+        result.details[f"n{size}"] = {
+            "reps": len(times[size]),
+            "dispatch_ms": {
+                "median": median(times[size]),
+                "p95": percentile(times[size], 95),
+                "min": min(times[size]),
+            },
+            "insert_seconds": insert_seconds[size],
         }
     largest = sizes[-1]
-    top, first, last = medians[f"n{largest}"], medians["n0"], medians["n0_again"]
-    scaling = top[0] / ((first[0] + last[0]) / 2)
-    # The same ratio with each dispatch median divided by its interleaved floor: drift removed.
-    normalized = (top[0] / top[1]) / ((first[0] / first[1] + last[0] / last[1]) / 2)
+    scaling = median(times[largest]) / base
     result.rows.append(
         Row(
             ID,
@@ -181,11 +188,10 @@ def run(ctx: Context) -> Result:
             "x",
             f"<= {GOAL}",
             scaling <= GOAL,
-            note=f"N=0 the mean of first and last; {normalized:.2f}x against the floor of each run",
+            note="medians, calls alternated between the N",
         )
     )
     result.details["scaling"] = scaling
-    result.details["scaling_against_floor"] = normalized
     return result
 
 
