@@ -171,6 +171,21 @@ def test_a_store_matches_as_the_matcher(
     added = [store.add_subscription(make(*p)) for p in patterns]
     for topic in topics:
         assert ids(store, topic) == {s.id for s in added if s.matches(topic)}
+    batched = store.subscriptions_for_topics(topics)
+    assert {t: {s.id for s in found} for t, found in batched.items()} == {
+        t: {s.id for s in added if s.matches(t)} for t in topics
+    }
+
+
+def test_many_topics_are_looked_up_in_chunks(store: OutboundWebhookHandler) -> None:
+    # More topics than one lookup takes (the relay's batches hold up to 500 messages).
+    tenants = [store.add_subscription(make(f"t{n}.*")) for n in range(30)]
+    every = store.add_subscription(make("*"))
+    topics = [f"t{n}.created" for n in range(45)]
+    found = store.subscriptions_for_topics([*topics, *topics])
+    assert list(found) == topics
+    for n, topic in enumerate(topics):
+        assert {s.id for s in found[topic]} == ({tenants[n].id} if n < 30 else set()) | {every.id}
 
 
 # -- upgrading a database from before the index ---------------------------------------------------

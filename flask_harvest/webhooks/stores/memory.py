@@ -78,6 +78,9 @@ class InMemoryOutboundWebhookHandler(OutboundWebhookHandler):
                 if not ids:
                     del self._by_key[key]
 
+    def subscriptions_for_topics(self, topics: Sequence[str]) -> dict[str, list[WebhookSubscription]]:
+        return {topic: self.subscriptions_for_topic(topic) for topic in dict.fromkeys(topics)}
+
     def subscriptions_for_topic(self, topic: str) -> list[WebhookSubscription]:
         with self._lock:
             ids = {i for key in topic_keys(topic) for i in self._by_key.get(key, ())}

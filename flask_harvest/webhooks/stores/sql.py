@@ -97,6 +97,10 @@ __all__ = [
 #: The PostgreSQL DDL of the store's tables, to apply before a deploy instead of ``ensure_schema``.
 WEBHOOK_SCHEMA_SQL = schema_sql("postgresql")
 
+# Topics per lookup of subscriptions_for_topics: at most 127 keys each, so a statement binds at
+# most a few thousand keys, under SQLite's bound-variable limit (32,766).
+_TOPICS_PER_LOOKUP = 20
+
 # Rows per statement: 500 rows of ~17 columns stay far below SQLite's bound-variable limit.
 _CHUNK = 500
 
@@ -218,6 +222,20 @@ class SqlOutboundWebhookStore(OutboundWebhookHandler):
             return []
         with self._transaction("read the subscriptions of a topic") as conn:
             return self._subscriptions_for_topic(conn, topic)
+
+    def subscriptions_for_topics(self, topics: Sequence[str]) -> dict[str, list[WebhookSubscription]]:
+        unique = list(dict.fromkeys(topics))
+        found: dict[str, list[WebhookSubscription]] = {topic: [] for topic in unique}
+        stored = [topic for topic in unique if _could_be_stored(topic)]
+        with self._transaction("read the subscriptions of topics") as conn:
+            # One lookup for a chunk of topics: the union of their candidate keys.
+            for chunk in _chunks(stored, _TOPICS_PER_LOOKUP):
+                keys = list(dict.fromkeys(key for topic in chunk for key in topic_keys(topic)))
+                rows = conn.execute(_SUBSCRIPTIONS_UNDER_KEYS, {"keys": keys}).all()
+                subscriptions = [row_to_subscription(row) for row in rows]
+                for topic in chunk:
+                    found[topic] = [s for s in subscriptions if s.matches(topic)]
+        return found
 
     @staticmethod
     def _subscriptions_for_topic(conn: Connection, topic: str) -> list[WebhookSubscription]:
