@@ -16,6 +16,7 @@ Flask, SQL or network.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import itertools
 
@@ -49,7 +50,10 @@ def pattern_key(pattern: str) -> str:
     return ".".join(segments)
 
 
-def topic_keys(topic: str) -> list[str]:
+# Dispatch asks for the same few topics again and again. Bounded: at most 127 keys of at most
+# MAX_KEY_LENGTH characters per topic, so a few megabytes however hostile the topics.
+@functools.lru_cache(maxsize=256)
+def topic_keys(topic: str) -> tuple[str, ...]:
     """Return the keys of every pattern that could select the (valid) event ``topic``.
 
     Per :func:`~flask_harvest.webhooks.models.topic_matches`: a pattern of as many segments as the
@@ -67,7 +71,7 @@ def topic_keys(topic: str) -> list[str]:
         keys.extend(_variants(segments, ()))
     else:
         keys.extend(_variants(segments[:KEY_SEGMENTS], (LONG_MARK,)))
-    return keys
+    return tuple(keys)
 
 
 def _variants(head: list[str], tail: tuple[str, ...]) -> list[str]:

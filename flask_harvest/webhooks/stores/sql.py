@@ -21,7 +21,9 @@ from sqlalchemy import (
     Connection,
     Engine,
     Row,
+    String,
     and_,
+    any_,
     bindparam,
     delete,
     func,
@@ -141,6 +143,7 @@ class SqlOutboundWebhookStore(OutboundWebhookHandler):
             )
         self.engine = engine
         self._insert = _INSERTS[engine.dialect.name]
+        self._under_keys = _UNDER_KEYS[engine.dialect.name]
         # Only PostgreSQL has data-modifying CTEs; on SQLite a statement is an in-process call.
         self._fold_attempt_insert = engine.dialect.name == "postgresql"
 
@@ -231,19 +234,18 @@ class SqlOutboundWebhookStore(OutboundWebhookHandler):
             # One lookup for a chunk of topics: the union of their candidate keys.
             for chunk in _chunks(stored, _TOPICS_PER_LOOKUP):
                 keys = list(dict.fromkeys(key for topic in chunk for key in topic_keys(topic)))
-                rows = conn.execute(_SUBSCRIPTIONS_UNDER_KEYS, {"keys": keys}).all()
+                rows = conn.execute(self._under_keys, {"keys": keys}).all()
                 subscriptions = [row_to_subscription(row) for row in rows]
                 for topic in chunk:
                     found[topic] = [s for s in subscriptions if s.matches(topic)]
         return found
 
-    @staticmethod
-    def _subscriptions_for_topic(conn: Connection, topic: str) -> list[WebhookSubscription]:
+    def _subscriptions_for_topic(self, conn: Connection, topic: str) -> list[WebhookSubscription]:
         # Only the subscriptions filed under one of the topic's candidate keys: an indexed lookup
         # whose cost does not grow with the number of subscriptions. A long pattern's key selects
         # a superset, so the patterns are still matched, on the raw rows, so no model is built
         # for a row that does not match.
-        rows = conn.execute(_SUBSCRIPTIONS_UNDER_KEYS, {"keys": topic_keys(topic)}).all()
+        rows = conn.execute(self._under_keys, {"keys": list(topic_keys(topic))}).all()
         return [
             row_to_subscription(row)
             for row in rows
@@ -653,12 +655,24 @@ def _with_subscriptions(conn: Connection, rows: Sequence[Row[Any]], token: str) 
 
 # -- statements built once ----------------------------------------------------------------------
 
-# The subscriptions filed under any of the keys (an expanding IN: one index probe per key).
-_SUBSCRIPTIONS_UNDER_KEYS = select(_subs).where(
-    _subs.c.id.in_(
-        select(_keys.c.subscription_id).where(_keys.c.pattern_key.in_(bindparam("keys", expanding=True)))
-    )
-)
+# The subscriptions filed under any of the keys, by dialect.
+_UNDER_KEYS: dict[str, Executable] = {
+    # SQLite: an expanding IN, one index probe per key.
+    "sqlite": select(_subs).where(
+        _subs.c.id.in_(
+            select(_keys.c.subscription_id).where(_keys.c.pattern_key.in_(bindparam("keys", expanding=True)))
+        )
+    ),
+    # PostgreSQL: one array parameter, so the statement text never changes with the number of
+    # keys and psycopg keeps it prepared (the expanding IN cost about 40 us more per dispatch).
+    "postgresql": select(_subs).where(
+        _subs.c.id.in_(
+            select(_keys.c.subscription_id).where(
+                _keys.c.pattern_key == any_(bindparam("keys", type_=postgresql.ARRAY(String)))
+            )
+        )
+    ),
+}
 _INSERT_DELIVERY = insert(_dels)
 
 # -- finish_attempt's statements ----------------------------------------------------------------
