@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import itertools
+from pathlib import Path
 from typing import Any
 
 import pytest
 import sqlalchemy as sa
+from flask import Flask
+from flask_sqlalchemy import SQLAlchemy
 from hypothesis import example, given
 from hypothesis import strategies as st
 
+from flask_harvest import OutboundWebhookPlugin, get_engine
 from flask_harvest.webhooks.models import (
     SubscriptionChanges,
     WebhookSubscription,
@@ -17,6 +21,7 @@ from flask_harvest.webhooks.models import (
 )
 from flask_harvest.webhooks.stores import OutboundWebhookHandler
 from flask_harvest.webhooks.stores._schema import (
+    metadata,
     subscription_topics_table,
     subscription_values,
     subscriptions_table,
@@ -30,6 +35,7 @@ from flask_harvest.webhooks.topic_index import (
     topic_keys,
 )
 
+from .pipeline import FAST, close_later
 from .properties import BUDGET, TEXT
 
 SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
@@ -215,6 +221,26 @@ def test_ensure_schema_indexes_subscriptions_written_before_the_index(
     with engine.connect() as conn:
         rows = conn.execute(sa.select(sa.func.count()).select_from(subscription_topics_table)).scalar()
     assert rows == 3 * 2 + 1
+
+
+def test_an_app_on_a_database_from_before_the_index_indexes_it_at_startup(tmp_path: Path) -> None:
+    # The upgrade path most apps take: OutboundWebhookPlugin.sql(db) calls ensure_schema().
+    url = f"sqlite:///{tmp_path / 'old.db'}"
+    engine = sa.create_engine(url)
+    old = make("order.*")
+    try:
+        metadata.create_all(engine, tables=[subscriptions_table])  # the schema before the index
+        with engine.begin() as conn:
+            conn.execute(sa.insert(subscriptions_table), [subscription_values(old)])
+    finally:
+        engine.dispose()
+
+    app = Flask("upgraded")
+    app.config.update(FAST, SQLALCHEMY_DATABASE_URI=url)
+    OutboundWebhookPlugin.sql(SQLAlchemy(app), app)
+    close_later(app)
+    with app.app_context():
+        assert ids(get_engine(app).store, "order.created") == {old.id}
 
 
 def test_keys_of_a_real_pattern_set_are_distinct() -> None:
