@@ -169,14 +169,15 @@ class OutboundWebhookManager:
         return RelayReport(len(messages), 0)
 
     def _relay(self, messages: Sequence[OutboxMessage]) -> None:
-        subscriptions = self.store.list_subscriptions()
+        # Only the subscriptions of the batch's topics, from the topic index.
+        by_topic = self.store.subscriptions_for_topics([m.topic for m in messages])
         now = utcnow()
         deliveries = [
             self._delivery(m.topic, m.payload, s, now, outbox_delivery_id(m.id, s.id))
             for m in messages
-            for s in subscriptions
-            if s.matches(m.topic)
+            for s in by_topic[m.topic]
         ]
+        subscriptions = {s.id: s for matched in by_topic.values() for s in matched}
         inserted = set(self.store.log_deliveries(deliveries))
         pending_ids = [d.id for d in deliveries if d.state is DeliveryState.PENDING]
         # Stored rows, not the ones built above: a delivery that already has a result is done.
@@ -185,7 +186,7 @@ class OutboundWebhookManager:
             for d in self.store.get_deliveries(pending_ids)
             if d.state is DeliveryState.PENDING and d.attempt == 1 and d.last_error is None
         ]
-        self._hand_over(waiting, {s.id: s for s in subscriptions})
+        self._hand_over(waiting, subscriptions)
         self._report_skipped([d for d in deliveries if d.id in inserted])
 
     def _relay_soon(self, message_ids: list[str]) -> None:

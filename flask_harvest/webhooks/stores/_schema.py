@@ -6,7 +6,7 @@ the same objects to DDL, and the store queries them, so the three cannot drift a
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from sqlalchemy import (
@@ -33,6 +33,7 @@ from ..models import (
     WebhookSubscription,
     WebhookSubscriptionStatus,
 )
+from ..topic_index import MAX_KEY_LENGTH, pattern_key
 
 #: Ids are at most this long (the models' limit).
 ID_LENGTH = MAX_ID_LENGTH
@@ -54,6 +55,20 @@ subscriptions_table = Table(
     # After a rotation, the old secret still signs deliveries until it expires.
     Column("previous_secret", Text, nullable=True),
     Column("previous_secret_expires_at", UTCDateTime, nullable=True),
+)
+
+# The topic index: one row per key of a subscription's patterns (topic_index.pattern_key), written
+# in the transaction that writes the subscription, so dispatch reads only the subscriptions filed
+# under the topic's candidate keys instead of every subscription. No foreign key: the store keeps
+# the two tables in step itself, and a key row never outlives its subscription's transaction.
+subscription_topics_table = Table(
+    "harvest_webhook_subscription_topics",
+    metadata,
+    # The primary key leads with the key: it is the index dispatch looks keys up in.
+    Column("pattern_key", String(MAX_KEY_LENGTH), primary_key=True),
+    Column("subscription_id", String(ID_LENGTH), primary_key=True),
+    # Rewriting or removing one subscription's keys.
+    Index("ix_harvest_webhook_subscription_topics_subscription", "subscription_id"),
 )
 
 # No foreign key to the subscriptions: a delivery log outlives its removed subscription.
@@ -127,7 +142,13 @@ outbox_table = Table(
 
 
 #: The webhook tables, in creation order.
-WEBHOOK_TABLES = (subscriptions_table, deliveries_table, attempts_table, outbox_table)
+WEBHOOK_TABLES = (
+    subscriptions_table,
+    subscription_topics_table,
+    deliveries_table,
+    attempts_table,
+    outbox_table,
+)
 
 
 def schema_sql(dialect: str = "postgresql") -> str:
@@ -159,6 +180,12 @@ def subscription_column_values(values: Mapping[str, Any]) -> dict[str, Any]:
 
 # A model's __dict__ holds exactly its fields (plain frozen dataclasses): copying it is the
 # cheapest way to read them all, and delivery_values runs once per delivery logged.
+
+
+def topic_rows(subscription_id: str, patterns: Iterable[str]) -> list[dict[str, str]]:
+    """Return the topic index rows of a subscription with ``patterns`` (one per distinct key)."""
+    keys = dict.fromkeys(pattern_key(pattern) for pattern in patterns)
+    return [{"pattern_key": key, "subscription_id": subscription_id} for key in keys]
 
 
 def subscription_values(subscription: WebhookSubscription) -> dict[str, Any]:

@@ -161,6 +161,15 @@ class OutboundWebhookHandler(abc.ABC):
         """Return the subscriptions, whatever their status, whose topics select ``topic``."""
         return [s for s in self.list_subscriptions() if s.matches(topic)]
 
+    def subscriptions_for_topics(self, topics: Sequence[str]) -> dict[str, list[WebhookSubscription]]:
+        """Return each of ``topics`` with the subscriptions, whatever their status, that select it.
+
+        The outbox relay calls it once per batch of messages. This default reads every
+        subscription once; the SQL and in-memory stores look the topics up in their topic index.
+        """
+        subscriptions = self.list_subscriptions()
+        return {topic: [s for s in subscriptions if s.matches(topic)] for topic in dict.fromkeys(topics)}
+
     def set_subscription_status(
         self, subscription_id: str, status: WebhookSubscriptionStatus
     ) -> WebhookSubscription:

@@ -27,6 +27,7 @@ from ..models import (
     WebhookSubscriptionStatus,
     utcnow,
 )
+from ..topic_index import pattern_key, topic_keys
 from .base import DlqCursor, OutboundWebhookHandler, fold_stats, minute_buckets
 
 
@@ -47,6 +48,9 @@ class InMemoryOutboundWebhookHandler(OutboundWebhookHandler):
         self._deliveries: dict[str, DeliveryLog] = {}
         self._latest_attempt: dict[str, DeliveryAttempt] = {}
         self._leases: dict[str, str] = {}
+        # The topic index (as the SQL store's table): pattern key -> ids of the subscriptions
+        # with a pattern under it, so dispatch looks at the candidates only.
+        self._by_key: dict[str, set[str]] = {}
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} subscriptions={len(self._subscriptions)}>"
@@ -58,7 +62,31 @@ class InMemoryOutboundWebhookHandler(OutboundWebhookHandler):
             if subscription.id in self._subscriptions:
                 raise DuplicateSubscriptionError(subscription.id)
             self._subscriptions[subscription.id] = subscription
+            self._file(subscription)
             return subscription
+
+    def _file(self, subscription: WebhookSubscription) -> None:
+        for pattern in subscription.event_topics:
+            self._by_key.setdefault(pattern_key(pattern), set()).add(subscription.id)
+
+    def _unfile(self, subscription: WebhookSubscription) -> None:
+        for pattern in subscription.event_topics:
+            key = pattern_key(pattern)
+            ids = self._by_key.get(key)
+            if ids is not None:
+                ids.discard(subscription.id)
+                if not ids:
+                    del self._by_key[key]
+
+    def subscriptions_for_topics(self, topics: Sequence[str]) -> dict[str, list[WebhookSubscription]]:
+        return {topic: self.subscriptions_for_topic(topic) for topic in dict.fromkeys(topics)}
+
+    def subscriptions_for_topic(self, topic: str) -> list[WebhookSubscription]:
+        with self._lock:
+            ids = {i for key in topic_keys(topic) for i in self._by_key.get(key, ())}
+            # A long pattern's key selects a superset: the matcher has the last word.
+            found = [self._subscriptions[i] for i in ids]
+        return sorted((s for s in found if s.matches(topic)), key=lambda s: (s.created_at, s.id))
 
     def get_subscription(self, subscription_id: str) -> WebhookSubscription | None:
         with self._lock:
@@ -92,13 +120,19 @@ class InMemoryOutboundWebhookHandler(OutboundWebhookHandler):
     def _change(self, subscription_id: str, **values: Any) -> WebhookSubscription:
         # Read and write under the lock, from the stored value: what a worker wrote stays.
         with self._lock:
-            updated = self._get(subscription_id).replace(**values, updated_at=utcnow())
+            current = self._get(subscription_id)
+            updated = current.replace(**values, updated_at=utcnow())
+            self._unfile(current)
             self._subscriptions[subscription_id] = updated
+            self._file(updated)
             return updated
 
     def remove_subscription(self, subscription_id: str) -> bool:
         with self._lock:
-            return self._subscriptions.pop(subscription_id, None) is not None
+            removed = self._subscriptions.pop(subscription_id, None)
+            if removed is not None:
+                self._unfile(removed)
+            return removed is not None
 
     # -- delivery logs -------------------------------------------------------------------------
 
