@@ -35,6 +35,7 @@ SCENARIOS = {
     "S8": "bench.s8_workflow_latency",
     "S9": "bench.s9_workflow_throughput",
     "S10": "bench.s10_callbacks",
+    "S12": "bench.s12_machine_throughput",
 }
 
 
