@@ -36,6 +36,7 @@ SCENARIOS = {
     "S9": "bench.s9_workflow_throughput",
     "S10": "bench.s10_callbacks",
     "S11": "bench.s11_many_subscriptions",
+    "S12": "bench.s12_machine_throughput",
 }
 
 

@@ -4,6 +4,7 @@
     python -m bench.profile attempt            # claim, send, record of one delivery, no RQ
     python -m bench.profile relay              # relay_outbox of committed messages (pyinstrument)
     python -m bench.profile worker --gil       # py-spy on a worker draining a filled queue
+    python -m bench.profile worker --gil --processes 2 --subscriptions 100 --count 20000   # S12's setup
     python -m bench.profile workflow           # run() of started 3-step workflows in-process, no RQ
     python -m bench.profile workflow-worker    # py-spy on a worker draining started workflows
 
@@ -13,6 +14,7 @@ Each prints its figures and a profile; ``worker`` writes py-spy's raw stacks and
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import subprocess
 import sys
@@ -127,19 +129,28 @@ def profile_relay(count: int) -> None:
     ctx.close_apps()
 
 
-def profile_worker(count: int, seconds: int, gil: bool) -> None:
+def profile_worker(
+    count: int, seconds: int, gil: bool, *, subscriptions: int = 1, processes: int = 1
+) -> None:
+    """py-spy on the first of ``processes`` workers draining ``count`` deliveries to
+    ``subscriptions`` subscriptions (S12's setup: ``--subscriptions 100 --processes 2``)."""
     ctx = _context()
     out = ctx.log_dir / "worker-stacks.txt"
     with Receiver() as receiver:
         app = ctx.app()
-        subscribe(app, [receiver.url("/ok/profile")])
-        dispatch_many(app, count)
-        worker = _workers.harvest_worker(ctx.log_dir, 32)
+        subscribe(app, [receiver.url(f"/ok/profile/{n}") for n in range(subscriptions)])
+        dispatch_many(app, count // subscriptions)
+        workers = [_workers.harvest_worker(ctx.log_dir, 32, tag=f"p{n}") for n in range(processes)]
         try:
             receiver.wait_count(1, timeout=60)
-            _py_spy(worker.pid, seconds, gil, out)
+            cpu = [w.cpu_seconds() for w in workers]
+            received = receiver.count()
+            _py_spy(workers[0].pid, seconds, gil, out)
+            sent = receiver.count() - received
+            used = sum(w.cpu_seconds() for w in workers) - sum(cpu)
+            print(f"workers: {1000 * used / max(1, sent):.2f} ms CPU per delivery while sampled")
         finally:
-            worker.stop()
+            _workers.stop_all(workers)
         print(f"worker: {rate([r.received_at for r in receiver.records()]):.1f} deliveries/s while sampled")
     _summarise(out, gil)
     ctx.close_apps()
@@ -180,7 +191,7 @@ def _summarise(out: Path, gil: bool) -> None:
     for thread, samples in threads.most_common(8):
         print(f"  {100 * samples / total:5.1f}% {thread}")
     print("inclusive time by frame:")
-    for frame, samples in inclusive.most_common(40):
+    for frame, samples in inclusive.most_common(int(os.environ.get("PROFILE_FRAMES", "40"))):
         print(f"  {100 * samples / total:5.1f}% {frame[:140]}")
 
 
@@ -246,6 +257,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--count", type=int, default=None, help="calls, deliveries or messages")
     parser.add_argument("--seconds", type=int, default=8, help="worker: seconds to sample")
     parser.add_argument("--gil", action="store_true", help="worker: sample only the thread holding the GIL")
+    parser.add_argument("--subscriptions", type=int, default=1, help="worker: subscriptions to spread over")
+    parser.add_argument(
+        "--processes", type=int, default=1, help="worker: worker processes (the first is sampled)"
+    )
     args = parser.parse_args(argv)
     if args.what == "dispatch":
         profile_dispatch(args.k, args.count or max(20, 2000 // args.k))
@@ -258,7 +273,13 @@ def main(argv: list[str] | None = None) -> None:
     elif args.what == "workflow-worker":
         profile_workflow_worker(args.count or 3000, args.seconds, args.gil)
     else:
-        profile_worker(args.count or 3000, args.seconds, args.gil)
+        profile_worker(
+            args.count or 3000,
+            args.seconds,
+            args.gil,
+            subscriptions=args.subscriptions,
+            processes=args.processes,
+        )
 
 
 if __name__ == "__main__":

@@ -40,3 +40,88 @@ class PerProcess(Generic[T]):
         with self._lock:
             value, self._value = self._value, None
             return value if self._pid == os.getpid() else None
+
+
+Item = TypeVar("Item")
+R = TypeVar("R")
+
+
+class GroupCommit(Generic[Item, R]):
+    """Writes items handed in by many threads in batches: each caller blocks until its item is
+    written and gets its own result back.
+
+    No thread of its own: the first caller to find no batch being written writes the batch (every
+    item waiting, up to ``limit``), and keeps writing while more wait; the others wait for it. So
+    a lone caller writes at once, and under load one statement and one commit carry many items.
+
+    :param write: writes a batch; returns one result per item, in order. An exception it raises
+        is raised to every caller of that batch.
+    :param limit: the most items in one batch.
+    """
+
+    def __init__(self, write: Callable[[list[Item]], list[R]], *, limit: int = 64) -> None:
+        self._write = write
+        self._limit = max(1, limit)
+        self._cond = threading.Condition()
+        self._waiting: list[_Slot[Item, R]] = []
+        self._writing = False
+
+    def submit(self, item: Item) -> R:
+        """Write ``item`` (with whatever else waits) and return its result."""
+        slot = _Slot[Item, R](item)
+        with self._cond:
+            self._waiting.append(slot)
+            while not slot.done and self._writing:
+                self._cond.wait()
+            if slot.done:
+                return slot.value()
+            self._writing = True
+        try:
+            while not slot.done:
+                with self._cond:
+                    batch, self._waiting = self._waiting[: self._limit], self._waiting[self._limit :]
+                self._write_batch(batch)
+        finally:
+            with self._cond:
+                self._writing = False
+                self._cond.notify_all()
+        return slot.value()
+
+    def _write_batch(self, batch: list[_Slot[Item, R]]) -> None:
+        try:
+            results = self._write([slot.item for slot in batch])
+            if len(results) != len(batch):
+                raise RuntimeError(f"a batch write returned {len(results)} results for {len(batch)} items")
+        except BaseException as exc:
+            with self._cond:
+                for slot in batch:
+                    slot.fail(exc)
+                self._cond.notify_all()
+            return
+        with self._cond:
+            for slot, result in zip(batch, results, strict=True):
+                slot.finish(result)
+            self._cond.notify_all()
+
+
+class _Slot(Generic[Item, R]):
+    """One caller's item and, once written, its result or the batch's error."""
+
+    __slots__ = ("done", "error", "item", "result")
+
+    def __init__(self, item: Item) -> None:
+        self.item = item
+        self.done = False
+        self.result: R | None = None
+        self.error: BaseException | None = None
+
+    def finish(self, result: R) -> None:
+        self.result, self.done = result, True
+
+    def fail(self, error: BaseException) -> None:
+        self.error, self.done = error, True
+
+    def value(self) -> R:
+        if self.error is not None:
+            raise self.error
+        return self.result  # type: ignore[return-value]

@@ -19,6 +19,7 @@ from flask_harvest.errors import (
 )
 from flask_harvest.webhooks.models import (
     AttemptResult,
+    Claim,
     DeliveryAttempt,
     DeliveryLog,
     DeliveryState,
@@ -30,6 +31,7 @@ from flask_harvest.webhooks.models import (
     utcnow,
 )
 from flask_harvest.webhooks.stores import OutboundWebhookHandler, StoreCapabilities
+from flask_harvest.webhooks.stores.base import Outcome, Recorded
 from flask_harvest.webhooks.stores.sql import SqlOutboundWebhookStore
 
 SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
@@ -945,3 +947,105 @@ def test_secret_stays_out_of_repr(store: OutboundWebhookHandler) -> None:
     assert SECRET not in repr(store.list_subscriptions())
     assert SECRET not in repr(store)
     assert SECRET not in str(subscription.to_dict())
+
+
+# -- finish_attempts: a batch of outcomes ---------------------------------------------------------
+
+
+def _claimed(store: OutboundWebhookHandler, subscription_id: str, now: datetime) -> Claim:
+    delivery = make_delivery(subscription_id, now)
+    store.log_deliveries([delivery])
+    claim = store.claim_delivery(delivery.id, now=now, lease_seconds=LEASE, max_attempts=5)
+    assert claim is not None
+    return claim
+
+
+def _written(store: OutboundWebhookHandler, delivery_id: str) -> tuple[Any, ...]:
+    """What an outcome writes to a delivery and its attempts, without the id."""
+    d = stored_delivery(store, delivery_id)
+    attempts = [dataclasses.replace(a, delivery_id="-") for a in store.list_attempts(delivery_id)]
+    return (
+        d.state, d.attempt, d.next_attempt_at, d.last_error, d.timestamp, d.lease_expires_at,
+        {k: v for k, v in d.request_headers.items() if k != "webhook-id"},
+        d.response_status, d.response_body, d.elapsed_ms, attempts,
+    )  # fmt: skip
+
+
+def test_finish_attempts_writes_what_finish_attempt_writes(
+    store: OutboundWebhookHandler, now: datetime
+) -> None:
+    subscription = store.add_subscription(make_subscription())
+    later = now + timedelta(seconds=30)
+
+    def results(claim: Claim) -> list[AttemptResult]:
+        delivery = claim.delivery
+        return [
+            result_for(delivery, now, state=DeliveryState.DELIVERED, status=200, headers={"x-a": "1"}),
+            result_for(delivery, now, state=DeliveryState.PENDING, next_attempt_at=later, status=503),
+            result_for(delivery, now, state=DeliveryState.SKIPPED, headers={}, with_attempt=False),
+            result_for(delivery, now, state=DeliveryState.DLQ, status=None),
+        ]
+
+    singles = [_claimed(store, subscription.id, now) for _ in range(4)]
+    for claim, result in zip(singles, results(singles[0]), strict=True):
+        assert store.finish_attempt(claim.delivery.id, claim.lease_token, result) is None
+    batch = [_claimed(store, subscription.id, now) for _ in range(4)]
+    outcomes = [
+        Outcome(claim.delivery.id, claim.lease_token, dataclasses.replace(result, attempt=attempt))
+        for claim, result in zip(batch, results(batch[0]), strict=True)
+        for attempt in [
+            dataclasses.replace(result.attempt, delivery_id=claim.delivery.id) if result.attempt else None
+        ]
+    ]
+
+    recorded = store.finish_attempts(outcomes)
+
+    assert recorded == [Recorded(held=True)] * 4
+    for single, batched in zip(singles, batch, strict=True):
+        assert _written(store, batched.delivery.id) == _written(store, single.delivery.id)
+
+
+def test_finish_attempts_skips_lost_leases_and_applies_effects_in_order(
+    store: OutboundWebhookHandler, now: datetime
+) -> None:
+    failing = store.add_subscription(make_subscription())
+    gone = store.add_subscription(make_subscription())
+    first, second, lost, disabled = (
+        _claimed(store, failing.id, now),
+        _claimed(store, failing.id, now),
+        _claimed(store, failing.id, now),
+        _claimed(store, gone.id, now),
+    )
+
+    def count(delivery: DeliveryLog) -> AttemptResult:
+        return result_for(
+            delivery, now, state=DeliveryState.PENDING, effect=SubscriptionEffect.COUNT_FAILURE, threshold=2
+        )
+
+    outcomes = [
+        Outcome(first.delivery.id, first.lease_token, count(first.delivery)),
+        Outcome(lost.delivery.id, "0" * 32, count(lost.delivery)),
+        Outcome("dlv_missing", first.lease_token, count(first.delivery)),
+        Outcome(second.delivery.id, second.lease_token, count(second.delivery)),
+        Outcome(
+            disabled.delivery.id,
+            disabled.lease_token,
+            result_for(disabled.delivery, now, state=DeliveryState.DLQ, effect=SubscriptionEffect.DISABLE),
+        ),
+    ]
+
+    recorded = store.finish_attempts(outcomes)
+
+    assert recorded == [
+        Recorded(held=True),
+        Recorded(held=False),
+        Recorded(held=False),
+        Recorded(held=True, changed=Failed),
+        Recorded(held=True, changed=Disabled),
+    ]
+    subscription = stored_subscription(store, failing.id)
+    assert (subscription.status, subscription.consecutive_failures) == (Failed, 2)
+    assert stored_subscription(store, gone.id).status is Disabled
+    assert store.get_delivery(lost.delivery.id) == lost.delivery
+    assert store.list_attempts(lost.delivery.id) == []
+    assert store.finish_attempts([]) == []

@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable, Sequence
 from datetime import timedelta
 
+from .._threads import GroupCommit
 from .._version import __version__
 from ..config import Settings
 from ..errors import InvalidStateError
@@ -27,12 +28,15 @@ from .models import (
     WebhookSubscriptionStatus,
     utcnow,
 )
-from .stores.base import OutboundWebhookHandler
+from .stores.base import OutboundWebhookHandler, Outcome, Recorded
 
 log = logging.getLogger(__name__)
 USER_AGENT = f"flask-harvest/{__version__}"
 #: The job seam's kind for webhook deliveries.
 WEBHOOK_JOB = "webhook"
+# The most outcomes one statement records: attempts that end while a record is being written
+# are written together by the next one.
+_RECORD_BATCH = 64
 
 
 def delivery_job(delivery: DeliveryLog) -> JobRef:
@@ -62,6 +66,10 @@ class DeliveryRunner:
         self.backend = backend
         self.listener = listener
         self._rng = rng or random.SystemRandom()
+        # Attempts ending at once on many threads share one statement and one commit.
+        self._records: GroupCommit[Outcome, Recorded] = GroupCommit(
+            store.finish_attempts, limit=_RECORD_BATCH
+        )
 
     def run(self, delivery_id: str) -> DeliveryState | None:
         """Make one attempt of ``delivery_id`` on this thread; return the state it ended in.
@@ -126,9 +134,8 @@ class DeliveryRunner:
 
     def _record(self, claim: Claim, result: AttemptResult) -> tuple[bool, WebhookSubscriptionStatus | None]:
         """Write ``result``; return whether we still held the lease, and any status change."""
-        try:
-            changed = self.store.finish_attempt(claim.delivery.id, claim.lease_token, result)
-        except InvalidStateError:
+        recorded = self._records.submit(Outcome(claim.delivery.id, claim.lease_token, result))
+        if not recorded.held:
             # Our lease expired during a very slow attempt and another worker took over.
             log.warning(
                 "harvest: lost the lease on delivery %s; its new holder records it", claim.delivery.id
@@ -136,7 +143,7 @@ class DeliveryRunner:
             return False, None
         if result.state is DeliveryState.PENDING:
             self._schedule_retry(claim, result)
-        return True, changed
+        return True, recorded.changed
 
     def _send(self, claim: Claim) -> AttemptResult:
         delivery, subscription = claim.delivery, claim.subscription

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING
 
+from ...errors import InvalidStateError
 from ..models import (
     AttemptResult,
     Claim,
@@ -33,6 +34,29 @@ if TYPE_CHECKING:
 
 #: A position in the DLQ listing: the ``(timestamp, id)`` of the last row of the previous page.
 DlqCursor = tuple[datetime, str]
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """An attempt's outcome to record with :meth:`OutboundWebhookHandler.finish_attempts`."""
+
+    delivery_id: str
+    lease_token: str
+    result: AttemptResult
+
+
+@dataclass(frozen=True)
+class Recorded:
+    """What :meth:`OutboundWebhookHandler.finish_attempts` did with one outcome.
+
+    :param held: the lease was still held and the outcome was written; ``False``: the lease was
+        lost and nothing was written for it (as :meth:`~OutboundWebhookHandler.finish_attempt`'s
+        :class:`~flask_harvest.errors.InvalidStateError`).
+    :param changed: the subscription's new status if this outcome changed it.
+    """
+
+    held: bool
+    changed: WebhookSubscriptionStatus | None = None
 
 
 def fold_stats(
@@ -345,6 +369,24 @@ class OutboundWebhookHandler(abc.ABC):
         :raises InvalidStateError: the lease was lost (it expired and another worker claimed the
             delivery); nothing was written.
         """
+
+    def finish_attempts(self, outcomes: Sequence[Outcome]) -> list[Recorded]:
+        """Record several attempts' outcomes, each as :meth:`finish_attempt` would; return what
+        was done with each, in order.
+
+        Each outcome is atomic on its own; a store may write them all in one transaction (a
+        driver error then writes none and is raised). This default calls :meth:`finish_attempt`
+        per outcome; a store can override it to record the batch in one round trip.
+        """
+        recorded = []
+        for outcome in outcomes:
+            try:
+                changed = self.finish_attempt(outcome.delivery_id, outcome.lease_token, outcome.result)
+            except InvalidStateError:
+                recorded.append(Recorded(held=False))
+            else:
+                recorded.append(Recorded(held=True, changed=changed))
+        return recorded
 
     @abc.abstractmethod
     def dead_letter(self, delivery_ids: Sequence[str], error: str, *, now: datetime) -> list[str]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -32,6 +33,7 @@ from sqlalchemy import (
     literal,
     or_,
     select,
+    text,
     update,
 )
 from sqlalchemy.dialects import postgresql, sqlite
@@ -82,7 +84,7 @@ from ._schema import (
     subscriptions_table,
     topic_rows,
 )
-from .base import DlqCursor, OutboundWebhookHandler, StoreCapabilities, fold_stats
+from .base import DlqCursor, OutboundWebhookHandler, Outcome, Recorded, StoreCapabilities, fold_stats
 
 _SCHEMA_HINT = "create the tables with ensure_schema() or apply WEBHOOK_SCHEMA_SQL"
 
@@ -537,6 +539,46 @@ class SqlOutboundWebhookStore(OutboundWebhookHandler):
     def finish_attempt(
         self, delivery_id: str, lease_token: str, result: AttemptResult
     ) -> WebhookSubscriptionStatus | None:
+        with self._transaction("record a delivery attempt") as conn:
+            row = self._finish_one(conn, delivery_id, lease_token, result)
+            if row is None:
+                raise InvalidStateError(
+                    f"the lease on delivery {delivery_id!r} was lost (it expired or was never held); "
+                    "nothing was recorded"
+                )
+            return self._apply_effect(conn, row.subscription_id, row.failures, result)
+
+    def finish_attempts(self, outcomes: Sequence[Outcome]) -> list[Recorded]:
+        """Record the outcomes in one transaction; on PostgreSQL in one statement for the batch
+        (:data:`_FINISH_MANY`), so a worker pays one round trip and one commit per batch."""
+        if not outcomes:
+            return []
+        with self._transaction("record delivery attempts") as conn:
+            rows: dict[str, Row[Any]] = {}
+            if self._fold_attempt_insert:
+                for row in conn.execute(_FINISH_MANY, _finish_many_params(outcomes)):
+                    rows[row.id] = row
+            else:
+                for outcome in outcomes:
+                    one = self._finish_one(conn, outcome.delivery_id, outcome.lease_token, outcome.result)
+                    if one is not None:
+                        rows[outcome.delivery_id] = one
+            recorded = []
+            for outcome in outcomes:
+                # pop: an id given twice is recorded once, as a second finish_attempt would find
+                # the lease gone.
+                found = rows.pop(outcome.delivery_id, None)
+                if found is None:
+                    recorded.append(Recorded(held=False))
+                    continue
+                changed = self._apply_effect(conn, found.subscription_id, found.failures, outcome.result)
+                recorded.append(Recorded(held=True, changed=changed))
+        return recorded
+
+    def _finish_one(
+        self, conn: Connection, delivery_id: str, lease_token: str, result: AttemptResult
+    ) -> Row[Any] | None:
+        """Record one outcome if the lease is held; return (subscription_id, failures) or ``None``."""
         attempt = result.attempt
         params: dict[str, Any] = {
             "p_id": delivery_id,
@@ -562,16 +604,10 @@ class SqlOutboundWebhookStore(OutboundWebhookHandler):
         statement = _finish_statement(
             headers=bool(result.request_headers), attempt=attempt is not None, fold=fold
         )
-        with self._transaction("record a delivery attempt") as conn:
-            row = conn.execute(statement, {**params, **attempt_params} if fold else params).first()
-            if row is None:
-                raise InvalidStateError(
-                    f"the lease on delivery {delivery_id!r} was lost (it expired or was never held); "
-                    "nothing was recorded"
-                )
-            if attempt_params and not fold:
-                conn.execute(_APPEND_ATTEMPT, attempt_params)
-            return self._apply_effect(conn, row.subscription_id, row.failures, result)
+        row = conn.execute(statement, {**params, **attempt_params} if fold else params).first()
+        if row is not None and attempt_params and not fold:
+            conn.execute(_APPEND_ATTEMPT, attempt_params)
+        return row
 
     def _apply_effect(
         self,
@@ -803,6 +839,106 @@ def _finish_statement(*, headers: bool, attempt: bool, fold: bool) -> Executable
     row = select(*(bindparam(f"a_{name}", type_=_atts.c[name].type) for name in _ATTEMPT_COLUMNS))
     appended = insert(_atts).from_select(list(_ATTEMPT_COLUMNS), row.select_from(updated))
     return select(updated.c.subscription_id, updated.c.failures).add_cte(appended.cte("appended"))
+
+
+# -- finish_attempts' statement (PostgreSQL) -----------------------------------------------------
+# One statement records a batch: the outcomes arrive as one array per column, unnest() turns them
+# into rows, the UPDATE keeps only those whose lease is still held, and the attempt rows are
+# inserted for those only. Its text never changes with the batch's size, so psycopg prepares it
+# once per connection. Written out rather than composed in Core: unnest's column list and the
+# casts are PostgreSQL's own.
+
+_FINISH_MANY = text(
+    f"""
+WITH v AS (
+    SELECT * FROM unnest(
+        CAST(:ids AS varchar[]), CAST(:tokens AS varchar[]), CAST(:states AS varchar[]),
+        CAST(:attempts AS integer[]), CAST(:next_attempt_at AS timestamp[]),
+        CAST(:last_errors AS text[]), CAST(:timestamps AS timestamp[]), CAST(:headers AS text[]),
+        CAST(:sent AS boolean[]), CAST(:a_attempts AS integer[]), CAST(:a_started_at AS timestamp[]),
+        CAST(:a_status AS integer[]), CAST(:a_body AS text[]), CAST(:a_elapsed AS integer[]),
+        CAST(:a_error AS text[])
+    ) AS v(id, token, state, attempt, next_attempt_at, last_error, ts, headers, sent,
+           a_attempt, a_started_at, a_status, a_body, a_elapsed, a_error)
+), recorded AS (
+    UPDATE {_dels.name} AS d SET
+        state = v.state,
+        attempt = v.attempt,
+        next_attempt_at = v.next_attempt_at,
+        last_error = v.last_error,
+        "timestamp" = v.ts,
+        request_headers = COALESCE(CAST(v.headers AS json), d.request_headers),
+        response_status = CASE WHEN v.sent THEN v.a_status ELSE d.response_status END,
+        response_body = CASE WHEN v.sent THEN v.a_body ELSE d.response_body END,
+        elapsed_ms = CASE WHEN v.sent THEN v.a_elapsed ELSE d.elapsed_ms END,
+        lease_expires_at = NULL,
+        lease_token = NULL
+    FROM v
+    WHERE d.id = v.id AND d.state = '{_INFLIGHT}' AND d.lease_token = v.token
+    RETURNING d.id, d.subscription_id,
+        (SELECT s.consecutive_failures FROM {_subs.name} AS s WHERE s.id = d.subscription_id)
+        AS failures
+), appended AS (
+    INSERT INTO {_atts.name}
+        (delivery_id, attempt, started_at, response_status, response_body, elapsed_ms, error)
+    SELECT v.id, v.a_attempt, v.a_started_at, v.a_status, v.a_body, v.a_elapsed, v.a_error
+    FROM v JOIN recorded ON recorded.id = v.id
+    WHERE v.sent
+)
+SELECT id, subscription_id, failures FROM recorded
+"""  # noqa: S608
+)
+
+
+def _naive_utc(value: datetime | None) -> datetime | None:
+    """A datetime as the tables keep it (naive UTC; see :class:`UTCDateTime`)."""
+    if value is None or value.tzinfo is None:
+        return value
+    return value.astimezone(timezone.utc).replace(tzinfo=None)
+
+
+_FINISH_MANY_COLUMNS = [
+    "ids",
+    "tokens",
+    "states",
+    "attempts",
+    "next_attempt_at",
+    "last_errors",
+    "timestamps",
+    "headers",
+    "sent",
+    "a_attempts",
+    "a_started_at",
+    "a_status",
+    "a_body",
+    "a_elapsed",
+    "a_error",
+]
+
+
+def _finish_many_params(outcomes: Sequence[Outcome]) -> dict[str, list[Any]]:
+    """:data:`_FINISH_MANY`'s parameters: one list per column, one item per outcome."""
+    columns: dict[str, list[Any]] = {name: [] for name in _FINISH_MANY_COLUMNS}
+    for outcome in outcomes:
+        result, attempt = outcome.result, outcome.result.attempt
+        columns["ids"].append(outcome.delivery_id)
+        columns["tokens"].append(outcome.lease_token)
+        columns["states"].append(DeliveryState(result.state).value)
+        columns["attempts"].append(result.attempt_number)
+        columns["next_attempt_at"].append(_naive_utc(result.next_attempt_at))
+        columns["last_errors"].append(result.last_error)
+        columns["timestamps"].append(_naive_utc(result.timestamp))
+        # Empty headers keep the stored ones, as finish_attempt does.
+        headers = result.request_headers
+        columns["headers"].append(json.dumps(dict(headers)) if headers else None)
+        columns["sent"].append(attempt is not None)
+        columns["a_attempts"].append(attempt.attempt if attempt else None)
+        columns["a_started_at"].append(_naive_utc(attempt.started_at) if attempt else None)
+        columns["a_status"].append(attempt.response_status if attempt else None)
+        columns["a_body"].append(attempt.response_body if attempt else None)
+        columns["a_elapsed"].append(attempt.elapsed_ms if attempt else None)
+        columns["a_error"].append(attempt.error if attempt else None)
+    return columns
 
 
 def _could_be_stored(key: object) -> bool:
