@@ -1,0 +1,184 @@
+"""Adaptive per-endpoint concurrency: how many attempts one endpoint may have in flight. Pure.
+
+Each endpoint's limit follows AIMD (additive increase, multiplicative decrease), as TCP's
+congestion window does, driven by what each attempt came to (:class:`Signal`), how long it took
+and when it ended:
+
+* a success grows the limit while the endpoint uses it: by one per success until the first cut
+  (slow start, so a fast endpoint reaches its ceiling within a few round trips), then by one per
+  limit's worth of successes (one per round trip);
+* a 429, 503 or 504, or a refused connection, halves it at once; a timeout drops it to the floor;
+  a success whose latency has risen well above the endpoint's usual one (see
+  :attr:`AdmissionPolicy.latency_tolerance`) halves it too;
+* one cut per congestion episode: an attempt that started before the last cut was sent under
+  the old limit, so its bad news is already acted on;
+* the limit always stays within ``[floor, ceiling]``; ``floor == ceiling`` is a fixed cap.
+
+No Flask, SQL, Redis or HTTP here: the worker's pool feeds events in and reads :attr:`limit`.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from dataclasses import dataclass
+
+from .attempt import FailureKind, HttpResponse, TransportError
+
+#: Statuses by which a receiver (or its proxy) says it has too much to do.
+OVERLOAD_STATUSES = frozenset({429, 503, 504})
+#: The limit a new endpoint starts at (within the floor and the ceiling): small, so an endpoint
+#: that never answers holds few slots before its first timeout, and slow start doubles it each
+#: round trip.
+INITIAL_LIMIT = 4
+
+
+class Signal(str, enum.Enum):
+    """What one attempt says about its endpoint's load."""
+
+    #: A 2xx answer: room to grow, if its latency stayed flat.
+    SUCCESS = "success"
+    #: 429, 503, 504 or a refused/reset connection: the receiver has too much; halve at once.
+    OVERLOAD = "overload"
+    #: No answer in time: the receiver is stuck; drop to the floor.
+    TIMEOUT = "timeout"
+    #: Any other failure (a 4xx or 5xx, TLS, a malformed answer): says nothing about load.
+    FAILURE = "failure"
+
+
+def signal_of(result: HttpResponse | TransportError) -> Signal:
+    """Classify what the transport returned for one attempt."""
+    if isinstance(result, HttpResponse):
+        if 200 <= result.status < 300:
+            return Signal.SUCCESS
+        return Signal.OVERLOAD if result.status in OVERLOAD_STATUSES else Signal.FAILURE
+    if result.kind in (FailureKind.TIMEOUT, FailureKind.DEADLINE):
+        return Signal.TIMEOUT
+    # A full accept queue refuses or resets connections: that is load too.
+    return Signal.OVERLOAD if result.kind is FailureKind.CONNECT else Signal.FAILURE
+
+
+@dataclass(frozen=True)
+class AdmissionPolicy:
+    """The bounds and tuning of every endpoint's limit in one worker process.
+
+    :param floor: the least an endpoint's limit drops to (at least 1).
+    :param ceiling: the most it grows to; the caller passes at most its worker's slots.
+    :param latency_tolerance: a success counts as "latency rising" when both it and the recent
+        average exceed this many times the endpoint's usual (lowest recent) latency...
+    :param latency_slack: ...and exceed it by at least this many seconds, so the jitter of a
+        fast endpoint (1 ms becoming 3 ms) is not mistaken for queueing.
+    :param decrease: the factor an overload signal multiplies the limit by.
+    :param window: seconds of each of the two windows whose lowest latency is the usual one;
+        an endpoint that became slower for good is judged by its new latency after two of them.
+    """
+
+    floor: int = 1
+    ceiling: int = 32
+    latency_tolerance: float = 2.0
+    latency_slack: float = 0.1
+    decrease: float = 0.5
+    window: float = 30.0
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.floor <= self.ceiling:
+            raise ValueError(f"need 1 <= floor <= ceiling, got floor={self.floor} ceiling={self.ceiling}")
+        if not (math.isfinite(self.latency_tolerance) and self.latency_tolerance >= 1):
+            raise ValueError("latency_tolerance must be a finite number of at least 1")
+        if not (math.isfinite(self.latency_slack) and self.latency_slack >= 0):
+            raise ValueError("latency_slack must be a finite number of at least 0")
+        if not 0 < self.decrease < 1:
+            raise ValueError("decrease must be between 0 and 1")
+        if not (math.isfinite(self.window) and self.window > 0):
+            raise ValueError("window must be a positive number of seconds")
+
+    @property
+    def fixed(self) -> bool:
+        """Whether the limit never moves (``floor == ceiling``)."""
+        return self.floor == self.ceiling
+
+
+# How much each new success weighs in the recent-latency average.
+_EWMA_WEIGHT = 0.2
+
+
+class EndpointLimit:
+    """One endpoint's allowed in-flight attempts, moved by :meth:`record`."""
+
+    def __init__(self, policy: AdmissionPolicy, now: float) -> None:
+        self.policy = policy
+        self._limit = min(max(INITIAL_LIMIT, policy.floor), policy.ceiling)
+        # Slow start until the first cut, as TCP does before its first loss.
+        self._threshold = policy.ceiling
+        self._credit = 0  # successes towards the next additive step
+        self._cut_at = -math.inf  # when the limit was last cut
+        self._recent: float | None = None  # average latency of recent successes
+        self._window_start = now
+        self._window_min = math.inf  # lowest success latency in this window...
+        self._previous_min = math.inf  # ...and in the one before
+
+    @property
+    def limit(self) -> int:
+        """Attempts the endpoint may have in flight now: within ``[floor, ceiling]``."""
+        return self._limit
+
+    @property
+    def usual_latency(self) -> float | None:
+        """The endpoint's lowest success latency over the last one or two windows, in seconds."""
+        usual = min(self._window_min, self._previous_min)
+        return None if math.isinf(usual) else usual
+
+    def record(self, signal: Signal, latency: float, now: float, *, saturated: bool = True) -> None:
+        """Take one attempt's outcome: ``latency`` seconds long, ended at ``now``.
+
+        :param saturated: the endpoint had as many attempts in flight or waiting as its limit, so
+            the limit was what held it back; only then does a success grow it (a limit that grew
+            while unused would protect nothing when the endpoint turns slow).
+        """
+        if self.policy.fixed:
+            return
+        latency = max(0.0, latency)
+        if signal is Signal.SUCCESS:
+            rising = self._observe_latency(latency, now)
+            if rising:
+                self._cut(self._limit * self.policy.decrease, latency, now)
+            elif saturated:
+                self._grow()
+        elif signal is Signal.OVERLOAD:
+            self._cut(self._limit * self.policy.decrease, latency, now)
+        elif signal is Signal.TIMEOUT:
+            self._cut(self.policy.floor, latency, now)
+
+    def _grow(self) -> None:
+        if self._limit < self._threshold:
+            self._limit += 1
+        else:
+            # One per round trip: a whole limit's worth of successes adds one.
+            self._credit += 1
+            if self._credit < self._limit:
+                return
+            self._credit = 0
+            self._limit += 1
+        self._limit = min(self.policy.ceiling, self._limit)
+
+    def _cut(self, to: float, latency: float, now: float) -> None:
+        if now - latency < self._cut_at:
+            return  # sent under the old limit: this episode was acted on already
+        self._limit = max(self.policy.floor, min(self._limit, math.floor(to)))
+        self._threshold = self._limit
+        self._credit = 0
+        self._cut_at = now
+
+    def _observe_latency(self, latency: float, now: float) -> bool:
+        """Fold a success's latency in; return whether latency is rising."""
+        if now - self._window_start >= self.policy.window:
+            self._previous_min, self._window_min = self._window_min, math.inf
+            self._window_start = now
+        usual = self.usual_latency
+        self._window_min = min(self._window_min, latency)
+        recent = latency if self._recent is None else self._recent
+        self._recent = recent + _EWMA_WEIGHT * (latency - recent)
+        if usual is None:
+            return False
+        bound = max(usual * self.policy.latency_tolerance, usual + self.policy.latency_slack)
+        return latency > bound and self._recent > bound
