@@ -35,6 +35,7 @@ SCENARIOS = {
     "S8": "bench.s8_workflow_latency",
     "S9": "bench.s9_workflow_throughput",
     "S10": "bench.s10_callbacks",
+    "S15": "bench.s15_overload",
 }
 
 

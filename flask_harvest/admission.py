@@ -7,11 +7,12 @@ and when it ended:
 * a success grows the limit while the endpoint uses it: by one per success until the first cut
   (slow start, so a fast endpoint reaches its ceiling within a few round trips), then by one per
   limit's worth of successes (one per round trip);
-* a 429, 503 or 504, or a refused connection, halves it at once; a timeout drops it to the floor;
-  a success whose latency has risen well above the endpoint's usual one (see
-  :attr:`AdmissionPolicy.latency_tolerance`) halves it too;
-* one cut per congestion episode: an attempt that started before the last cut was sent under
-  the old limit, so its bad news is already acted on;
+* a 429, 503 or 504, or a refused connection, cuts it at once to 0.7 of itself (TCP CUBIC's
+  factor: halving, as Reno does, kept bench S15's receiver at 68% of its capacity, 0.7 at
+  80%), and so does a success whose latency has risen well above the endpoint's usual one (see
+  :attr:`AdmissionPolicy.latency_tolerance`); one cut per episode: an attempt sent before the
+  last cut, or answered within one round trip of it, was sent under the old limit;
+* a timeout drops it to the floor at once, then slow start climbs back to half where it was;
 * the limit always stays within ``[floor, ceiling]``; ``floor == ceiling`` is a fixed cap.
 
 No Flask, SQL, Redis or HTTP here: the worker's pool feeds events in and reads :attr:`limit`.
@@ -38,7 +39,7 @@ class Signal(str, enum.Enum):
 
     #: A 2xx answer: room to grow, if its latency stayed flat.
     SUCCESS = "success"
-    #: 429, 503, 504 or a refused/reset connection: the receiver has too much; halve at once.
+    #: 429, 503, 504 or a refused/reset connection: the receiver has too much; cut at once.
     OVERLOAD = "overload"
     #: No answer in time: the receiver is stuck; drop to the floor.
     TIMEOUT = "timeout"
@@ -77,7 +78,7 @@ class AdmissionPolicy:
     ceiling: int = 32
     latency_tolerance: float = 2.0
     latency_slack: float = 0.1
-    decrease: float = 0.5
+    decrease: float = 0.7
     window: float = 30.0
 
     def __post_init__(self) -> None:
@@ -141,13 +142,19 @@ class EndpointLimit:
         if signal is Signal.SUCCESS:
             rising = self._observe_latency(latency, now)
             if rising:
-                self._cut(self._limit * self.policy.decrease, latency, now)
+                self._cut(latency, now)
             elif saturated:
                 self._grow()
         elif signal is Signal.OVERLOAD:
-            self._cut(self._limit * self.policy.decrease, latency, now)
+            self._cut(latency, now)
         elif signal is Signal.TIMEOUT:
-            self._cut(self.policy.floor, latency, now)
+            # Like TCP's retransmission timeout: down to the floor, then slow start up to half
+            # of where it was. Not limited to one per episode: a stuck endpoint gets no benefit
+            # of the doubt.
+            self._threshold = max(self.policy.floor, self._limit // 2)
+            self._limit = self.policy.floor
+            self._credit = 0
+            self._cut_at = now
 
     def _grow(self) -> None:
         if self._limit < self._threshold:
@@ -161,10 +168,13 @@ class EndpointLimit:
             self._limit += 1
         self._limit = min(self.policy.ceiling, self._limit)
 
-    def _cut(self, to: float, latency: float, now: float) -> None:
-        if now - latency < self._cut_at:
-            return  # sent under the old limit: this episode was acted on already
-        self._limit = max(self.policy.floor, min(self._limit, math.floor(to)))
+    def _cut(self, latency: float, now: float) -> None:
+        # One cut per episode, as TCP cuts once per round trip: an attempt sent before the last
+        # cut went out under the old limit, and for about one round trip after a cut the
+        # receiver still holds the attempts sent before it, so its refusals then are old news.
+        if now - latency < self._cut_at or now < self._cut_at + (self._recent or 0.0):
+            return
+        self._limit = max(self.policy.floor, math.floor(self._limit * self.policy.decrease))
         self._threshold = self._limit
         self._credit = 0
         self._cut_at = now

@@ -6,6 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from flask_harvest import InMemoryOutboundWebhookStore, get_engine
 from flask_harvest.admission import (
     INITIAL_LIMIT,
     AdmissionPolicy,
@@ -13,7 +14,6 @@ from flask_harvest.admission import (
     Signal,
     signal_of,
 )
-from flask_harvest import InMemoryOutboundWebhookStore, get_engine
 from flask_harvest.attempt import FailureKind, HttpResponse, TransportError
 from flask_harvest.worker import DeliveryPool
 
@@ -60,6 +60,13 @@ def successes(limit: EndpointLimit, count: int, now: float, latency: float = RTT
     return now
 
 
+def test_the_default_cut_keeps_seven_tenths() -> None:
+    limit = EndpointLimit(AdmissionPolicy(ceiling=32), now=0.0)
+    now = successes(limit, 200, 0.0)
+    limit.record(Signal.OVERLOAD, 0.001, now)
+    assert limit.limit == 22  # floor(32 * 0.7)
+
+
 def test_a_new_endpoint_starts_small_and_slow_start_doubles_it_each_round_trip() -> None:
     limit = EndpointLimit(AdmissionPolicy(ceiling=64), now=0.0)
     assert limit.limit == INITIAL_LIMIT
@@ -76,8 +83,8 @@ def test_an_unsaturated_endpoint_does_not_grow() -> None:
     assert limit.limit == INITIAL_LIMIT
 
 
-def test_overload_halves_at_once_and_only_once_per_episode() -> None:
-    limit = EndpointLimit(AdmissionPolicy(ceiling=32), now=0.0)
+def test_overload_cuts_at_once_and_only_once_per_episode() -> None:
+    limit = EndpointLimit(AdmissionPolicy(ceiling=32, decrease=0.5), now=0.0)
     now = successes(limit, 200, 0.0)
     assert limit.limit == 32
     limit.record(Signal.OVERLOAD, 0.001, now)
@@ -92,7 +99,7 @@ def test_overload_halves_at_once_and_only_once_per_episode() -> None:
 
 
 def test_after_a_cut_growth_is_additive_one_per_round_trip() -> None:
-    limit = EndpointLimit(AdmissionPolicy(ceiling=32), now=0.0)
+    limit = EndpointLimit(AdmissionPolicy(ceiling=32, decrease=0.5), now=0.0)
     now = successes(limit, 200, 0.0)
     limit.record(Signal.OVERLOAD, 0.001, now)
     assert limit.limit == 16
@@ -102,11 +109,26 @@ def test_after_a_cut_growth_is_additive_one_per_round_trip() -> None:
     assert limit.limit == 18
 
 
-def test_a_timeout_drops_to_the_floor() -> None:
+def test_a_timeout_drops_to_the_floor_then_slow_start_climbs_to_half() -> None:
     limit = EndpointLimit(AdmissionPolicy(floor=2, ceiling=32), now=0.0)
     now = successes(limit, 200, 0.0)
     limit.record(Signal.TIMEOUT, 10.0, now + 10)
     assert limit.limit == 2
+    now = successes(limit, 14, now + 10)  # one per success up to 16...
+    assert limit.limit == 16
+    successes(limit, 10, now)  # ...then one per round trip
+    assert limit.limit == 16
+
+
+def test_refusals_within_a_round_trip_of_a_cut_are_the_same_episode() -> None:
+    limit = EndpointLimit(AdmissionPolicy(ceiling=32, decrease=0.5), now=0.0)
+    now = successes(limit, 200, 0.0)  # usual latency: 100 ms
+    limit.record(Signal.OVERLOAD, 0.001, now)
+    # Sent after the cut, but the receiver still held what was sent before it.
+    limit.record(Signal.OVERLOAD, 0.001, now + 0.05)
+    assert limit.limit == 16
+    limit.record(Signal.OVERLOAD, 0.001, now + 0.2)
+    assert limit.limit == 8
 
 
 def test_other_failures_neither_grow_nor_cut() -> None:
@@ -150,7 +172,7 @@ def test_a_fixed_policy_never_moves() -> None:
     ],
 )
 def test_a_policy_refuses_bounds_that_make_no_sense(kwargs: dict[str, float]) -> None:
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r"must|need"):
         AdmissionPolicy(**kwargs)  # type: ignore[arg-type]
 
 
@@ -199,8 +221,8 @@ def test_an_overload_signal_after_the_last_cut_decreases_at_once(
         now += gap
         limit.record(event, latency, now, saturated=saturated)
     before = limit.limit
-    # Sent after any earlier event ended, so after any earlier cut.
-    limit.record(signal, 0.001, now + 1.0)
+    # Sent after any earlier cut, and more than a round trip (latencies here are <= 20 s) later.
+    limit.record(signal, 0.001, now + 21.0)
     if before > policy.floor:
         assert limit.limit < before
         if signal is Signal.TIMEOUT:

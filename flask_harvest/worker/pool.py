@@ -27,7 +27,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 
-from ..admission import AdmissionPolicy, EndpointLimit, signal_of
+from ..admission import AdmissionPolicy, EndpointLimit, Signal, signal_of
 from ..attempt import HttpResponse, TransportError
 from ..webhooks.delivery import DeliveryRunner
 from ..webhooks.models import Claim, DeliveryState
@@ -51,6 +51,7 @@ class _Endpoint:
     started: list[float] = field(default_factory=list)  # monotonic start of each attempt in flight
     waiting: deque[tuple[Claim, float]] = field(default_factory=deque)  # (claim, since)
     idle_since: float = 0.0
+    last: Signal | None = None  # what its last attempt in this process came to
 
     @property
     def idle(self) -> bool:
@@ -193,42 +194,55 @@ class DeliveryPool:
         return DeliveryState.PENDING
 
     def _healthy(self, claim: Claim, endpoint: _Endpoint, now: float) -> bool:
-        failing = claim.subscription is None or claim.subscription.consecutive_failures > 0
-        return not failing and not self._slow(endpoint, now)
+        if claim.subscription is None or self._slow(endpoint, now):
+            return False
+        if endpoint.last is None:  # nothing seen in this process yet: ask the subscription's row
+            return claim.subscription.consecutive_failures == 0
+        # An endpoint that answers "too busy" is alive: its limit already eases the load, and
+        # waiting here for a turn under it is the relief (giving the delivery back would only
+        # bring it round again later). One that fails otherwise or times out is not healthy.
+        return endpoint.last in (Signal.SUCCESS, Signal.OVERLOAD)
 
     def _slow(self, endpoint: _Endpoint, now: float) -> bool:
         return bool(endpoint.started) and now - min(endpoint.started) > self.slow_after
 
     def _attempt(self, claim: Claim, started: float) -> None:
-        results: list[HttpResponse | TransportError] = []
+        endpoint_id = claim.delivery.subscription_id
+        answered = False
+
+        def observe(result: HttpResponse | TransportError) -> None:
+            nonlocal answered
+            answered = True
+            self._answered(endpoint_id, started, result)
+
         try:
             if self._context is None:
-                self.runner.attempt(claim, results.append)
+                self.runner.attempt(claim, observe)
             else:
                 with self._context():
-                    self.runner.attempt(claim, results.append)
+                    self.runner.attempt(claim, observe)
         except Exception:
             # The lease runs out and the sweeper hands the delivery to another attempt.
             log.exception("harvest: attempt of delivery %s failed", claim.delivery.id)
         finally:
-            self._finish(claim.delivery.subscription_id, started, results[0] if results else None)
+            if not answered:  # nothing was sent, or the attempt failed before its answer
+                self._answered(endpoint_id, started, None)
+            self._release(1)
 
-    def _finish(
-        self, endpoint_id: str, started: float, result: HttpResponse | TransportError | None = None
+    def _answered(
+        self, endpoint_id: str, started: float, result: HttpResponse | TransportError | None
     ) -> None:
-        """Free an attempt's slot, let its outcome move the endpoint's limit, and start as many of
-        the endpoint's waiting deliveries (each holding a slot of its own) as the limit allows."""
+        """An attempt's request is over (its outcome is yet to be recorded, on this thread): let
+        its outcome move the endpoint's limit, and start as many of the endpoint's waiting
+        deliveries (each holding a slot of its own) as the limit allows. Starting them before
+        the record keeps the endpoint as busy as its limit says."""
         stale: list[Claim] = []
         successors: list[Claim] = []
         with self._cond:
-            self._busy -= 1
-            self._cond.notify_all()
             endpoint = self._endpoints[endpoint_id]
             now = time.monotonic()
             if result is not None:
-                saturated = len(endpoint.started) + len(endpoint.waiting) >= endpoint.limit.limit
-                latency = result.elapsed_ms / 1000
-                endpoint.limit.record(signal_of(result), latency, now, saturated=saturated)
+                self._learn(endpoint_id, endpoint, result, now)
             endpoint.started.remove(started)
             # An attempt that took longer than slow_after shows the endpoint slow: its waiting
             # deliveries go back rather than each holding a slot for another slow attempt.
@@ -246,6 +260,26 @@ class DeliveryPool:
         for successor in successors:
             self._executor.submit(self._attempt, successor, now)
         self._give_back(stale)
+
+    @staticmethod
+    def _learn(
+        endpoint_id: str, endpoint: _Endpoint, result: HttpResponse | TransportError, now: float
+    ) -> None:
+        """Feed an answer to the endpoint's limit (under the lock)."""
+        # Saturated: the limit, not a lack of deliveries, held the endpoint back.
+        saturated = len(endpoint.started) + len(endpoint.waiting) >= endpoint.limit.limit
+        endpoint.last = signal_of(result)
+        before = endpoint.limit.limit
+        endpoint.limit.record(endpoint.last, result.elapsed_ms / 1000, now, saturated=saturated)
+        if endpoint.limit.limit < before:
+            log.info(
+                "harvest: subscription %s: in-flight limit %d -> %d (%s after %d ms)",
+                endpoint_id,
+                before,
+                endpoint.limit.limit,
+                endpoint.last.value,
+                result.elapsed_ms,
+            )
 
     def _forget_idle(self, now: float) -> None:
         """Drop endpoints idle for a while (called under the lock when a new one is added)."""
