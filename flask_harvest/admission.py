@@ -76,7 +76,7 @@ class AdmissionPolicy:
 
     floor: int = 1
     ceiling: int = 32
-    latency_tolerance: float = 2.0
+    latency_tolerance: float = 3.0
     latency_slack: float = 0.1
     decrease: float = 0.7
     window: float = 30.0

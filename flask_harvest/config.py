@@ -70,7 +70,7 @@ class Settings:
     webhooks_min_inflight_per_subscription: int = 1
     #: A subscription's limit is cut when its latency rises past this many times its usual
     #: (lowest recent) latency, and by at least 0.1 s.
-    webhooks_latency_tolerance: float = 2.0
+    webhooks_latency_tolerance: float = 3.0
     #: Deliver to loopback, private, link-local and other non-public addresses. Off by default
     #: (SSRF); turn on for development and tests against a receiver on 127.0.0.1.
     webhooks_allow_private_targets: bool = False

@@ -80,7 +80,7 @@ class DeliveryPool:
         size: int,
         per_subscription: int,
         min_per_subscription: int = 1,
-        latency_tolerance: float = 2.0,
+        latency_tolerance: float = 3.0,
         context: Callable[[], AbstractContextManager[object]] | None = None,
         slow_after: float = 1.0,
     ) -> None:
