@@ -4,7 +4,8 @@ Each endpoint's limit follows AIMD (additive increase, multiplicative decrease),
 congestion window does, driven by what each attempt came to (:class:`Signal`), how long it took
 and when it ended:
 
-* a success grows the limit while the endpoint uses it: by one per success until the first cut
+* a success (or an answer that is an error but not an overload) grows the limit while the
+  endpoint uses it: by one per success until the first cut
   (slow start, so a fast endpoint reaches its ceiling within a few round trips), then by one per
   limit's worth of successes (one per round trip);
 * a 429, 503 or 504, or a refused connection, cuts it at once to 0.7 of itself (TCP CUBIC's
@@ -12,7 +13,7 @@ and when it ended:
   80%), and so does a success whose latency has risen well above the endpoint's usual one (see
   :attr:`AdmissionPolicy.latency_tolerance`); one cut per episode: an attempt sent before the
   last cut, or answered within one round trip of it, was sent under the old limit;
-* a timeout drops it to the floor at once, then slow start climbs back to half where it was;
+* a timeout cuts it the same way, but not below the starting limit (4);
 * the limit always stays within ``[floor, ceiling]``; ``floor == ceiling`` is a fixed cap.
 
 No Flask, SQL, Redis or HTTP here: the worker's pool feeds events in and reads :attr:`limit`.
@@ -41,9 +42,10 @@ class Signal(str, enum.Enum):
     SUCCESS = "success"
     #: 429, 503, 504 or a refused/reset connection: the receiver has too much; cut at once.
     OVERLOAD = "overload"
-    #: No answer in time: the receiver is stuck; drop to the floor.
+    #: No answer in time: stuck or just slow; cut, but not below the starting limit.
     TIMEOUT = "timeout"
-    #: Any other failure (a 4xx or 5xx, TLS, a malformed answer): says nothing about load.
+    #: Any other failure (a 4xx or 5xx, TLS, a malformed answer): not about load; for the limit
+    #: it counts as a prompt answer, as a success does.
     FAILURE = "failure"
 
 
@@ -108,7 +110,8 @@ class EndpointLimit:
 
     def __init__(self, policy: AdmissionPolicy, now: float) -> None:
         self.policy = policy
-        self._limit = min(max(INITIAL_LIMIT, policy.floor), policy.ceiling)
+        self._start = min(max(INITIAL_LIMIT, policy.floor), policy.ceiling)
+        self._limit = self._start
         # Slow start until the first cut, as TCP does before its first loss.
         self._threshold = policy.ceiling
         self._credit = 0  # successes towards the next additive step
@@ -139,7 +142,11 @@ class EndpointLimit:
         if self.policy.fixed:
             return
         latency = max(0.0, latency)
-        if signal is Signal.SUCCESS:
+        if signal in (Signal.SUCCESS, Signal.FAILURE):
+            # A prompt error answer shows capacity as much as a success does (the limit is
+            # about load; the retry schedule deals with errors), and holding an erroring
+            # endpoint at its starting limit let its first deliveries use up every attempt
+            # before the others were tried once.
             rising = self._observe_latency(latency, now)
             if rising:
                 self._cut(latency, now)
@@ -148,13 +155,11 @@ class EndpointLimit:
         elif signal is Signal.OVERLOAD:
             self._cut(latency, now)
         elif signal is Signal.TIMEOUT:
-            # Like TCP's retransmission timeout: down to the floor, then slow start up to half
-            # of where it was. Not limited to one per episode: a stuck endpoint gets no benefit
-            # of the doubt.
-            self._threshold = max(self.policy.floor, self._limit // 2)
-            self._limit = self.policy.floor
-            self._credit = 0
-            self._cut_at = now
+            # A timeout is ambiguous (a stuck receiver, or a slow one answering around the
+            # timeout), so it cuts as an overload answer does but not below the starting limit:
+            # any endpoint not yet heard from gets that many, so going lower protects nothing
+            # more. An endpoint that never answers keeps the starting limit it never grew from.
+            self._cut(latency, now, least=min(self._start, self._limit))
 
     def _grow(self) -> None:
         if self._limit < self._threshold:
@@ -168,13 +173,14 @@ class EndpointLimit:
             self._limit += 1
         self._limit = min(self.policy.ceiling, self._limit)
 
-    def _cut(self, latency: float, now: float) -> None:
+    def _cut(self, latency: float, now: float, *, least: int | None = None) -> None:
         # One cut per episode, as TCP cuts once per round trip: an attempt sent before the last
         # cut went out under the old limit, and for about one round trip after a cut the
         # receiver still holds the attempts sent before it, so its refusals then are old news.
         if now - latency < self._cut_at or now < self._cut_at + (self._recent or 0.0):
             return
-        self._limit = max(self.policy.floor, math.floor(self._limit * self.policy.decrease))
+        least = self.policy.floor if least is None else least
+        self._limit = max(least, math.floor(self._limit * self.policy.decrease))
         self._threshold = self._limit
         self._credit = 0
         self._cut_at = now

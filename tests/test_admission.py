@@ -109,15 +109,20 @@ def test_after_a_cut_growth_is_additive_one_per_round_trip() -> None:
     assert limit.limit == 18
 
 
-def test_a_timeout_drops_to_the_floor_then_slow_start_climbs_to_half() -> None:
-    limit = EndpointLimit(AdmissionPolicy(floor=2, ceiling=32), now=0.0)
+def test_a_timeout_cuts_but_not_below_the_starting_limit() -> None:
+    limit = EndpointLimit(AdmissionPolicy(ceiling=32), now=0.0)
     now = successes(limit, 200, 0.0)
     limit.record(Signal.TIMEOUT, 10.0, now + 10)
+    assert limit.limit == 22  # floor(32 * 0.7)
+    limit.record(Signal.TIMEOUT, 10.0, now + 10.5)  # sent before the cut: same episode
+    assert limit.limit == 22
+    for n in range(10):
+        limit.record(Signal.TIMEOUT, 1.0, now + 12 + 2 * n)
+    assert limit.limit == INITIAL_LIMIT
+    limit.record(Signal.OVERLOAD, 0.001, now + 40)  # a "busy" answer goes below it
     assert limit.limit == 2
-    now = successes(limit, 14, now + 10)  # one per success up to 16...
-    assert limit.limit == 16
-    successes(limit, 10, now)  # ...then one per round trip
-    assert limit.limit == 16
+    limit.record(Signal.TIMEOUT, 1.0, now + 45)  # and a timeout never raises it
+    assert limit.limit == 2
 
 
 def test_refusals_within_a_round_trip_of_a_cut_are_the_same_episode() -> None:
@@ -131,11 +136,11 @@ def test_refusals_within_a_round_trip_of_a_cut_are_the_same_episode() -> None:
     assert limit.limit == 8
 
 
-def test_other_failures_neither_grow_nor_cut() -> None:
+def test_other_failures_count_as_prompt_answers() -> None:
     limit = EndpointLimit(AdmissionPolicy(), now=0.0)
-    for n in range(20):
+    for n in range(4):
         limit.record(Signal.FAILURE, RTT, n * RTT)
-    assert limit.limit == INITIAL_LIMIT
+    assert limit.limit == 2 * INITIAL_LIMIT
 
 
 def test_rising_latency_cuts_and_jitter_of_a_fast_endpoint_does_not() -> None:
@@ -223,10 +228,13 @@ def test_an_overload_signal_after_the_last_cut_decreases_at_once(
     before = limit.limit
     # Sent after any earlier cut, and more than a round trip (latencies here are <= 20 s) later.
     limit.record(signal, 0.001, now + 21.0)
-    if before > policy.floor:
+    least = (
+        policy.floor if signal is Signal.OVERLOAD else min(max(INITIAL_LIMIT, policy.floor), policy.ceiling)
+    )
+    if before > least:
         assert limit.limit < before
-        if signal is Signal.TIMEOUT:
-            assert limit.limit == policy.floor
+    elif signal is Signal.TIMEOUT:
+        assert limit.limit == before  # at or under the starting limit: a timeout leaves it
     else:
         assert limit.limit == policy.floor
 
