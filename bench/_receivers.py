@@ -4,7 +4,9 @@ It is a small asyncio HTTP/1.1 server with keep-alive. What a path does is in th
 
 * ``/ok/...``: ``200`` at once;
 * ``/slow/<ms>/...``: ``200`` after ``ms`` milliseconds, without blocking other requests;
-* ``/never/...``: never answers; the connection stays open until the client gives up.
+* ``/never/...``: never answers; the connection stays open until the client gives up;
+* ``/limit/<n>/<ms>/...``: like ``/slow/<ms>/`` while at most ``n`` requests to ``/limit/`` paths
+  are in flight (this one included), ``503`` at once past that: a receiver with a fixed capacity.
 
 It records every request: path, ``webhook-id``, arrival time (``time.time()``), answer time, and
 the ``sent_at`` the benchmark put in the payload, so latency is receipt minus dispatch. The harness
@@ -34,19 +36,23 @@ import requests
 ROOT = Path(__file__).resolve().parent.parent
 _SENT_AT = re.compile(rb'"sent_at":\s*([0-9.eE+-]+)')
 _OK = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Type: text/plain\r\n\r\nok"
+_BUSY = b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 4\r\nContent-Type: text/plain\r\n\r\nbusy"
 
 
 class _Server:
     def __init__(self) -> None:
-        # (path, webhook id, body, received_at, answered_at or None)
-        self.records: list[tuple[str, str, bytes, float, float | None]] = []
-        self.by_path: Counter[str] = Counter()
+        # (path, webhook id, body, received_at, answered_at or None, status)
+        self.records: list[tuple[str, str, bytes, float, float | None, int]] = []
+        self.by_path: Counter[str] = Counter()  # requests answered 200
+        self.refused = 0  # requests answered 503 by a /limit/ path
         self.inflight = 0
         self.peak = 0
+        self.limited = 0  # requests to /limit/ paths in flight
 
     def reset(self) -> None:
         self.records.clear()
         self.by_path.clear()
+        self.refused = 0
         self.peak = self.inflight
 
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -80,17 +86,29 @@ class _Server:
         webhook_id = headers.get(b"webhook-id", b"").decode("latin-1")
         self.inflight += 1
         self.peak = max(self.peak, self.inflight)
+        limited = path.startswith("/limit/")
+        self.limited += limited
         try:
             if path.startswith("/never/"):
-                self.records.append((path, webhook_id, body, received, None))
+                self.records.append((path, webhook_id, body, received, None, 0))
                 await reader.read()  # until the client times out and closes
                 return False
             if path.startswith("/slow/"):
                 await asyncio.sleep(int(path.split("/")[2]) / 1000)
+            if limited:
+                _, _, capacity, delay = path.split("/")[:4]
+                if self.limited > int(capacity):
+                    self.refused += 1
+                    writer.write(_BUSY)
+                    self.records.append((path, webhook_id, body, received, time.time(), 503))
+                    await writer.drain()
+                    return keep_alive
+                await asyncio.sleep(int(delay) / 1000)
         finally:
             self.inflight -= 1
+            self.limited -= limited
         writer.write(_OK)
-        self.records.append((path, webhook_id, body, received, time.time()))
+        self.records.append((path, webhook_id, body, received, time.time(), 200))
         self.by_path[path] += 1
         await writer.drain()
         return keep_alive
@@ -102,10 +120,14 @@ class _Server:
                 "count": sum(self.by_path.values()),
                 "by_path": dict(self.by_path),
                 "inflight": self.inflight,
+                "refused": self.refused,
                 "peak": self.peak,
             }
         elif path.startswith("/_records"):
-            data = [[p, wid, _sent_at(body), got, answered] for p, wid, body, got, answered in self.records]
+            data = [
+                [p, wid, _sent_at(body), got, answered, status]
+                for p, wid, body, got, answered, status in self.records
+            ]
         elif path.startswith("/_reset") and method == b"POST":
             self.reset()
             data = {"ok": True}
@@ -151,6 +173,7 @@ class Record:
     sent_at: float | None
     received_at: float
     answered_at: float | None
+    status: int = 200  # 0 for one never answered
 
     @property
     def latency(self) -> float | None:

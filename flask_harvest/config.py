@@ -62,10 +62,16 @@ class Settings:
     #: Attempts one ``flask harvest worker`` process keeps in flight at once (its thread pool);
     #: a quarter of it is the batch a worker takes, and the size of dispatch's batch jobs.
     worker_concurrency: int = 32
-    #: Attempts in flight at once for one subscription in one worker process; past it, deliveries
-    #: wait their turn (or, for a failing or slow endpoint, are given back for later) so one
-    #: endpoint cannot take every slot.
-    webhooks_max_inflight_per_subscription: int = 16
+    #: The most attempts in flight at once for one subscription in one worker process: the
+    #: ceiling of its adaptive limit (see :mod:`flask_harvest.admission`), which grows while the
+    #: endpoint answers fast and well and is cut on timeouts, 429/503 and rising latency. Past the
+    #: limit, deliveries wait their turn (or, for a failing or slow endpoint, are given back).
+    webhooks_max_inflight_per_subscription: int = 32
+    #: The least the adaptive limit drops to; equal to the maximum, the limit is a fixed cap.
+    webhooks_min_inflight_per_subscription: int = 1
+    #: A subscription's limit is cut when its latency rises past this many times its usual
+    #: (lowest recent) latency, and by at least 0.1 s.
+    webhooks_latency_tolerance: float = 3.0
     #: Deliver to loopback, private, link-local and other non-public addresses. Off by default
     #: (SSRF); turn on for development and tests against a receiver on 127.0.0.1.
     webhooks_allow_private_targets: bool = False
@@ -255,6 +261,16 @@ def load_settings(config: Mapping[str, Any], overrides: Mapping[str, Any]) -> Se
         raise ConfigurationError(
             f"{KEYS['completion_callback_initial_backoff_ms']} must not exceed "
             f"{KEYS['completion_callback_max_backoff_ms']}"
+        )
+    if settings.webhooks_min_inflight_per_subscription > settings.webhooks_max_inflight_per_subscription:
+        raise ConfigurationError(
+            f"{KEYS['webhooks_min_inflight_per_subscription']} must not exceed "
+            f"{KEYS['webhooks_max_inflight_per_subscription']} (set them equal for a fixed cap)"
+        )
+    if settings.webhooks_latency_tolerance < 1:
+        raise ConfigurationError(
+            f"{KEYS['webhooks_latency_tolerance']} must be at least 1 (a latency of its usual value "
+            f"never counts as rising), not {settings.webhooks_latency_tolerance!r}"
         )
     if settings.webhooks_initial_backoff_ms > settings.webhooks_max_backoff_ms:
         raise ConfigurationError(

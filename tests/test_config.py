@@ -165,3 +165,23 @@ def test_settings_are_frozen() -> None:
     settings = load_settings({}, {})
     with pytest.raises(dataclasses.FrozenInstanceError):
         settings.webhooks_max_attempts = 1  # type: ignore[misc]
+
+
+def test_the_in_flight_floor_must_not_exceed_the_ceiling() -> None:
+    key = "HARVEST_WEBHOOKS_MIN_INFLIGHT_PER_SUBSCRIPTION"
+    with pytest.raises(ConfigurationError, match=f"{key} must not exceed .*fixed cap"):
+        load_settings({key: 33}, {})
+    with pytest.raises(ConfigurationError, match=key):
+        load_settings({key: 9}, {"webhooks_max_inflight_per_subscription": 8})
+    # Equal: a fixed cap, the behaviour before the limit adapted.
+    fixed = load_settings({key: 16, "HARVEST_WEBHOOKS_MAX_INFLIGHT_PER_SUBSCRIPTION": "16"}, {})
+    assert fixed.webhooks_min_inflight_per_subscription == fixed.webhooks_max_inflight_per_subscription == 16
+    assert Settings().webhooks_min_inflight_per_subscription == 1
+    assert Settings().webhooks_max_inflight_per_subscription == 32
+
+
+@pytest.mark.parametrize("value", [0, -1, "0.5", 0.99, "nan", "inf", "fast", None])
+def test_the_latency_tolerance_must_be_a_finite_number_of_at_least_one(value: object) -> None:
+    with pytest.raises(ConfigurationError, match="HARVEST_WEBHOOKS_LATENCY_TOLERANCE"):
+        load_settings({"HARVEST_WEBHOOKS_LATENCY_TOLERANCE": value}, {})
+    assert load_settings({"HARVEST_WEBHOOKS_LATENCY_TOLERANCE": "1"}, {}).webhooks_latency_tolerance == 1.0

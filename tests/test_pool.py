@@ -19,6 +19,7 @@ from flask_harvest import (
     generate_secret,
     get_engine,
 )
+from flask_harvest.admission import INITIAL_LIMIT
 from flask_harvest.jobs.rq import TASK, RqBackend, take_jobs
 from flask_harvest.testing import CapturingReceiver
 from flask_harvest.webhooks.delivery import WEBHOOK_JOB
@@ -187,3 +188,52 @@ def test_take_jobs_stops_at_a_job_of_another_kind(
     assert take_jobs(queue, WEBHOOK_JOB, 0) == []
     assert take_jobs(queue, "workflow", 5) == ["w-1"]
     assert take_jobs(queue, WEBHOOK_JOB, 5) == []  # the head is not a harvest job
+
+
+def test_the_limit_grows_on_an_endpoint_that_answers_well(
+    store: OutboundWebhookHandler, redis_conn: redis.Redis, redis_url: str, receiver: CapturingReceiver
+) -> None:
+    busy = CountingEndpoint(delay=0.05)
+    receiver.handle("/busy", busy)
+    store.add_subscription(WebhookSubscription(receiver.url("/busy"), ["a.*"], SECRET, id="sub"))
+    app = make_app(store, HARVEST_JOBS_BACKEND="rq", HARVEST_REDIS_URL=redis_url)
+    state = get_engine(app)
+    with app.app_context():
+        ids = [i for n in range(60) for i in state.manager.dispatch("a.b", {"n": n})]
+    pool = DeliveryPool(state.runner, size=16, per_subscription=16, context=app.app_context)
+    assert pool.limit("sub") == INITIAL_LIMIT
+
+    run_pooled_worker(app, pool)
+
+    assert wait_final(store, ids, timeout=5) == [DeliveryState.DELIVERED]
+    assert pool.limit("sub") > INITIAL_LIMIT
+    assert INITIAL_LIMIT < busy.most <= 16  # it used the room it was given, never past the ceiling
+
+
+@pytest.mark.parametrize("status", [429, 503])
+def test_the_limit_shrinks_on_an_endpoint_that_says_it_is_overloaded(
+    store: OutboundWebhookHandler,
+    redis_conn: redis.Redis,
+    redis_url: str,
+    receiver: CapturingReceiver,
+    status: int,
+) -> None:
+    answered: list[float] = []
+
+    def full(_request: Request) -> Response:
+        answered.append(time.time())
+        return Response("", status)
+
+    receiver.handle("/full", full)
+    store.add_subscription(WebhookSubscription(receiver.url("/full"), ["a.*"], SECRET, id="sub"))
+    app = make_app(store, HARVEST_JOBS_BACKEND="rq", HARVEST_REDIS_URL=redis_url)
+    state = get_engine(app)
+    with app.app_context():
+        ids = [i for n in range(20) for i in state.manager.dispatch("a.b", {"n": n})]
+    pool = DeliveryPool(state.runner, size=8, per_subscription=8, context=app.app_context)
+
+    run_pooled_worker(app, pool)  # one burst: the refused deliveries are retried later
+
+    assert 1 <= pool.limit("sub") < INITIAL_LIMIT
+    assert answered  # it was asked, and said no
+    assert all(d.attempt <= 2 for d in store.get_deliveries(ids))  # no delivery was hammered

@@ -18,7 +18,7 @@ from ..config import Settings
 from ..errors import InvalidStateError
 from ..jobs.base import JobBackend, JobBackendError, JobRef
 from ..signing import sign_headers
-from ..transport import Transport
+from ..transport import HttpResponse, Transport, TransportError
 from . import outcome
 from .models import (
     AttemptResult,
@@ -46,6 +46,8 @@ def delivery_job(delivery: DeliveryLog) -> JobRef:
 
 #: Called after an attempt is recorded: (claim, result, subscription status change or None).
 AttemptListener = Callable[[Claim, AttemptResult, WebhookSubscriptionStatus | None], None]
+#: Called with what the transport returned for an attempt, before it is recorded.
+ResultObserver = Callable[[HttpResponse | TransportError], None]
 
 
 class DeliveryRunner:
@@ -106,9 +108,13 @@ class DeliveryRunner:
             max_attempts=self.settings.webhooks_max_attempts,
         )
 
-    def attempt(self, claim: Claim) -> DeliveryState | None:
-        """Send a claimed delivery (unless it must be skipped), record the outcome, plan a retry."""
-        result = outcome.before_sending(claim, self.settings, utcnow()) or self._send(claim)
+    def attempt(self, claim: Claim, observe: ResultObserver | None = None) -> DeliveryState | None:
+        """Send a claimed delivery (unless it must be skipped), record the outcome, plan a retry.
+
+        :param observe: called with what the transport returned, before the outcome is recorded
+            (the worker's pool adapts its per-endpoint limit to it); not called when nothing was sent.
+        """
+        result = outcome.before_sending(claim, self.settings, utcnow()) or self._send(claim, observe)
         recorded, changed = self._record(claim, result)
         if not recorded:
             return None
@@ -145,7 +151,7 @@ class DeliveryRunner:
             self._schedule_retry(claim, result)
         return True, recorded.changed
 
-    def _send(self, claim: Claim) -> AttemptResult:
+    def _send(self, claim: Claim, observe: ResultObserver | None = None) -> AttemptResult:
         delivery, subscription = claim.delivery, claim.subscription
         if subscription is None:  # before_sending skips these; reaching here is a bug, not a send
             raise InvalidStateError(f"delivery {delivery.id} has no subscription to send to")
@@ -166,6 +172,8 @@ class DeliveryRunner:
         }
         started_at = utcnow()
         response = self.transport.post_or_error(subscription.target_url, body, headers)
+        if observe is not None:
+            observe(response)
         return outcome.after_response(
             claim,
             response,

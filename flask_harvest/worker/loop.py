@@ -56,6 +56,8 @@ def serve(
             engine.runner,
             size=concurrency or settings.worker_concurrency,
             per_subscription=settings.webhooks_max_inflight_per_subscription,
+            min_per_subscription=settings.webhooks_min_inflight_per_subscription,
+            latency_tolerance=settings.webhooks_latency_tolerance,
             context=app.app_context,
         )
         return HarvestWorker(

@@ -1,16 +1,18 @@
-"""Attempts in flight inside one worker process, with a cap per subscription.
+"""Attempts in flight inside one worker process, with an adaptive limit per endpoint.
 
 A worker takes delivery jobs off the queue in batches (a quarter of its slots at a time), claims
 their rows in one statement, and runs the attempts on this pool, so one process keeps many
 receivers in flight at once and pays the queue's per-job cost once per batch.
 
-The cap per subscription keeps one endpoint from taking every slot. A claimed delivery over its
-subscription's cap waits in the process for that subscription's next free attempt while the
-endpoint is healthy, so a busy endpoint keeps its cap in flight without the worker giving
-deliveries back and taking them again. When the endpoint is failing (its last attempt failed) or
-slow (an attempt of it has been in flight longer than ``slow_after``), deliveries over the cap are
-given back unsent instead (no attempt used) and come round again later, so a dead endpoint holds
-at most its cap while the others go ahead.
+Each subscription's endpoint may have at most its limit in flight (:mod:`flask_harvest.admission`:
+it grows while the endpoint answers fast and well, and is cut at once on timeouts, 429/503 and
+rising latency, within the configured floor and ceiling and never past the pool's slots). A
+claimed delivery over its endpoint's limit waits in the process for that endpoint's next free
+attempt while the endpoint is healthy, so a busy endpoint keeps its limit in flight without the
+worker giving deliveries back and taking them again. When the endpoint is failing (its last
+attempt failed) or slow (an attempt of it has been in flight longer than ``slow_after``),
+deliveries over the limit are given back unsent instead (no attempt used) and come round again
+later, so a dead endpoint holds at most its limit while the others go ahead.
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 
+from ..admission import AdmissionPolicy, EndpointLimit, Signal, signal_of
+from ..attempt import HttpResponse, TransportError
 from ..webhooks.delivery import DeliveryRunner
 from ..webhooks.models import Claim, DeliveryState
 
@@ -34,14 +38,24 @@ log = logging.getLogger(__name__)
 _CHECK_SECONDS = 0.25
 # A waiting delivery's lease must still cover its attempt when it starts.
 _LEASE_MARGIN_SECONDS = 5.0
+# An endpoint with nothing in flight or waiting keeps its learnt limit this long, then is
+# forgotten (and starts afresh), so a worker serving thousands of endpoints stays bounded.
+_FORGET_SECONDS = 300.0
 
 
 @dataclass
 class _Endpoint:
-    """One subscription's attempts in this process."""
+    """One subscription's attempts in this process, and its adaptive limit."""
 
+    limit: EndpointLimit
     started: list[float] = field(default_factory=list)  # monotonic start of each attempt in flight
     waiting: deque[tuple[Claim, float]] = field(default_factory=deque)  # (claim, since)
+    idle_since: float = 0.0
+    last: Signal | None = None  # what its last attempt in this process came to
+
+    @property
+    def idle(self) -> bool:
+        return not self.started and not self.waiting
 
 
 class DeliveryPool:
@@ -49,7 +63,12 @@ class DeliveryPool:
 
     :param runner: makes the attempts.
     :param size: deliveries this process holds at once (in flight or waiting their turn).
-    :param per_subscription: attempts in flight at once for one subscription in this process.
+    :param per_subscription: the most attempts in flight at once for one subscription in this
+        process (the ceiling of its adaptive limit; the pool's size bounds it too).
+    :param min_per_subscription: the least its limit drops to; equal to ``per_subscription``, the
+        limit is a fixed cap.
+    :param latency_tolerance: how many times its usual latency a subscription's latency may
+        rise to before its limit is cut.
     :param context: wraps each attempt (the worker pushes the Flask app context with it).
     :param slow_after: seconds after which an attempt in flight marks its endpoint as slow.
     """
@@ -60,12 +79,21 @@ class DeliveryPool:
         *,
         size: int,
         per_subscription: int,
+        min_per_subscription: int = 1,
+        latency_tolerance: float = 3.0,
         context: Callable[[], AbstractContextManager[object]] | None = None,
         slow_after: float = 1.0,
     ) -> None:
         self.runner = runner
         self.size = size
         self.per_subscription = per_subscription
+        ceiling = max(1, min(per_subscription, size))
+        #: How every endpoint's limit moves; its ceiling never exceeds the pool's slots.
+        self.policy = AdmissionPolicy(
+            floor=max(1, min(min_per_subscription, ceiling)),
+            ceiling=ceiling,
+            latency_tolerance=latency_tolerance,
+        )
         self.slow_after = slow_after
         #: Slots the worker waits for before it takes more jobs: taking them in batches spreads
         #: the queue's per-job cost and the claim's round trip over many deliveries.
@@ -75,12 +103,21 @@ class DeliveryPool:
         self._busy = 0  # slots held: attempts in flight and deliveries waiting their turn
         self._closing = False
         self._endpoints: dict[str, _Endpoint] = {}
+        self._forgot_at = time.monotonic()
         self._executor = ThreadPoolExecutor(max_workers=size, thread_name_prefix="harvest-attempt")
         settings = runner.settings
         self._max_wait = max(
             0.0,
             settings.webhooks_lease_seconds - settings.webhooks_deadline_seconds - _LEASE_MARGIN_SECONDS,
         )
+
+    def limit(self, subscription_id: str) -> int:
+        """Return the attempts ``subscription_id`` may have in flight in this process now."""
+        with self._cond:
+            endpoint = self._endpoints.get(subscription_id)
+            if endpoint is None:
+                return EndpointLimit(self.policy, time.monotonic()).limit
+            return endpoint.limit.limit
 
     def free_slots(self) -> int:
         """Return how many more deliveries this process can hold now."""
@@ -138,8 +175,11 @@ class DeliveryPool:
         endpoint_id = claim.delivery.subscription_id
         now = time.monotonic()
         with self._cond:
-            endpoint = self._endpoints.setdefault(endpoint_id, _Endpoint())
-            if len(endpoint.started) < self.per_subscription:
+            endpoint = self._endpoints.get(endpoint_id)
+            if endpoint is None:
+                self._forget_idle(now)
+                endpoint = self._endpoints[endpoint_id] = _Endpoint(EndpointLimit(self.policy, now))
+            if len(endpoint.started) < endpoint.limit.limit:
                 endpoint.started.append(now)
                 run = True
             elif not self._closing and self._healthy(claim, endpoint, now):
@@ -154,51 +194,105 @@ class DeliveryPool:
         return DeliveryState.PENDING
 
     def _healthy(self, claim: Claim, endpoint: _Endpoint, now: float) -> bool:
-        failing = claim.subscription is None or claim.subscription.consecutive_failures > 0
-        return not failing and not self._slow(endpoint, now)
+        if claim.subscription is None or self._slow(endpoint, now):
+            return False
+        if endpoint.last is None:  # nothing seen in this process yet: ask the subscription's row
+            return claim.subscription.consecutive_failures == 0
+        # An endpoint that answers "too busy" is alive: its limit already eases the load, and
+        # waiting here for a turn under it is the relief (giving the delivery back would only
+        # bring it round again later). One that fails otherwise or times out is not healthy.
+        return endpoint.last in (Signal.SUCCESS, Signal.OVERLOAD)
 
     def _slow(self, endpoint: _Endpoint, now: float) -> bool:
         return bool(endpoint.started) and now - min(endpoint.started) > self.slow_after
 
     def _attempt(self, claim: Claim, started: float) -> None:
+        endpoint_id = claim.delivery.subscription_id
+        answered = False
+
+        def observe(result: HttpResponse | TransportError) -> None:
+            nonlocal answered
+            answered = True
+            self._answered(endpoint_id, started, result)
+
         try:
             if self._context is None:
-                self.runner.attempt(claim)
+                self.runner.attempt(claim, observe)
             else:
                 with self._context():
-                    self.runner.attempt(claim)
+                    self.runner.attempt(claim, observe)
         except Exception:
             # The lease runs out and the sweeper hands the delivery to another attempt.
             log.exception("harvest: attempt of delivery %s failed", claim.delivery.id)
         finally:
-            self._finish(claim.delivery.subscription_id, started)
+            if not answered:  # nothing was sent, or the attempt failed before its answer
+                self._answered(endpoint_id, started, None)
+            self._release(1)
 
-    def _finish(self, endpoint_id: str, started: float) -> None:
-        """Free an attempt's slot; its endpoint's next waiting delivery (which holds a slot of its
-        own) starts in its place."""
+    def _answered(
+        self, endpoint_id: str, started: float, result: HttpResponse | TransportError | None
+    ) -> None:
+        """An attempt's request is over (its outcome is yet to be recorded, on this thread): let
+        its outcome move the endpoint's limit, and start as many of the endpoint's waiting
+        deliveries (each holding a slot of its own) as the limit allows. Starting them before
+        the record keeps the endpoint as busy as its limit says."""
         stale: list[Claim] = []
-        successor: Claim | None = None
+        successors: list[Claim] = []
         with self._cond:
-            self._busy -= 1
-            self._cond.notify_all()
             endpoint = self._endpoints[endpoint_id]
-            endpoint.started.remove(started)
             now = time.monotonic()
+            if result is not None:
+                self._learn(endpoint_id, endpoint, result, now)
+            endpoint.started.remove(started)
             # An attempt that took longer than slow_after shows the endpoint slow: its waiting
             # deliveries go back rather than each holding a slot for another slow attempt.
             slow = now - started > self.slow_after or self._slow(endpoint, now)
-            while endpoint.waiting and successor is None:
+            room = endpoint.limit.limit - len(endpoint.started)
+            while endpoint.waiting and len(successors) < room:
                 claim, since = endpoint.waiting.popleft()
                 if self._closing or slow or now - since > self._max_wait:
                     stale.append(claim)
                 else:
-                    successor = claim
+                    successors.append(claim)
                     endpoint.started.append(now)
-            if not endpoint.started and not endpoint.waiting:
-                del self._endpoints[endpoint_id]
-        if successor is not None:
+            if endpoint.idle:
+                endpoint.idle_since = now
+        for successor in successors:
             self._executor.submit(self._attempt, successor, now)
         self._give_back(stale)
+
+    @staticmethod
+    def _learn(
+        endpoint_id: str, endpoint: _Endpoint, result: HttpResponse | TransportError, now: float
+    ) -> None:
+        """Feed an answer to the endpoint's limit (under the lock)."""
+        # Saturated: the limit, not a lack of deliveries, held the endpoint back.
+        saturated = len(endpoint.started) + len(endpoint.waiting) >= endpoint.limit.limit
+        endpoint.last = signal_of(result)
+        before = endpoint.limit.limit
+        endpoint.limit.record(endpoint.last, result.elapsed_ms / 1000, now, saturated=saturated)
+        if endpoint.limit.limit < before:
+            log.info(
+                "harvest: subscription %s: in-flight limit %d -> %d (%s after %d ms)",
+                endpoint_id,
+                before,
+                endpoint.limit.limit,
+                endpoint.last.value,
+                result.elapsed_ms,
+            )
+
+    def _forget_idle(self, now: float) -> None:
+        """Drop endpoints idle for a while (called under the lock when a new one is added)."""
+        if now - self._forgot_at < _FORGET_SECONDS / 10:
+            return
+        self._forgot_at = now
+        forget = [
+            key
+            for key, endpoint in self._endpoints.items()
+            if endpoint.idle and now - endpoint.idle_since > _FORGET_SECONDS
+        ]
+        for key in forget:
+            del self._endpoints[key]
 
     def _give_back_stale(self) -> None:
         """Give back the deliveries waiting for an endpoint that turned slow, or for too long."""
