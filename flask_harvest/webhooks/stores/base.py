@@ -243,7 +243,6 @@ class OutboundWebhookHandler(abc.ABC):
         A store may keep only the latest attempt (the in-memory store does).
         """
 
-    @abc.abstractmethod
     def list_dlq(
         self,
         *,
@@ -260,6 +259,15 @@ class OutboundWebhookHandler(abc.ABC):
         :param since: only rows dead-lettered at or after this time.
         :param until: only rows dead-lettered before this time.
         """
+        return self.list_deliveries(
+            limit=limit,
+            before=before,
+            state=DeliveryState.DLQ,
+            subscription_id=subscription_id,
+            topic=topic,
+            since=since,
+            until=until,
+        )
 
     @abc.abstractmethod
     def list_deliveries(

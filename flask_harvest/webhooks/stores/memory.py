@@ -158,26 +158,6 @@ class InMemoryOutboundWebhookHandler(OutboundWebhookHandler):
             latest = self._latest_attempt.get(delivery_id)
             return [latest] if latest else []
 
-    def list_dlq(
-        self,
-        *,
-        limit: int = 100,
-        before: DlqCursor | None = None,
-        subscription_id: str | None = None,
-        topic: str | None = None,
-        since: datetime | None = None,
-        until: datetime | None = None,
-    ) -> list[DeliveryLog]:
-        return self.list_deliveries(
-            limit=limit,
-            before=before,
-            state=DeliveryState.DLQ,
-            subscription_id=subscription_id,
-            topic=topic,
-            since=since,
-            until=until,
-        )
-
     def list_deliveries(
         self,
         *,
