@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,9 +27,28 @@ class Row:
     baseline_label: str = ""
     ratio: float | None = None
     note: str = ""
+    #: The same run's HTTP ceiling (a plain ``requests.Session`` loop, per second), for a goal
+    #: stated as an absolute rate: machines of one class differ by 2x from day to day, so the
+    #: table also shows the figure as a share of it.
+    ceiling: float | None = None
 
     def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return {**asdict(self), "of_ceiling": self.of_ceiling}
+
+    @property
+    def of_ceiling(self) -> float | None:
+        """The figure as a share of the same run's Session loop (None without one)."""
+        if self.ceiling is None or self.value is None or not self.ceiling > 0:
+            return None
+        return self.value / self.ceiling
+
+    def full_note(self) -> str:
+        """The note, with the share of the ceiling in front when there is one."""
+        share = self.of_ceiling
+        if share is None or math.isnan(share):
+            return self.note
+        text = f"{share:.2f}x the Session loop ({_fmt(self.ceiling, self.unit)})"
+        return f"{text}; {self.note}" if self.note else text
 
 
 @dataclass
@@ -69,6 +88,22 @@ class Context:
                 get_engine(app).close()
                 db.engine.dispose()
         self.apps.clear()
+
+
+#: What a scenario reports instead of its chart when matplotlib (the bench extra) is missing.
+NO_CHART = "chart not drawn: matplotlib is not installed (pip install -e '.[bench]')"
+
+
+def optional_chart(draw: Callable[[Path], None], path: Path) -> str:
+    """Draw a chart with ``draw(path)`` if matplotlib can be imported; the figures never depend on
+    it. Return the chart's path, or :data:`NO_CHART` (for the scenario's details and notes)."""
+    try:
+        import matplotlib  # optional: the bench extra installs it
+    except ImportError:
+        return NO_CHART
+    matplotlib.use("Agg")  # no display: draw to the file only
+    draw(path)
+    return str(path)
 
 
 def percentile(values: Sequence[float], q: float) -> float:
@@ -126,7 +161,7 @@ def format_table(rows: Sequence[Row]) -> str:
                 "-" if row.ratio is None else f"{row.ratio:.2f}",
                 row.goal,
                 met,
-                row.note,
+                row.full_note(),
             ]
         )
     widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
