@@ -37,6 +37,7 @@ SCENARIOS = {
     "S10": "bench.s10_callbacks",
     "S11": "bench.s11_many_subscriptions",
     "S12": "bench.s12_machine_throughput",
+    "S14": "bench.s14_realistic_mix",
     "S15": "bench.s15_overload",
 }
 

@@ -142,6 +142,12 @@ class _Server:
         )
 
 
+def process_cpu_seconds(pid: int) -> float:
+    """CPU time (user + system) process ``pid`` has used so far (its children not included)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def _sent_at(body: bytes) -> float | None:
     match = _SENT_AT.search(body)
     return float(match.group(1)) if match else None
@@ -216,6 +222,11 @@ class Receiver:
     def pid(self) -> int:
         assert self._process is not None
         return self._process.pid
+
+    def cpu_seconds(self) -> float:
+        """The receiver process's CPU time so far: one core's worth per second means it is the
+        bottleneck."""
+        return process_cpu_seconds(self.pid)
 
     def url(self, path: str) -> str:
         return f"http://127.0.0.1:{self.port}{path}"

@@ -14,14 +14,20 @@ from flask_harvest import WebhookSubscription, generate_secret, get_engine
 from flask_harvest.webhooks.stores.sql import deliveries_table
 
 
-def subscribe(app: Flask, urls: Sequence[str], topic: str = "bench.event") -> list[str]:
-    """Add one active subscription per URL to ``topic``; return their ids."""
+def _cycle(topic: str | Sequence[str]) -> tuple[str, ...]:
+    return (topic,) if isinstance(topic, str) else tuple(topic)
+
+
+def subscribe(app: Flask, urls: Sequence[str], topic: str | Sequence[str] = "bench.event") -> list[str]:
+    """Add one active subscription per URL to ``topic`` (or, given several topics, URL ``n`` to
+    topic ``n`` modulo their number); return their ids."""
     ids = []
+    topics = _cycle(topic)
     with app.app_context():
         store = get_engine(app).store
-        for url in urls:
+        for number, url in enumerate(urls):
             subscription = WebhookSubscription(
-                target_url=url, event_topics=(topic,), secret=generate_secret()
+                target_url=url, event_topics=(topics[number % len(topics)],), secret=generate_secret()
             )
             store.add_subscription(subscription)
             ids.append(subscription.id)
@@ -51,11 +57,14 @@ def dispatch_many(app: Flask, count: int, topic: str = "bench.event") -> float:
 
 
 class SteadyDispatcher(threading.Thread):
-    """Dispatches ``count`` events at ``rate`` per second on a thread (the 'web process')."""
+    """Dispatches ``count`` events at ``rate`` per second on a thread (the 'web process'); given
+    several topics, event ``n`` goes to topic ``n`` modulo their number."""
 
-    def __init__(self, app: Flask, count: int, rate: float, topic: str = "bench.event") -> None:
+    def __init__(
+        self, app: Flask, count: int, rate: float, topic: str | Sequence[str] = "bench.event"
+    ) -> None:
         super().__init__(name="bench-dispatcher", daemon=True)
-        self.app, self.count, self.rate, self.topic = app, count, rate, topic
+        self.app, self.count, self.rate, self.topics = app, count, rate, _cycle(topic)
         self.behind = 0.0  # the most the dispatcher fell behind its schedule, in seconds
         self.error: BaseException | None = None
 
@@ -71,7 +80,7 @@ class SteadyDispatcher(threading.Thread):
                         time.sleep(wait)
                     else:
                         self.behind = max(self.behind, -wait)
-                    manager.dispatch(self.topic, payload(number))
+                    manager.dispatch(self.topics[number % len(self.topics)], payload(number))
         except BaseException as exc:  # reported by the scenario
             self.error = exc
 

@@ -20,7 +20,7 @@ from typing import Any
 from rq import Worker
 
 from ._app import CONFIG_ENV
-from ._receivers import ROOT
+from ._receivers import ROOT, process_cpu_seconds
 from ._services import redis_client
 
 
@@ -51,8 +51,7 @@ class WorkerProcess:
 
     def cpu_seconds(self) -> float:
         """CPU time (user + system) the worker process has used so far (its children not included)."""
-        fields = Path(f"/proc/{self.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        return process_cpu_seconds(self.pid)
 
     def alive(self) -> bool:
         return self.process.poll() is None
