@@ -237,3 +237,90 @@ def test_the_limit_shrinks_on_an_endpoint_that_says_it_is_overloaded(
     assert 1 <= pool.limit("sub") < INITIAL_LIMIT
     assert answered  # it was asked, and said no
     assert all(d.attempt <= 2 for d in store.get_deliveries(ids))  # no delivery was hammered
+
+
+def _deliver_while_held(
+    app: Flask, pool: DeliveryPool, receiver: CapturingReceiver, gate: threading.Event, fast: int
+) -> bool:
+    """Run a burst worker on ``pool``; return whether ``fast`` deliveries reached ``/fast`` within
+    4 s, while ``gate`` held the other endpoints' attempts (the client's timeout is 5 s, so nothing
+    held frees a slot before then). The gate opens afterwards, so the burst can end."""
+    arrived: list[bool] = []
+
+    def open_once_the_fast_ones_arrived() -> None:
+        try:
+            receiver.wait_for(fast, path="/fast", timeout=4)
+            arrived.append(True)
+        except TimeoutError:
+            arrived.append(False)
+        finally:
+            gate.set()
+
+    opener = threading.Thread(target=open_once_the_fast_ones_arrived, daemon=True)
+    opener.start()
+    try:
+        run_pooled_worker(app, pool)
+    finally:
+        gate.set()
+        opener.join(10)
+    return arrived == [True]
+
+
+def test_failing_endpoints_together_hold_at_most_a_quarter_of_the_slots(
+    store: OutboundWebhookHandler, redis_conn: redis.Redis, redis_url: str, receiver: CapturingReceiver
+) -> None:
+    # Four endpoints that failed before (at their starting limit of 4, they would fill all 16
+    # slots) and never answer in time; the fast endpoint must not wait for their timeouts.
+    gate = threading.Event()
+    silent = CountingEndpoint(delay=0, gate=gate)
+    for n in range(4):
+        receiver.handle(f"/silent{n}", silent)
+        store.add_subscription(
+            WebhookSubscription(
+                receiver.url(f"/silent{n}"), ["s.*"], SECRET, id=f"sub_s{n}", consecutive_failures=1
+            )
+        )
+    store.add_subscription(WebhookSubscription(receiver.url("/fast"), ["f.*"], SECRET, id="sub_fast"))
+    app = make_app(store, HARVEST_JOBS_BACKEND="rq", HARVEST_REDIS_URL=redis_url)
+    state = get_engine(app)
+    with app.app_context():
+        for n in range(4):
+            state.manager.dispatch("s.x", {"n": n})
+        fast = [i for n in range(6) for i in state.manager.dispatch("f.x", {"n": n})]
+    pool = DeliveryPool(state.runner, size=16, per_subscription=16, context=app.app_context)
+    assert pool.failing_slots == INITIAL_LIMIT == 16 // 4
+
+    assert _deliver_while_held(app, pool, receiver, gate, len(fast))
+    assert silent.most == pool.failing_slots  # the rest were given back unsent, for later
+    assert wait_final(store, fast, timeout=5) == [DeliveryState.DELIVERED]
+
+
+def test_a_worker_takes_jobs_for_fewer_than_a_batch_of_slots_when_a_batch_does_not_come_free(
+    store: OutboundWebhookHandler, redis_conn: redis.Redis, redis_url: str, receiver: CapturingReceiver
+) -> None:
+    # Seven healthy endpoints hold 7 of 8 slots for seconds: one slot is free, under the batch of
+    # 2 the worker waits for; it must still take the fast deliveries through that slot.
+    gate = threading.Event()
+    held = CountingEndpoint(delay=0, gate=gate)
+    for n in range(7):
+        receiver.handle(f"/held{n}", held)
+        store.add_subscription(
+            WebhookSubscription(receiver.url(f"/held{n}"), ["h.*"], SECRET, id=f"sub_h{n}")
+        )
+    store.add_subscription(WebhookSubscription(receiver.url("/fast"), ["f.*"], SECRET, id="sub_fast"))
+    app = make_app(store, HARVEST_JOBS_BACKEND="rq", HARVEST_REDIS_URL=redis_url)
+    state = get_engine(app)
+    backend = state.backend
+    assert isinstance(backend, RqBackend)
+    with app.app_context():
+        held_ids = state.manager.dispatch("h.x", {"n": 0})  # one batch job of 7
+        # A job of another kind stops the batch take (take_jobs), so the fast deliveries come
+        # after the held ones instead of being taken with them.
+        backend.queue.enqueue("builtins.abs", -1)
+        fast = [i for n in range(5) for i in state.manager.dispatch("f.x", {"n": n})]
+    pool = DeliveryPool(state.runner, size=8, per_subscription=8, context=app.app_context)
+    assert pool.batch == 2
+
+    assert _deliver_while_held(app, pool, receiver, gate, len(fast))
+    assert held.most == 7
+    assert wait_final(store, [*held_ids, *fast], timeout=5) == [DeliveryState.DELIVERED]

@@ -12,7 +12,11 @@ attempt while the endpoint is healthy, so a busy endpoint keeps its limit in fli
 worker giving deliveries back and taking them again. When the endpoint is failing (its last
 attempt failed) or slow (an attempt of it has been in flight longer than ``slow_after``),
 deliveries over the limit are given back unsent instead (no attempt used) and come round again
-later, so a dead endpoint holds at most its limit while the others go ahead.
+later, so a dead endpoint holds at most its limit while the others go ahead. Failing endpoints
+together hold at most a quarter of the slots, or one endpoint's starting limit if that is more
+(past that their deliveries are given back too), and
+the worker takes new jobs for any free slots once a whole batch has not come free within a tenth
+of a second, so many silent or slow endpoints cannot stop a process serving the others.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 
-from ..admission import AdmissionPolicy, EndpointLimit, Signal, signal_of
+from ..admission import INITIAL_LIMIT, AdmissionPolicy, EndpointLimit, Signal, signal_of
 from ..attempt import HttpResponse, TransportError
 from ..webhooks.delivery import DeliveryRunner
 from ..webhooks.models import Claim, DeliveryState
@@ -38,6 +42,13 @@ log = logging.getLogger(__name__)
 _CHECK_SECONDS = 0.25
 # A waiting delivery's lease must still cover its attempt when it starts.
 _LEASE_MARGIN_SECONDS = 5.0
+# Failing endpoints together may hold at most this share of a process's slots: each of their
+# attempts can hold a slot until it times out, and ten silent endpoints at their starting limit
+# would hold every slot of a 32-slot process (bench S14: healthy p99 rose from 0.5 to 4-7 s).
+_FAILING_SHARE = 0.25
+# How long the worker waits for a whole batch of free slots before it takes jobs for fewer: slots
+# that slow or silent endpoints hold for seconds must not stop the process taking work.
+_BATCH_PATIENCE_SECONDS = 0.1
 # An endpoint with nothing in flight or waiting keeps its learnt limit this long, then is
 # forgotten (and starts afresh), so a worker serving thousands of endpoints stays bounded.
 _FORGET_SECONDS = 300.0
@@ -52,6 +63,7 @@ class _Endpoint:
     waiting: deque[tuple[Claim, float]] = field(default_factory=deque)  # (claim, since)
     idle_since: float = 0.0
     last: Signal | None = None  # what its last attempt in this process came to
+    failing: bool = False  # its last attempt failed (or, before any, its subscription's last)
 
     @property
     def idle(self) -> bool:
@@ -98,6 +110,10 @@ class DeliveryPool:
         #: Slots the worker waits for before it takes more jobs: taking them in batches spreads
         #: the queue's per-job cost and the claim's round trip over many deliveries.
         self.batch = max(1, size // 4)
+        #: Slots that failing endpoints may hold together (see ``_FAILING_SHARE``); never fewer
+        #: than one endpoint's starting limit, so a single failing endpoint (one that answers
+        #: just around the timeout, say) keeps the room it had, and only many together are held.
+        self.failing_slots = max(INITIAL_LIMIT, int(size * _FAILING_SHARE))
         self._context = context
         self._cond = threading.Condition()
         self._busy = 0  # slots held: attempts in flight and deliveries waiting their turn
@@ -125,17 +141,25 @@ class DeliveryPool:
             return self.size - self._busy
 
     def wait_for_slots(self) -> None:
-        """Block until a batch of slots is free (the worker calls it before taking more jobs)."""
-        self._wait_until(lambda: self.size - self._busy >= self.batch)
+        """Block until a batch of slots is free, or any slot once a batch has not come free within
+        ``_BATCH_PATIENCE_SECONDS`` (the worker calls it before taking more jobs)."""
+        patient_until = time.monotonic() + _BATCH_PATIENCE_SECONDS
 
-    def _wait_until(self, ready: Callable[[], bool]) -> None:
-        """Wait until ``ready()`` (called under the lock), giving back every so often the
-        deliveries that wait for an endpoint that turned slow, since they hold slots too."""
+        def ready() -> bool:
+            wanted = self.batch if time.monotonic() < patient_until else 1
+            return self.size - self._busy >= wanted
+
+        self._wait_until(ready, check=_BATCH_PATIENCE_SECONDS)
+
+    def _wait_until(self, ready: Callable[[], bool], check: float = _CHECK_SECONDS) -> None:
+        """Wait until ``ready()`` (called under the lock, at least every ``check`` seconds),
+        giving back every so often the deliveries that wait for an endpoint that turned slow,
+        since they hold slots too."""
         while True:
             with self._cond:
                 if ready():
                     return
-                self._cond.wait(_CHECK_SECONDS)
+                self._cond.wait(check)
             self._give_back_stale()
 
     def deliver(self, delivery_id: str) -> DeliveryState | None:
@@ -179,7 +203,11 @@ class DeliveryPool:
             if endpoint is None:
                 self._forget_idle(now)
                 endpoint = self._endpoints[endpoint_id] = _Endpoint(EndpointLimit(self.policy, now))
-            if len(endpoint.started) < endpoint.limit.limit:
+            if endpoint.last is None:  # nothing seen in this process yet: ask the subscription's row
+                endpoint.failing = (
+                    claim.subscription is not None and claim.subscription.consecutive_failures > 0
+                )
+            if len(endpoint.started) < endpoint.limit.limit and not self._crowded(endpoint):
                 endpoint.started.append(now)
                 run = True
             elif not self._closing and self._healthy(claim, endpoint, now):
@@ -202,6 +230,14 @@ class DeliveryPool:
         # waiting here for a turn under it is the relief (giving the delivery back would only
         # bring it round again later). One that fails otherwise or times out is not healthy.
         return endpoint.last in (Signal.SUCCESS, Signal.OVERLOAD)
+
+    def _crowded(self, endpoint: _Endpoint) -> bool:
+        """Whether ``endpoint`` is failing and the failing endpoints already hold their share of
+        the slots (under the lock; the sum only runs for a failing endpoint's delivery)."""
+        if not endpoint.failing:
+            return False
+        held = sum(len(other.started) for other in self._endpoints.values() if other.failing)
+        return held >= self.failing_slots
 
     def _slow(self, endpoint: _Endpoint, now: float) -> bool:
         return bool(endpoint.started) and now - min(endpoint.started) > self.slow_after
@@ -269,6 +305,7 @@ class DeliveryPool:
         # Saturated: the limit, not a lack of deliveries, held the endpoint back.
         saturated = len(endpoint.started) + len(endpoint.waiting) >= endpoint.limit.limit
         endpoint.last = signal_of(result)
+        endpoint.failing = endpoint.last in (Signal.TIMEOUT, Signal.FAILURE)
         before = endpoint.limit.limit
         endpoint.limit.record(endpoint.last, result.elapsed_ms / 1000, now, saturated=saturated)
         if endpoint.limit.limit < before:
