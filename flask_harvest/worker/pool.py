@@ -12,11 +12,11 @@ attempt while the endpoint is healthy, so a busy endpoint keeps its limit in fli
 worker giving deliveries back and taking them again. When the endpoint is failing (its last
 attempt failed) or slow (an attempt of it has been in flight longer than ``slow_after``),
 deliveries over the limit are given back unsent instead (no attempt used) and come round again
-later, so a dead endpoint holds at most its limit while the others go ahead. Failing endpoints
-together hold at most a quarter of the slots, or one endpoint's starting limit if that is more
-(past that their deliveries are given back too), and
-the worker takes new jobs for any free slots once a whole batch has not come free within a tenth
-of a second, so many silent or slow endpoints cannot stop a process serving the others.
+later, so a dead endpoint holds at most its limit while the others go ahead. Endpoints whose
+last attempt timed out together hold at most a quarter of the slots, or one endpoint's starting
+limit if that is more (past that their deliveries are given back too), and the worker takes new
+jobs for any free slots once a whole batch has not come free within a tenth of a second, so many
+silent or slow endpoints cannot stop a process serving the others.
 """
 
 from __future__ import annotations
@@ -42,9 +42,10 @@ log = logging.getLogger(__name__)
 _CHECK_SECONDS = 0.25
 # A waiting delivery's lease must still cover its attempt when it starts.
 _LEASE_MARGIN_SECONDS = 5.0
-# Failing endpoints together may hold at most this share of a process's slots: each of their
-# attempts can hold a slot until it times out, and ten silent endpoints at their starting limit
-# would hold every slot of a 32-slot process (bench S14: healthy p99 rose from 0.5 to 4-7 s).
+# Endpoints whose last attempt timed out may together hold at most this share of a process's
+# slots: each of their attempts can hold a slot until it times out, and ten silent endpoints at
+# their starting limit would hold every slot of a 32-slot process (bench S14: healthy p99 rose
+# from 0.5 to 4-7 s in quick runs).
 _FAILING_SHARE = 0.25
 # How long the worker waits for a whole batch of free slots before it takes jobs for fewer: slots
 # that slow or silent endpoints hold for seconds must not stop the process taking work.
@@ -63,7 +64,7 @@ class _Endpoint:
     waiting: deque[tuple[Claim, float]] = field(default_factory=deque)  # (claim, since)
     idle_since: float = 0.0
     last: Signal | None = None  # what its last attempt in this process came to
-    failing: bool = False  # its last attempt failed (or, before any, its subscription's last)
+    failing: bool = False  # its last attempt timed out (or, before any, its subscription failed)
 
     @property
     def idle(self) -> bool:
@@ -305,7 +306,8 @@ class DeliveryPool:
         # Saturated: the limit, not a lack of deliveries, held the endpoint back.
         saturated = len(endpoint.started) + len(endpoint.waiting) >= endpoint.limit.limit
         endpoint.last = signal_of(result)
-        endpoint.failing = endpoint.last in (Signal.TIMEOUT, Signal.FAILURE)
+        # Only a timeout held its slot for long; a prompt error answer (a 500 storm) freed it at once.
+        endpoint.failing = endpoint.last is Signal.TIMEOUT
         before = endpoint.limit.limit
         endpoint.limit.record(endpoint.last, result.elapsed_ms / 1000, now, saturated=saturated)
         if endpoint.limit.limit < before:
