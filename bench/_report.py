@@ -47,7 +47,7 @@ class Row:
         share = self.of_ceiling
         if share is None or math.isnan(share):
             return self.note
-        text = f"{share:.2f}x the Session loop ({_fmt(self.ceiling, self.unit)})"
+        text = f"{share:.2f}x the Session loop ({_fmt(self.ceiling, '/s')})"
         return f"{text}; {self.note}" if self.note else text
 
 
