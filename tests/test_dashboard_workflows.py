@@ -134,8 +134,21 @@ def test_overview_counts_executions_by_state(app: Flask, client: FlaskClient, cs
     wait_asleep(app, asleep)
     page = text(client.get(f"{PREFIX}/"))
     assert 'id="workflows-overview"' in page and 'id="triggers-overview"' in page
+    nav = page.split("</nav>")[0]
+    assert nav.index(">Replay DLQ<") < nav.index(">Workflows<") < nav.index(">Triggers<")
     for state, count in (("Completed", 2), ("Failed", 1), ("Pending", 1), ("Running", 0)):
         assert re.search(rf'id="executions-{state}"><div class="value"><a [^>]+>{count}</a>', page), state
+
+
+def test_state_counts_stop_at_the_cap(app: Flask) -> None:
+    for value in range(3):
+        finished(app, start(app, "echo", value))
+    with app.app_context():
+        service = get_engine().workflows
+        assert service is not None
+        assert service.state_counts(cap=2)[ExecutionState.COMPLETED] == 2
+        assert service.state_counts(cap=10)[ExecutionState.COMPLETED] == 3
+        assert service.state_counts(cap=10)[ExecutionState.FAILED] == 0
 
 
 def test_executions_filter_by_name_and_state_and_page_with_cursors(

@@ -37,7 +37,7 @@ def uses_triggers(engine: HarvestEngine) -> bool:
     return engine.triggers is not None
 
 
-NAV.append(NavEntry("Triggers", "harvest_dashboard.triggers", uses_triggers))
+NAV.append(NavEntry("Triggers", "harvest_dashboard.triggers", uses_triggers, order=30))
 
 
 def triggers_service() -> TriggerService:

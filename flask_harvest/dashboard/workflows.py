@@ -50,7 +50,7 @@ def uses_workflows(engine: HarvestEngine) -> bool:
     return engine.workflows is not None
 
 
-NAV.append(NavEntry("Workflows", "harvest_dashboard.workflows", uses_workflows))
+NAV.append(NavEntry("Workflows", "harvest_dashboard.workflows", uses_workflows, order=20))
 
 
 def workflows_service() -> WorkflowService:
