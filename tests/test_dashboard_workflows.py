@@ -15,7 +15,13 @@ from flask import Flask
 from flask.testing import FlaskClient
 from markupsafe import escape
 
-from flask_harvest import HarvestTriggers, OutboundWebhookHandler, get_engine, trigger_service
+from flask_harvest import (
+    HarvestTriggers,
+    InvalidFieldError,
+    OutboundWebhookHandler,
+    get_engine,
+    trigger_service,
+)
 from flask_harvest.callbacks.outcome import DeliveryState
 from flask_harvest.dashboard.paging import PAGE_SIZE
 from flask_harvest.testing import CapturingReceiver
@@ -279,6 +285,10 @@ def test_redrive_a_failed_completion_callback(
     assert "has not failed" in text(client.get(again.headers["Location"]))
     other = f"{PREFIX}/workflows/{execution_id}/completion-deliveries/{execution_id}/redrive"
     assert client.post(other, data={"csrf_token": csrf}).status_code == 404
+    surrogate = f"{PREFIX}/workflows/{execution_id}/completion-deliveries/%ED%A0%80/redrive"
+    assert client.post(surrogate, data={"csrf_token": csrf}).status_code in (400, 404)
+    with app.app_context(), pytest.raises(InvalidFieldError, match="is not an id"):
+        callbacks.redrive(execution_id, "a\ud800")
 
 
 def wait_until(check: Callable[[], bool], timeout: float = 20.0) -> None:

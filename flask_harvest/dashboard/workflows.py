@@ -92,7 +92,7 @@ def workflows() -> tuple[str, int]:
     )
 
 
-def _execution_page(execution_id: str, *, notice: str = "", status: int = 200) -> tuple[str, int]:
+def _execution_page(execution_id: str, *, notice: str = "") -> tuple[str, int]:
     engine = get_engine()
     service = workflows_service()
     execution = service.get(execution_id)
@@ -105,7 +105,6 @@ def _execution_page(execution_id: str, *, notice: str = "", status: int = 200) -
     )
     return render_page(
         "workflows/execution.html",
-        status=status,
         execution=execution,
         steps=service.steps(execution.execution_id),
         deliveries=deliveries,
