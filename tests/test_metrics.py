@@ -44,7 +44,7 @@ from flask_harvest.webhooks.stores.sql import SqlOutboundWebhookStore
 from .metrics_support import delta, parse, value
 from .pipeline import make_app, wait_final
 from .properties import BUDGET, TEXT
-from .test_delivery_rq import stop
+from .worker_process import start_worker, stop
 
 TOKEN = "metrics-token-0123456789abcdef"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -324,37 +324,6 @@ def test_metrics_port_needs_metrics(sqlite_engine: sa.Engine) -> None:
     assert "--metrics-port needs HARVEST_METRICS = True" in result.output
 
 
-def _write_worker_app(folder: Path) -> None:
-    (folder / "metrics_worker_app.py").write_text(
-        textwrap.dedent(
-            """
-            import os
-
-            import sqlalchemy as sa
-            from flask import Flask
-
-            from flask_harvest import OutboundWebhookPlugin
-            from flask_harvest.webhooks.stores.sql import SqlOutboundWebhookStore
-
-
-            def create_app():
-                app = Flask("metrics_worker_app")
-                app.config.update(
-                    HARVEST_JOBS_BACKEND="rq",
-                    HARVEST_REDIS_URL=os.environ["TEST_REDIS_URL"],
-                    HARVEST_METRICS=True,
-                    HARVEST_WEBHOOKS_MAX_ATTEMPTS=1,
-                    HARVEST_SWEEP_INTERVAL_SECONDS=0.5,
-                    HARVEST_WEBHOOKS_ALLOW_PRIVATE_TARGETS=True,  # the receiver is on 127.0.0.1
-                )
-                engine = sa.create_engine(os.environ["TEST_DATABASE_URL"])
-                OutboundWebhookPlugin(SqlOutboundWebhookStore(engine), app)
-                return app
-            """
-        )
-    )
-
-
 Serve = Callable[[Flask], str]
 
 
@@ -387,7 +356,6 @@ def test_a_worker_process_counts_and_the_app_scrapes_it_over_http(
 ) -> None:
     multiproc = tmp_path / "prometheus"
     multiproc.mkdir()
-    _write_worker_app(tmp_path)
     # This process scrapes what the worker's process wrote (its own counters stay in its memory:
     # prometheus_client was imported here before the variable was set).
     monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(multiproc))
@@ -399,25 +367,16 @@ def test_a_worker_process_counts_and_the_app_scrapes_it_over_http(
         ok = [get_engine().manager.dispatch("order.created", {"n": n})[0] for n in range(3)]
         bad = [get_engine().manager.dispatch("refund.created", {"n": n})[0] for n in range(2)]
 
-    environment = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]),
-        "TEST_REDIS_URL": redis_url,
-        "TEST_DATABASE_URL": sql_store.engine.url.render_as_string(hide_password=False),
-        "PROMETHEUS_MULTIPROC_DIR": str(multiproc),
-    }
     port = free_port()
-    command = [sys.executable, "-m", "flask", "--app", "metrics_worker_app:create_app", "harvest", "worker"]
-    command += ["--metrics-port", str(port)]
-    with open(tmp_path / "worker.log", "ab") as log:
-        worker = subprocess.Popen(
-            command,
-            cwd=tmp_path,
-            env=environment,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+    worker = start_worker(
+        tmp_path,
+        sql_store,
+        redis_url,
+        "--metrics-port",
+        str(port),
+        config={"HARVEST_METRICS": True, "HARVEST_WEBHOOKS_MAX_ATTEMPTS": 1},
+        env={"PROMETHEUS_MULTIPROC_DIR": str(multiproc)},
+    )
     try:
         wait_final(sql_store, ok + bad, timeout=60)
         assert [d.state for d in sql_store.get_deliveries(ok + bad)].count(DeliveryState.DELIVERED) == 3
