@@ -156,6 +156,17 @@ def test_rising_latency_cuts_and_jitter_of_a_fast_endpoint_does_not() -> None:
     assert limit.limit < 32
 
 
+@pytest.mark.parametrize(("silence", "usual", "cut"), [(1.5, 0.0, True), (2.5, 1.0, False)])
+def test_the_usual_latency_is_of_the_last_two_windows_only(silence: float, usual: float, cut: bool) -> None:
+    # Found by the recovery property below: a 0 s answer from before a long silence made every
+    # 1 s answer after it look like queueing, and cut the limit, for a whole window more.
+    limit = EndpointLimit(AdmissionPolicy(ceiling=2, latency_tolerance=1.0), now=0.0)
+    limit.record(Signal.SUCCESS, 0.0, 0.0, saturated=False)
+    limit.record(Signal.SUCCESS, 1.0, silence * limit.policy.window)
+    assert limit.usual_latency == usual
+    assert limit.limit == (1 if cut else 2)
+
+
 def test_a_fixed_policy_never_moves() -> None:
     limit = EndpointLimit(AdmissionPolicy(floor=16, ceiling=16), now=0.0)
     assert limit.limit == 16
