@@ -12,7 +12,6 @@ import sys
 import textwrap
 import threading
 import time
-import urllib.parse
 from collections.abc import Callable, Iterator
 from datetime import timedelta
 from pathlib import Path
@@ -43,7 +42,7 @@ from flask_harvest.webhooks.stores.sql import SqlOutboundWebhookStore
 
 from .metrics_support import delta, parse, value
 from .pipeline import make_app, wait_final
-from .properties import BUDGET, TEXT
+from .properties import BUDGET, TEXT, quoted
 from .worker_process import start_worker, stop
 
 TOKEN = "metrics-token-0123456789abcdef"
@@ -236,10 +235,6 @@ def test_no_request_to_the_route_gets_a_5xx(
     if response.status_code == 200 and method == "GET":
         assert authorization == AUTH["Authorization"]
         parse(response.get_data(as_text=True))  # a well-formed exposition
-
-
-def quoted(text: str) -> str:
-    return urllib.parse.quote(text.encode("utf-8", "surrogatepass"), safe="/")
 
 
 _property_apps: dict[str, Flask] = {}
