@@ -7,8 +7,6 @@ printed only by ``subscriptions add`` and ``subscriptions rotate-secret``, once.
 
 from __future__ import annotations
 
-import ipaddress
-import re
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -37,26 +35,6 @@ harvest_cli.add_command(workflows_cli)
 harvest_cli.add_command(triggers_cli)
 
 
-_HOST_LABEL = re.compile(r"(?!-)[A-Za-z0-9-]{1,63}(?<!-)")
-
-
-class _ListenAddress(click.ParamType):
-    """An IP address or a host name (RFC 1123) to listen on, checked before any name lookup: a
-    value that can be neither is a usage error, not a resolver's or the IDNA codec's exception."""
-
-    name = "address"
-
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> str:
-        text = str(value)
-        try:
-            ipaddress.ip_address(text)
-        except ValueError:
-            labels = text.removesuffix(".").split(".")
-            if len(text) > 253 or not all(_HOST_LABEL.fullmatch(label) for label in labels):
-                self.fail(f"{text!r} is neither an IP address nor a host name", param, ctx)
-        return text
-
-
 @harvest_cli.command("worker")
 @click.option("--burst", is_flag=True, help="Quit when the queue is empty instead of waiting.")
 @click.option(
@@ -78,8 +56,8 @@ class _ListenAddress(click.ParamType):
 )
 @click.option(
     "--metrics-address",
-    type=_ListenAddress(),
     default="127.0.0.1",
+    callback=out.listen_address,
     show_default=True,
     help="The address --metrics-port listens on.",
 )
