@@ -69,6 +69,15 @@ class CountingEndpoint:
         self._now = 0
         self._lock = threading.Lock()
 
+    @classmethod
+    def at(
+        cls, receiver: CapturingReceiver, path: str, delay: float, gate: threading.Event | None = None
+    ) -> CountingEndpoint:
+        """A counting endpoint answering at ``path`` of ``receiver``."""
+        endpoint = cls(delay, gate)
+        receiver.handle(path, endpoint)
+        return endpoint
+
     def __call__(self, _request: Request) -> Response:
         with self._lock:
             self._now += 1
@@ -88,8 +97,7 @@ def test_a_slow_endpoint_holds_at_most_its_cap_and_never_delays_the_others(
     store: OutboundWebhookHandler, redis_conn: redis.Redis, redis_url: str, receiver: CapturingReceiver
 ) -> None:
     gate = threading.Event()
-    slow = CountingEndpoint(delay=0, gate=gate)
-    receiver.handle("/slow", slow)
+    slow = CountingEndpoint.at(receiver, "/slow", delay=0, gate=gate)
     app, ids = dispatched(
         store, redis_url, {"sub_slow": receiver.url("/slow"), "sub_fast": receiver.url("/fast")}, 6
     )
@@ -165,8 +173,7 @@ def test_a_worker_takes_queued_deliveries_in_batches_through_one_rq_job_each(
 def test_a_healthy_endpoint_past_its_cap_waits_its_turn_in_the_process(
     store: OutboundWebhookHandler, redis_conn: redis.Redis, redis_url: str, receiver: CapturingReceiver
 ) -> None:
-    busy = CountingEndpoint(delay=0.05)
-    receiver.handle("/busy", busy)
+    busy = CountingEndpoint.at(receiver, "/busy", delay=0.05)
     app, ids = dispatched(store, redis_url, {"sub": receiver.url("/busy")}, 12)
     pool = pool_of(app, 8, 2)
 
@@ -199,8 +206,7 @@ def test_take_jobs_stops_at_a_job_of_another_kind(
 def test_the_limit_grows_on_an_endpoint_that_answers_well(
     store: OutboundWebhookHandler, redis_conn: redis.Redis, redis_url: str, receiver: CapturingReceiver
 ) -> None:
-    busy = CountingEndpoint(delay=0.05)
-    receiver.handle("/busy", busy)
+    busy = CountingEndpoint.at(receiver, "/busy", delay=0.05)
     app, ids = dispatched(store, redis_url, {"sub": receiver.url("/busy")}, 60)
     pool = pool_of(app, 16, 16)
     assert pool.limit("sub") == INITIAL_LIMIT
