@@ -10,9 +10,9 @@ import socket
 import subprocess
 import sys
 import textwrap
-import threading
 import time
 from collections.abc import Callable, Iterator
+from contextlib import ExitStack
 from datetime import timedelta
 from pathlib import Path
 
@@ -23,7 +23,6 @@ import sqlalchemy as sa
 from flask import Flask
 from hypothesis import given
 from hypothesis import strategies as st
-from werkzeug.serving import BaseWSGIServer, make_server
 from werkzeug.wrappers import Response
 
 from flask_harvest import (
@@ -40,6 +39,7 @@ from flask_harvest.testing import CapturingReceiver, drain
 from flask_harvest.webhooks.models import DeliveryLog, new_id, utcnow
 from flask_harvest.webhooks.stores.sql import SqlOutboundWebhookStore
 
+from .live_server import live_server
 from .metrics_support import delta, parse, value
 from .pipeline import make_app, wait_final
 from .properties import BUDGET, TEXT, quoted
@@ -325,18 +325,8 @@ Serve = Callable[[Flask], str]
 @pytest.fixture
 def serve() -> Iterator[Serve]:
     """Serve an app on 127.0.0.1 from a thread until the test ends; return its base URL."""
-    servers: list[BaseWSGIServer] = []
-
-    def serve_app(app: Flask) -> str:
-        server = make_server("127.0.0.1", 0, app, threaded=True)
-        threading.Thread(target=server.serve_forever, daemon=True).start()
-        servers.append(server)
-        return f"http://127.0.0.1:{server.server_port}"
-
-    yield serve_app
-    for server in servers:
-        server.shutdown()
-        server.server_close()
+    with ExitStack() as servers:
+        yield lambda app: servers.enter_context(live_server(app)).url
 
 
 @pytest.mark.redis
