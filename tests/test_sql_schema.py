@@ -93,6 +93,22 @@ def test_ensure_schema_creates_missing_tables(tmp_path: Path) -> None:
         engine.dispose()
 
 
+def test_ensure_schema_adds_the_indexes_a_newer_version_declares(sql_store: SqlOutboundWebhookStore) -> None:
+    """An upgrade: the tables exist from an older version without some of today's indexes."""
+    subscription = sql_store.add_subscription(make_subscription())
+    dropped = [index for table in WEBHOOK_TABLES for index in table.indexes]
+    assert dropped, "the webhook tables declare indexes"
+    with sql_store.engine.begin() as conn:
+        for index in dropped:
+            conn.execute(sa.text(f"DROP INDEX {index.name}"))
+    assert not any(sa.inspect(sql_store.engine).get_indexes(t.name) for t in WEBHOOK_TABLES)
+
+    sql_store.ensure_schema()
+
+    assert_schema_present(sql_store.engine)
+    assert sql_store.list_subscriptions() == [subscription]
+
+
 def test_schema_sql_names_every_table_and_index() -> None:
     assert schema_sql("postgresql") == WEBHOOK_SCHEMA_SQL
     for sql in (WEBHOOK_SCHEMA_SQL, schema_sql("sqlite")):
