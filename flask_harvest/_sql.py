@@ -98,6 +98,26 @@ def schema_sql(tables: Sequence[Table], dialect: str = "postgresql") -> str:
     return "\n\n".join(tidy) + "\n"
 
 
+def drop_indexes_sql(names: Sequence[str]) -> str:
+    """Return ``DROP INDEX IF EXISTS`` statements for indexes of earlier versions (``names``), to
+    follow :func:`schema_sql`'s output."""
+    return "".join(f"\nDROP INDEX IF EXISTS {name};\n" for name in names)
+
+
+def drop_indexes(engine: Engine, names: Sequence[str], *, what: str, hint: str = "") -> None:
+    """Drop the indexes ``names`` where they exist (indexes an earlier version created and a new
+    one replaces).
+
+    :raises StoreError: the database refused.
+    """
+    try:
+        with engine.begin() as conn:
+            for name in names:
+                conn.exec_driver_sql(f"DROP INDEX IF EXISTS {name}")
+    except SQLAlchemyError as exc:
+        raise store_error(f"drop the retired indexes of {what}", exc, engine, hint=hint) from exc
+
+
 def create_tables(engine: Engine, tables: Sequence[Table], *, what: str, hint: str = "") -> None:
     """Create ``tables`` and their indexes where they do not exist yet (existing ones are left alone).
 
