@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import hashlib
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import sqlalchemy as sa
+from flask import Flask
 
 from flask_harvest.webhooks.stores.sql import (
     WEBHOOK_SCHEMA_SQL,
@@ -22,6 +24,7 @@ from flask_harvest.webhooks.stores.sql import (
     subscriptions_table,
 )
 
+from ._report import Context
 from ._services import DATABASE_URL, drop_database, ensure_database, reset_database
 
 #: The subscriptions every seeded delivery belongs to (one per tenant of a small SaaS).
@@ -34,6 +37,11 @@ DLQ_EVERY = 20
 HISTORY_DAYS = 10
 #: Pending rows became due over this many seconds before the seeding.
 PENDING_DUE_SPAN = 600
+
+#: The baseline's history (S13, S16): a full DLQ page, next to nothing else.
+SMALL_HISTORY = 1_000
+#: Due pending rows in both databases: the same backlog, with or without the history.
+PENDING = 10_000
 
 _MARKER = "bench_history_seed"
 
@@ -150,3 +158,33 @@ def _seed(engine: sa.Engine, history: int, pending: int) -> None:
     # index-only scans skip the heap.
     with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
         conn.exec_driver_sql(f"VACUUM ANALYZE {subs}, {dels}, {atts}")
+
+
+def history_apps(ctx: Context, history: int) -> tuple[dict[str, Flask], dict[str, History]]:
+    """Apps on a database with ``history`` rows (``big``) and one with :data:`SMALL_HISTORY`
+    (``small``), each with :data:`PENDING` due pending rows: what S13 and S16 compare."""
+    seeds = {
+        "small": seeded(database_url("history_small"), history=SMALL_HISTORY, pending=PENDING),
+        "big": seeded(database_url("history"), history=history, pending=PENDING),
+    }
+    apps = {name: ctx.app({"SQLALCHEMY_DATABASE_URI": seed.database_url}) for name, seed in seeds.items()}
+    return apps, seeds
+
+
+def alternate(
+    apps: dict[str, Flask], operation: Callable[[Flask], None], reps: int, warmup: int = 5
+) -> dict[str, list[float]]:
+    """Time ``operation`` on every app, alternating call by call in a rotating order; return each
+    app's milliseconds (after ``warmup`` rounds)."""
+    names = list(apps)
+    times: dict[str, list[float]] = {name: [] for name in names}
+    for rep in range(reps + warmup):
+        shift = rep % len(names)
+        for name in names[shift:] + names[:shift]:
+            with apps[name].app_context():
+                started = time.perf_counter()
+                operation(apps[name])
+                elapsed = time.perf_counter() - started
+            if rep >= warmup:
+                times[name].append(elapsed * 1000)
+    return times

@@ -99,10 +99,12 @@ deliveries_table = Table(
     # The due scan, the claim and the queue-lag gauge: pending rows only (a partial index), so it
     # stays the size of the backlog however much history the table keeps. Queries name the state as
     # a literal (PENDING_ROWS) so the planner can match the predicate in a prepared statement too.
+    # No id after next_attempt_at: with it, PostgreSQL planned a batch claim (id IN a list, due)
+    # as one walk of this index per listed id (measured 58 ms for 100 ids) instead of 100 probes
+    # of the primary key; the due scan sorts its ties by id itself.
     Index(
         "ix_harvest_webhook_deliveries_pending_due",
         "next_attempt_at",
-        "id",
         postgresql_where=text(f"state = '{DeliveryState.PENDING.value}'"),
         sqlite_where=text(f"state = '{DeliveryState.PENDING.value}'"),
     ),
