@@ -13,6 +13,7 @@ import hashlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import sqlalchemy as sa
 from flask import Flask
@@ -160,14 +161,20 @@ def _seed(engine: sa.Engine, history: int, pending: int) -> None:
         conn.exec_driver_sql(f"VACUUM ANALYZE {subs}, {dels}, {atts}")
 
 
-def history_apps(ctx: Context, history: int) -> tuple[dict[str, Flask], dict[str, History]]:
-    """Apps on a database with ``history`` rows (``big``) and one with :data:`SMALL_HISTORY`
-    (``small``), each with :data:`PENDING` due pending rows: what S13 and S16 compare."""
+def history_apps(
+    ctx: Context, history: int, config: dict[str, Any] | None = None
+) -> tuple[dict[str, Flask], dict[str, History]]:
+    """Apps (with ``config``) on a database with ``history`` rows (``big``) and one with
+    :data:`SMALL_HISTORY` (``small``), each with :data:`PENDING` due pending rows: what S13 and S16
+    compare."""
     seeds = {
         "small": seeded(database_url("history_small"), history=SMALL_HISTORY, pending=PENDING),
         "big": seeded(database_url("history"), history=history, pending=PENDING),
     }
-    apps = {name: ctx.app({"SQLALCHEMY_DATABASE_URI": seed.database_url}) for name, seed in seeds.items()}
+    apps = {
+        name: ctx.app({**(config or {}), "SQLALCHEMY_DATABASE_URI": seed.database_url})
+        for name, seed in seeds.items()
+    }
     return apps, seeds
 
 
