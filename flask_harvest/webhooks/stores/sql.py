@@ -450,7 +450,10 @@ class SqlOutboundWebhookStore(OutboundWebhookHandler):
             raise ValueError("cap must be at least 1")
         with self._transaction("count deliveries") as conn:
             rows = conn.execute(_capped_stats(), {"cap": check_cap, "cap_read": check_cap + 1}).all()
-        groups = [(row.subscription_id, row.state, int(row.counted), row.oldest) for row in rows]
+        # A group whose only row is the one past the cap was read to learn that there is more.
+        groups = [
+            (row.subscription_id, row.state, int(row.counted), row.oldest) for row in rows if row.counted
+        ]
         capped = {row.state for row in rows if row.read > check_cap}
         return fold_stats(groups, cap=check_cap, capped=capped)
 
