@@ -73,7 +73,7 @@ def database_url(suffix: str) -> str:
 
 def _spec(history: int, pending: int) -> str:
     schema = hashlib.sha256(WEBHOOK_SCHEMA_SQL.encode()).hexdigest()[:16]
-    return f"history={history} pending={pending} subscriptions={SUBSCRIPTIONS} schema={schema} v1"
+    return f"history={history} pending={pending} subscriptions={SUBSCRIPTIONS} schema={schema} v2"
 
 
 def seeded(url: str, *, history: int, pending: int) -> History:
@@ -128,8 +128,9 @@ def _seed(engine: sa.Engine, history: int, pending: int) -> None:
         f"""INSERT INTO {dels} (id, subscription_id, topic, payload, state, attempt, max_attempts,
                 request_headers, response_status, response_body, elapsed_ms, last_error, "timestamp",
                 next_attempt_at, created_at, lease_expires_at, lease_token)
-            SELECT 'dlv_' || md5('h' || n), (CAST(:subs AS varchar[]))[1 + (n / 3) % {SUBSCRIPTIONS}],
-                'bench.event.' || ((n / 7) % :topics),
+            SELECT 'dlv_' || md5('h' || n),
+                (CAST(:subs AS varchar[]))[1 + abs(hashtext('s' || n)) % {SUBSCRIPTIONS}],
+                'bench.event.' || abs(hashtext('t' || n)) % :topics,
                 '{{"order_id": "ord_' || n || '", "total": 4200, "currency": "EUR"}}',
                 CASE WHEN n % :dlq_every = 0 THEN 'dlq' ELSE 'delivered' END,
                 CASE WHEN n % :dlq_every = 0 THEN 8 ELSE 1 END, 8, '{{}}',

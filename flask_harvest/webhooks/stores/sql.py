@@ -158,6 +158,7 @@ class SqlOutboundWebhookStore(OutboundWebhookHandler):
         self._under_keys = _UNDER_KEYS[engine.dialect.name]
         # Only PostgreSQL has data-modifying CTEs; on SQLite a statement is an in-process call.
         self._fold_attempt_insert = engine.dialect.name == "postgresql"
+        self._custom_plans = engine.dialect.name == "postgresql"
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.engine.url.render_as_string(hide_password=True)}>"
@@ -410,6 +411,11 @@ class SqlOutboundWebhookStore(OutboundWebhookHandler):
             )
         query = query.order_by(_dels.c.timestamp.desc(), _dels.c.id.desc()).limit(limit)
         with self._transaction("list deliveries") as conn:
+            if self._custom_plans:
+                # Planned for these values, not as a prepared statement's generic plan: a generic
+                # plan cannot tell a rare topic or a new subscription from a common one, and for
+                # them walked the whole time index (0.8 s at a million rows) instead of theirs.
+                conn.exec_driver_sql("SET LOCAL plan_cache_mode = force_custom_plan")
             rows = conn.execute(query).all()
         return [row_to_delivery(row) for row in rows]
 
