@@ -34,25 +34,37 @@ def plans(
     app: Flask, operation: Callable[[Flask], None], touching: str = "harvest_webhook_deliveries"
 ) -> list[str]:
     """EXPLAIN ANALYZE of each statement ``operation`` sends that reads ``touching``, as the
-    generic plan a prepared statement runs (psycopg prepares a statement on its fifth use), in a
+    generic plan a prepared statement runs (psycopg prepares a statement on its fifth use), or as
+    the custom plan where the store asked for one (``SET LOCAL plan_cache_mode``), in a
     transaction rolled back."""
     engine = get_engine(app).store.capabilities.engine
     assert engine is not None
     with app.app_context(), captured(engine) as sent:
         operation(app)
     shown = []
+    mode = "force_generic_plan"
     for statement, parameters in sent:
+        asked = _MODE.search(statement)
+        if asked:
+            mode = asked.group(1)
+            continue
         if touching not in statement:
             continue
         if isinstance(parameters, list | tuple) and parameters and isinstance(parameters[0], dict):
             parameters = parameters[0]
-        shown.append(" ".join(statement.split()) + "\n" + generic_plan(engine, statement, parameters))
+        shown.append(" ".join(statement.split()) + "\n" + generic_plan(engine, statement, parameters, mode))
+        mode = "force_generic_plan"
     return shown
 
 
-def generic_plan(engine: sa.Engine, statement: str, parameters: dict[str, Any]) -> str:
-    """The generic plan of ``statement`` (psycopg's ``%(name)s`` parameters), executed with
-    ``parameters`` in a transaction that is rolled back."""
+_MODE = re.compile(r"SET LOCAL plan_cache_mode = (\w+)")
+
+
+def generic_plan(
+    engine: sa.Engine, statement: str, parameters: dict[str, Any], mode: str = "force_generic_plan"
+) -> str:
+    """The generic plan of ``statement`` (psycopg's ``%(name)s`` parameters; or the plan ``mode``
+    gives), executed with ``parameters`` in a transaction that is rolled back."""
     names: list[str] = []
 
     def numbered(match: re.Match[str]) -> str:
@@ -62,7 +74,7 @@ def generic_plan(engine: sa.Engine, statement: str, parameters: dict[str, Any]) 
 
     prepared = _PARAMETER.sub(numbered, statement)
     with engine.connect() as conn:
-        conn.exec_driver_sql("SET LOCAL plan_cache_mode = force_generic_plan")
+        conn.exec_driver_sql(f"SET LOCAL plan_cache_mode = {mode}")
         conn.exec_driver_sql(f"PREPARE bench_plan AS {prepared}")
         # EXECUTE's arguments as literals (psycopg renders them client-side): the server could
         # not type them as parameters of the EXPLAIN.
