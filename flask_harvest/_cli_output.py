@@ -6,8 +6,10 @@ show the same fields (and a secret only where the data holds one).
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import math
+import re
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timezone
 from typing import Any
@@ -127,6 +129,24 @@ def iso_datetime(ctx: click.Context, param: click.Parameter, value: str | None) 
         return to_utc(parsed, param.name or "datetime")
     except InvalidFieldError as exc:
         raise click.BadParameter(f"{value!r} {exc.message}", ctx, param) from None
+
+
+_HOST_LABEL = re.compile(r"(?!-)[A-Za-z0-9-]{1,63}(?<!-)")
+
+
+def listen_address(ctx: click.Context, param: click.Parameter, value: str) -> str:
+    """Option callback: an IP address or a host name (RFC 1123) to listen on, checked before any
+    name lookup, so that a value neither can be is a usage error rather than the resolver's or the
+    IDNA codec's exception."""
+    try:
+        ipaddress.ip_address(value)
+    except ValueError:
+        labels = value.removesuffix(".").split(".")
+        if len(value) > 253 or not all(_HOST_LABEL.fullmatch(label) for label in labels):
+            raise click.BadParameter(
+                f"{value!r} is neither an IP address nor a host name", ctx, param
+            ) from None
+    return value
 
 
 class Seconds(click.FloatRange):

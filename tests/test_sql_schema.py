@@ -17,6 +17,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import URL
 
 from flask_harvest import schema as full_schema
+from flask_harvest._sql import drop_indexes_sql
 from flask_harvest.errors import DuplicateSubscriptionError, StoreError
 from flask_harvest.webhooks.models import (
     AttemptResult,
@@ -97,6 +98,22 @@ def test_ensure_schema_creates_missing_tables(tmp_path: Path) -> None:
         engine.dispose()
 
 
+def test_ensure_schema_adds_the_indexes_a_newer_version_declares(sql_store: SqlOutboundWebhookStore) -> None:
+    """An upgrade: the tables exist from an older version without some of today's indexes."""
+    subscription = sql_store.add_subscription(make_subscription())
+    dropped = [index for table in WEBHOOK_TABLES for index in table.indexes]
+    assert dropped, "the webhook tables declare indexes"
+    with sql_store.engine.begin() as conn:
+        for index in dropped:
+            conn.execute(sa.text(f"DROP INDEX {index.name}"))
+    assert not any(sa.inspect(sql_store.engine).get_indexes(t.name) for t in WEBHOOK_TABLES)
+
+    sql_store.ensure_schema()
+
+    assert_schema_present(sql_store.engine)
+    assert sql_store.list_subscriptions() == [subscription]
+
+
 def test_schema_sql_names_every_table_and_index() -> None:
     assert schema_sql("postgresql") == WEBHOOK_SCHEMA_SQL
     for sql in (WEBHOOK_SCHEMA_SQL, schema_sql("sqlite"), full_schema.schema_sql("sqlite")):
@@ -115,9 +132,12 @@ def test_schema_sql_names_every_table_and_index() -> None:
     assert "(lease_expires_at) WHERE state = 'inflight'" in WEBHOOK_SCHEMA_SQL
 
 
-def test_ensure_schema_drops_the_indexes_it_replaced(sql_store: SqlOutboundWebhookStore) -> None:
-    with sql_store.engine.begin() as conn:
-        # What 0.x created.
+def test_retired_indexes_stay_until_the_ddl_drops_them(sql_store: SqlOutboundWebhookStore) -> None:
+    """An upgrade from the full (state, ...) indexes: ensure_schema leaves them for the processes
+    of the previous version (a rolling upgrade); the DDL's DROP statements remove them."""
+    engine = sql_store.engine
+    with engine.begin() as conn:
+        # What the previous version created.
         conn.exec_driver_sql(
             "CREATE INDEX ix_harvest_webhook_deliveries_due"
             " ON harvest_webhook_deliveries (state, next_attempt_at)"
@@ -127,7 +147,14 @@ def test_ensure_schema_drops_the_indexes_it_replaced(sql_store: SqlOutboundWebho
             " ON harvest_webhook_deliveries (subscription_id, state)"
         )
     sql_store.ensure_schema()
-    assert_schema_present(sql_store.engine)
+    names = {found["name"] for found in sa.inspect(engine).get_indexes(deliveries_table.name)}
+    assert {"ix_harvest_webhook_deliveries_due", "ix_harvest_webhook_deliveries_subscription"} <= names
+
+    with engine.begin() as conn:
+        for statement in drop_indexes_sql(RETIRED_INDEXES).split(";"):
+            if statement.strip():
+                conn.exec_driver_sql(statement)
+    assert_schema_present(engine)
     exercise(sql_store)
 
 

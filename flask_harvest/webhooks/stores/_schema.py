@@ -138,7 +138,8 @@ deliveries_table = Table(
 PENDING_ROWS = deliveries_table.c.state == literal_column(f"'{DeliveryState.PENDING.value}'")
 INFLIGHT_ROWS = deliveries_table.c.state == literal_column(f"'{DeliveryState.INFLIGHT.value}'")
 
-#: Indexes of earlier versions that the ones above replace; ensure_schema and schema_sql drop them.
+#: Indexes of earlier versions that the ones above replace. ensure_schema leaves them (processes of
+#: the previous version query them during a rolling upgrade); schema_sql ends by dropping them.
 RETIRED_INDEXES = (
     # Full (state, ...) indexes that grew with the history: now partial.
     "ix_harvest_webhook_deliveries_due",

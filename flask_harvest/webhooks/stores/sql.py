@@ -44,7 +44,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.sql import Executable
 
 from ..._input import text_problem
-from ..._sql import create_tables, drop_indexes, store_error
+from ..._sql import create_tables, store_error
 from ...errors import (
     ConfigurationError,
     DeliveryNotFoundError,
@@ -74,7 +74,6 @@ from ..topic_index import topic_keys
 from ._schema import (
     INFLIGHT_ROWS,
     PENDING_ROWS,
-    RETIRED_INDEXES,
     WEBHOOK_TABLES,
     UTCDateTime,
     attempts_table,
@@ -180,15 +179,14 @@ class SqlOutboundWebhookStore(OutboundWebhookHandler):
         return store_error(action, exc, self.engine, hint=_SCHEMA_HINT, secrets=secrets)
 
     def ensure_schema(self) -> None:
-        """Create the webhook tables and indexes where they do not exist yet, drop the indexes of
-        earlier versions they replace (:data:`~._schema.RETIRED_INDEXES`), and file every
-        subscription missing from the topic index under its keys.
+        """Create the webhook tables and indexes where they do not exist yet, and file every
+        subscription missing from the topic index under its keys. Indexes of earlier versions
+        (:data:`~._schema.RETIRED_INDEXES`) stay for their processes; the DDL drops them.
 
         The second part upgrades a database from before the index (0.x: see the upgrade notes in
         the stores guide); it is idempotent, and on an up-to-date database one indexed query.
         """
         create_tables(self.engine, WEBHOOK_TABLES, what="the webhook tables")
-        drop_indexes(self.engine, RETIRED_INDEXES, what="the webhook tables")
         self.index_unindexed_subscriptions()
 
     def index_unindexed_subscriptions(self) -> int:
