@@ -98,6 +98,12 @@ def schema_sql(tables: Sequence[Table], dialect: str = "postgresql") -> str:
     return "\n\n".join(tidy) + "\n"
 
 
+def drop_indexes_sql(names: Sequence[str]) -> str:
+    """Return ``DROP INDEX IF EXISTS`` statements for indexes of earlier versions (``names``), to
+    follow :func:`schema_sql`'s output: run once no process of the earlier version is left."""
+    return "".join(f"\nDROP INDEX IF EXISTS {name};\n" for name in names)
+
+
 def create_tables(engine: Engine, tables: Sequence[Table], *, what: str, hint: str = "") -> None:
     """Create ``tables`` and their indexes where they do not exist yet (existing ones are left alone).
 
