@@ -37,8 +37,10 @@ SCENARIOS = {
     "S10": "bench.s10_callbacks",
     "S11": "bench.s11_many_subscriptions",
     "S12": "bench.s12_machine_throughput",
+    "S13": "bench.s13_history",
     "S14": "bench.s14_realistic_mix",
     "S15": "bench.s15_overload",
+    "S16": "bench.s16_dashboard_render",
 }
 
 
