@@ -13,12 +13,13 @@ from typing import Any
 from urllib.parse import quote
 
 import pytest
-from flask import Flask
+from flask import Flask, url_for
 from flask.testing import FlaskClient
 from hypothesis import given
 from hypothesis import strategies as st
 
 from flask_harvest import OutboundWebhookHandler, WebhookSubscription, generate_secret, get_engine
+from flask_harvest.dashboard._core import link_maker
 from flask_harvest.testing import CapturingReceiver
 from flask_harvest.triggers.conditions import Eq
 from flask_harvest.triggers.definitions import CompletionTrigger
@@ -301,3 +302,17 @@ def test_no_workflow_page_fails_and_refusals_change_nothing(
     path_values = st.one_of(TEXT, st.sampled_from(subject.ids))
     routes = workflow_routes(subject.app)
     never_fails(client, csrf, routes, subject.snapshot, path_values, WORKFLOW_FIELDS, data)
+
+
+@BUDGET
+@given(value=st.one_of(st.text(st.characters(exclude_categories=["Cs"]), min_size=1), st.sampled_from(
+    ["sub_1", "a/b", "a b", "x?y#z", "100%", "<script>", "é", "&amp;", "HarvestDashboardLinkMark"]
+)))  # fmt: skip
+def test_row_links_are_url_for(app: Flask, value: str) -> None:
+    """A list page's row links (one url_for for the whole list) are exactly url_for's, for any id."""
+    with app.test_request_context(f"{PREFIX}/webhooks/deliveries"):
+        for endpoint, argument in [
+            ("harvest_dashboard.delivery", "delivery_id"),
+            ("harvest_dashboard.subscription", "subscription_id"),
+        ]:
+            assert link_maker(endpoint, argument)(value) == url_for(endpoint, **{argument: value})

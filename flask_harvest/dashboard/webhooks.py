@@ -27,7 +27,18 @@ from ..webhooks.models import (
     utcnow,
 )
 from ..webhooks.operations import MAX_BULK_REPLAY, MAX_GRACE_SECONDS
-from ._core import NAV, PANELS, NavEntry, Panel, always, dashboard, form_text, query_text, render_page
+from ._core import (
+    NAV,
+    PANELS,
+    NavEntry,
+    Panel,
+    always,
+    dashboard,
+    form_text,
+    link_maker,
+    query_text,
+    render_page,
+)
 from .chart import stacked_bars
 from .paging import PAGE_SIZE, Page, decode_cursor, encode_cursor
 
@@ -194,7 +205,7 @@ def deliveries() -> tuple[str, int]:
     state = _choice(query_text("state"), STATES, "state")
     subscription_id, topic = query_text("subscription_id"), query_text("topic")
     since, until = query_time("since"), query_time("until")
-    items, next_cursor = get_engine().operations.deliveries_page(
+    items, next_cursor = get_engine().operations.delivery_summaries_page(
         state=DeliveryState(state) if state else None,
         cursor=query_text("cursor"),
         limit=PAGE_SIZE,
@@ -217,6 +228,8 @@ def deliveries() -> tuple[str, int]:
         states=STATES,
         filters=shown,
         next_args=next_args,
+        delivery_link=link_maker("harvest_dashboard.delivery", "delivery_id"),
+        subscription_link=link_maker("harvest_dashboard.subscription", "subscription_id"),
     )
 
 

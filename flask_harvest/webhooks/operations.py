@@ -3,10 +3,10 @@ blueprint and the CLI are thin over it."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 from .._cursor import decode_position, encode_position
 from .._input import check_number, text_problem, to_utc
@@ -20,6 +20,7 @@ from .manager import OutboundWebhookManager
 from .models import (
     DeliveryLog,
     DeliveryState,
+    DeliverySummary,
     SubscriptionChanges,
     WebhookSubscription,
     WebhookSubscriptionStatus,
@@ -62,7 +63,11 @@ class ReplayResult:
     enqueue_error: str | None = None
 
 
-def encode_cursor(delivery: DeliveryLog) -> str:
+#: A row of a delivery listing: the full delivery, or its summary.
+_Listed = TypeVar("_Listed", DeliveryLog, DeliverySummary)
+
+
+def encode_cursor(delivery: DeliveryLog | DeliverySummary) -> str:
     """Return an opaque cursor that continues a delivery listing after ``delivery``."""
     return encode_position(delivery.timestamp, delivery.id)
 
@@ -300,13 +305,45 @@ class WebhookOperations:
     ) -> tuple[list[DeliveryLog], str | None]:
         """Return one page of deliveries (in ``state``, or any), newest first by their latest
         attempt, and the cursor of the next page (or ``None``): a keyset walk, never a count."""
+        return self._page(
+            self.store.list_deliveries, state, limit, cursor, subscription_id, topic, since, until
+        )
+
+    def delivery_summaries_page(
+        self,
+        *,
+        state: DeliveryState | None = None,
+        limit: int = 50,
+        cursor: str | None = None,
+        subscription_id: str | None = None,
+        topic: str | None = None,
+        since: datetime | None = None,
+        until: datetime | None = None,
+    ) -> tuple[list[DeliverySummary], str | None]:
+        """:meth:`deliveries_page` as :class:`DeliverySummary` values (what a list page shows),
+        with the same checks and cursors."""
+        return self._page(
+            self.store.list_delivery_summaries, state, limit, cursor, subscription_id, topic, since, until
+        )
+
+    def _page(
+        self,
+        listing: Callable[..., list[_Listed]],
+        state: DeliveryState | None,
+        limit: int,
+        cursor: str | None,
+        subscription_id: str | None,
+        topic: str | None,
+        since: datetime | None,
+        until: datetime | None,
+    ) -> tuple[list[_Listed], str | None]:
         if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_DLQ_PAGE:
             raise InvalidFieldError("limit", f"must be between 1 and {MAX_DLQ_PAGE}")
         since, until = _window(since, "since"), _window(until, "until")
         if since is not None and until is not None and since >= until:
             raise InvalidFieldError("since", "must be earlier than until")
         before = decode_cursor(cursor) if cursor else None
-        rows = self.store.list_deliveries(
+        rows = listing(
             limit=limit + 1,
             before=before,
             state=state,

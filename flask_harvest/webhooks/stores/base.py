@@ -24,6 +24,7 @@ from ..models import (
     DeliveryLog,
     DeliveryState,
     DeliveryStats,
+    DeliverySummary,
     SubscriptionChanges,
     WebhookSubscription,
     WebhookSubscriptionStatus,
@@ -315,6 +316,31 @@ class OutboundWebhookHandler(abc.ABC):
         The parameters are those of :meth:`list_dlq`; ``since`` and ``until`` bound ``timestamp``
         (the time of the latest attempt, or of the logging).
         """
+
+    def list_delivery_summaries(
+        self,
+        *,
+        limit: int = 100,
+        before: DlqCursor | None = None,
+        state: DeliveryState | None = None,
+        subscription_id: str | None = None,
+        topic: str | None = None,
+        since: datetime | None = None,
+        until: datetime | None = None,
+    ) -> list[DeliverySummary]:
+        """Return :meth:`list_deliveries`' rows as :class:`DeliverySummary` values, same
+        parameters, same order: what a list page shows, without the payload or response body. A
+        store may read only those columns; this default summarizes the full rows."""
+        listed = self.list_deliveries(
+            limit=limit,
+            before=before,
+            state=state,
+            subscription_id=subscription_id,
+            topic=topic,
+            since=since,
+            until=until,
+        )
+        return [DeliverySummary.of(delivery) for delivery in listed]
 
     @abc.abstractmethod
     def attempts_per_minute(self, *, since: datetime, until: datetime) -> list[tuple[datetime, int, int]]:
