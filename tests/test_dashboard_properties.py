@@ -315,4 +315,5 @@ def test_row_links_are_url_for(app: Flask, value: str) -> None:
             ("harvest_dashboard.delivery", "delivery_id"),
             ("harvest_dashboard.subscription", "subscription_id"),
         ]:
-            assert link_maker(endpoint, argument)(value) == url_for(endpoint, **{argument: value})
+            values: dict[str, Any] = {argument: value}
+            assert link_maker(endpoint, argument)(value) == url_for(endpoint, **values)

@@ -251,7 +251,8 @@ def link_maker(endpoint: str, argument: str) -> Callable[[str], str]:
     """Return ``make(value)``, equal to ``url_for(endpoint, **{argument: value})`` for a rule whose
     ``argument`` has the default converter, from one ``url_for`` call: a list page links every row
     without paying the URL build per row."""
-    built = url_for(endpoint, **{argument: _LINK_MARK})
+    values: dict[str, Any] = {argument: _LINK_MARK}
+    built = url_for(endpoint, **values)
     prefix, _, suffix = built.partition(_LINK_MARK)
     quote = current_app.url_map.converters["default"](current_app.url_map).to_url
 

@@ -451,7 +451,7 @@ class SqlOutboundWebhookStore(OutboundWebhookHandler):
             for id_, sub, topic_, state_, attempt, max_attempts, status, error, stamp in self._list(query)
         ]
 
-    def _list(self, query: Select[Any]) -> Sequence[Row[Any]]:
+    def _list(self, query: Select[Any]) -> Sequence[Any]:
         with self._transaction("list deliveries") as conn:
             if self._custom_plans:
                 # Planned for these values, not as a prepared statement's generic plan: a generic
