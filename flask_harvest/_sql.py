@@ -7,10 +7,11 @@ from one object.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from datetime import datetime, timezone
 
-from sqlalchemy import DateTime, Dialect, Engine, MetaData, Table, TypeDecorator, inspect
+from sqlalchemy import Connection, DateTime, Dialect, Engine, MetaData, Table, TypeDecorator, inspect
 from sqlalchemy.engine import URL
 from sqlalchemy.exc import SQLAlchemyError, StatementError
 from sqlalchemy.schema import CreateIndex, CreateTable
@@ -135,3 +136,21 @@ def _create_missing_indexes(engine: Engine, tables: Sequence[Table]) -> None:
         with engine.begin() as conn:
             for index in sorted(missing, key=lambda i: str(i.name)):
                 conn.execute(CreateIndex(index, if_not_exists=True))
+
+
+@contextmanager
+def read_connection(engine: Engine, action: str, *, hint: str = "") -> Iterator[Connection]:
+    """A connection for a read that needs no transaction of its own: each statement commits on
+    its own (autocommit), so the read costs its statements' round trips and no BEGIN or COMMIT.
+
+    For reads whose statements need not see one snapshot: a dashboard panel's counts, a page of a
+    list (a view of the dashboard's overview sent two of these round trips per read before: bench
+    S16).
+
+    :raises StoreError: the database refused (``action`` and ``hint`` as :func:`store_error`'s).
+    """
+    try:
+        with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+            yield conn
+    except SQLAlchemyError as exc:
+        raise store_error(action, exc, engine, hint=hint) from exc
