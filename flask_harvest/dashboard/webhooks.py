@@ -7,9 +7,9 @@ the same thing.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timezone
-from typing import Any
+from typing import Any, NamedTuple
 
 from flask import redirect, request, url_for
 from markupsafe import Markup
@@ -21,6 +21,7 @@ from ..engine import HarvestEngine
 from ..errors import InvalidFieldError
 from ..webhooks.models import (
     DeliveryState,
+    DeliverySummary,
     WebhookSubscription,
     WebhookSubscriptionStatus,
     count_text,
@@ -199,6 +200,52 @@ def rotate_secret(subscription_id: str) -> tuple[str, int]:
 # -- deliveries ------------------------------------------------------------------------------------
 
 
+class DeliveryRow(NamedTuple):
+    """One row of the deliveries list as the page shows it: every cell's text (the template
+    escapes each), so the template's loop only writes them out."""
+
+    id: str
+    link: str
+    state: str
+    subscription_id: str
+    subscription_link: str
+    topic: str
+    attempt: str
+    response_status: str
+    last_error: str
+    iso_time: str
+    time: str
+
+
+def delivery_rows(
+    items: Sequence[DeliverySummary],
+    delivery_link: Callable[[str], str],
+    subscription_link: Callable[[str], str],
+) -> list[DeliveryRow]:
+    """The deliveries list's rows: the list page's hot loop, built in one pass here (a call or an
+    attribute lookup per cell in Jinja cost twice as much: bench S16)."""
+    rows = []
+    for id_, subscription_id, topic, state, attempt, max_attempts, status, error, stamp in items:
+        iso = stamp.isoformat()
+        rows.append(
+            DeliveryRow(
+                id_,
+                delivery_link(id_),
+                state.value,
+                subscription_id,
+                subscription_link(subscription_id),
+                topic,
+                f"{attempt}/{max_attempts}",
+                "" if status is None else str(status),
+                error or "",
+                iso,
+                # strftime("%Y-%m-%d %H:%M:%S"), as the when() macro shows a time, from the ISO text.
+                f"{iso[:10]} {iso[11:19]}",
+            )
+        )
+    return rows
+
+
 @dashboard.get("/webhooks/deliveries")
 def deliveries() -> tuple[str, int]:
     """Deliveries newest first, filtered by state, subscription, topic and time; keyset pages."""
@@ -225,11 +272,14 @@ def deliveries() -> tuple[str, int]:
     return render_page(
         "webhooks/deliveries.html",
         page=Page(items, next_cursor),
+        rows=delivery_rows(
+            items,
+            link_maker("harvest_dashboard.delivery", "delivery_id"),
+            link_maker("harvest_dashboard.subscription", "subscription_id"),
+        ),
         states=STATES,
         filters=shown,
         next_args=next_args,
-        delivery_link=link_maker("harvest_dashboard.delivery", "delivery_id"),
-        subscription_link=link_maker("harvest_dashboard.subscription", "subscription_id"),
     )
 
 
