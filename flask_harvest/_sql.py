@@ -10,14 +10,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import datetime, timezone
 
-from sqlalchemy import DateTime, Dialect, Engine, MetaData, Table, TypeDecorator
+from sqlalchemy import ColumnElement, DateTime, Dialect, Engine, MetaData, Table, TypeDecorator, and_, or_
 from sqlalchemy.engine import URL
 from sqlalchemy.exc import SQLAlchemyError, StatementError
 from sqlalchemy.schema import CreateIndex, CreateTable
 
 from .errors import StoreError
 
-__all__ = ["UTCDateTime", "create_tables", "metadata", "schema_sql", "store_error"]
+__all__ = ["UTCDateTime", "after_position", "create_tables", "metadata", "schema_sql", "store_error"]
 
 
 class UTCDateTime(TypeDecorator[datetime]):
@@ -76,6 +76,15 @@ def store_error(
         if hidden:
             message = message.replace(str(hidden), "***")
     return StoreError(message)
+
+
+def after_position(
+    when: ColumnElement[datetime], ident: ColumnElement[str], position: tuple[datetime, str]
+) -> ColumnElement[bool]:
+    """The condition ``(when, ident) > position`` of an ascending keyset walk, spelled out so every
+    backend can use a ``(when, ident)`` index for it."""
+    stamp, last_id = position
+    return or_(when > stamp, and_(when == stamp, ident > last_id))
 
 
 def schema_sql(tables: Sequence[Table], dialect: str = "postgresql") -> str:

@@ -23,7 +23,7 @@ from ..webhooks.models import DeliveryState, WebhookSubscription, WebhookSubscri
 from ..webhooks.operations import MAX_BULK_REPLAY, MAX_GRACE_SECONDS
 from ._core import NAV, PANELS, NavEntry, Panel, always, dashboard, form_text, query_text, render_page
 from .chart import stacked_bars
-from .paging import PAGE_SIZE, Page, decode_cursor, encode_cursor
+from .paging import PAGE_SIZE, Page
 
 NAV.append(NavEntry("Subscriptions", "harvest_dashboard.subscriptions", always))
 NAV.append(NavEntry("Deliveries", "harvest_dashboard.deliveries", always))
@@ -101,31 +101,22 @@ def _choice(value: str | None, allowed: list[str], name: str) -> str | None:
 
 @dashboard.get("/webhooks/subscriptions")
 def subscriptions() -> tuple[str, int]:
-    """Every subscription, oldest first, filtered by status and topic pattern; keyset pages."""
+    """Subscriptions oldest first, filtered by status and the topic they receive; keyset pages,
+    filtered in the store's query."""
     status = _choice(query_text("status"), SUBSCRIPTION_STATUSES, "status")
     topic = query_text("topic")
-    cursor = query_text("cursor")
-    listed = get_engine().operations.list_subscriptions()  # small: one row per receiver endpoint
-    chosen = [
-        s
-        for s in listed
-        if (status is None or s.status.value == status) and (topic is None or s.matches(topic))
-    ]
-    page = _page_of(chosen, cursor)
+    items, next_cursor = get_engine().operations.subscriptions_page(
+        limit=PAGE_SIZE,
+        cursor=query_text("cursor"),
+        status=WebhookSubscriptionStatus(status) if status else None,
+        topic=topic,
+    )
     return render_page(
         "webhooks/subscriptions.html",
-        page=page,
+        page=Page(items, next_cursor),
         statuses=SUBSCRIPTION_STATUSES,
         filters={"status": status or "", "topic": topic or ""},
     )
-
-
-def _page_of(chosen: list[WebhookSubscription], cursor: str | None) -> Page[WebhookSubscription]:
-    after = decode_cursor(cursor) if cursor else None
-    rest = [s for s in chosen if after is None or (s.created_at, s.id) > after]
-    items = rest[:PAGE_SIZE]
-    more = len(rest) > PAGE_SIZE
-    return Page(items, encode_cursor(items[-1].created_at, items[-1].id) if more else None)
 
 
 def _subscription_page(

@@ -55,6 +55,8 @@ subscriptions_table = Table(
     # After a rotation, the old secret still signs deliveries until it expires.
     Column("previous_secret", Text, nullable=True),
     Column("previous_secret_expires_at", UTCDateTime, nullable=True),
+    # The dashboard's subscription list, oldest first, a keyset walk.
+    Index("ix_harvest_webhook_subscriptions_created", "created_at", "id"),
 )
 
 # The topic index: one row per key of a subscription's patterns (topic_index.pattern_key), written

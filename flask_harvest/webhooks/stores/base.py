@@ -9,6 +9,7 @@ them at once never both win.
 from __future__ import annotations
 
 import abc
+import itertools
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -34,6 +35,8 @@ if TYPE_CHECKING:
 
 #: A position in the DLQ listing: the ``(timestamp, id)`` of the last row of the previous page.
 DlqCursor = tuple[datetime, str]
+#: A position in the subscriptions listing: the ``(created_at, id)`` of the last row of a page.
+SubscriptionCursor = tuple[datetime, str]
 
 
 @dataclass(frozen=True)
@@ -154,6 +157,32 @@ class OutboundWebhookHandler(abc.ABC):
     @abc.abstractmethod
     def list_subscriptions(self) -> list[WebhookSubscription]:
         """Return every subscription, oldest first."""
+
+    def list_subscriptions_page(
+        self,
+        *,
+        limit: int,
+        after: SubscriptionCursor | None = None,
+        status: WebhookSubscriptionStatus | None = None,
+        topic: str | None = None,
+    ) -> list[WebhookSubscription]:
+        """Return at most ``limit`` subscriptions, oldest first by ``(created_at, id)``: the keyset
+        listing behind the dashboard, filtered in the query.
+
+        :param after: return only subscriptions after this position (the last row of a page).
+        :param status: only subscriptions in this status.
+        :param topic: only subscriptions whose topics select this event topic.
+
+        This default filters :meth:`subscriptions_for_topic` or :meth:`list_subscriptions` (the
+        in-memory store's topic index makes the first a lookup); the SQL store walks an index.
+        """
+        candidates = self.subscriptions_for_topic(topic) if topic is not None else self.list_subscriptions()
+        chosen = (
+            s
+            for s in candidates
+            if (status is None or s.status is status) and (after is None or (s.created_at, s.id) > after)
+        )
+        return list(itertools.islice(chosen, limit))
 
     @abc.abstractmethod
     def update_subscription(self, subscription_id: str, changes: SubscriptionChanges) -> WebhookSubscription:

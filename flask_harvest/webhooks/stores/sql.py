@@ -41,7 +41,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.sql import Executable
 
 from ..._input import text_problem
-from ..._sql import create_tables, store_error
+from ..._sql import after_position, create_tables, store_error
 from ...errors import (
     ConfigurationError,
     DeliveryNotFoundError,
@@ -261,6 +261,39 @@ class SqlOutboundWebhookStore(OutboundWebhookHandler):
         with self._transaction("list subscriptions") as conn:
             rows = conn.execute(select(_subs).order_by(_subs.c.created_at, _subs.c.id)).all()
         return [row_to_subscription(row) for row in rows]
+
+    def list_subscriptions_page(
+        self,
+        *,
+        limit: int,
+        after: tuple[datetime, str] | None = None,
+        status: WebhookSubscriptionStatus | None = None,
+        topic: str | None = None,
+    ) -> list[WebhookSubscription]:
+        if topic is not None and not _could_be_stored(topic):
+            return []
+        query = select(_subs).order_by(_subs.c.created_at, _subs.c.id).limit(limit)
+        if status is not None:
+            query = query.where(_subs.c.status == status.value)
+        if topic is not None:
+            # Only the subscriptions filed under one of the topic's candidate keys (the topic index).
+            filed = select(_keys.c.subscription_id).where(_keys.c.pattern_key.in_(topic_keys(topic)))
+            query = query.where(_subs.c.id.in_(filed))
+        found: list[WebhookSubscription] = []
+        with self._transaction("list subscriptions") as conn:
+            while True:
+                page = query.where(after_position(_subs.c.created_at, _subs.c.id, after)) if after else query
+                rows = conn.execute(page).all()
+                found.extend(
+                    row_to_subscription(row)
+                    for row in rows
+                    if topic is None or any(topic_matches(pattern, topic) for pattern in row.event_topics)
+                )
+                # A long pattern's key selects a superset that the matcher narrows: a page short
+                # of matches reads on until it is full or the rows run out.
+                if len(found) >= limit or len(rows) < limit:
+                    return found[:limit]
+                after = (rows[-1].created_at, rows[-1].id)
 
     def update_subscription(self, subscription_id: str, changes: SubscriptionChanges) -> WebhookSubscription:
         values = {**subscription_column_values(changes.values()), "updated_at": utcnow()}
