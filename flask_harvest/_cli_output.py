@@ -19,6 +19,7 @@ from flask.cli import AppGroup
 
 from ._input import text_problem, to_utc
 from .errors import HarvestError, InvalidFieldError
+from .webhooks.models import count_text
 
 #: The ``--json`` flag every reporting command takes.
 json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
@@ -242,7 +243,7 @@ STATS_COLUMNS = ("pending", "inflight", "delivered", "dlq", "skipped")
 
 def stats(data: Mapping[str, Any]) -> str:
     def row(name: str, s: Mapping[str, Any]) -> list[object]:
-        return [name, *(s["counts"][k] for k in STATS_COLUMNS), s["oldest_pending_age_seconds"]]
+        return [name, *(count_text(s, k) for k in STATS_COLUMNS), s["oldest_pending_age_seconds"]]
 
     rows = [row("(all)", data["overall"])]
     rows += [row(sub, s) for sub, s in data["subscriptions"].items()]

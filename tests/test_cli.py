@@ -31,11 +31,13 @@ from flask_harvest.webhooks.models import (
     WebhookSubscriptionStatus,
     utcnow,
 )
+from flask_harvest.webhooks.operations import STATS_COUNT_CAP
 from flask_harvest.webhooks.stores import InMemoryOutboundWebhookHandler, OutboundWebhookHandler
 from flask_harvest.webhooks.stores.sql import SqlOutboundWebhookStore
 
 from .pipeline import make_app
 from .properties import BUDGET, TEXT
+from .test_actuator import dead_letters
 
 SECRET = "whsec_c2VjcmV0LW9mLXRoZS1jbGktdGVzdHMtMDEyMzQ1Njc4OQ=="
 OTHER_SECRET = "whsec_YW5vdGhlci1zZWNyZXQtb2YtdGhlLWNsaS10ZXN0cy0wMTI="
@@ -607,6 +609,16 @@ def test_stats(cli: Cli, store: OutboundWebhookHandler) -> None:
     data = as_json(cli("stats", "--json"))
     assert data["overall"]["dlq_depth"] == 1
     assert data["subscriptions"]["sub_a"]["counts"]["delivered"] == 1
+    assert data["overall"]["capped"]["dlq"] is False and "1+" not in table.output
+
+
+def test_stats_show_a_capped_count_with_a_plus(cli: Cli, store: OutboundWebhookHandler) -> None:
+    dead_letters(store, STATS_COUNT_CAP + 1, subscription_id="sub_a")
+    table = ok(cli("stats")).output
+    overall = next(line for line in table.splitlines() if line.startswith("(all)"))
+    assert overall.split()[4] == f"{STATS_COUNT_CAP}+"
+    data = as_json(cli("stats", "--json"))
+    assert data["overall"]["counts"]["dlq"] == STATS_COUNT_CAP and data["overall"]["capped"]["dlq"] is True
 
 
 def test_triggers_commands_say_in_one_line_that_the_app_has_no_triggers(cli: Cli) -> None:
