@@ -108,3 +108,32 @@ def test_trigger_pages_walk_oldest_first(trigger_store: SqlTriggerStore) -> None
         after = (page[-1].created_at, page[-1].id)
     assert [len(page) for page in pages] == [3, 3, 1]
     assert [ident for page in pages for ident in page] == [t.id for t in everything]
+
+
+def test_troubled_subscriptions_are_the_disabled_and_failing_most_failures_first(
+    store: OutboundWebhookHandler,
+) -> None:
+    start = utcnow()
+    kinds = [  # (status, consecutive failures); the healthy ones must never be listed
+        (WebhookSubscriptionStatus.ACTIVE, 0),
+        (WebhookSubscriptionStatus.ACTIVE, 3),
+        (DISABLED, 0),
+        (WebhookSubscriptionStatus.ACTIVE, 7),
+        (DISABLED, 12),
+        (WebhookSubscriptionStatus.ACTIVE, 0),
+        (WebhookSubscriptionStatus.ACTIVE, 3),
+    ]
+    for n, (status, failures) in enumerate(kinds):
+        store.add_subscription(
+            make_subscription(
+                id=f"sub_{n}",
+                status=status,
+                consecutive_failures=failures,
+                created_at=start + timedelta(seconds=n),
+            )
+        )
+
+    troubled = store.troubled_subscriptions(limit=10)
+    # Most failures first; equal counts oldest first.
+    assert [s.id for s in troubled] == ["sub_4", "sub_3", "sub_1", "sub_6", "sub_2"]
+    assert [s.id for s in store.troubled_subscriptions(limit=2)] == ["sub_4", "sub_3"]

@@ -166,6 +166,14 @@ class WebhookOperations:
         """Return every subscription, oldest first."""
         return self.store.list_subscriptions()
 
+    def troubled_subscriptions(self, *, limit: int = 50) -> list[WebhookSubscription]:
+        """Return at most ``limit`` disabled or failing subscriptions, the most failures first.
+
+        :raises InvalidFieldError: a limit outside 1 to 500.
+        """
+        _check_limit(limit)
+        return self.store.troubled_subscriptions(limit=limit)
+
     def subscriptions_page(
         self,
         *,

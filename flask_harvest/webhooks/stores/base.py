@@ -212,6 +212,21 @@ class OutboundWebhookHandler(abc.ABC):
         )
         return list(itertools.islice(chosen, limit))
 
+    def troubled_subscriptions(self, *, limit: int) -> list[WebhookSubscription]:
+        """Return at most ``limit`` subscriptions that are disabled or failing (not ``active``, or
+        with consecutive failures), the most failures first: what the dashboard's overview lists.
+
+        This default filters :meth:`list_subscriptions`; the SQL store reads a partial index of
+        those rows only.
+        """
+        troubled = [
+            s
+            for s in self.list_subscriptions()
+            if s.status is not WebhookSubscriptionStatus.ACTIVE or s.consecutive_failures
+        ]
+        troubled.sort(key=lambda s: (-s.consecutive_failures, s.created_at, s.id))
+        return troubled[:limit]
+
     @abc.abstractmethod
     def update_subscription(self, subscription_id: str, changes: SubscriptionChanges) -> WebhookSubscription:
         """Set the fields ``changes`` names, and ``updated_at``, on the stored subscription, in one

@@ -74,6 +74,7 @@ from ..topic_index import topic_keys
 from ._schema import (
     INFLIGHT_ROWS,
     PENDING_ROWS,
+    TROUBLED_ROWS,
     WEBHOOK_TABLES,
     UTCDateTime,
     attempts_table,
@@ -302,6 +303,16 @@ class SqlOutboundWebhookStore(OutboundWebhookHandler):
                 if len(found) >= limit or len(rows) < limit:
                     return found[:limit]
                 after = (rows[-1].created_at, rows[-1].id)
+
+    def troubled_subscriptions(self, *, limit: int) -> list[WebhookSubscription]:
+        query = (
+            select(_subs)
+            .where(TROUBLED_ROWS)
+            .order_by(_subs.c.consecutive_failures.desc(), _subs.c.created_at, _subs.c.id)
+            .limit(limit)
+        )
+        with self._transaction("list troubled subscriptions") as conn:
+            return [row_to_subscription(row) for row in conn.execute(query)]
 
     def update_subscription(self, subscription_id: str, changes: SubscriptionChanges) -> WebhookSubscription:
         values = {**subscription_column_values(changes.values()), "updated_at": utcnow()}
