@@ -22,7 +22,7 @@ import random
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
@@ -154,22 +154,55 @@ class DeliveryPool:
         Slots are taken *before* claiming, so a claim's lease never ticks while it queues for one.
         Returns the state of each delivery claimed, as :meth:`deliver` does.
         """
-        waiting = list(dict.fromkeys(delivery_ids))
         states: list[DeliveryState] = []
+        for chunk, taken in self._reserve(delivery_ids):
+            states.extend(self._claim_and_start(chunk, taken))
+        return states
+
+    def submit_many(self, delivery_ids: Sequence[str]) -> None:
+        """As :meth:`deliver_many`, but the claims run on the pool's threads: return as soon as
+        slots are reserved for every delivery (the worker's job loop, which calls it, goes on
+        taking jobs while a pool thread claims, instead of waiting for the claim's round trip).
+
+        A failed claim is logged; its rows stay due with no job, and the sweeper queues them again.
+        """
+        for chunk, taken in self._reserve(delivery_ids):
+            try:
+                self._executor.submit(self._claim_and_start_logged, chunk, taken)
+            except RuntimeError:  # the pool is shutting down: the rows stay due for later
+                self._release(taken)
+
+    def _reserve(self, delivery_ids: Sequence[str]) -> Iterator[tuple[list[str], int]]:
+        """Yield chunks of ``delivery_ids`` with the slots taken for each, waiting for free ones.
+
+        Only the worker's job loop takes slots, so the ones just seen free are still free; the
+        consumer releases whatever it does not use."""
+        waiting = list(dict.fromkeys(delivery_ids))
         while waiting:
             self._wait_until(lambda: self._busy < self.size)
             with self._cond:
-                # Only this thread takes slots, so the ones just seen free are still free.
                 taken = max(1, min(len(waiting), self.size - self._busy))
                 self._busy += taken
             chunk, waiting = waiting[:taken], waiting[taken:]
-            claims: list[Claim] = []
-            try:
+            yield chunk, taken
+
+    def _claim_and_start(self, chunk: list[str], taken: int) -> list[DeliveryState]:
+        claims: list[Claim] = []
+        try:
+            if self._context is None:
                 claims = self.runner.claim_many(chunk)
-            finally:
-                self._release(taken - len(claims))
-            states.extend(self._start(claim) for claim in claims)
-        return states
+            else:
+                with self._context():
+                    claims = self.runner.claim_many(chunk)
+        finally:
+            self._release(taken - len(claims))
+        return [self._start(claim) for claim in claims]
+
+    def _claim_and_start_logged(self, chunk: list[str], taken: int) -> None:
+        try:
+            self._claim_and_start(chunk, taken)
+        except Exception:  # the rows stay PENDING with no job: the sweeper queues them again
+            log.exception("harvest: could not claim deliveries %s", chunk)
 
     def _start(self, claim: Claim) -> DeliveryState:
         endpoint_id = claim.delivery.subscription_id

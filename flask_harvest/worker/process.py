@@ -24,9 +24,9 @@ class HarvestWorker(SimpleWorker):
     through the app engine's :class:`~flask_harvest.jobs.base.JobKinds`. With a ``pool``, webhook
     jobs go to the pool: the worker waits for a batch of free slots, takes a webhook job, and with
     it the webhook jobs queued behind it that fit (:func:`~flask_harvest.jobs.rq.take_jobs`); the
-    pool claims their rows in one statement and keeps their attempts in flight. When it stops it
-    lets the attempts in flight finish. It also runs ``periodic`` (the sweeper) every ``interval``
-    seconds on a background thread.
+    pool claims their rows in one statement, on one of its threads while this one goes on taking
+    jobs, and keeps their attempts in flight. When it stops it lets the attempts in flight finish.
+    It also runs ``periodic`` (the sweeper) every ``interval`` seconds on a background thread.
     """
 
     def __init__(
@@ -43,7 +43,7 @@ class HarvestWorker(SimpleWorker):
         self.app = app
         self.pool = pool
         kinds = get_engine(app).jobs
-        self._kinds = kinds.with_handler(WEBHOOK_JOB, pool.deliver_many) if pool is not None else kinds
+        self._kinds = kinds.with_handler(WEBHOOK_JOB, pool.submit_many) if pool is not None else kinds
         self._periodic = periodic
         self._interval = interval
         self._on_stop = on_stop
@@ -71,7 +71,7 @@ class HarvestWorker(SimpleWorker):
         try:
             delivery_ids = take_jobs(queue, WEBHOOK_JOB, pool.free_slots() - 1)
             if delivery_ids:
-                pool.deliver_many(delivery_ids)
+                pool.submit_many(delivery_ids)
         except Exception:  # the rows stay PENDING, and the sweeper queues them again
             self.log.exception("harvest: could not start a batch of deliveries")
 
