@@ -129,14 +129,20 @@ class DeliveryPool:
         self._wait_until(lambda: self.size - self._busy >= self.batch)
 
     def _wait_until(self, ready: Callable[[], bool]) -> None:
-        """Wait until ``ready()`` (called under the lock), giving back every so often the
-        deliveries that wait for an endpoint that turned slow, since they hold slots too."""
+        """Wait until ``ready()`` (called under the lock), giving back every ``_CHECK_SECONDS``
+        the deliveries that wait for an endpoint that turned slow, since they hold slots too.
+
+        Every attempt that ends wakes this thread: the check walks every endpoint, so it runs on
+        the clock, not on each wake (per wake it cost a fifth of a busy worker's CPU)."""
+        check_at = time.monotonic() + _CHECK_SECONDS
         while True:
             with self._cond:
                 if ready():
                     return
-                self._cond.wait(_CHECK_SECONDS)
-            self._give_back_stale()
+                self._cond.wait(max(0.0, check_at - time.monotonic()))
+            if time.monotonic() >= check_at:
+                self._give_back_stale()
+                check_at = time.monotonic() + _CHECK_SECONDS
 
     def deliver(self, delivery_id: str) -> DeliveryState | None:
         """Claim ``delivery_id`` and start its attempt on the pool; return at once.

@@ -32,8 +32,9 @@ class HarvestWorker(SimpleWorker):
     the head of the queue that fit (:func:`~flask_harvest.jobs.rq.take_jobs`) without RQ running
     any of them; a webhook job that RQ dequeues (after waiting on an empty queue) takes those
     queued behind it the same way. The pool claims their rows in one statement, on one of its
-    threads while this one goes on taking jobs, and keeps their attempts in flight. When it stops it lets the attempts in flight finish.
-    It also runs ``periodic`` (the sweeper) every ``interval`` seconds on a background thread.
+    threads while this one goes on taking jobs, and keeps their attempts in flight. When it stops
+    it lets the attempts in flight finish. It also runs ``periodic`` (the sweeper) every
+    ``interval`` seconds on a background thread.
     """
 
     def __init__(
@@ -93,7 +94,7 @@ class HarvestWorker(SimpleWorker):
                 beat = time.monotonic()
                 self.heartbeat()
                 if self.should_run_maintenance_tasks:
-                    self.run_maintenance_tasks()
+                    self.run_maintenance_tasks()  # type: ignore[no-untyped-call]
 
     def execute_job(self, job: Job, queue: Queue) -> Any:
         with self.app.app_context(), running_kinds(self._kinds):

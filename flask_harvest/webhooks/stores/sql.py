@@ -84,7 +84,15 @@ from ._schema import (
     subscriptions_table,
     topic_rows,
 )
-from .base import DlqCursor, OutboundWebhookHandler, Outcome, Recorded, StoreCapabilities, fold_stats
+from .base import (
+    DeliverySchedule,
+    DlqCursor,
+    OutboundWebhookHandler,
+    Outcome,
+    Recorded,
+    StoreCapabilities,
+    fold_stats,
+)
 
 _SCHEMA_HINT = "create the tables with ensure_schema() or apply WEBHOOK_SCHEMA_SQL"
 
@@ -358,6 +366,16 @@ class SqlOutboundWebhookStore(OutboundWebhookHandler):
             for chunk in _chunks(unique):
                 rows = conn.execute(select(_dels).where(_dels.c.id.in_(chunk))).all()
                 found.extend(row_to_delivery(row) for row in rows)
+        return found
+
+    def get_schedules(self, delivery_ids: Sequence[str]) -> list[DeliverySchedule]:
+        unique = [i for i in dict.fromkeys(delivery_ids) if _could_be_stored(i)]
+        found: list[DeliverySchedule] = []
+        columns = (_dels.c.id, _dels.c.attempt, _dels.c.next_attempt_at)
+        with self._transaction("read delivery schedules") as conn:
+            for chunk in _chunks(unique):
+                rows = conn.execute(select(*columns).where(_dels.c.id.in_(chunk)))
+                found.extend(DeliverySchedule(*row) for row in rows)
         return found
 
     def list_attempts(self, delivery_id: str) -> list[DeliveryAttempt]:
