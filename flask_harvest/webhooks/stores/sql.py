@@ -374,7 +374,13 @@ class SqlOutboundWebhookStore(OutboundWebhookHandler):
         columns = (_dels.c.id, _dels.c.attempt, _dels.c.next_attempt_at)
         with self._transaction("read delivery schedules") as conn:
             for chunk in _chunks(unique):
-                rows = conn.execute(select(*columns).where(_dels.c.id.in_(chunk)))
+                # PostgreSQL: one array parameter, so psycopg neither rewrites a statement of
+                # 500 placeholders each time nor keeps one such statement per chunk size.
+                rows = (
+                    conn.execute(_SCHEDULES_BY_IDS, {"ids": list(chunk)})
+                    if self._fold_attempt_insert
+                    else conn.execute(select(*columns).where(_dels.c.id.in_(chunk)))
+                )
                 found.extend(DeliverySchedule(*row) for row in rows)
         return found
 
@@ -800,6 +806,11 @@ WHERE d.id = locked.id AND locked.state = '{_PENDING}'
 RETURNING {", ".join(f'd."{column.name}"' for column in _dels.c)}
 """  # noqa: S608 (table and column names, no input)
 ).columns(*_dels.c)
+
+# The next attempt and due time of an array of deliveries, for the sweeper (PostgreSQL).
+_SCHEDULES_BY_IDS = text(
+    f"SELECT id, attempt, next_attempt_at FROM {_dels.name} WHERE id = ANY(CAST(:ids AS varchar[]))"  # noqa: S608
+).columns(_dels.c.id, _dels.c.attempt, _dels.c.next_attempt_at)
 
 # The subscriptions of an array of ids, for the claim (PostgreSQL).
 _SUBSCRIPTIONS_BY_IDS = text(
