@@ -101,6 +101,7 @@ class DeliveryPool:
         self._context = context
         self._cond = threading.Condition()
         self._busy = 0  # slots held: attempts in flight and deliveries waiting their turn
+        self._wake_at = -1  # wake the waiting job loop once _busy is down to this (-1: none waits)
         self._closing = False
         self._endpoints: dict[str, _Endpoint] = {}
         self._forgot_at = time.monotonic()
@@ -126,19 +127,22 @@ class DeliveryPool:
 
     def wait_for_slots(self) -> None:
         """Block until a batch of slots is free (the worker calls it before taking more jobs)."""
-        self._wait_until(lambda: self.size - self._busy >= self.batch)
+        self._wait_until(self.size - self.batch)
 
-    def _wait_until(self, ready: Callable[[], bool]) -> None:
-        """Wait until ``ready()`` (called under the lock), giving back every ``_CHECK_SECONDS``
-        the deliveries that wait for an endpoint that turned slow, since they hold slots too.
+    def _wait_until(self, busy: int) -> None:
+        """Wait until at most ``busy`` slots are held, giving back every ``_CHECK_SECONDS`` the
+        deliveries that wait for an endpoint that turned slow, since they hold slots too.
 
-        Every attempt that ends wakes this thread: the check walks every endpoint, so it runs on
-        the clock, not on each wake (per wake it cost a fifth of a busy worker's CPU)."""
+        Only the worker's job loop waits here. A slot freed wakes it only once enough are free
+        (waking it on every attempt's end cost a tenth of a busy worker's CPU), and the check,
+        which walks every endpoint, runs on the clock rather than on each wake."""
         check_at = time.monotonic() + _CHECK_SECONDS
         while True:
             with self._cond:
-                if ready():
+                if self._busy <= busy:
+                    self._wake_at = -1
                     return
+                self._wake_at = busy
                 self._cond.wait(max(0.0, check_at - time.monotonic()))
             if time.monotonic() >= check_at:
                 self._give_back_stale()
@@ -185,7 +189,7 @@ class DeliveryPool:
         consumer releases whatever it does not use."""
         waiting = list(dict.fromkeys(delivery_ids))
         while waiting:
-            self._wait_until(lambda: self._busy < self.size)
+            self._wait_until(self.size - 1)
             with self._cond:
                 taken = max(1, min(len(waiting), self.size - self._busy))
                 self._busy += taken
@@ -371,18 +375,14 @@ class DeliveryPool:
             return
         with self._cond:
             self._busy -= slots
-            self._cond.notify_all()
+            if self._busy <= self._wake_at:
+                self._cond.notify_all()
 
     def shutdown(self, wait: bool = True) -> None:
         """Stop the pool. With ``wait``, let the attempts in flight finish (each within a deadline)
         and the deliveries waiting their turn have theirs; without, give those back for later."""
         if wait:
-            while True:
-                with self._cond:
-                    if self._busy <= 0:
-                        break
-                    self._cond.wait(_CHECK_SECONDS)
-                self._give_back_stale()
+            self._wait_until(0)
         with self._cond:
             self._closing = True
         self._give_back_stale()
