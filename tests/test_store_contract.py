@@ -712,9 +712,8 @@ def test_get_schedules(store: OutboundWebhookHandler, now: datetime) -> None:
 
     schedules = store.get_schedules([retry.id, "dlv_missing", first.id, retry.id, "bad\x00id"])
 
-    assert sorted(schedules, key=lambda s: s.id) == sorted(
-        [DeliverySchedule(first.id, first.attempt, now), DeliverySchedule(retry.id, 3, later)], key=lambda s: s.id
-    )
+    expected = [DeliverySchedule(first.id, first.attempt, now), DeliverySchedule(retry.id, 3, later)]
+    assert sorted(schedules, key=lambda s: s.id) == sorted(expected, key=lambda s: s.id)
     assert store.get_schedules([]) == []
 
 

@@ -787,8 +787,7 @@ def _with_subscriptions(
 # and due time in the locking SELECT's WHERE (as the SQLAlchemy statement for SQLite does) let the
 # planner, with statistics that had not yet seen a burst of new rows, read every PENDING row
 # through the due index for each claim: tens of milliseconds per claim with a 20,000-row backlog.
-_CLAIM_MANY = text(
-    f"""
+_CLAIM_MANY_SQL = f"""
 WITH locked AS MATERIALIZED (
     SELECT id, state, next_attempt_at FROM {_dels.name}
     WHERE id = ANY(CAST(:ids AS varchar[]))
@@ -805,7 +804,7 @@ WHERE d.id = locked.id AND locked.state = '{_PENDING}'
     AND (locked.next_attempt_at IS NULL OR locked.next_attempt_at <= :now)
 RETURNING {", ".join(f'd."{column.name}"' for column in _dels.c)}
 """  # noqa: S608 (table and column names, no input)
-).columns(*_dels.c)
+_CLAIM_MANY = text(_CLAIM_MANY_SQL).columns(*_dels.c)
 
 # The next attempt and due time of an array of deliveries, for the sweeper (PostgreSQL).
 _SCHEDULES_BY_IDS = text(
