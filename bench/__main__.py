@@ -37,7 +37,9 @@ SCENARIOS = {
     "S10": "bench.s10_callbacks",
     "S11": "bench.s11_many_subscriptions",
     "S12": "bench.s12_machine_throughput",
+    "S13": "bench.s13_history",
     "S15": "bench.s15_overload",
+    "S16": "bench.s16_dashboard_render",
 }
 
 

@@ -37,6 +37,17 @@ def ensure_database(database_url: str = DATABASE_URL) -> None:
         admin.dispose()
 
 
+def drop_database(database_url: str) -> None:
+    """Drop a database of the benchmark's server (closing its connections), if it exists."""
+    url = sa.make_url(database_url)
+    admin = sa.create_engine(url.set(database="postgres"), isolation_level="AUTOCOMMIT")
+    try:
+        with admin.connect() as conn:
+            conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{url.database}" WITH (FORCE)'))
+    finally:
+        admin.dispose()
+
+
 def reset_database(engine: sa.Engine) -> None:
     """Create the harvest tables (and the benchmark's own) if needed, and empty them."""
     from flask_harvest.webhooks.stores.sql import metadata

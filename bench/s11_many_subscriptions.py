@@ -24,7 +24,7 @@ from flask_harvest.webhooks.stores._schema import subscription_values, topic_row
 from flask_harvest.webhooks.stores.sql import subscription_topics_table, subscriptions_table
 
 from ._report import Context, Result, Row, median, percentile
-from ._services import DATABASE_URL, ensure_database, reset_all, reset_database
+from ._services import DATABASE_URL, drop_database, ensure_database, reset_all, reset_database
 
 ID = "S11"
 TITLE = "dispatch() to 1 subscription among N others"
@@ -86,16 +86,6 @@ def _database_url(size: int) -> str:
     return url.set(database=f"{url.database}_s11_n{size}").render_as_string(hide_password=False)
 
 
-def _drop_database(database_url: str) -> None:
-    url = sa.make_url(database_url)
-    admin = sa.create_engine(url.set(database="postgres"), isolation_level="AUTOCOMMIT")
-    try:
-        with admin.connect() as conn:
-            conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{url.database}" WITH (FORCE)'))
-    finally:
-        admin.dispose()
-
-
 def _prepare(ctx: Context, size: int) -> tuple[Flask, float]:
     """An app on N=``size``'s database, holding the matching subscription and ``size`` others;
     return it and the seconds the inserts took."""
@@ -151,7 +141,7 @@ def run(ctx: Context) -> Result:
     finally:
         ctx.close_apps()
         for size in sizes[1:]:
-            _drop_database(_database_url(size))
+            drop_database(_database_url(size))
     result = Result()
     base = median(times[0])
     for size in sizes:

@@ -6,8 +6,10 @@ show the same fields (and a secret only where the data holds one).
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import math
+import re
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timezone
 from typing import Any
@@ -17,6 +19,7 @@ from flask.cli import AppGroup
 
 from ._input import text_problem, to_utc
 from .errors import HarvestError, InvalidFieldError
+from .webhooks.models import count_text
 
 #: The ``--json`` flag every reporting command takes.
 json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
@@ -128,6 +131,24 @@ def iso_datetime(ctx: click.Context, param: click.Parameter, value: str | None) 
         raise click.BadParameter(f"{value!r} {exc.message}", ctx, param) from None
 
 
+_HOST_LABEL = re.compile(r"(?!-)[A-Za-z0-9-]{1,63}(?<!-)")
+
+
+def listen_address(ctx: click.Context, param: click.Parameter, value: str) -> str:
+    """Option callback: an IP address or a host name (RFC 1123) to listen on, checked before any
+    name lookup, so that a value neither can be is a usage error rather than the resolver's or the
+    IDNA codec's exception."""
+    try:
+        ipaddress.ip_address(value)
+    except ValueError:
+        labels = value.removesuffix(".").split(".")
+        if len(value) > 253 or not all(_HOST_LABEL.fullmatch(label) for label in labels):
+            raise click.BadParameter(
+                f"{value!r} is neither an IP address nor a host name", ctx, param
+            ) from None
+    return value
+
+
 class Seconds(click.FloatRange):
     """A number of seconds from 0 to :data:`MAX_SECONDS` (``nan`` slips through FloatRange)."""
 
@@ -222,7 +243,7 @@ STATS_COLUMNS = ("pending", "inflight", "delivered", "dlq", "skipped")
 
 def stats(data: Mapping[str, Any]) -> str:
     def row(name: str, s: Mapping[str, Any]) -> list[object]:
-        return [name, *(s["counts"][k] for k in STATS_COLUMNS), s["oldest_pending_age_seconds"]]
+        return [name, *(count_text(s, k) for k in STATS_COLUMNS), s["oldest_pending_age_seconds"]]
 
     rows = [row("(all)", data["overall"])]
     rows += [row(sub, s) for sub, s in data["subscriptions"].items()]

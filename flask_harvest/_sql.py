@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import datetime, timezone
 
-from sqlalchemy import DateTime, Dialect, Engine, MetaData, Table, TypeDecorator
+from sqlalchemy import DateTime, Dialect, Engine, MetaData, Table, TypeDecorator, inspect
 from sqlalchemy.engine import URL
 from sqlalchemy.exc import SQLAlchemyError, StatementError
 from sqlalchemy.schema import CreateIndex, CreateTable
@@ -98,13 +98,40 @@ def schema_sql(tables: Sequence[Table], dialect: str = "postgresql") -> str:
     return "\n\n".join(tidy) + "\n"
 
 
+def drop_indexes_sql(names: Sequence[str]) -> str:
+    """Return ``DROP INDEX IF EXISTS`` statements for indexes of earlier versions (``names``), to
+    follow :func:`schema_sql`'s output: run once no process of the earlier version is left."""
+    return "".join(f"\nDROP INDEX IF EXISTS {name};\n" for name in names)
+
+
 def create_tables(engine: Engine, tables: Sequence[Table], *, what: str, hint: str = "") -> None:
     """Create ``tables`` and their indexes where they do not exist yet (existing ones are left alone).
+
+    An index that a newer version declares on a table that already exists is created too (by
+    name), so an upgrade gets it without a migration of its own.
 
     :param what: names the tables in the error (``the webhook tables``).
     :raises StoreError: the database refused.
     """
     try:
         metadata.create_all(engine, tables=list(tables), checkfirst=True)
+        _create_missing_indexes(engine, tables)
     except SQLAlchemyError as exc:
         raise store_error(f"create {what}", exc, engine, hint=hint) from exc
+
+
+def _create_missing_indexes(engine: Engine, tables: Sequence[Table]) -> None:
+    # create_all only indexes the tables it creates. Reading the names first keeps a start-up on
+    # an up-to-date database to one catalogue query, and IF NOT EXISTS lets processes that start
+    # together during an upgrade both succeed.
+    inspector = inspect(engine)
+    missing = [
+        index
+        for table in tables
+        for index in table.indexes
+        if index.name not in {found["name"] for found in inspector.get_indexes(table.name)}
+    ]
+    if missing:
+        with engine.begin() as conn:
+            for index in sorted(missing, key=lambda i: str(i.name)):
+                conn.execute(CreateIndex(index, if_not_exists=True))

@@ -149,6 +149,19 @@ def load_query(schema: Schema) -> dict[str, Any]:
     return loaded
 
 
+def _options() -> Response | tuple[Response, int] | None:
+    """Answer ``OPTIONS`` with the methods the path's own routes take. Flask's automatic answer
+    would add those of the catch-all route, which takes every method only to refuse it."""
+    if request.method != "OPTIONS":
+        return None
+    allowed = _allowed_methods()
+    if not allowed:
+        return no_such_route()
+    response = current_app.response_class(status=200)
+    response.headers["Allow"] = ", ".join(sorted(allowed))
+    return response
+
+
 def _bad_path_id() -> tuple[Response, int] | None:
     """A path id no object can have (NUL, undecodable) is answered 404 before any store sees it."""
     for name, value in (request.view_args or {}).items():
@@ -157,9 +170,8 @@ def _bad_path_id() -> tuple[Response, int] | None:
     return None
 
 
-def no_such_route() -> tuple[Response, int]:
-    """The answer of a blueprint's catch-all route: ``405`` with ``Allow`` when the path exists for
-    other methods, else ``404``; JSON either way."""
+def _allowed_methods() -> set[str]:
+    """The methods the request's path takes: those of its own routes, not of a catch-all."""
     adapter = current_app.url_map.bind_to_environ(request.environ)
     # A method the path's own route refuses falls through to a catch-all (an ``anypath`` route):
     # that does not make the method allowed.
@@ -170,8 +182,15 @@ def no_such_route() -> tuple[Response, int]:
             rule, _ = adapter.match(method=method, return_rule=True)
         except HTTPException:
             continue
-        if rule.endpoint != request.endpoint and rule.endpoint not in catch_alls:
+        if rule.endpoint not in catch_alls:
             allowed |= set(rule.methods or ())
+    return allowed
+
+
+def no_such_route() -> tuple[Response, int]:
+    """The answer of a blueprint's catch-all route: ``405`` with ``Allow`` when the path exists for
+    other methods, else ``404``; JSON either way."""
+    allowed = _allowed_methods()
     if not allowed:
         return json_error(404, "not_found", f"no route {request.method} {request.path}")
     response, status = json_error(
@@ -266,11 +285,11 @@ def install_admin_api(
         _guard_unrouted(state.app, state.url_prefix or "", realm)
 
     @blueprint.before_request
-    def _authorize() -> tuple[Response, int] | None:
+    def _authorize() -> Response | tuple[Response, int] | None:
         # What read_json() reads at most: this blueprint's limit (the workflow API's follows the
         # workflow input limit), never Flask's max_content_length, which has no setter before 3.1.
         g.harvest_body_limit = max_body_bytes() if max_body_bytes is not None else MAX_BODY_BYTES
-        return authorize_admin(realm) or _bad_path_id()
+        return authorize_admin(realm) or _bad_path_id() or _options()
 
     @blueprint.errorhandler(ApiError)
     def _api_error(exc: ApiError) -> tuple[Response, int]:

@@ -187,8 +187,12 @@ class EndpointLimit:
 
     def _observe_latency(self, latency: float, now: float) -> bool:
         """Fold a success's latency in; return whether latency is rising."""
-        if now - self._window_start >= self.policy.window:
-            self._previous_min, self._window_min = self._window_min, math.inf
+        elapsed = now - self._window_start
+        if elapsed >= self.policy.window:
+            # After a silence of two windows or more the last window is no longer recent either:
+            # keeping its minimum would judge today's latency by an old one, for a whole window.
+            self._previous_min = self._window_min if elapsed < 2 * self.policy.window else math.inf
+            self._window_min = math.inf
             self._window_start = now
         usual = self.usual_latency
         self._window_min = min(self._window_min, latency)

@@ -57,6 +57,7 @@ harvest_cli.add_command(triggers_cli)
 @click.option(
     "--metrics-address",
     default="127.0.0.1",
+    callback=out.listen_address,
     show_default=True,
     help="The address --metrics-port listens on.",
 )

@@ -171,9 +171,10 @@ def add_workflows(
     # A workflow job may run long (slow steps); its lease and heartbeat tell a dead run from a
     # live one, so the backend's job timeout (sized for one webhook attempt) must not kill it.
     engine.backend.set_job_timeout(WORKFLOW_JOB, None)
-    # A worker takes as many workflow jobs at a time as the runner's threads have room for, and
-    # hands them over: its threads keep up to HARVEST_WORKFLOW_CONCURRENCY runs going.
-    if isinstance(engine.backend, RqBackend):
+    # Where the backend allows it, a worker takes as many workflow jobs at a time as the runner's
+    # threads have room for, and hands them over: its threads keep up to
+    # HARVEST_WORKFLOW_CONCURRENCY runs going. Elsewhere a job runs its rows to the end.
+    if engine.backend.allows_hand_off:
         engine.jobs.register(WORKFLOW_JOB, runner.submit_many, take=runner.free_slots)
     else:
         engine.jobs.register(WORKFLOW_JOB, runner.run_many, take=runner.concurrency)

@@ -14,7 +14,7 @@ from . import _sql
 from ._sql import metadata
 from .callbacks._schema import CALLBACK_TABLES
 from .triggers._schema import TRIGGER_TABLES
-from .webhooks.stores._schema import WEBHOOK_TABLES
+from .webhooks.stores._schema import RETIRED_INDEXES, WEBHOOK_TABLES
 from .workflows._schema import WORKFLOW_TABLES
 
 __all__ = ["ALL_TABLES", "metadata", "schema_sql"]
@@ -24,8 +24,9 @@ ALL_TABLES: tuple[Table, ...] = (*WEBHOOK_TABLES, *WORKFLOW_TABLES, *CALLBACK_TA
 
 
 def schema_sql(dialect: str = "postgresql") -> str:
-    """Return the DDL that creates every flask-harvest table and index where it is absent.
+    """Return the DDL that creates every flask-harvest table and index where it is absent, and
+    drops the indexes of earlier versions that they replace.
 
     :param dialect: a SQLAlchemy dialect name such as ``postgresql`` or ``sqlite``.
     """
-    return _sql.schema_sql(ALL_TABLES, dialect)
+    return _sql.schema_sql(ALL_TABLES, dialect) + _sql.drop_indexes_sql(RETIRED_INDEXES)

@@ -10,6 +10,7 @@ own per test session, so concurrent test runs against one server do not see each
 from __future__ import annotations
 
 import os
+import signal
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -192,6 +193,17 @@ def _close_test_apps() -> Iterator[None]:
     """Stop the job backends of apps a test made, so their threads outlive no test."""
     yield
     close_apps()
+
+
+@pytest.fixture(autouse=True)
+def _restore_signal_handlers() -> Iterator[None]:
+    """Put back the SIGINT and SIGTERM handlers after each test: an RQ worker run in the test's
+    process installs its own, and RQ before 2.0 leaves them behind, so a later signal would raise
+    its ``StopRequested`` in some other test."""
+    handlers = {number: signal.getsignal(number) for number in (signal.SIGINT, signal.SIGTERM)}
+    yield
+    for number, handler in handlers.items():
+        signal.signal(number, handler)
 
 
 @pytest.fixture

@@ -9,6 +9,7 @@ from typing import Any
 from flask import Flask
 
 from flask_harvest import DeliveryState, OutboundWebhookHandler, OutboundWebhookPlugin, get_engine
+from flask_harvest.jobs.rq import RqBackend
 from flask_harvest.webhooks.models import FINAL_STATES
 
 #: Quick retries so tests don't wait on the production schedule.
@@ -35,6 +36,18 @@ def make_app(store: OutboundWebhookHandler, *, delegate: Any = None, **config: A
     app.config.update(config)
     OutboundWebhookPlugin(store, app, delegate=delegate)
     return close_later(app)
+
+
+def rq_app(store: OutboundWebhookHandler, redis_url: str, **config: Any) -> Flask:
+    """:func:`make_app` on the ``rq`` backend at ``redis_url``."""
+    return make_app(store, HARVEST_JOBS_BACKEND="rq", HARVEST_REDIS_URL=redis_url, **config)
+
+
+def rq_backend(app: Flask) -> RqBackend:
+    """The ``rq`` backend of an app :func:`rq_app` made."""
+    backend = get_engine(app).backend
+    assert isinstance(backend, RqBackend)
+    return backend
 
 
 def close_later(app: Flask) -> Flask:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import urllib.parse
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
@@ -31,6 +32,12 @@ SPECIALS = ["\x00", "\ud800", "\udfff", "\udcff", "/", "%", "?", "#", "..", " ",
 
 #: Text with the specials mixed in, short enough to stay fast.
 TEXT = st.lists(st.one_of(st.text(max_size=6), st.sampled_from(SPECIALS)), max_size=5).map("".join)
+
+
+def quoted(text: str, safe: str = "/") -> str:
+    """``text`` percent-encoded for a URL path, lone surrogates too (as the bytes a client sends)."""
+    return urllib.parse.quote(text.encode("utf-8", "surrogatepass"), safe=safe)
+
 
 #: Numbers a JSON parser or a 32-bit column may not expect.
 NUMBERS = st.one_of(

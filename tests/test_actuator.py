@@ -23,6 +23,7 @@ from flask_harvest import (
     get_engine,
 )
 from flask_harvest.testing import CapturingReceiver
+from flask_harvest.webhooks.operations import STATS_COUNT_CAP
 
 from .pipeline import make_app, wait_final
 from .test_models import SEED_DLQ_FIELDS
@@ -391,6 +392,21 @@ def test_delivery_detail_and_stats(
     assert stats["overall"]["dlq_depth"] == 2
     assert stats["overall"]["oldest_pending_age_seconds"] is None
     assert stats["subscriptions"]["sub_1"]["dlq_depth"] == 2
+    assert stats["overall"]["capped"] == dict.fromkeys(stats["overall"]["counts"], False)
+    assert stats["overall"]["count_cap"] == STATS_COUNT_CAP
+
+
+def test_stats_stop_counting_at_the_cap_and_say_so(
+    client: FlaskClient, store: OutboundWebhookHandler
+) -> None:
+    dead_letters(store, STATS_COUNT_CAP + 1)
+    stats = call(client, "GET", "/stats").get_json()
+    overall = stats["overall"]
+    assert overall["counts"]["dlq"] == overall["dlq_depth"] == STATS_COUNT_CAP
+    assert overall["capped"]["dlq"] is True and overall["capped"]["pending"] is False
+    # The subscription's count is its share of the rows read: a lower bound, marked as one.
+    assert stats["subscriptions"]["sub_1"]["counts"]["dlq"] == STATS_COUNT_CAP
+    assert stats["subscriptions"]["sub_1"]["capped"]["dlq"] is True
 
 
 # -- secret rotation -------------------------------------------------------------------------------

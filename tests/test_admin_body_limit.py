@@ -7,20 +7,17 @@ request a 500; the lowest-versions environment (``make lowest``) runs these test
 from __future__ import annotations
 
 import json
-import re
-import socket
-import threading
 from collections.abc import Iterator
 
 import pytest
 import requests
 from flask import Flask
 from flask.testing import FlaskClient
-from werkzeug.serving import make_server
 
 from flask_harvest.admin_http import MAX_BODY_BYTES
 from flask_harvest.webhooks.stores import InMemoryOutboundWebhookHandler
 
+from .live_server import LiveServer, live_server
 from .pipeline import make_app
 
 TOKEN = "test-actuator-token-0123456789"
@@ -79,70 +76,39 @@ def test_a_body_at_the_limit_is_read_and_one_byte_more_is_a_413(
     assert store.list_subscriptions() == []
 
 
-class _Server:
-    """The app on a real HTTP server on 127.0.0.1, so bodies can be chunked or never finished."""
-
-    def __init__(self, app: Flask) -> None:
-        self.server = make_server("127.0.0.1", 0, app, threaded=True)
-        self.url = f"http://127.0.0.1:{self.server.server_port}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-
-    def send(self, headers: dict[str, str], body_start: bytes) -> tuple[int, str]:
-        """Send a POST with ``headers`` and the start of a body; return the status and error code
-        the server answers with, or fail if it waits for the rest of the body."""
-        head = f"POST {URL} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-        head += "".join(f"{name}: {value}\r\n" for name, value in headers.items()) + "\r\n"
-        with socket.create_connection(("127.0.0.1", self.server.server_port), timeout=5) as sock:
-            sock.sendall(head.encode("latin-1") + body_start)
-            data = b""
-            try:
-                while b"\r\n\r\n" not in data:
-                    chunk = sock.recv(65536)
-                    assert chunk, "the server closed the connection without answering"
-                    data += chunk
-                header_block, _, rest = data.partition(b"\r\n\r\n")
-                match = re.search(rb"(?i)content-length: *(\d+)", header_block)
-                assert match is not None
-                while len(rest) < int(match.group(1)):
-                    rest += sock.recv(65536)
-            except TimeoutError:
-                pytest.fail("the server waited for the body instead of answering")
-        return int(header_block.split(b" ", 2)[1]), error_code(rest)
-
-
 @pytest.fixture
-def server(app: Flask) -> Iterator[_Server]:
-    running = _Server(app)
-    yield running
-    running.close()
+def server(app: Flask) -> Iterator[LiveServer]:
+    with live_server(app) as running:
+        yield running
 
 
-def test_an_announced_body_over_the_limit_is_a_413_before_it_is_read(server: _Server) -> None:
+def send(server: LiveServer, headers: dict[str, str], body_start: bytes) -> tuple[int, str]:
+    """POST the start of a JSON body to the route that takes one; see ``send_unfinished``."""
+    return server.send_unfinished(URL, {**JSON, **headers}, body_start)
+
+
+def test_an_announced_body_over_the_limit_is_a_413_before_it_is_read(server: LiveServer) -> None:
     # 200 MB announced, 4 KB sent: an answer proves the server never waited for the rest.
     announced = {"Content-Length": str(200 * 1024 * 1024)}
-    assert server.send({**AUTH, **announced}, b"[" * 4096) == (413, "request_entity_too_large")
+    assert send(server, {**AUTH, **announced}, b"[" * 4096) == (413, "request_entity_too_large")
 
 
-def test_an_unauthorized_request_is_refused_before_its_body_is_read(server: _Server) -> None:
+def test_an_unauthorized_request_is_refused_before_its_body_is_read(server: LiveServer) -> None:
     announced = {"Content-Length": str(200 * 1024 * 1024)}
-    assert server.send(announced, b"[" * 4096) == (401, "unauthorized")
+    assert send(server, announced, b"[" * 4096) == (401, "unauthorized")
 
 
 def test_a_chunked_body_is_read_only_up_to_the_limit(
-    server: _Server, store: InMemoryOutboundWebhookHandler
+    server: LiveServer, store: InMemoryOutboundWebhookHandler
 ) -> None:
     body = padded(MAX_BODY_BYTES + 1)
     chunks = b"".join(b"%x\r\n%s\r\n" % (len(part), part) for part in (body[:40000], body[40000:]))
-    assert server.send({**AUTH, "Transfer-Encoding": "chunked"}, chunks) == (413, "request_entity_too_large")
+    assert send(server, {**AUTH, "Transfer-Encoding": "chunked"}, chunks) == (413, "request_entity_too_large")
     assert store.list_subscriptions() == []
 
 
 def test_a_chunked_body_under_the_limit_is_read_by_the_view(
-    server: _Server, store: InMemoryOutboundWebhookHandler
+    server: LiveServer, store: InMemoryOutboundWebhookHandler
 ) -> None:
     body = json.dumps({"target_url": "https://hooks.example.com/a", "event_topics": ["a.b"]}).encode()
     # A generator body makes requests send it chunked, without a Content-Length.

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -154,6 +156,17 @@ def test_rising_latency_cuts_and_jitter_of_a_fast_endpoint_does_not() -> None:
     assert limit.limit < 32
 
 
+@pytest.mark.parametrize(("silence", "usual", "cut"), [(1.5, 0.0, True), (2.5, 1.0, False)])
+def test_the_usual_latency_is_of_the_last_two_windows_only(silence: float, usual: float, cut: bool) -> None:
+    # Found by the recovery property below: a 0 s answer from before a long silence made every
+    # 1 s answer after it look like queueing, and cut the limit, for a whole window more.
+    limit = EndpointLimit(AdmissionPolicy(ceiling=2, latency_tolerance=1.0), now=0.0)
+    limit.record(Signal.SUCCESS, 0.0, 0.0, saturated=False)
+    limit.record(Signal.SUCCESS, 1.0, silence * limit.policy.window)
+    assert limit.usual_latency == usual
+    assert limit.limit == (1 if cut else 2)
+
+
 def test_a_fixed_policy_never_moves() -> None:
     limit = EndpointLimit(AdmissionPolicy(floor=16, ceiling=16), now=0.0)
     assert limit.limit == 16
@@ -200,31 +213,38 @@ EVENTS = st.lists(
     ),
     max_size=200,
 )
+Events = list[tuple[Signal, float, float, bool]]
 
 
-@BUDGET
-@given(POLICIES, EVENTS)
-def test_the_limit_always_stays_within_floor_and_ceiling(
-    policy: AdmissionPolicy, events: list[tuple[Signal, float, float, bool]]
-) -> None:
-    limit = EndpointLimit(policy, now=0.0)
+def play(limit: EndpointLimit, events: Events) -> Iterator[float]:
+    """Record ``events`` on ``limit`` in turn, from time 0; yield the time after each."""
     now = 0.0
     for signal, latency, gap, saturated in events:
         now += gap
         limit.record(signal, latency, now, saturated=saturated)
+        yield now
+
+
+def play_all(limit: EndpointLimit, events: Events) -> float:
+    """Record every one of ``events`` on ``limit``; return the time after the last (0 for none)."""
+    return max(play(limit, events), default=0.0)  # time never goes back: the greatest is the last
+
+
+@BUDGET
+@given(POLICIES, EVENTS)
+def test_the_limit_always_stays_within_floor_and_ceiling(policy: AdmissionPolicy, events: Events) -> None:
+    limit = EndpointLimit(policy, now=0.0)
+    for _ in play(limit, events):
         assert policy.floor <= limit.limit <= policy.ceiling
 
 
 @BUDGET
 @given(POLICIES, EVENTS, st.sampled_from([Signal.OVERLOAD, Signal.TIMEOUT]))
 def test_an_overload_signal_after_the_last_cut_decreases_at_once(
-    policy: AdmissionPolicy, events: list[tuple[Signal, float, float, bool]], signal: Signal
+    policy: AdmissionPolicy, events: Events, signal: Signal
 ) -> None:
     limit = EndpointLimit(policy, now=0.0)
-    now = 0.0
-    for event, latency, gap, saturated in events:
-        now += gap
-        limit.record(event, latency, now, saturated=saturated)
+    now = play_all(limit, events)
     before = limit.limit
     # Sent after any earlier cut, and more than a round trip (latencies here are <= 20 s) later.
     limit.record(signal, 0.001, now + 21.0)
@@ -242,13 +262,10 @@ def test_an_overload_signal_after_the_last_cut_decreases_at_once(
 @BUDGET
 @given(POLICIES, EVENTS, st.floats(0.001, 2.0))
 def test_the_limit_recovers_to_the_ceiling_once_overload_ends(
-    policy: AdmissionPolicy, events: list[tuple[Signal, float, float, bool]], rtt: float
+    policy: AdmissionPolicy, events: Events, rtt: float
 ) -> None:
     limit = EndpointLimit(policy, now=0.0)
-    now = 0.0
-    for event, latency, gap, saturated in events:
-        now += gap
-        limit.record(event, latency, now, saturated=saturated)
+    now = play_all(limit, events)
     # Two windows later the endpoint's usual latency is what it answers in now; then it answers
     # every attempt well and at that latency.
     now += 2 * policy.window + 1
@@ -263,9 +280,7 @@ def test_the_limit_recovers_to_the_ceiling_once_overload_ends(
 
 @BUDGET
 @given(st.integers(1, 64), st.integers(1, 128), st.integers(1, 128), EVENTS)
-def test_a_pools_limits_never_exceed_its_slots(
-    floor: int, ceiling: int, slots: int, events: list[tuple[Signal, float, float, bool]]
-) -> None:
+def test_a_pools_limits_never_exceed_its_slots(floor: int, ceiling: int, slots: int, events: Events) -> None:
     app = make_app(InMemoryOutboundWebhookStore())
     # Any floor and ceiling the settings allow, and any --concurrency.
     pool = DeliveryPool(
@@ -274,10 +289,7 @@ def test_a_pools_limits_never_exceed_its_slots(
     try:
         assert 1 <= pool.policy.floor <= pool.policy.ceiling <= slots
         limit = EndpointLimit(pool.policy, now=0.0)
-        now = 0.0
-        for signal, latency, gap, saturated in events:
-            now += gap
-            limit.record(signal, latency, now, saturated=saturated)
+        for _ in play(limit, events):
             assert limit.limit <= slots
     finally:
         pool.shutdown()

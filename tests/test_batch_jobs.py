@@ -20,7 +20,7 @@ from flask_harvest.webhooks.delivery import WEBHOOK_JOB, delivery_job
 from flask_harvest.webhooks.sweeper import sweep
 from flask_harvest.worker import DeliveryPool, HarvestWorker
 
-from .pipeline import make_app, wait_final
+from .pipeline import rq_app, rq_backend, wait_final
 
 pytestmark = pytest.mark.redis
 SECRET = generate_secret()
@@ -36,14 +36,10 @@ def fan_out(
             WebhookSubscription(receiver.url(f"/hook/{n}"), ["a.*"], SECRET, id=f"sub_{n}")
         )
     # A worker concurrency of 32 makes batches of 8.
-    app = make_app(
-        store, HARVEST_JOBS_BACKEND="rq", HARVEST_REDIS_URL=redis_url, HARVEST_WORKER_CONCURRENCY=32
-    )
-    backend = get_engine(app).backend
-    assert isinstance(backend, RqBackend)
+    app = rq_app(store, redis_url, HARVEST_WORKER_CONCURRENCY=32)
     with app.app_context():
         ids = get_engine(app).manager.dispatch("a.b", {"n": 1})
-    return app, backend, ids
+    return app, rq_backend(app), ids
 
 
 def live(backend: RqBackend, deliveries: list[DeliveryLog]) -> set[str]:

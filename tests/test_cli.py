@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import json
+import threading
 from collections.abc import Callable
 from datetime import datetime, timedelta, timezone
 from typing import Any
@@ -13,6 +14,8 @@ import redis
 import sqlalchemy as sa
 from click.testing import Result
 from flask import Flask
+from hypothesis import given
+from hypothesis import strategies as st
 from rq import Queue
 from rq.job import Job
 
@@ -28,10 +31,13 @@ from flask_harvest.webhooks.models import (
     WebhookSubscriptionStatus,
     utcnow,
 )
-from flask_harvest.webhooks.stores import OutboundWebhookHandler
+from flask_harvest.webhooks.operations import STATS_COUNT_CAP
+from flask_harvest.webhooks.stores import InMemoryOutboundWebhookHandler, OutboundWebhookHandler
 from flask_harvest.webhooks.stores.sql import SqlOutboundWebhookStore
 
 from .pipeline import make_app
+from .properties import BUDGET, TEXT
+from .test_actuator import dead_letters
 
 SECRET = "whsec_c2VjcmV0LW9mLXRoZS1jbGktdGVzdHMtMDEyMzQ1Njc4OQ=="
 OTHER_SECRET = "whsec_YW5vdGhlci1zZWNyZXQtb2YtdGhlLWNsaS10ZXN0cy0wMTI="
@@ -158,6 +164,65 @@ def test_init_db(cli: Cli, store: OutboundWebhookHandler) -> None:
 def test_worker_needs_rq_and_sweep_runs(cli: Cli) -> None:
     assert "rq backend" in fails(cli("worker", "--burst"))
     assert "requeued 0 delivery(ies)" in ok(cli("sweep")).output
+
+
+def _a_port(text: str) -> bool:
+    """Whether click's ``--metrics-port`` takes ``text`` (``int()`` takes " 80" and "8_0" too)."""
+    try:
+        return 1 <= int(text) <= 65535
+    except ValueError:
+        return False
+
+
+BAD_PORTS = st.one_of(
+    st.integers(max_value=0), st.integers(min_value=65536), st.sampled_from([2**63, -(2**63)])
+).map(str) | TEXT.filter(lambda text: not _a_port(text))
+# What no IP address and no host name can be: a character neither has, an empty or overlong label,
+# a label that starts or ends with '-', a name over 253 characters.
+BAD_ADDRESSES = st.one_of(
+    st.builds(
+        "".join,
+        st.tuples(
+            st.text("ab1.:", max_size=6),
+            st.sampled_from([" ", "/", "?", "#", "@", ",", "*", "..", "\n", "\x00", "\udcff", "\u202e", "é"]),
+            st.text("ab1.:", max_size=6),
+        ),
+    ),
+    st.sampled_from(["", ".", "-", "-a", "a-", "a.-b", "x" * 64, "a." * 127 + "a", "1.2.3.4:80", "::g"]),
+)
+BAD_METRICS_OPTIONS = st.one_of(
+    BAD_PORTS.map(lambda port: ["--metrics-port", port]),
+    st.tuples(st.integers(1024, 65535), BAD_ADDRESSES).map(
+        lambda option: ["--metrics-port", str(option[0]), "--metrics-address", option[1]]
+    ),
+    BAD_ADDRESSES.map(lambda address: ["--metrics-address", address]),
+)
+
+
+@pytest.fixture
+def metrics_app(redis_url: str) -> Flask:
+    """An app whose worker may serve metrics: only the options stand in its way."""
+    return make_app(
+        InMemoryOutboundWebhookHandler(),
+        HARVEST_METRICS=True,
+        HARVEST_JOBS_BACKEND="rq",
+        HARVEST_REDIS_URL=redis_url,
+    )
+
+
+@BUDGET
+@given(options=BAD_METRICS_OPTIONS)
+def test_bad_metrics_options_are_a_usage_error_and_start_nothing(
+    metrics_app: Flask, redis_conn: redis.Redis, options: list[str]
+) -> None:
+    threads = set(threading.enumerate())
+    # --burst: were the options taken, the worker would run and end with status 0.
+    result = metrics_app.test_cli_runner().invoke(args=["harvest", "worker", "--burst", *options])
+    error = fails(result, code=2)
+    assert "--metrics-port" in error or "--metrics-address" in error
+    assert "startup sweep" not in result.output  # the worker never started...
+    assert redis_conn.keys("rq:*") == []  # ...nor registered in RQ
+    assert set(threading.enumerate()) <= threads  # and no metrics server listens
 
 
 # -- subscriptions ---------------------------------------------------------------------------------
@@ -544,6 +609,16 @@ def test_stats(cli: Cli, store: OutboundWebhookHandler) -> None:
     data = as_json(cli("stats", "--json"))
     assert data["overall"]["dlq_depth"] == 1
     assert data["subscriptions"]["sub_a"]["counts"]["delivered"] == 1
+    assert data["overall"]["capped"]["dlq"] is False and "1+" not in table.output
+
+
+def test_stats_show_a_capped_count_with_a_plus(cli: Cli, store: OutboundWebhookHandler) -> None:
+    dead_letters(store, STATS_COUNT_CAP + 1, subscription_id="sub_a")
+    table = ok(cli("stats")).output
+    overall = next(line for line in table.splitlines() if line.startswith("(all)"))
+    assert overall.split()[4] == f"{STATS_COUNT_CAP}+"
+    data = as_json(cli("stats", "--json"))
+    assert data["overall"]["counts"]["dlq"] == STATS_COUNT_CAP and data["overall"]["capped"]["dlq"] is True
 
 
 def test_triggers_commands_say_in_one_line_that_the_app_has_no_triggers(cli: Cli) -> None:

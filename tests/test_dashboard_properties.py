@@ -4,20 +4,33 @@ every POST refused without the CSRF token; a refused request changes nothing."""
 
 from __future__ import annotations
 
+import dataclasses
 import re
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
 
 import pytest
 from flask import Flask
+from flask.testing import FlaskClient
 from hypothesis import given
 from hypothesis import strategies as st
 
-from flask_harvest import OutboundWebhookHandler, WebhookSubscription, generate_secret
+from flask_harvest import OutboundWebhookHandler, WebhookSubscription, generate_secret, get_engine
+from flask_harvest.testing import CapturingReceiver
+from flask_harvest.triggers.conditions import Eq
+from flask_harvest.triggers.definitions import CompletionTrigger
 
 from .dashboard_client import PREFIX, dashboard_app, signed_in
 from .properties import BUDGET, TEXT
 from .test_actuator import dead_letters
+from .test_dashboard_workflows import SCRIPT, workflow_dashboard_app
+from .workflow_app import TOKEN as WORKFLOW_TOKEN
+from .workflow_app import database_url_fixture, executions
+
+__all__ = ["database_url_fixture"]
 
 SECRET = generate_secret()
 #: Endpoints that answer without sign-in, on purpose.
@@ -26,11 +39,29 @@ FIELDS = [
     "status", "topic", "cursor", "state", "subscription_id", "since", "until", "grace_seconds",
     "action", "limit", "token", "next",
 ]  # fmt: skip
+WORKFLOW_FIELDS = [
+    "name", "state", "cursor", "reason", "confirm", "done", "id", "source_workflow_name",
+    "target_workflow_name", "terminal_states", "input_mapping", "condition",
+]  # fmt: skip
 #: Values that mean something to some route, mixed with hostile text.
 VALUES = st.one_of(
     TEXT,
     st.sampled_from(
         ["sub_1", "active", "disabled", "dlq", "dry-run", "replay", "5", "0", "-1", "nan", "2026-12-01T12:00"]
+    ),
+    st.sampled_from(
+        [
+            "<script>alert(1)</script>",
+            "yes",
+            "echo",
+            "Completed",
+            "Terminated",
+            '{"type": "Passthrough"}',
+            '{"type": "Eq", "data": {"path": "n", "value": "<script>"}}',
+            '{"type": "Eq", "data": {"path": "\\ud800", "value": 1}}',
+            '{"type": "Nope"}',
+            "{",
+        ]
     ),
 )
 
@@ -96,29 +127,8 @@ def test_the_routes_are_found(app: Flask) -> None:
 def test_every_route_is_refused_without_sign_in(
     app: Flask, store: OutboundWebhookHandler, data: st.DataObject
 ) -> None:
-    method, rule, args = data.draw(st.sampled_from(dashboard_routes(app)))
-    path_values = {name: data.draw(st.one_of(TEXT, st.just("sub_1")), label=name) for name in args}
-    form = data.draw(st.dictionaries(st.sampled_from(FIELDS), VALUES, max_size=4), label="form")
-    client = app.test_client()
-    before = snapshot(store)
-    if method != "GET":
-        # Even with a valid CSRF token of an anonymous session, nothing opens.
-        client.get(f"{PREFIX}/sign-in")
-        page = client.get(f"{PREFIX}/sign-in").get_data(as_text=True)
-        form["csrf_token"] = re.search(r'name="csrf_token" value="([^"]+)"', page).group(1)  # type: ignore[union-attr]
-    if method != "GET":
-        response = client.open(fill(rule, path_values), method=method, data=encoded(form), content_type=FORM)
-    else:
-        response = client.get(fill(rule, path_values), query_string=encoded(form))
-    # 308: werkzeug's routing merged a doubled slash (``%2F`` in a path id) before any page ran.
-    assert response.status_code in (303, 308, 401, 403), (method, rule, response.status_code)
-    if response.status_code == 303:
-        assert response.headers["Location"].startswith(f"{PREFIX}/sign-in")
-    if response.status_code == 308:
-        assert "Sign in" not in response.get_data(as_text=True) and "<table" not in response.get_data(
-            as_text=True
-        )
-    assert snapshot(store) == before
+    path_values = st.one_of(TEXT, st.just("sub_1"))
+    refused_without_sign_in(app, dashboard_routes(app), lambda: snapshot(store), path_values, FIELDS, data)
 
 
 @BUDGET
@@ -128,27 +138,166 @@ def test_no_route_fails_and_refusals_change_nothing(
 ) -> None:
     client = app.test_client()
     csrf = signed_in(client)
-    method, rule, args = data.draw(st.sampled_from(dashboard_routes(app, include_open=True)))
-    path_values = {
-        name: data.draw(st.one_of(TEXT, st.sampled_from(["sub_1", "msg_sub_1_000"])), label=name)
-        for name in args
-    }
-    fields = data.draw(st.dictionaries(st.sampled_from(FIELDS), VALUES, max_size=5), label="fields")
-    with_csrf = data.draw(st.booleans(), label="with_csrf")
-    before = snapshot(store)
+    routes = dashboard_routes(app, include_open=True)
+    path_values = st.one_of(TEXT, st.sampled_from(["sub_1", "msg_sub_1_000"]))
+    body = never_fails(client, csrf, routes, lambda: snapshot(store), path_values, FIELDS, data)
+    assert SECRET not in body
+
+
+Snapshot = Callable[[], Any]
+
+
+def refused_without_sign_in(
+    app: Flask,
+    routes: list[tuple[str, str, list[str]]],
+    state: Snapshot,
+    path_values: st.SearchStrategy[str],
+    fields: list[str],
+    data: st.DataObject,
+) -> None:
+    """A request to one of ``routes`` without sign-in is refused (or sent to sign in) and changes
+    nothing that ``state()`` reads."""
+    method, rule, args = data.draw(st.sampled_from(routes))
+    path = {name: data.draw(path_values, label=name) for name in args}
+    form = data.draw(st.dictionaries(st.sampled_from(fields), VALUES, max_size=4), label="form")
+    client = app.test_client()
+    before = state()
     if method != "GET":
-        form = {**fields, **({"csrf_token": csrf} if with_csrf else {})}
-        response = client.open(fill(rule, path_values), method=method, data=encoded(form), content_type=FORM)
+        # Even with a valid CSRF token of an anonymous session, nothing opens.
+        client.get(f"{PREFIX}/sign-in")
+        page = client.get(f"{PREFIX}/sign-in").get_data(as_text=True)
+        form["csrf_token"] = re.search(r'name="csrf_token" value="([^"]+)"', page).group(1)  # type: ignore[union-attr]
+    if method != "GET":
+        response = client.open(fill(rule, path), method=method, data=encoded(form), content_type=FORM)
     else:
-        response = client.get(fill(rule, path_values), query_string=encoded(fields))
+        response = client.get(fill(rule, path), query_string=encoded(form))
+    # 308: werkzeug's routing merged a doubled slash (``%2F`` in a path id) before any page ran.
+    assert response.status_code in (303, 308, 401, 403), (method, rule, response.status_code)
+    if response.status_code == 303:
+        assert response.headers["Location"].startswith(f"{PREFIX}/sign-in")
+    if response.status_code == 308:
+        assert "Sign in" not in response.get_data(as_text=True) and "<table" not in response.get_data(
+            as_text=True
+        )
+    assert state() == before
+
+
+def never_fails(
+    client: FlaskClient,
+    csrf: str,
+    routes: list[tuple[str, str, list[str]]],
+    state: Snapshot,
+    path_values: st.SearchStrategy[str],
+    fields: list[str],
+    data: st.DataObject,
+) -> str:
+    """A signed-in request to one of ``routes`` with drawn fields never fails (no 5xx, no
+    traceback, no script on the page); a refusal changes nothing ``state()`` reads. Returns the body."""
+    method, rule, args = data.draw(st.sampled_from(routes))
+    path = {name: data.draw(path_values, label=name) for name in args}
+    drawn = data.draw(st.dictionaries(st.sampled_from(fields), VALUES, max_size=5), label="fields")
+    with_csrf = data.draw(st.booleans(), label="with_csrf")
+    before = state()
+    if method != "GET":
+        form = {**drawn, **({"csrf_token": csrf} if with_csrf else {})}
+        response = client.open(fill(rule, path), method=method, data=encoded(form), content_type=FORM)
+    else:
+        response = client.get(fill(rule, path), query_string=encoded(drawn))
     body = response.get_data(as_text=True)
     response.close()  # a stylesheet answer holds its file open
-    assert response.status_code < 500, (method, rule, fields, body[:500])
+    assert response.status_code < 500, (method, rule, drawn, body[:500])
     assert "Traceback" not in body
+    # No page has a script of its own: one in the body would be input rendered as markup.
+    assert "<script" not in body.lower()
     if response.status_code != 308:  # werkzeug's slash-merging redirect comes before any page
         assert response.headers["Content-Security-Policy"].startswith("default-src 'none'")
     if method != "GET" and not with_csrf and response.status_code != 308:
         assert response.status_code == 403
     if response.status_code >= 400:
-        assert snapshot(store) == before
-    assert SECRET not in body
+        assert state() == before
+    return body
+
+
+# -- the workflow and trigger pages ----------------------------------------------------------------
+
+
+@dataclass
+class WorkflowSubject:
+    """A workflow app with executions in several states, a failed completion delivery, trigger
+    fires and skips, and ``<script>`` in inputs, ids and names; RQ with no worker, so nothing
+    moves between an example's two snapshots unless a request moved it."""
+
+    app: Flask
+    ids: list[str]
+
+    def snapshot(self) -> Any:
+        with self.app.app_context():
+            engine = get_engine()
+            assert engine.workflows is not None and engine.callbacks is not None and engine.triggers
+            runs = executions(self.app)
+            return (
+                sorted((e.execution_id, e.state.value, e.cancel_requested, e.cancel_reason) for e in runs),
+                sorted(
+                    (d.delivery_id, d.state.value, d.attempts)
+                    for e in runs
+                    for d in engine.callbacks.deliveries(e.execution_id)
+                ),
+                sorted(dataclasses.astuple(t) for t in engine.triggers.list_triggers()),
+                sorted(dataclasses.astuple(f) for f in engine.triggers.fires(limit=500)),
+            )
+
+
+@pytest.fixture
+def workflow_subject(
+    database_url: str, redis_url: str, redis_conn: object, receiver: CapturingReceiver
+) -> WorkflowSubject:
+    app = workflow_dashboard_app(database_url, HARVEST_JOBS_BACKEND="rq", HARVEST_REDIS_URL=redis_url)
+    receiver.respond("/done", 500, "no", times=1)
+    with app.app_context():
+        engine = get_engine()
+        service, callbacks, triggers = engine.workflows, engine.callbacks, engine.triggers
+        assert service is not None and callbacks is not None and triggers is not None
+        triggers.register(CompletionTrigger("echo", "three_steps", terminal_states=["Terminated"]))
+        triggers.register(
+            CompletionTrigger("echo", "echo", terminal_states=["Terminated"], condition=Eq("n", 1))
+        )
+        triggers.register(CompletionTrigger(SCRIPT, "echo", id=str(uuid.uuid4())))
+        pending, _ = service.start("echo", {"note": SCRIPT}, workflow_id=SCRIPT)
+        ended, _ = service.start("echo", {"n": 2}, completion_callbacks=[{"url": receiver.url("/done")}])
+        service.terminate(ended.execution_id, SCRIPT)
+        [delivery] = callbacks.deliveries(ended.execution_id)
+        callbacks.run_many([delivery.delivery_id])  # the receiver answers 500: one attempt, FAILED
+        assert callbacks.deliveries(ended.execution_id)[0].state.value == "FAILED"
+        ids = [pending.execution_id, ended.execution_id, delivery.delivery_id]
+        ids += [t.id for t in triggers.list_triggers()]
+    return WorkflowSubject(app, ids)
+
+
+def workflow_routes(app: Flask) -> list[tuple[str, str, list[str]]]:
+    routes = [r for r in dashboard_routes(app) if "/workflows" in r[1] or "/triggers" in r[1]]
+    assert len(routes) >= 10, routes
+    return routes
+
+
+@BUDGET
+@given(data=st.data())
+def test_workflow_pages_are_refused_without_sign_in(
+    workflow_subject: WorkflowSubject, data: st.DataObject
+) -> None:
+    subject = workflow_subject
+    path_values = st.one_of(TEXT, st.sampled_from(subject.ids))
+    routes = workflow_routes(subject.app)
+    refused_without_sign_in(subject.app, routes, subject.snapshot, path_values, WORKFLOW_FIELDS, data)
+
+
+@BUDGET
+@given(data=st.data())
+def test_no_workflow_page_fails_and_refusals_change_nothing(
+    workflow_subject: WorkflowSubject, data: st.DataObject
+) -> None:
+    subject = workflow_subject
+    client = subject.app.test_client()
+    csrf = signed_in(client, WORKFLOW_TOKEN)
+    path_values = st.one_of(TEXT, st.sampled_from(subject.ids))
+    routes = workflow_routes(subject.app)
+    never_fails(client, csrf, routes, subject.snapshot, path_values, WORKFLOW_FIELDS, data)

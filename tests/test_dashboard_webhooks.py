@@ -19,6 +19,7 @@ from flask_harvest import (
 )
 from flask_harvest.dashboard.paging import PAGE_SIZE
 from flask_harvest.testing import CapturingReceiver
+from flask_harvest.webhooks.operations import STATS_COUNT_CAP
 
 from .dashboard_client import PREFIX, dashboard_app, signed_in, text
 from .pipeline import wait_final
@@ -72,6 +73,18 @@ def test_overview_counts_chart_and_troubled_subscriptions(
     assert '<svg class="chart"' in page
     assert "sub_off" in page and 'id="troubled-subscriptions"' in page
     assert SECRET not in page
+    assert 'id="count-cap"' not in page
+
+
+def test_overview_shows_a_capped_count_with_a_plus(
+    client: FlaskClient, csrf: str, store: OutboundWebhookHandler
+) -> None:
+    dead_letters(store, STATS_COUNT_CAP + 1)
+    page = text(client.get(f"{PREFIX}/"))
+    assert f'id="count-dlq"><div class="value">{STATS_COUNT_CAP}+<' in page
+    assert f'id="dlq-size"><div class="value">{STATS_COUNT_CAP}+<' in page
+    assert 'id="count-pending"><div class="value">0<' in page
+    assert 'id="count-cap"' in page
 
 
 # -- subscriptions ---------------------------------------------------------------------------------

@@ -2,12 +2,7 @@
 
 from __future__ import annotations
 
-import contextlib
-import os
 import signal
-import subprocess
-import sys
-import textwrap
 import time
 from pathlib import Path
 
@@ -23,26 +18,22 @@ from flask_harvest import (
     generate_secret,
     get_engine,
 )
-from flask_harvest.jobs.rq import RqBackend
 from flask_harvest.testing import CapturingReceiver
 from flask_harvest.webhooks.stores.sql import SqlOutboundWebhookStore
 from flask_harvest.worker import HarvestWorker
 
-from .pipeline import make_app, wait_final
+from .pipeline import rq_app, rq_backend, wait_final
+from .worker_process import start_worker
+from .worker_process import stop as stop  # tests/browser/conftest.py imports it from here
 
 pytestmark = pytest.mark.redis
 SECRET = generate_secret()
 
 
-def rq_app(store: OutboundWebhookHandler, redis_url: str, **config: object) -> Flask:
-    return make_app(store, HARVEST_JOBS_BACKEND="rq", HARVEST_REDIS_URL=redis_url, **config)
-
-
 def work_until_final(app: Flask, delivery_ids: list[str], rounds: int = 10) -> list[DeliveryState]:
     """Run burst workers (each also moves due scheduled retries) until every delivery is final."""
     state = get_engine(app)
-    backend = state.backend
-    assert isinstance(backend, RqBackend)
+    backend = rq_backend(app)
     for _ in range(rounds):
         HarvestWorker([backend.queue], connection=backend.connection, app=app).work(
             burst=True, with_scheduler=True
@@ -104,65 +95,8 @@ def test_sweeper_rebuilds_the_queue_after_redis_loses_it(
     assert sorted(r.webhook_id or "" for r in receiver.requests) == sorted(ids)
 
 
-def _write_app_module(folder: Path) -> None:
-    (folder / "worker_app.py").write_text(
-        textwrap.dedent(
-            """
-            import os
-
-            import sqlalchemy as sa
-            from flask import Flask
-
-            from flask_harvest import OutboundWebhookPlugin
-            from flask_harvest.webhooks.stores.sql import SqlOutboundWebhookStore
-
-
-            def create_app():
-                app = Flask("worker_app")
-                app.config.update(
-                    HARVEST_JOBS_BACKEND="rq",
-                    HARVEST_REDIS_URL=os.environ["TEST_REDIS_URL"],
-                    HARVEST_WEBHOOKS_LEASE_SECONDS=float(os.environ.get("TEST_LEASE", "60")),
-                    HARVEST_WEBHOOKS_DEADLINE_SECONDS=float(os.environ.get("TEST_DEADLINE", "30")),
-                    HARVEST_WEBHOOKS_CONNECT_TIMEOUT_SECONDS=1,
-                    HARVEST_SWEEP_INTERVAL_SECONDS=0.5,
-                    HARVEST_WEBHOOKS_ALLOW_PRIVATE_TARGETS=True,  # the receiver is on 127.0.0.1
-                )
-                engine = sa.create_engine(os.environ["TEST_DATABASE_URL"])
-                OutboundWebhookPlugin(SqlOutboundWebhookStore(engine), app)
-                return app
-            """
-        )
-    )
-
-
-def _worker(
-    folder: Path, store: SqlOutboundWebhookStore, redis_url: str, *extra: str, **env: str
-) -> subprocess.Popen[bytes]:
-    environment = {
-        **os.environ,
-        "PYTHONPATH": str(folder),
-        "TEST_REDIS_URL": redis_url,
-        "TEST_DATABASE_URL": store.engine.url.render_as_string(hide_password=False),
-        **env,
-    }
-    command = [sys.executable, "-m", "flask", "--app", "worker_app:create_app", "harvest", "worker", *extra]
-    with open(folder / "worker.log", "ab") as log:  # the child keeps its own copy of the file
-        # A session of its own, so that stop() also reaches RQ's forked scheduler process.
-        return subprocess.Popen(
-            command, cwd=folder, env=environment, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-        )
-
-
-def stop(process: subprocess.Popen[bytes], how: signal.Signals) -> None:
-    """Send ``how`` to the worker and everything it started; wait for the worker to end."""
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(process.pid, how)
-    try:
-        process.wait(timeout=20)
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGKILL)  # whatever is left of the group
+#: The worker's app as the delivery tests want it: a short connect timeout (the receiver is local).
+WORKER_CONFIG = {"HARVEST_WEBHOOKS_CONNECT_TIMEOUT_SECONDS": 1}
 
 
 def test_flask_harvest_worker_command_delivers(
@@ -172,12 +106,11 @@ def test_flask_harvest_worker_command_delivers(
     receiver: CapturingReceiver,
     tmp_path: Path,
 ) -> None:
-    _write_app_module(tmp_path)
     app = rq_app(sql_store, redis_url)
     sql_store.add_subscription(WebhookSubscription(receiver.url("/hook"), ["order.*"], SECRET, id="sub_1"))
     with app.app_context():
         ids = [get_engine().manager.dispatch("order.created", {"n": n})[0] for n in range(3)]
-    worker = _worker(tmp_path, sql_store, redis_url, "--burst")
+    worker = start_worker(tmp_path, sql_store, redis_url, "--burst", config=WORKER_CONFIG)
     try:
         assert worker.wait(timeout=60) == 0, (tmp_path / "worker.log").read_text()
     finally:
@@ -193,7 +126,6 @@ def test_a_killed_worker_is_recovered_after_one_lease(
     receiver: CapturingReceiver,
     tmp_path: Path,
 ) -> None:
-    _write_app_module(tmp_path)
     hang = {"first": True}
 
     def stall_once(_request: Request) -> Response:
@@ -206,8 +138,8 @@ def test_a_killed_worker_is_recovered_after_one_lease(
     sql_store.add_subscription(WebhookSubscription(receiver.url("/slow"), ["order.*"], SECRET, id="sub_1"))
     with app.app_context():
         [delivery_id] = get_engine().manager.dispatch("order.created", {})
-    lease = {"TEST_LEASE": "3", "TEST_DEADLINE": "2.5"}
-    doomed = _worker(tmp_path, sql_store, redis_url, **lease)
+    lease = {**WORKER_CONFIG, "HARVEST_WEBHOOKS_LEASE_SECONDS": 3, "HARVEST_WEBHOOKS_DEADLINE_SECONDS": 2.5}
+    doomed = start_worker(tmp_path, sql_store, redis_url, config=lease)
     try:
         receiver.wait_for(1, timeout=30)
         stored = sql_store.get_delivery(delivery_id)
@@ -216,7 +148,7 @@ def test_a_killed_worker_is_recovered_after_one_lease(
     finally:
         stop(doomed, signal.SIGKILL)
     killed_at = time.monotonic()
-    survivor = _worker(tmp_path, sql_store, redis_url, **lease)
+    survivor = start_worker(tmp_path, sql_store, redis_url, config=lease)
     try:
         assert wait_final(sql_store, [delivery_id], timeout=30) == [DeliveryState.DELIVERED]
         recovery = time.monotonic() - killed_at

@@ -10,10 +10,9 @@ import socket
 import subprocess
 import sys
 import textwrap
-import threading
 import time
-import urllib.parse
 from collections.abc import Callable, Iterator
+from contextlib import ExitStack
 from datetime import timedelta
 from pathlib import Path
 
@@ -24,7 +23,6 @@ import sqlalchemy as sa
 from flask import Flask
 from hypothesis import given
 from hypothesis import strategies as st
-from werkzeug.serving import BaseWSGIServer, make_server
 from werkzeug.wrappers import Response
 
 from flask_harvest import (
@@ -41,10 +39,11 @@ from flask_harvest.testing import CapturingReceiver, drain
 from flask_harvest.webhooks.models import DeliveryLog, new_id, utcnow
 from flask_harvest.webhooks.stores.sql import SqlOutboundWebhookStore
 
+from .live_server import live_server
 from .metrics_support import delta, parse, value
 from .pipeline import make_app, wait_final
-from .properties import BUDGET, TEXT
-from .test_delivery_rq import stop
+from .properties import BUDGET, TEXT, quoted
+from .worker_process import start_worker, stop
 
 TOKEN = "metrics-token-0123456789abcdef"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -238,10 +237,6 @@ def test_no_request_to_the_route_gets_a_5xx(
         parse(response.get_data(as_text=True))  # a well-formed exposition
 
 
-def quoted(text: str) -> str:
-    return urllib.parse.quote(text.encode("utf-8", "surrogatepass"), safe="/")
-
-
 _property_apps: dict[str, Flask] = {}
 
 
@@ -324,55 +319,14 @@ def test_metrics_port_needs_metrics(sqlite_engine: sa.Engine) -> None:
     assert "--metrics-port needs HARVEST_METRICS = True" in result.output
 
 
-def _write_worker_app(folder: Path) -> None:
-    (folder / "metrics_worker_app.py").write_text(
-        textwrap.dedent(
-            """
-            import os
-
-            import sqlalchemy as sa
-            from flask import Flask
-
-            from flask_harvest import OutboundWebhookPlugin
-            from flask_harvest.webhooks.stores.sql import SqlOutboundWebhookStore
-
-
-            def create_app():
-                app = Flask("metrics_worker_app")
-                app.config.update(
-                    HARVEST_JOBS_BACKEND="rq",
-                    HARVEST_REDIS_URL=os.environ["TEST_REDIS_URL"],
-                    HARVEST_METRICS=True,
-                    HARVEST_WEBHOOKS_MAX_ATTEMPTS=1,
-                    HARVEST_SWEEP_INTERVAL_SECONDS=0.5,
-                    HARVEST_WEBHOOKS_ALLOW_PRIVATE_TARGETS=True,  # the receiver is on 127.0.0.1
-                )
-                engine = sa.create_engine(os.environ["TEST_DATABASE_URL"])
-                OutboundWebhookPlugin(SqlOutboundWebhookStore(engine), app)
-                return app
-            """
-        )
-    )
-
-
 Serve = Callable[[Flask], str]
 
 
 @pytest.fixture
 def serve() -> Iterator[Serve]:
     """Serve an app on 127.0.0.1 from a thread until the test ends; return its base URL."""
-    servers: list[BaseWSGIServer] = []
-
-    def serve_app(app: Flask) -> str:
-        server = make_server("127.0.0.1", 0, app, threaded=True)
-        threading.Thread(target=server.serve_forever, daemon=True).start()
-        servers.append(server)
-        return f"http://127.0.0.1:{server.server_port}"
-
-    yield serve_app
-    for server in servers:
-        server.shutdown()
-        server.server_close()
+    with ExitStack() as servers:
+        yield lambda app: servers.enter_context(live_server(app)).url
 
 
 @pytest.mark.redis
@@ -387,7 +341,6 @@ def test_a_worker_process_counts_and_the_app_scrapes_it_over_http(
 ) -> None:
     multiproc = tmp_path / "prometheus"
     multiproc.mkdir()
-    _write_worker_app(tmp_path)
     # This process scrapes what the worker's process wrote (its own counters stay in its memory:
     # prometheus_client was imported here before the variable was set).
     monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(multiproc))
@@ -399,25 +352,16 @@ def test_a_worker_process_counts_and_the_app_scrapes_it_over_http(
         ok = [get_engine().manager.dispatch("order.created", {"n": n})[0] for n in range(3)]
         bad = [get_engine().manager.dispatch("refund.created", {"n": n})[0] for n in range(2)]
 
-    environment = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]),
-        "TEST_REDIS_URL": redis_url,
-        "TEST_DATABASE_URL": sql_store.engine.url.render_as_string(hide_password=False),
-        "PROMETHEUS_MULTIPROC_DIR": str(multiproc),
-    }
     port = free_port()
-    command = [sys.executable, "-m", "flask", "--app", "metrics_worker_app:create_app", "harvest", "worker"]
-    command += ["--metrics-port", str(port)]
-    with open(tmp_path / "worker.log", "ab") as log:
-        worker = subprocess.Popen(
-            command,
-            cwd=tmp_path,
-            env=environment,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+    worker = start_worker(
+        tmp_path,
+        sql_store,
+        redis_url,
+        "--metrics-port",
+        str(port),
+        config={"HARVEST_METRICS": True, "HARVEST_WEBHOOKS_MAX_ATTEMPTS": 1},
+        env={"PROMETHEUS_MULTIPROC_DIR": str(multiproc)},
+    )
     try:
         wait_final(sql_store, ok + bad, timeout=60)
         assert [d.state for d in sql_store.get_deliveries(ok + bad)].count(DeliveryState.DELIVERED) == 3

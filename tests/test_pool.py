@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+from typing import Any
 
 import pytest
 import redis
@@ -20,15 +21,39 @@ from flask_harvest import (
     get_engine,
 )
 from flask_harvest.admission import INITIAL_LIMIT
-from flask_harvest.jobs.rq import TASK, RqBackend, take_jobs
+from flask_harvest.jobs.rq import TASK, take_jobs
 from flask_harvest.testing import CapturingReceiver
 from flask_harvest.webhooks.delivery import WEBHOOK_JOB
 from flask_harvest.worker import DeliveryPool, HarvestWorker
 
-from .pipeline import make_app, wait_final
+from .pipeline import rq_app, rq_backend, wait_final
 
 pytestmark = pytest.mark.redis
 SECRET = generate_secret()
+
+
+def dispatched(
+    store: OutboundWebhookHandler, redis_url: str, endpoints: dict[str, str], events: int
+) -> tuple[Flask, list[str]]:
+    """Subscribe each of ``endpoints`` (subscription id: URL) to ``a.*`` and dispatch ``events``
+    ``a.b`` events on the rq backend; return the app and the delivery ids (none delivered yet)."""
+    for sub_id, url in endpoints.items():
+        store.add_subscription(WebhookSubscription(url, ["a.*"], SECRET, id=sub_id))
+    app = rq_app(store, redis_url)
+    with app.app_context():
+        ids = [i for n in range(events) for i in get_engine(app).manager.dispatch("a.b", {"n": n})]
+    return app, ids
+
+
+def pool_of(app: Flask, size: int, per_subscription: int, **options: Any) -> DeliveryPool:
+    """A delivery pool of ``size`` slots, ``per_subscription`` at most to one endpoint, on ``app``."""
+    return DeliveryPool(
+        get_engine(app).runner,
+        size=size,
+        per_subscription=per_subscription,
+        context=app.app_context,
+        **options,
+    )
 
 
 class CountingEndpoint:
@@ -43,6 +68,15 @@ class CountingEndpoint:
         self.started: list[float] = []  # when each request arrived, on the receiver's clock
         self._now = 0
         self._lock = threading.Lock()
+
+    @classmethod
+    def at(
+        cls, receiver: CapturingReceiver, path: str, delay: float, gate: threading.Event | None = None
+    ) -> CountingEndpoint:
+        """A counting endpoint answering at ``path`` of ``receiver``."""
+        endpoint = cls(delay, gate)
+        receiver.handle(path, endpoint)
+        return endpoint
 
     def __call__(self, _request: Request) -> Response:
         with self._lock:
@@ -63,16 +97,10 @@ def test_a_slow_endpoint_holds_at_most_its_cap_and_never_delays_the_others(
     store: OutboundWebhookHandler, redis_conn: redis.Redis, redis_url: str, receiver: CapturingReceiver
 ) -> None:
     gate = threading.Event()
-    slow = CountingEndpoint(delay=0, gate=gate)
-    receiver.handle("/slow", slow)
-    store.add_subscription(WebhookSubscription(receiver.url("/slow"), ["a.*"], SECRET, id="sub_slow"))
-    store.add_subscription(WebhookSubscription(receiver.url("/fast"), ["a.*"], SECRET, id="sub_fast"))
-    app = make_app(store, HARVEST_JOBS_BACKEND="rq", HARVEST_REDIS_URL=redis_url)
-    state = get_engine(app)
-    backend = state.backend
-    assert isinstance(backend, RqBackend)
-    with app.app_context():
-        ids = [i for n in range(6) for i in state.manager.dispatch("a.b", {"n": n})]
+    slow = CountingEndpoint.at(receiver, "/slow", delay=0, gate=gate)
+    app, ids = dispatched(
+        store, redis_url, {"sub_slow": receiver.url("/slow"), "sub_fast": receiver.url("/fast")}, 6
+    )
     # The slow endpoint answers nothing until every fast delivery has arrived (its gate opens
     # then): a fast delivery stuck behind a slow one would never arrive, and the gate would only
     # open after 30 s with answered_then empty. Its deliveries over the cap wait their turn until
@@ -88,9 +116,8 @@ def test_a_slow_endpoint_holds_at_most_its_cap_and_never_delays_the_others(
 
     opener = threading.Thread(target=open_once_the_fast_ones_arrived, daemon=True)
     opener.start()
-    pool = DeliveryPool(state.runner, size=4, per_subscription=2, context=app.app_context, slow_after=0.2)
     try:
-        HarvestWorker([backend.queue], connection=backend.connection, app=app, pool=pool).work(burst=True)
+        run_pooled_worker(app, pool_of(app, 4, 2, slow_after=0.2))
     finally:
         gate.set()
         opener.join(35)
@@ -102,12 +129,7 @@ def test_a_slow_endpoint_holds_at_most_its_cap_and_never_delays_the_others(
             assert wait_final(store, ids, timeout=0.2) == [DeliveryState.DELIVERED]
             break
         except TimeoutError:
-            pool = DeliveryPool(
-                state.runner, size=4, per_subscription=2, context=app.app_context, slow_after=0.2
-            )
-            HarvestWorker([backend.queue], connection=backend.connection, app=app, pool=pool).work(
-                burst=True, with_scheduler=True
-            )
+            run_pooled_worker(app, pool_of(app, 4, 2, slow_after=0.2), with_scheduler=True)
             time.sleep(0.5)
     assert wait_final(store, ids, timeout=1) == [DeliveryState.DELIVERED]
     for delivery in store.get_deliveries(ids):
@@ -125,23 +147,19 @@ class CountingWorker(HarvestWorker):
         return super().execute_job(job, queue)
 
 
-def run_pooled_worker(app: Flask, pool: DeliveryPool) -> CountingWorker:
-    backend = get_engine(app).backend
-    assert isinstance(backend, RqBackend)
+def run_pooled_worker(app: Flask, pool: DeliveryPool, *, with_scheduler: bool = False) -> CountingWorker:
+    """Run one burst of a worker delivering through ``pool``; return it (it counted its jobs)."""
+    backend = rq_backend(app)
     worker = CountingWorker([backend.queue], connection=backend.connection, app=app, pool=pool)
-    worker.work(burst=True)
+    worker.work(burst=True, with_scheduler=with_scheduler)
     return worker
 
 
 def test_a_worker_takes_queued_deliveries_in_batches_without_rq_running_a_job_for_them(
     store: OutboundWebhookHandler, redis_conn: redis.Redis, redis_url: str, receiver: CapturingReceiver
 ) -> None:
-    store.add_subscription(WebhookSubscription(receiver.url("/hook"), ["a.*"], SECRET, id="sub"))
-    app = make_app(store, HARVEST_JOBS_BACKEND="rq", HARVEST_REDIS_URL=redis_url)
-    state = get_engine(app)
-    with app.app_context():
-        ids = [i for n in range(40) for i in state.manager.dispatch("a.b", {"n": n})]
-    pool = DeliveryPool(state.runner, size=8, per_subscription=8, context=app.app_context)
+    app, ids = dispatched(store, redis_url, {"sub": receiver.url("/hook")}, 40)
+    pool = pool_of(app, 8, 8)
 
     worker = run_pooled_worker(app, pool)
 
@@ -155,14 +173,9 @@ def test_a_worker_takes_queued_deliveries_in_batches_without_rq_running_a_job_fo
 def test_a_healthy_endpoint_past_its_cap_waits_its_turn_in_the_process(
     store: OutboundWebhookHandler, redis_conn: redis.Redis, redis_url: str, receiver: CapturingReceiver
 ) -> None:
-    busy = CountingEndpoint(delay=0.05)
-    receiver.handle("/busy", busy)
-    store.add_subscription(WebhookSubscription(receiver.url("/busy"), ["a.*"], SECRET, id="sub"))
-    app = make_app(store, HARVEST_JOBS_BACKEND="rq", HARVEST_REDIS_URL=redis_url)
-    state = get_engine(app)
-    with app.app_context():
-        ids = [i for n in range(12) for i in state.manager.dispatch("a.b", {"n": n})]
-    pool = DeliveryPool(state.runner, size=8, per_subscription=2, context=app.app_context)
+    busy = CountingEndpoint.at(receiver, "/busy", delay=0.05)
+    app, ids = dispatched(store, redis_url, {"sub": receiver.url("/busy")}, 12)
+    pool = pool_of(app, 8, 2)
 
     run_pooled_worker(app, pool)  # one burst, without RQ's scheduler: nothing given back returns
 
@@ -193,14 +206,9 @@ def test_take_jobs_stops_at_a_job_of_another_kind(
 def test_the_limit_grows_on_an_endpoint_that_answers_well(
     store: OutboundWebhookHandler, redis_conn: redis.Redis, redis_url: str, receiver: CapturingReceiver
 ) -> None:
-    busy = CountingEndpoint(delay=0.05)
-    receiver.handle("/busy", busy)
-    store.add_subscription(WebhookSubscription(receiver.url("/busy"), ["a.*"], SECRET, id="sub"))
-    app = make_app(store, HARVEST_JOBS_BACKEND="rq", HARVEST_REDIS_URL=redis_url)
-    state = get_engine(app)
-    with app.app_context():
-        ids = [i for n in range(60) for i in state.manager.dispatch("a.b", {"n": n})]
-    pool = DeliveryPool(state.runner, size=16, per_subscription=16, context=app.app_context)
+    busy = CountingEndpoint.at(receiver, "/busy", delay=0.05)
+    app, ids = dispatched(store, redis_url, {"sub": receiver.url("/busy")}, 60)
+    pool = pool_of(app, 16, 16)
     assert pool.limit("sub") == INITIAL_LIMIT
 
     run_pooled_worker(app, pool)
@@ -225,12 +233,8 @@ def test_the_limit_shrinks_on_an_endpoint_that_says_it_is_overloaded(
         return Response("", status)
 
     receiver.handle("/full", full)
-    store.add_subscription(WebhookSubscription(receiver.url("/full"), ["a.*"], SECRET, id="sub"))
-    app = make_app(store, HARVEST_JOBS_BACKEND="rq", HARVEST_REDIS_URL=redis_url)
-    state = get_engine(app)
-    with app.app_context():
-        ids = [i for n in range(20) for i in state.manager.dispatch("a.b", {"n": n})]
-    pool = DeliveryPool(state.runner, size=8, per_subscription=8, context=app.app_context)
+    app, ids = dispatched(store, redis_url, {"sub": receiver.url("/full")}, 20)
+    pool = pool_of(app, 8, 8)
 
     run_pooled_worker(app, pool)  # one burst: the refused deliveries are retried later
 

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
-import socket
 import subprocess
 import sys
 import threading
@@ -24,7 +22,6 @@ import stripe
 from flask import Flask, request
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from werkzeug.serving import make_server
 from werkzeug.test import TestResponse
 
 from flask_harvest import (
@@ -47,6 +44,7 @@ from flask_harvest.receiver import (
 )
 from flask_harvest.signing import DEFAULT_SIGNATURE_HEADER, sign_headers
 
+from .live_server import LiveServer, live_server
 from .pipeline import make_app, wait_final
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -114,20 +112,14 @@ def error_code(response: TestResponse) -> str:
 def test_deliveries_of_our_own_pipeline_are_accepted(scheme: str, secret: str) -> None:
     # The real pipeline POSTs to a receiver built with the kit, over HTTP on 127.0.0.1.
     receiver = Receiver(secret, scheme=scheme, replay_cache=MemoryReplayCache())
-    server = make_server("127.0.0.1", 0, receiver.app, threaded=True)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
+    with live_server(receiver.app) as server:
         store = InMemoryOutboundWebhookHandler()
         app = make_app(store)
-        url = f"http://127.0.0.1:{server.server_port}/webhooks"
-        store.add_subscription(WebhookSubscription(url, ["order.*"], secret, id="sub_1"))
+        store.add_subscription(WebhookSubscription(server.url + "/webhooks", ["order.*"], secret, id="sub_1"))
         with app.app_context():
             ids = get_engine().manager.dispatch("order.created", {"order_id": "ord_1"})
             ids += get_engine().manager.dispatch("order.paid", {"order_id": "ord_1", "total": 42})
         assert wait_final(store, ids) == [DeliveryState.DELIVERED]
-    finally:
-        server.shutdown()
-        server.server_close()
     assert sorted((c["delivery_id"], json.dumps(c["payload"])) for c in receiver.calls) == sorted(
         zip(ids, ['{"order_id": "ord_1"}', '{"order_id": "ord_1", "total": 42}'], strict=True)
     )
@@ -545,72 +537,48 @@ def test_a_bad_body_limit_fails_at_decoration() -> None:
             verify_webhook(SECRET, max_body_bytes=limit)
 
 
-class _Server:
-    """The receiver on a real HTTP server on 127.0.0.1, spoken to over raw sockets."""
-
-    def __init__(self, receiver: Receiver) -> None:
-        self.receiver = receiver
-        self.server = make_server("127.0.0.1", 0, receiver.app, threaded=True)
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-
-    def send(self, headers: dict[str, str], body_start: bytes) -> tuple[int, str]:
-        """Send the request line, ``headers`` and the start of a body that never ends; return the
-        status and error code the server answers with, or fail if it waits for the rest."""
-        head = "POST /webhooks HTTP/1.1\r\nHost: 127.0.0.1\r\n"
-        head += "".join(f"{name}: {value}\r\n" for name, value in headers.items()) + "\r\n"
-        with socket.create_connection(("127.0.0.1", self.server.server_port), timeout=5) as sock:
-            sock.sendall(head.encode("latin-1") + body_start)
-            data = b""
-            try:
-                while b"\r\n\r\n" not in data:
-                    chunk = sock.recv(65536)
-                    assert chunk, "the server closed the connection without answering"
-                    data += chunk
-                header_block, _, rest = data.partition(b"\r\n\r\n")
-                length = int(re.search(rb"(?i)content-length: *(\d+)", header_block).group(1))  # type: ignore[union-attr]
-                while len(rest) < length:
-                    rest += sock.recv(65536)
-            except TimeoutError:
-                pytest.fail("the receiver waited for the body instead of answering")
-        status = int(header_block.split(b" ", 2)[1])
-        return status, json.loads(rest)["error"]["code"]
+@pytest.fixture
+def limited_receiver() -> Receiver:
+    return Receiver(max_body_bytes=64 * 1024, replay_cache=MemoryReplayCache())
 
 
 @pytest.fixture
-def limited() -> Iterator[_Server]:
-    server = _Server(Receiver(max_body_bytes=64 * 1024, replay_cache=MemoryReplayCache()))
-    yield server
-    server.close()
+def limited(limited_receiver: Receiver) -> Iterator[LiveServer]:
+    with live_server(limited_receiver.app) as server:
+        yield server
 
 
-def test_a_huge_body_without_webhook_headers_is_refused_before_it_is_read(limited: _Server) -> None:
+def send(server: LiveServer, headers: dict[str, str], body_start: bytes) -> tuple[int, str]:
+    """POST the start of a body to the receiver's route; see ``send_unfinished``."""
+    return server.send_unfinished("/webhooks", headers, body_start)
+
+
+def test_a_huge_body_without_webhook_headers_is_refused_before_it_is_read(limited: LiveServer) -> None:
     # 200 MB announced, 4 KB sent: an answer proves the receiver never waited for the rest.
     headers = {"Content-Type": "application/json", "Content-Length": str(200 * 1024 * 1024)}
-    assert limited.send(headers, b"[" * 4096) == (400, "missing_header")
+    assert send(limited, headers, b"[" * 4096) == (400, "missing_header")
 
 
-def test_a_huge_body_with_a_stale_timestamp_is_refused_before_it_is_read(limited: _Server) -> None:
+def test_a_huge_body_with_a_stale_timestamp_is_refused_before_it_is_read(limited: LiveServer) -> None:
     headers = {**signed(timestamp=int(time.time()) - 3600), "Content-Length": str(200 * 1024 * 1024)}
-    assert limited.send(headers, b"[" * 4096) == (401, "timestamp_out_of_tolerance")
+    assert send(limited, headers, b"[" * 4096) == (401, "timestamp_out_of_tolerance")
 
 
-def test_an_announced_body_over_the_limit_is_a_413_before_it_is_read(limited: _Server) -> None:
+def test_an_announced_body_over_the_limit_is_a_413_before_it_is_read(
+    limited: LiveServer, limited_receiver: Receiver
+) -> None:
     headers = {**signed(), "Content-Length": str(64 * 1024 + 1)}
-    assert limited.send(headers, b"[" * 4096) == (413, "body_too_large")
-    assert limited.receiver.calls == []
+    assert send(limited, headers, b"[" * 4096) == (413, "body_too_large")
+    assert limited_receiver.calls == []
 
 
-def test_a_chunked_body_is_read_only_up_to_the_limit(limited: _Server) -> None:
+def test_a_chunked_body_is_read_only_up_to_the_limit(limited: LiveServer, limited_receiver: Receiver) -> None:
     # No Content-Length: chunks keep coming, and the receiver stops one byte past its limit.
     chunk = b"[" * 16384
     chunks = b"".join(b"%x\r\n%s\r\n" % (len(chunk), chunk) for _ in range(5))
     headers = {**signed(), "Transfer-Encoding": "chunked"}
-    assert limited.send(headers, chunks) == (413, "body_too_large")
-    assert limited.receiver.calls == []
+    assert send(limited, headers, chunks) == (413, "body_too_large")
+    assert limited_receiver.calls == []
 
 
 def test_a_chunked_body_under_the_limit_is_verified_and_readable_in_the_view() -> None:
@@ -623,18 +591,14 @@ def test_a_chunked_body_under_the_limit_is_verified_and_readable_in_the_view() -
         seen.append(request.get_data())
         return "", 204
 
-    server = _Server(receiver)
-    try:
-        url = f"http://127.0.0.1:{server.server.server_port}"
+    with live_server(receiver.app) as server:
         # A generator body makes requests send it chunked, without a Content-Length.
         response = requests.post(
-            url + "/raw", data=iter([BODY[:10], BODY[10:]]), headers=signed(), timeout=10
+            server.url + "/raw", data=iter([BODY[:10], BODY[10:]]), headers=signed(), timeout=10
         )
-        assert response.request.headers.get("Transfer-Encoding") == "chunked"
-        assert response.status_code == 204, response.text
-        assert seen == [BODY]
-    finally:
-        server.close()
+    assert response.request.headers.get("Transfer-Encoding") == "chunked"
+    assert response.status_code == 204, response.text
+    assert seen == [BODY]
 
 
 # -- the example and the secret ----------------------------------------------------------------

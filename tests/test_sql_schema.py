@@ -3,16 +3,21 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 import uuid
 from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
+import psycopg
 import pytest
 import sqlalchemy as sa
 from sqlalchemy.engine import URL
 
 from flask_harvest import schema as full_schema
+from flask_harvest._sql import drop_indexes_sql
 from flask_harvest.errors import DuplicateSubscriptionError, StoreError
 from flask_harvest.webhooks.models import (
     AttemptResult,
@@ -24,7 +29,7 @@ from flask_harvest.webhooks.models import (
     WebhookSubscription,
     utcnow,
 )
-from flask_harvest.webhooks.stores._schema import WEBHOOK_TABLES
+from flask_harvest.webhooks.stores._schema import RETIRED_INDEXES, WEBHOOK_TABLES
 from flask_harvest.webhooks.stores.sql import (
     _CLAIM_MANY_SQL,
     WEBHOOK_SCHEMA_SQL,
@@ -94,15 +99,130 @@ def test_ensure_schema_creates_missing_tables(tmp_path: Path) -> None:
         engine.dispose()
 
 
+def test_ensure_schema_adds_the_indexes_a_newer_version_declares(sql_store: SqlOutboundWebhookStore) -> None:
+    """An upgrade: the tables exist from an older version without some of today's indexes."""
+    subscription = sql_store.add_subscription(make_subscription())
+    dropped = [index for table in WEBHOOK_TABLES for index in table.indexes]
+    assert dropped, "the webhook tables declare indexes"
+    with sql_store.engine.begin() as conn:
+        for index in dropped:
+            conn.execute(sa.text(f"DROP INDEX {index.name}"))
+    assert not any(sa.inspect(sql_store.engine).get_indexes(t.name) for t in WEBHOOK_TABLES)
+
+    sql_store.ensure_schema()
+
+    assert_schema_present(sql_store.engine)
+    assert sql_store.list_subscriptions() == [subscription]
+
+
 def test_schema_sql_names_every_table_and_index() -> None:
     assert schema_sql("postgresql") == WEBHOOK_SCHEMA_SQL
-    for sql in (WEBHOOK_SCHEMA_SQL, schema_sql("sqlite")):
-        assert "harvest_workflow" not in sql  # each store's DDL is its own tables'
+    for sql in (WEBHOOK_SCHEMA_SQL, schema_sql("sqlite"), full_schema.schema_sql("sqlite")):
         for table in WEBHOOK_TABLES:
             assert f"CREATE TABLE IF NOT EXISTS {table.name} (" in sql
             for index in table.indexes:
                 unique = "UNIQUE " if index.unique else ""
                 assert f"CREATE {unique}INDEX IF NOT EXISTS {index.name} ON {table.name}" in sql
+        # An upgraded database loses the indexes the new ones replace.
+        for name in RETIRED_INDEXES:
+            assert f"DROP INDEX IF EXISTS {name};" in sql
+    for sql in (WEBHOOK_SCHEMA_SQL, schema_sql("sqlite")):
+        assert "harvest_workflow" not in sql  # each store's DDL is its own tables'
+    # The hot states' indexes hold their rows only.
+    assert "(next_attempt_at) WHERE state = 'pending'" in WEBHOOK_SCHEMA_SQL
+    assert "(lease_expires_at) WHERE state = 'inflight'" in WEBHOOK_SCHEMA_SQL
+
+
+def test_retired_indexes_stay_until_the_ddl_drops_them(sql_store: SqlOutboundWebhookStore) -> None:
+    """An upgrade from the full (state, ...) indexes: ensure_schema leaves them for the processes
+    of the previous version (a rolling upgrade); the DDL's DROP statements remove them."""
+    engine = sql_store.engine
+    with engine.begin() as conn:
+        # What the previous version created.
+        conn.exec_driver_sql(
+            "CREATE INDEX ix_harvest_webhook_deliveries_due"
+            " ON harvest_webhook_deliveries (state, next_attempt_at)"
+        )
+        conn.exec_driver_sql(
+            "CREATE INDEX ix_harvest_webhook_deliveries_subscription"
+            " ON harvest_webhook_deliveries (subscription_id, state)"
+        )
+    sql_store.ensure_schema()
+    names = {found["name"] for found in sa.inspect(engine).get_indexes(deliveries_table.name)}
+    assert {"ix_harvest_webhook_deliveries_due", "ix_harvest_webhook_deliveries_subscription"} <= names
+
+    with engine.begin() as conn:
+        for statement in drop_indexes_sql(RETIRED_INDEXES).split(";"):
+            if statement.strip():
+                conn.exec_driver_sql(statement)
+    assert_schema_present(engine)
+    exercise(sql_store)
+
+
+@contextmanager
+def sent_statements(engine: sa.Engine) -> Iterator[list[tuple[str, Any]]]:
+    sent: list[tuple[str, Any]] = []
+
+    def record(conn: Any, cursor: Any, statement: str, parameters: Any, context: Any, many: bool) -> None:
+        sent.append((statement, parameters))
+
+    sa.event.listen(engine, "before_cursor_execute", record)
+    try:
+        yield sent
+    finally:
+        sa.event.remove(engine, "before_cursor_execute", record)
+
+
+def generic_plan(engine: sa.Engine, statement: str, parameters: dict[str, Any]) -> str:
+    """The plan PostgreSQL runs for ``statement`` once prepared (a generic plan: the parameters'
+    values unknown to the planner)."""
+    names = list(dict.fromkeys(re.findall(r"%\((\w+)\)s", statement)))
+    numbered = re.sub(r"%\((\w+)\)s", lambda m: f"${names.index(m.group(1)) + 1}", statement)
+    with engine.connect() as conn:
+        conn.exec_driver_sql("SET LOCAL plan_cache_mode = force_generic_plan")
+        conn.exec_driver_sql(f"PREPARE harvest_plan AS {numbered}")
+        values = ", ".join(f"%({name})s" for name in names)
+        raw = conn.connection.driver_connection
+        assert isinstance(raw, psycopg.Connection)
+        rows = conn.exec_driver_sql(
+            "EXPLAIN EXECUTE harvest_plan(" + psycopg.ClientCursor(raw).mogrify(values, parameters) + ")"
+        ).all()
+        conn.exec_driver_sql("DEALLOCATE harvest_plan")
+        conn.rollback()
+    return "\n".join(row[0] for row in rows)
+
+
+@pytest.mark.postgres
+def test_the_hot_paths_use_the_partial_indexes_in_prepared_plans(fresh_postgres_url: URL) -> None:
+    """The due scan and the lease release name their state as a literal, so even the generic plan
+    of a prepared statement can use the partial index (a bound state could not match it)."""
+    engine = sa.create_engine(fresh_postgres_url)
+    try:
+        store = SqlOutboundWebhookStore(engine)
+        store.ensure_schema()
+        now = utcnow()
+        history = [
+            DeliveryLog(
+                f"dlv_h{n}", "sub_1", "order.created", "{}", state=DeliveryState.DELIVERED, timestamp=now
+            )
+            for n in range(2000)
+        ]
+        store.log_deliveries(
+            [
+                *history,
+                DeliveryLog("dlv_p", "sub_1", "order.created", "{}", timestamp=now, next_attempt_at=now),
+            ]
+        )
+        with engine.begin() as conn:
+            conn.exec_driver_sql("ANALYZE harvest_webhook_deliveries")
+        with sent_statements(engine) as sent:
+            assert store.due_deliveries(now=now, limit=10) == ["dlv_p"]
+            assert store.release_expired_leases(now=now) == []
+        due, release = (s for s in sent if "harvest_webhook_deliveries" in s[0])
+        assert "ix_harvest_webhook_deliveries_pending_due" in generic_plan(engine, *due)
+        assert "ix_harvest_webhook_deliveries_inflight_lease" in generic_plan(engine, *release)
+    finally:
+        engine.dispose()
 
 
 def test_schema_sql_applies_on_a_fresh_sqlite_database(tmp_path: Path) -> None:
@@ -292,6 +412,6 @@ def test_a_batch_claim_probes_the_primary_key_even_with_statistics_from_before_a
         conn.rollback()
 
     assert "pk_harvest_webhook_deliveries" in plan
-    assert "ix_harvest_webhook_deliveries_due" not in plan
+    assert "_due" not in plan  # neither the due index nor its partial successor
     claimed = store.claim_deliveries(ids, now=now, lease_seconds=60, max_attempts=5)
     assert sorted(c.delivery.id for c in claimed) == ids

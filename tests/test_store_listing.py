@@ -84,3 +84,58 @@ def test_attempts_per_minute(store: OutboundWebhookHandler, now: datetime) -> No
     assert (
         store.attempts_per_minute(since=minute + timedelta(minutes=4), until=now + timedelta(hours=1)) == []
     )
+
+
+def test_delivery_stats_with_a_cap(store: OutboundWebhookHandler, now: datetime) -> None:
+    """Capped, a store reads at most ``cap`` rows per state: the pending (and in-flight) rows that
+    waited longest, the newest of the others; a state with more is marked capped."""
+    old = now - timedelta(hours=1)
+    pending = [
+        make_delivery(
+            "sub_a" if n < 3 else "sub_b", now, id=f"dlv_p{n}", timestamp=old + timedelta(seconds=n)
+        )
+        for n in range(5)
+    ]
+    delivered = [
+        make_delivery(
+            "sub_a" if n < 2 else "sub_b",
+            now,
+            id=f"dlv_d{n}",
+            state=DeliveryState.DELIVERED,
+            timestamp=now - timedelta(seconds=n),
+        )
+        for n in range(6)
+    ]
+    dead = [make_delivery("sub_a", now, id="dlv_x", state=DeliveryState.DLQ)]
+    store.log_deliveries([*pending, *delivered, *dead])
+
+    exact, per_sub = store.delivery_stats()
+    assert exact.cap is None and exact.capped == frozenset()
+    assert exact.counts == {"pending": 5, "delivered": 6, "dlq": 1}
+
+    overall, capped_per_sub = store.delivery_stats(cap=3)
+    assert overall.cap == 3
+    assert overall.capped == {"pending", "delivered"}
+    assert overall.counts == {"pending": 3, "delivered": 3, "dlq": 1}
+    # The three longest-waiting pending rows are sub_a's; the three newest delivered rows are
+    # sub_a's two and one of sub_b's.
+    assert capped_per_sub["sub_a"].counts == {"pending": 3, "delivered": 2, "dlq": 1}
+    assert capped_per_sub["sub_b"].counts == {"delivered": 1}
+    assert overall.oldest_pending_at == exact.oldest_pending_at == now
+    shown = overall.to_dict(now)
+    assert shown["capped"] == {
+        "pending": True,
+        "inflight": False,
+        "delivered": True,
+        "dlq": False,
+        "skipped": False,
+    }
+    assert shown["count_cap"] == 3 and shown["dlq_depth"] == 1
+    assert capped_per_sub["sub_b"].to_dict(now)["capped"]["delivered"] is True
+
+    # A cap above every count is exact.
+    roomy, roomy_per_sub = store.delivery_stats(cap=6)
+    assert roomy.counts == exact.counts and roomy.capped == frozenset()
+    assert {sub: s.counts for sub, s in roomy_per_sub.items()} == {
+        sub: s.counts for sub, s in per_sub.items()
+    }

@@ -15,7 +15,9 @@ import redis
 from rq import Queue, SimpleWorker
 from rq.job import Job
 
+from flask_harvest import get_engine, workflow_service
 from flask_harvest.jobs.base import JobKinds, JobRef
+from flask_harvest.jobs.local import LocalBackend
 from flask_harvest.jobs.rq import RqBackend
 from flask_harvest.jobs.tasks import running_kinds
 from flask_harvest.workflows import (
@@ -28,6 +30,13 @@ from flask_harvest.workflows import (
 )
 from flask_harvest.workflows.runner import WORKFLOW_JOB, workflow_job
 
+from .workflow_app import (  # noqa: F401 (database_url_fixture: a fixture)
+    database_url_fixture,
+    gate,
+    make_workflow_app,
+    state_of,
+    wait_in_step,
+)
 from .workflow_support import SQL_KINDS, START, Clock, Scheduled, workflow_store
 
 S = ExecutionState
@@ -226,6 +235,31 @@ def test_job_kinds_keep_how_many_rows_a_job_takes() -> None:
     kinds.register("many", print, take=8)
     assert kinds.take("one") == 1 and kinds.take("many") == 8 and kinds.take("unknown") == 1
     assert kinds.with_handler("one", repr).take("many") == 8
+
+
+def test_a_backend_says_whether_a_job_may_hand_its_rows_over(redis_conn: redis.Redis) -> None:
+    assert RqBackend(redis_conn, "harvest-test-hand-off", job_timeout=60).allows_hand_off
+    local = LocalBackend(print, workers=1)
+    try:
+        assert not local.allows_hand_off
+    finally:
+        local.close()
+
+
+def test_the_local_backend_runs_a_workflow_job_to_its_end(database_url: str) -> None:
+    # Its join() waits for the jobs it runs: a workflow job that handed its run to the runner's
+    # threads and returned (it does when they have room for more) would let join() say done while
+    # the run still waits in its step.
+    app = make_workflow_app(database_url, HARVEST_WORKFLOW_CONCURRENCY=4)
+    backend = get_engine(app).backend
+    released = gate("local-job")
+    with app.app_context():
+        execution_id = workflow_service().start("gated", {"gate": "local-job"})[0].execution_id
+    wait_in_step("local-job")
+    assert not backend.join(timeout=0.3)
+    released.set()
+    assert backend.join(timeout=20)
+    assert state_of(app, execution_id) is S.COMPLETED
 
 
 class KindsWorker(SimpleWorker):

@@ -23,6 +23,7 @@ from flask_harvest import HarvestError, get_engine, workflow_service
 from flask_harvest.admin_http import install_admin_api
 from flask_harvest.workflows import ExecutionState
 
+from .properties import BUDGET, TEXT, quoted
 from .workflow_app import (  # noqa: F401 (app_fixture, database_url_fixture: fixtures)
     AUTH,
     PREFIX,
@@ -470,11 +471,55 @@ def test_an_unknown_execution_is_404_on_every_route(
     assert snapshot(app) == before and state_of(app, eid) is S.PENDING
 
 
-def test_unknown_routes_under_workflows_answer_json_after_the_access_check(client: FlaskClient) -> None:
-    assert_error(client.get(f"{PREFIX}/workflows/x/nothing"), 401)
-    assert_error(call(client, "GET", "/workflows/x/nothing"), 404, "not_found")
-    assert_error(call(client, "DELETE", "/workflows"), 404, "not_found")
-    assert_error(call(client, "GET", "/workflows/x/cancel"), 404, "not_found")
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/workflows/x/nothing",
+        "/workflows/",
+        "/workflows/x/steps/more",
+        "/nothing",
+        "/workflows/a%0Ab/nothing",
+    ],
+)
+@pytest.mark.parametrize("method", ["GET", "POST", "DELETE", "PROPFIND"])
+def test_an_unknown_path_is_a_json_404_after_the_access_check(
+    app: Flask, client: FlaskClient, method: str, path: str
+) -> None:
+    assert_error(client.open(PREFIX + path, method=method), 401)
+    before = snapshot(app)
+    assert_error(call(client, method, path), 404, "not_found")
+    assert snapshot(app) == before
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "allow"),
+    [
+        ("DELETE", "/workflows", "GET, HEAD, OPTIONS"),
+        ("POST", "/workflows", "GET, HEAD, OPTIONS"),
+        ("PUT", "/workflows/x", "GET, HEAD, OPTIONS"),
+        ("PROPFIND", "/workflows/x/steps", "GET, HEAD, OPTIONS"),
+        ("GET", "/workflows/x/cancel", "OPTIONS, POST"),
+        ("GET", "/workflows/echo/start", "OPTIONS, POST"),
+        ("DELETE", "/workflows/x/completion-deliveries", "GET, HEAD, OPTIONS"),
+    ],
+)
+def test_a_method_a_route_does_not_take_is_a_json_405_with_allow(
+    app: Flask, client: FlaskClient, method: str, path: str, allow: str
+) -> None:
+    assert_error(client.open(PREFIX + path, method=method), 401)
+    before = snapshot(app)
+    response = call(client, method, path)
+    assert_error(response, 405, "method_not_allowed")
+    assert response.headers["Allow"] == allow
+    assert snapshot(app) == before
+
+
+def test_options_names_the_methods_of_the_paths_own_routes(client: FlaskClient) -> None:
+    # Not the catch-all's, which takes every method to refuse it.
+    assert call(client, "OPTIONS", "/workflows/x").headers["Allow"] == "GET, HEAD, OPTIONS"
+    assert call(client, "OPTIONS", "/workflows/x/terminate").headers["Allow"] == "OPTIONS, POST"
+    assert_error(call(client, "OPTIONS", "/workflows/x/nothing"), 404, "not_found")
+    assert_error(client.options(f"{PREFIX}/workflows/x"), 401)
 
 
 # -- arbitrary input -------------------------------------------------------------------------------
@@ -564,6 +609,35 @@ def test_arbitrary_requests_never_get_a_5xx_nor_change_anything_when_refused(
         assert response.is_json, response.get_data(as_text=True)
         assert response.get_json()["error"]["message"]
         assert snapshot(rq_app) == before
+
+
+METHODS = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "PROPFIND", "FOO"]
+SEGMENTS = st.sampled_from(["workflows", "x", "echo", "start", "steps", "result", "cancel", "terminate"])
+
+
+@BUDGET
+@given(
+    method=st.sampled_from(METHODS),
+    segments=st.lists(SEGMENTS | TEXT.map(lambda text: quoted(text, safe="")), max_size=4),
+)
+def test_any_method_on_any_path_is_answered_in_json_never_a_5xx(
+    rq_app: Flask, method: str, segments: list[str]
+) -> None:
+    client = rq_app.test_client()
+    path = "/" + "/".join(segments)
+    before = snapshot(rq_app)
+    response = call(client, method, path)
+    assert response.status_code < 500, response.get_data(as_text=True)
+    if response.status_code >= 400 and method != "HEAD":
+        assert response.is_json, response.get_data(as_text=True)
+        assert response.get_json()["error"]["message"]
+    if response.status_code == 405:
+        allowed = set(response.headers["Allow"].split(", "))
+        assert method not in allowed
+        # Every method it names is taken: none of them is a 405 in turn.
+        for other in allowed - {"HEAD", "OPTIONS"}:
+            assert call(client, other, path).status_code != 405, other
+    assert snapshot(rq_app) == before
 
 
 # -- how admin_http maps errors --------------------------------------------------------------------

@@ -18,6 +18,7 @@ from urllib.parse import urlsplit
 
 from sqlalchemy import Connection
 
+from .._input import text_problem
 from ..config import KEYS, Settings
 from ..errors import ConfigurationError, InvalidFieldError, NotFoundError
 from ..jobs.base import JobBackend, JobBackendError, JobRef
@@ -399,5 +400,6 @@ class CompletionCallbacks:
 
 
 def _check_id(field: str, value: object) -> None:
-    if not isinstance(value, str) or not 0 < len(value) <= 64 or "\x00" in value:
+    # An id the database cannot compare (a NUL, a lone surrogate) is refused before a query.
+    if not isinstance(value, str) or not 0 < len(value) <= 64 or text_problem(value) is not None:
         raise InvalidFieldError(field, "is not an id")

@@ -63,11 +63,14 @@ MAX_FIELD_CHARS = 2048
 
 @dataclass(frozen=True)
 class NavEntry:
-    """A link in the navigation bar, shown when ``available(engine)`` is true."""
+    """A link in the navigation bar, shown when ``available(engine)`` is true, by ``order`` (then
+    in the order added): the webhook pages, then workflows (20) and triggers (30), as the overview's
+    panels."""
 
     label: str
     endpoint: str
     available: Callable[[HarvestEngine], bool]
+    order: int = 10
 
 
 @dataclass(frozen=True)
@@ -246,7 +249,7 @@ def _shared_context() -> dict[str, Any]:
     allowed = bool(g.get("harvest_dashboard_allowed"))
     return {
         "csrf_token": _session().csrf,
-        "nav": [entry for entry in NAV if entry.available(engine)] if allowed else [],
+        "nav": sorted((e for e in NAV if e.available(engine)), key=lambda e: e.order) if allowed else [],
         "signed_in": allowed,
         "signed_in_by_token": allowed and bool(_session().auth),
     }

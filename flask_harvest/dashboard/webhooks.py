@@ -19,7 +19,13 @@ from werkzeug.wrappers import Response as BaseResponse
 from .._app import get_engine
 from ..engine import HarvestEngine
 from ..errors import InvalidFieldError
-from ..webhooks.models import DeliveryState, WebhookSubscription, WebhookSubscriptionStatus, utcnow
+from ..webhooks.models import (
+    DeliveryState,
+    WebhookSubscription,
+    WebhookSubscriptionStatus,
+    count_text,
+    utcnow,
+)
 from ..webhooks.operations import MAX_BULK_REPLAY, MAX_GRACE_SECONDS
 from ._core import NAV, PANELS, NavEntry, Panel, always, dashboard, form_text, query_text, render_page
 from .chart import stacked_bars
@@ -45,6 +51,9 @@ def _overview(engine: HarvestEngine) -> Mapping[str, Any]:
     buckets = operations.attempts_per_minute(minutes=60)
     return {
         "stats": stats,
+        # Capped counts read "1000+" (see STATS_COUNT_CAP).
+        "shown": {name: count_text(stats, name) for name in STATES},
+        "capped": any(stats["capped"].values()),
         "states": STATES,
         "troubled": troubled,
         "subscription_count": len(subscriptions),

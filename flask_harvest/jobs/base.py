@@ -120,6 +120,11 @@ class JobBackend(abc.ABC):
 
     #: Whether jobs survive the web process that enqueued them.
     durable: bool = False
+    #: Whether a job may hand its rows to threads of its kind's own and return before they are
+    #: done. ``False`` where the backend counts a job as running until it returns (:meth:`join`
+    #: waits for it; its own threads are the concurrency): a kind then runs its rows to the end.
+    #: ``True`` where a worker process outlives its jobs and goes on taking more meanwhile.
+    allows_hand_off: bool = False
 
     @abc.abstractmethod
     def enqueue(self, refs: Sequence[JobRef]) -> None:

@@ -33,6 +33,8 @@ class LocalBackend(JobBackend):
     """
 
     durable = False
+    # join() and close() wait for the jobs this backend runs: a job must not return early.
+    allows_hand_off = False
 
     def __init__(
         self,

@@ -128,6 +128,8 @@ class RqBackend(JobBackend):
     """
 
     durable = True
+    # A worker keeps the runner's threads going between jobs (see flask_harvest.worker).
+    allows_hand_off = True
 
     def __init__(
         self, connection: redis.Redis, queue_name: str, *, job_timeout: int, batch_size: int = 8

@@ -474,18 +474,41 @@ class Claim:
     lease_token: str
 
 
+#: The states whose longest-waiting rows a capped count reads; in the others (the history) it
+#: reads the newest.
+WAITING_STATES = frozenset({DeliveryState.PENDING.value, DeliveryState.INFLIGHT.value})
+
+
 @dataclass(frozen=True)
 class DeliveryStats:
-    """Counts of deliveries by state, and the creation time of the oldest pending one."""
+    """Counts of deliveries by state, and the creation time of the oldest pending one.
+
+    Counted with a ``cap``, a state with more than ``cap`` rows is in ``capped``: its overall
+    count is ``cap`` and means "more than that", and a subscription's count in it is its share of
+    the ``cap`` rows read (the longest-waiting ones for ``pending`` and ``inflight``, the newest
+    for the others), a lower bound. The oldest pending time is then the oldest among those read.
+    """
 
     counts: Mapping[str, int] = field(default_factory=dict)
     oldest_pending_at: datetime | None = None
+    #: The states whose count stopped at ``cap``.
+    capped: frozenset[str] = frozenset()
+    #: The most rows counted in one state; ``None``: counted exactly.
+    cap: int | None = None
 
     def to_dict(self, now: datetime) -> dict[str, Any]:
         counts = {state.value: int(self.counts.get(state.value, 0)) for state in DeliveryState}
         oldest = self.oldest_pending_at
         return {
             "counts": counts,
+            "capped": {state.value: state.value in self.capped for state in DeliveryState},
+            "count_cap": self.cap,
             "dlq_depth": counts[DeliveryState.DLQ.value],
             "oldest_pending_age_seconds": round((now - oldest).total_seconds(), 3) if oldest else None,
         }
+
+
+def count_text(stats: Mapping[str, Any], state: str) -> str:
+    """A count of :meth:`DeliveryStats.to_dict`'s as people read it: ``1000+`` when capped."""
+    count = int(stats["counts"][state])
+    return f"{count}+" if stats.get("capped", {}).get(state) else str(count)

@@ -39,6 +39,9 @@ MAX_GRACE_SECONDS = 30 * 24 * 3600.0
 MAX_RELAY_BATCH = 10_000
 #: The oldest age a purge can be asked for (a century: past it the cut-off overflows).
 MAX_RETENTION_SECONDS = 100 * 365 * 24 * 3600.0
+#: The stats count at most this many deliveries in each state (past it a count reads ``1000+``), so
+#: a page view or a poll costs the same whatever history the table keeps.
+STATS_COUNT_CAP = 1000
 
 
 @dataclass(frozen=True)
@@ -330,9 +333,10 @@ class WebhookOperations:
 
     def stats(self) -> dict[str, Any]:
         """Return delivery counts by state, DLQ depth and oldest pending age: overall and per
-        subscription."""
+        subscription, each state counted up to :data:`STATS_COUNT_CAP` (``capped`` says which
+        stopped there)."""
         now = utcnow()
-        overall, per_subscription = self.store.delivery_stats()
+        overall, per_subscription = self.store.delivery_stats(cap=STATS_COUNT_CAP)
         return {
             "overall": overall.to_dict(now),
             "subscriptions": {sub: s.to_dict(now) for sub, s in sorted(per_subscription.items())},

@@ -61,6 +61,9 @@ executions_table = Table(
     # Listing's keyset paging, filtered by name or not.
     Index("ix_harvest_workflow_executions_name_created", "workflow_name", "created_at", "execution_id"),
     Index("ix_harvest_workflow_executions_created", "created_at", "execution_id"),
+    # The dashboard's list filtered by state alone (a rare state is not found by walking every
+    # row of the created index), and its bounded counts by state.
+    Index("ix_harvest_workflow_executions_state_created", "state", "created_at", "execution_id"),
 )
 
 # One checkpoint per (execution, position). No foreign key: the sweeper may purge executions and

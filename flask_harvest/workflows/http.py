@@ -17,10 +17,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from flask import Blueprint, Response, jsonify, request, url_for
+from flask import Blueprint, Response, jsonify, url_for
 
 from .._app import get_engine, workflow_service
-from ..admin_http import MAX_BODY_BYTES, install_admin_api, json_error, load_body, load_query
+from ..admin_http import MAX_BODY_BYTES, install_admin_api, load_body, load_query, no_such_route
 from .models import Execution, ExecutionState
 from .schemas import CancelSchema, ListQuerySchema, ResultQuerySchema, StartSchema, TerminateSchema
 from .service import execution_to_dict, step_to_dict
@@ -126,9 +126,11 @@ def terminate(execution_id: str) -> Response:
 _ALL = ["GET", "POST", "PUT", "PATCH", "DELETE"]
 
 
+# Only under /workflows: the callback and trigger blueprints share the prefix and answer their own.
 @workflows_api.route("/workflows", methods=["POST", "PUT", "PATCH", "DELETE"])
 @workflows_api.route("/workflows/", methods=_ALL)
-@workflows_api.route("/workflows/<path:path>", methods=_ALL)
+@workflows_api.route("/workflows/<anypath:path>", methods=_ALL)
 def unknown_route(path: str = "") -> tuple[Response, int]:
-    """Anything else under ``/workflows``: a JSON 404, after the access check like every route."""
-    return json_error(404, "not_found", f"no workflow API route {request.method} {request.path}")
+    """Anything else under ``/workflows``, after the access check like every route: a JSON 404, or
+    405 with ``Allow`` for a method the path does not take."""
+    return no_such_route()

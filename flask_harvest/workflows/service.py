@@ -226,6 +226,11 @@ class WorkflowService:
         page = rows[:limit]
         return page, encode_cursor(page[-1]) if len(rows) > limit else None
 
+    def state_counts(self, *, cap: int = 10_000) -> dict[ExecutionState, int]:
+        """Return how many executions are in each state, each count stopping at ``cap`` (a count
+        equal to ``cap`` means "at least that many")."""
+        return self.store.count_states(cap=cap)
+
     def steps(self, execution_id: str) -> list[StepRecord]:
         """Return the execution's step checkpoints in order.
 

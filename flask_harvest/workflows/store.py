@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Connection, Text, literal, or_, select, text, update
+from sqlalchemy import Connection, Text, func, literal, or_, select, text, update
 
 from .._input import check_text, text_problem
 from .._sql import UTCDateTime
@@ -207,6 +207,20 @@ class SqlWorkflowStore(_SweepQueries):
         query = query.order_by(_ex.c.created_at.desc(), _ex.c.execution_id.desc()).limit(max(0, limit))
         with self._transaction("list workflow executions") as conn:
             return [row_to_execution(row) for row in conn.execute(query).all()]
+
+    def count_states(self, *, cap: int) -> dict[ExecutionState, int]:
+        """Return how many executions are in each state, counting at most ``cap`` of each.
+
+        Each count reads at most ``cap`` entries of an index that leads with ``state``, never the
+        whole table (a page view must stay fast at millions of rows): a count equal to ``cap``
+        means "at least".
+        """
+        counts = {state: 0 for state in ExecutionState}
+        with self._transaction("count workflow executions by state") as conn:
+            for state in ExecutionState:
+                bounded = select(literal(1)).where(_ex.c.state == state.value).limit(max(0, cap)).subquery()
+                counts[state] = int(conn.execute(select(func.count()).select_from(bounded)).scalar_one())
+        return counts
 
     def list_steps(self, execution_id: str) -> list[StepRecord]:
         """Return the execution's step checkpoints in order."""

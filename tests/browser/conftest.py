@@ -16,6 +16,7 @@ import textwrap
 import threading
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,6 +34,7 @@ from flask_harvest.webhooks.stores.sql import SqlOutboundWebhookStore
 from ..dashboard_client import SECRET_KEY, TOKEN
 from ..pipeline import close_later
 from ..test_delivery_rq import stop
+from .workflow_live_app import create_app as create_workflow_app
 
 CHROMIUM = os.environ.get("HARVEST_CHROMIUM", "/usr/bin/chromium")
 CHROMEDRIVER = os.environ.get("HARVEST_CHROMEDRIVER", "/usr/bin/chromedriver")
@@ -162,37 +164,67 @@ def live(
         SECRET_KEY=SECRET_KEY,
     )
     OutboundWebhookPlugin(store, app)
+    (tmp_path / "dashboard_worker_app.py").write_text(textwrap.dedent(WORKER_APP.format(settings=SETTINGS)))
+    environment = {
+        "TEST_REDIS_URL": redis_url,
+        "TEST_DATABASE_URL": postgres_engine.url.render_as_string(hide_password=False),
+    }
+    with serving(app, "dashboard_worker_app:create_app", environment, tmp_path, browser) as url:
+        yield Live(app=app, url=url, store=store, receiver=receiver, screenshots=_screenshots(tmp_path))
+
+
+@pytest.fixture
+def live_workflows(
+    postgres_engine: sa.Engine,
+    redis_url: str,
+    redis_conn: redis.Redis,
+    receiver: CapturingReceiver,
+    tmp_path: Path,
+    browser: Any,
+    monkeypatch: pytest.MonkeyPatch,
+) -> Iterator[Live]:
+    """The workflow app of :mod:`.workflow_live_app` with the dashboard, served like :func:`live`,
+    with a worker subprocess on the same app module."""
+    environment = {
+        "TEST_REDIS_URL": redis_url,
+        "TEST_DATABASE_URL": postgres_engine.url.render_as_string(hide_password=False),
+    }
+    for name, value in environment.items():
+        monkeypatch.setenv(name, value)
+    app = create_workflow_app(HARVEST_DASHBOARD=True, HARVEST_ACTUATOR_TOKEN=TOKEN, SECRET_KEY=SECRET_KEY)
+    store = get_engine(app).store
+    assert isinstance(store, SqlOutboundWebhookStore)
+    with serving(app, "tests.browser.workflow_live_app:create_app", environment, tmp_path, browser) as url:
+        yield Live(app=app, url=url, store=store, receiver=receiver, screenshots=_screenshots(tmp_path))
+
+
+def _screenshots(tmp_path: Path) -> Path:
+    return SCREENSHOTS if os.environ.get("HARVEST_UPDATE_SCREENSHOTS") == "1" else tmp_path
+
+
+@contextmanager
+def serving(
+    app: Flask, app_spec: str, environment: dict[str, str], tmp_path: Path, browser: Any
+) -> Iterator[str]:
+    """Serve ``app`` on 127.0.0.1 with a ``flask harvest worker`` subprocess on ``app_spec``; yield
+    the app's URL. The browser starts with no cookies."""
     close_later(app)
     server = make_server("127.0.0.1", 0, app, threaded=True)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
-    (tmp_path / "dashboard_worker_app.py").write_text(textwrap.dedent(WORKER_APP.format(settings=SETTINGS)))
-    environment = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)]),
-        "TEST_REDIS_URL": redis_url,
-        "TEST_DATABASE_URL": postgres_engine.url.render_as_string(hide_password=False),
-    }
-    command = [sys.executable, "-m", "flask", "--app", "dashboard_worker_app:create_app", "harvest", "worker"]
+    command = [sys.executable, "-m", "flask", "--app", app_spec, "harvest", "worker"]
     with open(tmp_path / "worker.log", "ab") as log:
         worker = subprocess.Popen(
             command,
             cwd=tmp_path,
-            env=environment,
+            env={**os.environ, **environment, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)])},
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
-    update = os.environ.get("HARVEST_UPDATE_SCREENSHOTS") == "1"
     browser.delete_all_cookies()
     try:
-        yield Live(
-            app=app,
-            url=f"http://127.0.0.1:{server.server_port}",
-            store=store,
-            receiver=receiver,
-            screenshots=SCREENSHOTS if update else tmp_path,
-        )
+        yield f"http://127.0.0.1:{server.server_port}"
     finally:
         stop(worker, signal.SIGTERM)
         server.shutdown()

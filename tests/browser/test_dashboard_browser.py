@@ -9,6 +9,8 @@ from typing import Any
 import pytest
 from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
+from selenium.webdriver.support.expected_conditions import staleness_of
+from selenium.webdriver.support.ui import WebDriverWait
 
 from flask_harvest import DeliveryState, WebhookSubscription, WebhookSubscriptionStatus, generate_secret
 
@@ -24,7 +26,14 @@ SCRIPT_PAYLOAD = {"note": "<script>document.title='pwned'</script>", "n": 1}
 def sign_in(browser: WebDriver, live: Live, token: str = TOKEN) -> None:
     browser.get(live.page(f"{PREFIX}/sign-in"))
     browser.find_element(By.ID, "token").send_keys(token)
-    browser.find_element(By.CSS_SELECTOR, "form.stack button[type=submit]").click()
+    submit_and_wait(browser, browser.find_element(By.CSS_SELECTOR, "form.stack button[type=submit]"))
+
+
+def submit_and_wait(browser: WebDriver, button: Any) -> None:
+    """Click a form's button and wait for the answer to replace the page: a ``get`` right after a
+    bare click can overtake the form's request (and its cookie)."""
+    button.click()
+    WebDriverWait(browser, 30).until(staleness_of(button))
 
 
 def shot(browser: WebDriver, live: Live, name: str) -> None:
@@ -77,7 +86,7 @@ def test_every_page_is_refused_without_sign_in(browser: WebDriver, live: Live) -
     browser.get(live.page(f"{PREFIX}/webhooks/deliveries/{delivery_id}"))
     assert delivery_id in browser.find_element(By.TAG_NAME, "h1").text
     # Sign out: the pages are closed again.
-    browser.find_element(By.CSS_SELECTOR, "form.sign-out button").click()
+    submit_and_wait(browser, browser.find_element(By.CSS_SELECTOR, "form.sign-out button"))
     browser.get(live.page(f"{PREFIX}/"))
     assert "/sign-in" in browser.current_url
 

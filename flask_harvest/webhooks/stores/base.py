@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import abc
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING
 
 from ...errors import InvalidStateError
 from ..models import (
+    WAITING_STATES,
     AttemptResult,
     Claim,
     DeliveryAttempt,
@@ -71,9 +72,16 @@ class Recorded:
 
 def fold_stats(
     groups: Iterable[tuple[str, str, int, datetime | None]],
+    *,
+    cap: int | None = None,
+    capped: Collection[str] = (),
 ) -> tuple[DeliveryStats, dict[str, DeliveryStats]]:
     """Fold ``(subscription_id, state, count, oldest created_at)`` groups into stats: overall,
-    and per subscription. A store's :meth:`~OutboundWebhookHandler.delivery_stats` uses it."""
+    and per subscription. A store's :meth:`~OutboundWebhookHandler.delivery_stats` uses it.
+
+    :param cap: the cap the groups were counted with, if any.
+    :param capped: the states that had more than ``cap`` rows (their groups count ``cap`` rows).
+    """
     overall: Counter[str] = Counter()
     oldest_overall: datetime | None = None
     counts: dict[str, Counter[str]] = {}
@@ -86,10 +94,30 @@ def fold_stats(
                 oldest_overall = created
             if subscription_id not in oldest or created < oldest[subscription_id]:
                 oldest[subscription_id] = created
+    stopped = frozenset(capped)
     per_subscription = {
-        sub: DeliveryStats(dict(by_state), oldest.get(sub)) for sub, by_state in counts.items()
+        sub: DeliveryStats(dict(by_state), oldest.get(sub), stopped, cap) for sub, by_state in counts.items()
     }
-    return DeliveryStats(dict(overall), oldest_overall), per_subscription
+    return DeliveryStats(dict(overall), oldest_overall, stopped, cap), per_subscription
+
+
+def capped_groups(
+    deliveries: Iterable[DeliveryLog], cap: int
+) -> tuple[list[tuple[str, str, int, datetime | None]], set[str]]:
+    """The groups for :func:`fold_stats` of at most ``cap`` deliveries per state, and the states
+    that had more: what a capped :meth:`~OutboundWebhookHandler.delivery_stats` reads, for a
+    store that holds its deliveries in memory (the SQL store reads the same rows with a query)."""
+    by_state: dict[str, list[DeliveryLog]] = {}
+    for delivery in deliveries:
+        by_state.setdefault(DeliveryState(delivery.state).value, []).append(delivery)
+    groups: list[tuple[str, str, int, datetime | None]] = []
+    capped: set[str] = set()
+    for state, rows in by_state.items():
+        rows.sort(key=lambda d: (d.timestamp, d.id), reverse=state not in WAITING_STATES)
+        if len(rows) > cap:
+            capped.add(state)
+        groups.extend((d.subscription_id, state, 1, d.created_at) for d in rows[:cap])
+    return groups, capped
 
 
 def succeeded(status: int | None) -> bool:
@@ -319,18 +347,23 @@ class OutboundWebhookHandler(abc.ABC):
         """
 
     @abc.abstractmethod
-    def delivery_stats(self) -> tuple[DeliveryStats, dict[str, DeliveryStats]]:
+    def delivery_stats(self, *, cap: int | None = None) -> tuple[DeliveryStats, dict[str, DeliveryStats]]:
         """Return delivery counts by state and the oldest pending delivery: overall, and per
-        subscription id."""
+        subscription id.
+
+        :param cap: read at most this many rows of each state, so the cost stays bounded however
+            long the history: a state with more is marked capped (see :class:`DeliveryStats` for
+            what its counts then mean). ``None`` counts every row.
+        """
 
     def queue_gauges(self, *, now: datetime, dlq_limit: int) -> tuple[int, datetime | None]:
         """Return the number of dead-lettered deliveries (at most ``dlq_limit``) and the due time
         of the longest-waiting due ``PENDING`` delivery (``None`` when none is due).
 
         What a metrics scrape reads: both must be bounded, indexed queries. This default folds
-        :meth:`delivery_stats` (a grouped scan); the SQL and in-memory stores answer directly.
+        :meth:`delivery_stats` capped at ``dlq_limit``; the SQL and in-memory stores answer directly.
         """
-        overall, _ = self.delivery_stats()
+        overall, _ = self.delivery_stats(cap=dlq_limit)
         dlq = min(int(overall.counts.get(DeliveryState.DLQ.value, 0)), dlq_limit)
         due = self.due_deliveries(now=now, limit=1)
         delivery = self.get_delivery(due[0]) if due else None

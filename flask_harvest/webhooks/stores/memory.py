@@ -28,7 +28,7 @@ from ..models import (
     utcnow,
 )
 from ..topic_index import pattern_key, topic_keys
-from .base import DlqCursor, OutboundWebhookHandler, fold_stats, minute_buckets
+from .base import DlqCursor, OutboundWebhookHandler, capped_groups, fold_stats, minute_buckets
 
 
 class InMemoryOutboundWebhookHandler(OutboundWebhookHandler):
@@ -192,10 +192,13 @@ class InMemoryOutboundWebhookHandler(OutboundWebhookHandler):
             ]
         return minute_buckets(started)
 
-    def delivery_stats(self) -> tuple[DeliveryStats, dict[str, DeliveryStats]]:
+    def delivery_stats(self, *, cap: int | None = None) -> tuple[DeliveryStats, dict[str, DeliveryStats]]:
         with self._lock:
-            groups = [(d.subscription_id, d.state.value, 1, d.created_at) for d in self._deliveries.values()]
-        return fold_stats(groups)
+            deliveries = list(self._deliveries.values())
+        if cap is not None:
+            groups, capped = capped_groups(deliveries, cap)
+            return fold_stats(groups, cap=cap, capped=capped)
+        return fold_stats((d.subscription_id, d.state.value, 1, d.created_at) for d in deliveries)
 
     def queue_gauges(self, *, now: datetime, dlq_limit: int) -> tuple[int, datetime | None]:
         with self._lock:

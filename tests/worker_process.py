@@ -1,0 +1,82 @@
+"""``flask harvest worker`` as a real subprocess: an app module for it to load, starting it, and
+stopping it with everything it started."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from flask_harvest.webhooks.stores.sql import SqlOutboundWebhookStore
+
+#: The app the worker loads: the rq backend on ``TEST_REDIS_URL``, a SQL store on
+#: ``TEST_DATABASE_URL``, and whatever ``HARVEST_*`` keys the test adds in ``TEST_HARVEST_CONFIG``.
+WORKER_APP = """
+import json
+import os
+
+import sqlalchemy as sa
+from flask import Flask
+
+from flask_harvest import OutboundWebhookPlugin
+from flask_harvest.webhooks.stores.sql import SqlOutboundWebhookStore
+
+
+def create_app():
+    app = Flask("worker_app")
+    app.config.update(
+        HARVEST_JOBS_BACKEND="rq",
+        HARVEST_REDIS_URL=os.environ["TEST_REDIS_URL"],
+        HARVEST_SWEEP_INTERVAL_SECONDS=0.5,
+        HARVEST_WEBHOOKS_ALLOW_PRIVATE_TARGETS=True,  # the receiver is on 127.0.0.1
+    )
+    app.config.update(json.loads(os.environ["TEST_HARVEST_CONFIG"]))
+    engine = sa.create_engine(os.environ["TEST_DATABASE_URL"])
+    OutboundWebhookPlugin(SqlOutboundWebhookStore(engine), app)
+    return app
+"""
+
+
+def start_worker(
+    folder: Path,
+    store: SqlOutboundWebhookStore,
+    redis_url: str,
+    *args: str,
+    config: dict[str, Any] | None = None,
+    env: dict[str, str] | None = None,
+) -> subprocess.Popen[bytes]:
+    """Start ``flask harvest worker *args`` in ``folder`` on ``store``'s database and ``redis_url``,
+    its app configured with ``config`` on top of :data:`WORKER_APP`'s; its output goes to
+    ``folder / "worker.log"``. Stop it with :func:`stop`."""
+    (folder / "worker_app.py").write_text(WORKER_APP)
+    environment = {
+        **os.environ,
+        # The worker imports this checkout's flask_harvest, as the test does.
+        "PYTHONPATH": os.pathsep.join([str(folder), os.environ.get("PYTHONPATH", "")]),
+        "TEST_REDIS_URL": redis_url,
+        "TEST_DATABASE_URL": store.engine.url.render_as_string(hide_password=False),
+        "TEST_HARVEST_CONFIG": json.dumps(config or {}),
+        **(env or {}),
+    }
+    command = [sys.executable, "-m", "flask", "--app", "worker_app:create_app", "harvest", "worker", *args]
+    with open(folder / "worker.log", "ab") as log:  # the child keeps its own copy of the file
+        # A session of its own, so that stop() also reaches RQ's forked scheduler process.
+        return subprocess.Popen(
+            command, cwd=folder, env=environment, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+
+
+def stop(process: subprocess.Popen[bytes], how: signal.Signals) -> None:
+    """Send ``how`` to the worker and everything it started; wait for the worker to end."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, how)
+    try:
+        process.wait(timeout=20)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)  # whatever is left of the group
