@@ -50,6 +50,16 @@ class Outcome:
 
 
 @dataclass(frozen=True)
+class DeliverySchedule:
+    """Which attempt of a delivery is next, and when: what its job carries
+    (:meth:`OutboundWebhookHandler.get_schedules`)."""
+
+    id: str
+    attempt: int
+    next_attempt_at: datetime | None
+
+
+@dataclass(frozen=True)
 class Recorded:
     """What :meth:`OutboundWebhookHandler.finish_attempts` did with one outcome.
 
@@ -307,6 +317,18 @@ class OutboundWebhookHandler(abc.ABC):
     @abc.abstractmethod
     def get_deliveries(self, delivery_ids: Sequence[str]) -> list[DeliveryLog]:
         """Return the delivery logs that exist among ``delivery_ids``, in no particular order."""
+
+    def get_schedules(self, delivery_ids: Sequence[str]) -> list[DeliverySchedule]:
+        """Return the next attempt and due time of the deliveries that exist among
+        ``delivery_ids``, in no particular order (the sweeper asks the job backend about them).
+
+        This default reads whole logs; a store that can reads only the three columns (the SQL
+        store does: with a backlog the sweeper looks at a thousand rows each time, payloads and
+        all)."""
+        return [
+            DeliverySchedule(d.id, d.attempt, d.next_attempt_at)
+            for d in self.get_deliveries(list(dict.fromkeys(delivery_ids)))
+        ]
 
     @abc.abstractmethod
     def list_attempts(self, delivery_id: str) -> list[DeliveryAttempt]:
