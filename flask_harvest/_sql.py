@@ -11,14 +11,26 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime, timezone
 
-from sqlalchemy import Connection, DateTime, Dialect, Engine, MetaData, Table, TypeDecorator, inspect
+from sqlalchemy import (
+    ColumnElement,
+    Connection,
+    DateTime,
+    Dialect,
+    Engine,
+    MetaData,
+    Table,
+    TypeDecorator,
+    and_,
+    inspect,
+    or_,
+)
 from sqlalchemy.engine import URL
 from sqlalchemy.exc import SQLAlchemyError, StatementError
 from sqlalchemy.schema import CreateIndex, CreateTable
 
 from .errors import StoreError
 
-__all__ = ["UTCDateTime", "create_tables", "metadata", "schema_sql", "store_error"]
+__all__ = ["UTCDateTime", "after_position", "create_tables", "metadata", "schema_sql", "store_error"]
 
 
 class UTCDateTime(TypeDecorator[datetime]):
@@ -77,6 +89,15 @@ def store_error(
         if hidden:
             message = message.replace(str(hidden), "***")
     return StoreError(message)
+
+
+def after_position(
+    when: ColumnElement[datetime], ident: ColumnElement[str], position: tuple[datetime, str]
+) -> ColumnElement[bool]:
+    """The condition ``(when, ident) > position`` of an ascending keyset walk, spelled out so every
+    backend can use a ``(when, ident)`` index for it."""
+    stamp, last_id = position
+    return or_(when > stamp, and_(when == stamp, ident > last_id))
 
 
 def schema_sql(tables: Sequence[Table], dialect: str = "postgresql") -> str:

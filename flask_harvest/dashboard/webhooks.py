@@ -41,7 +41,7 @@ from ._core import (
     render_page,
 )
 from .chart import stacked_bars
-from .paging import PAGE_SIZE, Page, decode_cursor, encode_cursor
+from .paging import PAGE_SIZE, Page
 
 NAV.append(NavEntry("Subscriptions", "harvest_dashboard.subscriptions", always))
 NAV.append(NavEntry("Deliveries", "harvest_dashboard.deliveries", always))
@@ -49,6 +49,8 @@ NAV.append(NavEntry("Replay DLQ", "harvest_dashboard.bulk_replay", always))
 
 #: Recent deliveries shown on a subscription's page.
 RECENT = 20
+#: Failing and disabled subscriptions listed on the overview (the most failures first).
+TROUBLED_SHOWN = 20
 STATES = [state.value for state in DeliveryState]
 SUBSCRIPTION_STATUSES = [status.value for status in WebhookSubscriptionStatus]
 
@@ -56,10 +58,8 @@ SUBSCRIPTION_STATUSES = [status.value for status in WebhookSubscriptionStatus]
 def _overview(engine: HarvestEngine) -> Mapping[str, Any]:
     operations = engine.operations
     stats = operations.stats()["overall"]
-    subscriptions = operations.list_subscriptions()
-    troubled = [
-        s for s in subscriptions if s.status is not WebhookSubscriptionStatus.ACTIVE or s.consecutive_failures
-    ]
+    # A bounded read of the few troubled rows: a SaaS's overview must not load every subscription.
+    troubled = operations.troubled_subscriptions(limit=TROUBLED_SHOWN)
     buckets = operations.attempts_per_minute(minutes=60)
     return {
         "stats": stats,
@@ -68,7 +68,7 @@ def _overview(engine: HarvestEngine) -> Mapping[str, Any]:
         "capped": any(stats["capped"].values()),
         "states": STATES,
         "troubled": troubled,
-        "subscription_count": len(subscriptions),
+        "troubled_shown": TROUBLED_SHOWN,
         # The renderer escapes every text it writes.
         "chart": Markup(stacked_bars(buckets, title="Attempts per minute, last hour (UTC)")),  # noqa: S704
         "delivered_hour": sum(ok for _, ok, _ in buckets),
@@ -122,31 +122,22 @@ def _choice(value: str | None, allowed: list[str], name: str) -> str | None:
 
 @dashboard.get("/webhooks/subscriptions")
 def subscriptions() -> tuple[str, int]:
-    """Every subscription, oldest first, filtered by status and topic pattern; keyset pages."""
+    """Subscriptions oldest first, filtered by status and the topic they receive; keyset pages,
+    filtered in the store's query."""
     status = _choice(query_text("status"), SUBSCRIPTION_STATUSES, "status")
     topic = query_text("topic")
-    cursor = query_text("cursor")
-    listed = get_engine().operations.list_subscriptions()  # small: one row per receiver endpoint
-    chosen = [
-        s
-        for s in listed
-        if (status is None or s.status.value == status) and (topic is None or s.matches(topic))
-    ]
-    page = _page_of(chosen, cursor)
+    items, next_cursor = get_engine().operations.subscriptions_page(
+        limit=PAGE_SIZE,
+        cursor=query_text("cursor"),
+        status=WebhookSubscriptionStatus(status) if status else None,
+        topic=topic,
+    )
     return render_page(
         "webhooks/subscriptions.html",
-        page=page,
+        page=Page(items, next_cursor),
         statuses=SUBSCRIPTION_STATUSES,
         filters={"status": status or "", "topic": topic or ""},
     )
-
-
-def _page_of(chosen: list[WebhookSubscription], cursor: str | None) -> Page[WebhookSubscription]:
-    after = decode_cursor(cursor) if cursor else None
-    rest = [s for s in chosen if after is None or (s.created_at, s.id) > after]
-    items = rest[:PAGE_SIZE]
-    more = len(rest) > PAGE_SIZE
-    return Page(items, encode_cursor(items[-1].created_at, items[-1].id) if more else None)
 
 
 def _subscription_page(

@@ -26,6 +26,7 @@ from .models import (
     WebhookSubscriptionStatus,
     standard_secret,
     utcnow,
+    validate_topic,
 )
 from .outbox import SqlOutbox
 from .stores.base import DlqCursor, OutboundWebhookHandler
@@ -97,6 +98,11 @@ def _filter(value: str | None, field: str) -> str | None:
     return value
 
 
+def _check_limit(limit: int) -> None:
+    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_DLQ_PAGE:
+        raise InvalidFieldError("limit", f"must be between 1 and {MAX_DLQ_PAGE}")
+
+
 def _window(value: datetime | None, field: str) -> datetime | None:
     if value is None:
         return None
@@ -164,6 +170,39 @@ class WebhookOperations:
     def list_subscriptions(self) -> list[WebhookSubscription]:
         """Return every subscription, oldest first."""
         return self.store.list_subscriptions()
+
+    def troubled_subscriptions(self, *, limit: int = 50) -> list[WebhookSubscription]:
+        """Return at most ``limit`` disabled or failing subscriptions, the most failures first.
+
+        :raises InvalidFieldError: a limit outside 1 to 500.
+        """
+        _check_limit(limit)
+        return self.store.troubled_subscriptions(limit=limit)
+
+    def subscriptions_page(
+        self,
+        *,
+        limit: int = 50,
+        cursor: str | None = None,
+        status: WebhookSubscriptionStatus | None = None,
+        topic: str | None = None,
+    ) -> tuple[list[WebhookSubscription], str | None]:
+        """Return one page of subscriptions, oldest first, in ``status`` and/or selecting the event
+        ``topic``, and the cursor of the next page (or ``None``): a keyset walk, never a count.
+
+        :raises InvalidFieldError: a limit outside 1 to 500, a bad cursor or filter.
+        """
+        _check_limit(limit)
+        if status is not None and not isinstance(status, WebhookSubscriptionStatus):
+            raise InvalidFieldError("status", "must be a WebhookSubscriptionStatus")
+        rows = self.store.list_subscriptions_page(
+            limit=limit + 1,
+            after=decode_position(cursor) if cursor else None,
+            status=status,
+            topic=validate_topic(topic, pattern=False) if topic is not None else None,
+        )
+        page = rows[:limit]
+        return page, encode_position(page[-1].created_at, page[-1].id) if len(rows) > limit else None
 
     def remove_subscription(self, subscription_id: str) -> None:
         """Delete a subscription; its delivery logs stay.
@@ -337,8 +376,7 @@ class WebhookOperations:
         since: datetime | None,
         until: datetime | None,
     ) -> tuple[list[_Listed], str | None]:
-        if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_DLQ_PAGE:
-            raise InvalidFieldError("limit", f"must be between 1 and {MAX_DLQ_PAGE}")
+        _check_limit(limit)
         since, until = _window(since, "since"), _window(until, "until")
         if since is not None and until is not None and since >= until:
             raise InvalidFieldError("since", "must be earlier than until")
