@@ -7,17 +7,30 @@ from one object.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from datetime import datetime, timezone
 
-from sqlalchemy import DateTime, Dialect, Engine, MetaData, Table, TypeDecorator, inspect
+from sqlalchemy import (
+    ColumnElement,
+    Connection,
+    DateTime,
+    Dialect,
+    Engine,
+    MetaData,
+    Table,
+    TypeDecorator,
+    and_,
+    inspect,
+    or_,
+)
 from sqlalchemy.engine import URL
 from sqlalchemy.exc import SQLAlchemyError, StatementError
 from sqlalchemy.schema import CreateIndex, CreateTable
 
 from .errors import StoreError
 
-__all__ = ["UTCDateTime", "create_tables", "metadata", "schema_sql", "store_error"]
+__all__ = ["UTCDateTime", "after_position", "create_tables", "metadata", "schema_sql", "store_error"]
 
 
 class UTCDateTime(TypeDecorator[datetime]):
@@ -78,6 +91,15 @@ def store_error(
     return StoreError(message)
 
 
+def after_position(
+    when: ColumnElement[datetime], ident: ColumnElement[str], position: tuple[datetime, str]
+) -> ColumnElement[bool]:
+    """The condition ``(when, ident) > position`` of an ascending keyset walk, spelled out so every
+    backend can use a ``(when, ident)`` index for it."""
+    stamp, last_id = position
+    return or_(when > stamp, and_(when == stamp, ident > last_id))
+
+
 def schema_sql(tables: Sequence[Table], dialect: str = "postgresql") -> str:
     """Return the DDL that creates ``tables`` and their indexes where they are absent.
 
@@ -135,3 +157,21 @@ def _create_missing_indexes(engine: Engine, tables: Sequence[Table]) -> None:
         with engine.begin() as conn:
             for index in sorted(missing, key=lambda i: str(i.name)):
                 conn.execute(CreateIndex(index, if_not_exists=True))
+
+
+@contextmanager
+def read_connection(engine: Engine, action: str, *, hint: str = "") -> Iterator[Connection]:
+    """A connection for a read that needs no transaction of its own: each statement commits on
+    its own (autocommit), so the read costs its statements' round trips and no BEGIN or COMMIT.
+
+    For reads whose statements need not see one snapshot: a dashboard panel's counts, a page of a
+    list (a view of the dashboard's overview sent two of these round trips per read before: bench
+    S16).
+
+    :raises StoreError: the database refused (``action`` and ``hint`` as :func:`store_error`'s).
+    """
+    try:
+        with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+            yield conn
+    except SQLAlchemyError as exc:
+        raise store_error(action, exc, engine, hint=hint) from exc

@@ -9,19 +9,23 @@ import re
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from typing import Any
 from urllib.parse import quote
 
 import pytest
-from flask import Flask
+from flask import Flask, url_for
 from flask.testing import FlaskClient
 from hypothesis import given
 from hypothesis import strategies as st
 
 from flask_harvest import OutboundWebhookHandler, WebhookSubscription, generate_secret, get_engine
+from flask_harvest.dashboard._core import link_maker
+from flask_harvest.dashboard.webhooks import delivery_rows
 from flask_harvest.testing import CapturingReceiver
 from flask_harvest.triggers.conditions import Eq
 from flask_harvest.triggers.definitions import CompletionTrigger
+from flask_harvest.webhooks.models import DeliveryState, DeliverySummary
 
 from .dashboard_client import PREFIX, dashboard_app, signed_in
 from .properties import BUDGET, TEXT
@@ -301,3 +305,34 @@ def test_no_workflow_page_fails_and_refusals_change_nothing(
     path_values = st.one_of(TEXT, st.sampled_from(subject.ids))
     routes = workflow_routes(subject.app)
     never_fails(client, csrf, routes, subject.snapshot, path_values, WORKFLOW_FIELDS, data)
+
+
+@BUDGET
+@given(
+    value=st.one_of(
+        st.text(st.characters(exclude_categories=["Cs"]), min_size=1),
+        st.sampled_from(
+            ["sub_1", "a/b", "a b", "x?y#z", "100%", "<script>", "é", "&amp;", "HarvestDashboardLinkMark"]
+        ),
+    ),
+    stamp=st.datetimes(min_value=datetime(2000, 1, 1), timezones=st.just(timezone.utc)),
+    status=st.one_of(st.none(), st.integers(100, 599)),
+    error=st.one_of(st.none(), st.just(""), TEXT),
+)
+def test_delivery_rows_show_what_url_for_and_the_macros_show(
+    app: Flask, value: str, stamp: datetime, status: int | None, error: str | None
+) -> None:
+    """The deliveries list's rows (links from one url_for for the whole list, texts built in
+    Python) are exactly url_for's links and the state and when() macros' texts, for any id."""
+    summary = DeliverySummary(value, value, "a.b", DeliveryState.DLQ, 2, 5, status, error, stamp)
+    with app.test_request_context(f"{PREFIX}/webhooks/deliveries"):
+        links = [
+            link_maker("harvest_dashboard.delivery", "delivery_id"),
+            link_maker("harvest_dashboard.subscription", "subscription_id"),
+        ]
+        [row] = delivery_rows([summary], *links)
+        assert row.link == url_for("harvest_dashboard.delivery", delivery_id=value)
+        assert row.subscription_link == url_for("harvest_dashboard.subscription", subscription_id=value)
+    assert (row.id, row.subscription_id, row.topic, row.state) == (value, value, "a.b", "dlq")
+    assert (row.attempt, row.response_status, row.last_error) == ("2/5", str(status or ""), error or "")
+    assert (row.iso_time, row.time) == (stamp.isoformat(), stamp.strftime("%Y-%m-%d %H:%M:%S"))

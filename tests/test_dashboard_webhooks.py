@@ -109,6 +109,7 @@ def test_subscriptions_list_filters_and_pages(
     assert by_topic.count('href="/harvest/webhooks/subscriptions/sub_') == (PAGE_SIZE + 2) // 2
     assert client.get(f"{PREFIX}/webhooks/subscriptions?status=bogus").status_code == 400
     assert client.get(f"{PREFIX}/webhooks/subscriptions?cursor=bogus").status_code == 400
+    assert client.get(f"{PREFIX}/webhooks/subscriptions?topic=a..b").status_code == 400  # not a topic
     assert SECRET not in first
 
 

@@ -7,6 +7,7 @@ import html
 import json
 import re
 import time
+import uuid
 from collections.abc import Callable
 from typing import Any
 
@@ -330,6 +331,21 @@ def test_fires_and_skips_on_the_execution_and_trigger_pages(
     overview = text(client.get(f"{PREFIX}/"))
     assert 'id="trigger-count"><div class="value"><a' in overview and "condition_unmet" in overview
     assert client.get(f"{PREFIX}/triggers/{'1' * 36}").status_code == 404
+
+
+def test_the_trigger_list_pages_with_a_cursor(app: Flask, client: FlaskClient, csrf: str) -> None:
+    with app.app_context():
+        register = trigger_service().register
+        ids = [str(uuid.uuid4()) for _ in range(PAGE_SIZE + 1)]
+        registered = [register(CompletionTrigger("echo", "three_steps", id=ident)).id for ident in ids]
+    first = text(client.get(f"{PREFIX}/triggers"))
+    shown = re.findall(r'href="/harvest/triggers/([0-9a-f-]{36})"', first)
+    assert len(shown) == PAGE_SIZE
+    second = text(client.get(link(first, "next-page")))
+    rest = re.findall(r'href="/harvest/triggers/([0-9a-f-]{36})"', second)
+    assert sorted(shown + rest) == sorted(registered)
+    assert 'id="next-page"' not in second
+    assert client.get(f"{PREFIX}/triggers?cursor=bogus").status_code == 400
 
 
 def stored(app: Flask) -> list[Any]:

@@ -23,8 +23,7 @@ from flask_harvest.webhooks.stores.sql import SqlOutboundWebhookStore
 from flask_harvest.worker import HarvestWorker
 
 from .pipeline import rq_app, rq_backend, wait_final
-from .worker_process import start_worker
-from .worker_process import stop as stop  # tests/browser/conftest.py imports it from here
+from .worker_process import start_worker, stop
 
 pytestmark = pytest.mark.redis
 SECRET = generate_secret()

@@ -31,6 +31,7 @@ from flask_harvest.webhooks.models import (
 )
 from flask_harvest.webhooks.stores._schema import RETIRED_INDEXES, WEBHOOK_TABLES
 from flask_harvest.webhooks.stores.sql import (
+    _CLAIM_MANY_SQL,
     WEBHOOK_SCHEMA_SQL,
     SqlOutboundWebhookStore,
     attempts_table,
@@ -372,3 +373,45 @@ def test_an_integrity_error_that_is_not_a_taken_id_is_a_store_error(
     sql_store.add_subscription(valid)
     with pytest.raises(DuplicateSubscriptionError):
         sql_store.add_subscription(valid)
+
+
+@pytest.mark.postgres
+def test_a_batch_claim_probes_the_primary_key_even_with_statistics_from_before_a_burst(
+    postgres_engine: sa.Engine,
+) -> None:
+    # A table just emptied (the fixture truncates it, so no statistics), then a burst of due rows,
+    # as when a backlog builds faster than autovacuum analyses. The statement built before
+    # (state and due time in the locking subquery's WHERE) was planned to read every PENDING row
+    # through the due index to find its few, in this very setting: tens of milliseconds a claim.
+    store = SqlOutboundWebhookStore(postgres_engine)
+    now = utcnow()
+    deliveries = [
+        DeliveryLog(
+            id=f"dlv_{n:05d}",
+            subscription_id="sub_1",
+            topic="a.b",
+            payload="x" * 400,
+            timestamp=now,
+            next_attempt_at=now,
+            created_at=now,
+        )
+        for n in range(4000)
+    ]
+    store.log_deliveries(deliveries)
+    ids = [d.id for d in deliveries[::200]]
+    params = {
+        "ids": ids,
+        "now": now.replace(tzinfo=None),
+        "until": (now + timedelta(seconds=60)).replace(tzinfo=None),
+        "token": "t" * 32,
+        "max_attempts": 5,
+    }
+
+    with postgres_engine.begin() as conn:
+        plan = "\n".join(conn.execute(sa.text("EXPLAIN " + _CLAIM_MANY_SQL), params).scalars())
+        conn.rollback()
+
+    assert "pk_harvest_webhook_deliveries" in plan
+    assert "_due" not in plan  # neither the due index nor its partial successor
+    claimed = store.claim_deliveries(ids, now=now, lease_seconds=60, max_attempts=5)
+    assert sorted(c.delivery.id for c in claimed) == ids

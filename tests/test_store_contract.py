@@ -31,7 +31,7 @@ from flask_harvest.webhooks.models import (
     utcnow,
 )
 from flask_harvest.webhooks.stores import OutboundWebhookHandler, StoreCapabilities
-from flask_harvest.webhooks.stores.base import Outcome, Recorded
+from flask_harvest.webhooks.stores.base import DeliverySchedule, Outcome, Recorded
 from flask_harvest.webhooks.stores.sql import SqlOutboundWebhookStore
 
 SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
@@ -702,6 +702,19 @@ def test_due_deliveries(store: OutboundWebhookHandler, now: datetime) -> None:
     assert store.due_deliveries(now=now, limit=10) == [oldest.id, tie.id, middle.id, newest.id]
     assert store.due_deliveries(now=now, limit=2) == [oldest.id, tie.id]
     assert store.due_deliveries(now=now - timedelta(hours=1), limit=10) == []
+
+
+def test_get_schedules(store: OutboundWebhookHandler, now: datetime) -> None:
+    later = now + timedelta(seconds=30)
+    first = make_delivery("sub_1", now, next_attempt_at=now)
+    retry = make_delivery("sub_1", now, attempt=3, next_attempt_at=later)
+    store.log_deliveries([first, retry])
+
+    schedules = store.get_schedules([retry.id, "dlv_missing", first.id, retry.id, "bad\x00id"])
+
+    expected = [DeliverySchedule(first.id, first.attempt, now), DeliverySchedule(retry.id, 3, later)]
+    assert sorted(schedules, key=lambda s: s.id) == sorted(expected, key=lambda s: s.id)
+    assert store.get_schedules([]) == []
 
 
 def test_queue_gauges(store: OutboundWebhookHandler, now: datetime) -> None:

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from datetime import datetime, timedelta
+from typing import Any
 
 import pytest
 
 from flask_harvest import DeliveryState, OutboundWebhookHandler
-from flask_harvest.webhooks.models import utcnow
+from flask_harvest.webhooks.models import DeliverySummary, utcnow
 
 from .test_store_contract import fail_once, make_delivery, seed, success_for
 
@@ -61,6 +62,45 @@ def test_list_deliveries_pages_newest_first_in_every_state(
     assert store.list_deliveries(subscription_id="sub_\x00") == []
     # The DLQ listing is the same listing, in one state.
     assert store.list_dlq() == store.list_deliveries(state=DeliveryState.DLQ)
+
+
+def test_list_delivery_summaries_are_the_listing_summarized(
+    store: OutboundWebhookHandler, now: datetime
+) -> None:
+    deliveries = [
+        make_delivery(
+            "sub_a" if n % 2 else "sub_b",
+            now,
+            id=f"dlv_{n:02d}",
+            topic="order.created" if n % 3 else "order.paid",
+            state=STATES[n % len(STATES)],
+            attempt=1 + n % 3,
+            response_status=500 if n % 2 else None,
+            last_error=f"error {n}" if n % 2 else None,
+            timestamp=now + timedelta(seconds=n // 2),
+        )
+        for n in range(12)
+    ]
+    store.log_deliveries(deliveries)
+    newest = store.list_deliveries(limit=1)[0]
+    filters: list[dict[str, Any]] = [
+        {},
+        {"limit": 5},
+        {"limit": 5, "before": (newest.timestamp, newest.id)},
+        {"state": DeliveryState.DLQ},
+        {"subscription_id": "sub_b", "topic": "order.paid"},
+        {"since": now + timedelta(seconds=2), "until": now + timedelta(seconds=4)},
+        {"subscription_id": "sub_\x00"},
+    ]
+    for chosen in filters:
+        summaries = store.list_delivery_summaries(**chosen)
+        assert summaries == [DeliverySummary.of(d) for d in store.list_deliveries(**chosen)], chosen
+    summaries = store.list_delivery_summaries()
+    assert len(summaries) == 12
+    assert {s.response_status for s in summaries} == {500, None}
+    assert {s.last_error for s in summaries} >= {"error 1", None}
+    # The same types as the full rows, not just equal values (a state's text equals its member).
+    assert all(type(s.state) is DeliveryState and s.timestamp.tzinfo is not None for s in summaries)
 
 
 def test_attempts_per_minute(store: OutboundWebhookHandler, now: datetime) -> None:

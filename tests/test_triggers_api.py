@@ -108,6 +108,28 @@ def test_register_list_get_and_the_seeds_shapes(client: FlaskClient) -> None:
     assert uuid.UUID(plain["id"])
 
 
+def test_the_list_pages_with_limit_and_cursor(client: FlaskClient) -> None:
+    bodies = [seed_body(id=str(uuid.uuid4())) for _ in range(5)]
+    ids = [client.post(ROOT, json=body, headers=AUTH).get_json()["id"] for body in bodies]
+    everything = client.get(ROOT, headers=AUTH)
+    assert "X-Next-Cursor" not in everything.headers
+    assert sorted(t["id"] for t in everything.get_json()) == sorted(ids)
+    pages, cursor = [], ""
+    while True:
+        answer = client.get(f"{ROOT}?limit=2" + (f"&cursor={cursor}" if cursor else ""), headers=AUTH)
+        assert answer.status_code == 200
+        pages.append([t["id"] for t in answer.get_json()])
+        cursor = answer.headers.get("X-Next-Cursor", "")
+        if not cursor:
+            break
+    assert [len(page) for page in pages] == [2, 2, 1]
+    assert [i for page in pages for i in page] == [t["id"] for t in everything.get_json()]
+    for bad in ("limit=0", "limit=501", "limit=x", "cursor=bogus", "cursor=%00"):
+        answer = client.get(f"{ROOT}?{bad}", headers=AUTH)
+        assert answer.status_code == 400, bad
+        assert answer.get_json()["error"]["code"] == "invalid_query"
+
+
 def test_reposting_replaces_every_field_and_omitting_condition_clears_it(client: FlaskClient) -> None:
     first = client.post(ROOT, json=seed_body(), headers=AUTH).get_json()
     body = seed_body(terminal_states=["Cancelled"], input_mapping={"type": "Passthrough"})

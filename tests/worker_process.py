@@ -14,6 +14,8 @@ from typing import Any
 
 from flask_harvest.webhooks.stores.sql import SqlOutboundWebhookStore
 
+#: The checkout this file is in.
+ROOT = Path(__file__).resolve().parents[1]
 #: The app the worker loads: the rq backend on ``TEST_REDIS_URL``, a SQL store on
 #: ``TEST_DATABASE_URL``, and whatever ``HARVEST_*`` keys the test adds in ``TEST_HARVEST_CONFIG``.
 WORKER_APP = """
@@ -49,21 +51,28 @@ def start_worker(
     *args: str,
     config: dict[str, Any] | None = None,
     env: dict[str, str] | None = None,
+    app: str = "worker_app:create_app",
 ) -> subprocess.Popen[bytes]:
     """Start ``flask harvest worker *args`` in ``folder`` on ``store``'s database and ``redis_url``,
     its app configured with ``config`` on top of :data:`WORKER_APP`'s; its output goes to
-    ``folder / "worker.log"``. Stop it with :func:`stop`."""
+    ``folder / "worker.log"``. Stop it with :func:`stop`.
+
+    :param app: the ``--app`` the worker loads instead: a module of this checkout (such as
+        ``tests.browser.workflow_live_app:create_app``) reading ``TEST_REDIS_URL`` and
+        ``TEST_DATABASE_URL``.
+    """
     (folder / "worker_app.py").write_text(WORKER_APP)
     environment = {
         **os.environ,
-        # The worker imports this checkout's flask_harvest, as the test does.
-        "PYTHONPATH": os.pathsep.join([str(folder), os.environ.get("PYTHONPATH", "")]),
+        # The worker imports this checkout's flask_harvest (and its tests' app modules), as the
+        # test does.
+        "PYTHONPATH": os.pathsep.join([str(folder), str(ROOT), os.environ.get("PYTHONPATH", "")]),
         "TEST_REDIS_URL": redis_url,
         "TEST_DATABASE_URL": store.engine.url.render_as_string(hide_password=False),
         "TEST_HARVEST_CONFIG": json.dumps(config or {}),
         **(env or {}),
     }
-    command = [sys.executable, "-m", "flask", "--app", "worker_app:create_app", "harvest", "worker", *args]
+    command = [sys.executable, "-m", "flask", "--app", app, "harvest", "worker", *args]
     with open(folder / "worker.log", "ab") as log:  # the child keeps its own copy of the file
         # A session of its own, so that stop() also reaches RQ's forked scheduler process.
         return subprocess.Popen(

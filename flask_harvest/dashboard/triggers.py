@@ -23,7 +23,18 @@ from ..engine import HarvestEngine
 from ..errors import InvalidFieldError
 from ..triggers.definitions import TERMINAL_STATE_NAMES, trigger_from_json
 from ..triggers.service import TriggerService, stored_to_json
-from ._core import MAX_FIELD_CHARS, NAV, PANELS, NavEntry, Panel, dashboard, form_text, render_page
+from ._core import (
+    MAX_FIELD_CHARS,
+    NAV,
+    PANELS,
+    NavEntry,
+    Panel,
+    dashboard,
+    form_text,
+    query_text,
+    render_page,
+)
+from .paging import PAGE_SIZE, Page
 
 #: Fires-ledger rows shown on a trigger's page and on the overview.
 RECENT_FIRES = 100
@@ -63,9 +74,9 @@ PANELS.append(Panel(30, "harvest_dashboard/triggers/_overview_panel.html", _over
 
 @dashboard.get("/triggers")
 def triggers() -> tuple[str, int]:
-    """Every registered trigger, oldest first (one row per definition: a short list)."""
-    listed = [stored_to_json(stored) for stored in triggers_service().list_triggers()]
-    return render_page("triggers/list.html", triggers=listed)
+    """The registered triggers, oldest first; keyset pages."""
+    stored, next_cursor = triggers_service().triggers_page(limit=PAGE_SIZE, cursor=query_text("cursor"))
+    return render_page("triggers/list.html", page=Page([stored_to_json(t) for t in stored], next_cursor))
 
 
 @dashboard.get("/triggers/<trigger_id>")

@@ -27,6 +27,8 @@ triggers_table = Table(
     Column("updated_at", UTCDateTime, nullable=False),
     # The terminal hook's one query: the triggers of the workflow that just ended.
     Index("ix_harvest_completion_triggers_source", "source_workflow_name"),
+    # The dashboard's and the admin API's paged listing, oldest first.
+    Index("ix_harvest_completion_triggers_created", "created_at", "id"),
 )
 
 # The ledger: one row per (source execution, trigger) once the pair is decided. The primary key

@@ -9,16 +9,20 @@ every invalid shape gets the same 400 JSON error naming the field.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import TypeVar
+
 from flask import Blueprint, Response, jsonify, request
 
 from .._app import get_engine
 from ..admin_http import ApiError, install_admin_api, read_json
 from ..errors import ConfigurationError, InvalidFieldError
 from .definitions import trigger_from_json, trigger_to_json
-from .service import TriggerService, fire_to_json, stored_to_json
+from .service import MAX_LIST_LIMIT, TriggerService, fire_to_json, stored_to_json
 
 __all__ = ["trigger_admin"]
 
+T = TypeVar("T")
 trigger_admin = Blueprint("harvest_completion_triggers", __name__)
 install_admin_api(trigger_admin, realm="harvest-completion-triggers")
 
@@ -38,8 +42,20 @@ def _bad_request(exc: InvalidFieldError) -> ApiError:
 
 @trigger_admin.get(_ROOT)
 def list_triggers() -> Response:
-    """Every registered trigger, oldest first; ``condition`` is always present (``null``: none)."""
-    return jsonify([stored_to_json(stored) for stored in _service().list_triggers()])
+    """Every registered trigger, oldest first; ``condition`` is always present (``null``: none).
+
+    With ``?limit=`` (1 to 500) or ``?cursor=``, one page of them (50 by default), and
+    ``X-Next-Cursor`` continues the listing.
+    """
+    service = _service()
+    if "limit" not in request.args and "cursor" not in request.args:
+        return jsonify([stored_to_json(stored) for stored in service.list_triggers()])
+    cursor = request.args.get("cursor") or None
+    page, next_cursor = _query(lambda: service.triggers_page(limit=_limit(50), cursor=cursor))
+    response = jsonify([stored_to_json(stored) for stored in page])
+    if next_cursor:
+        response.headers["X-Next-Cursor"] = next_cursor
+    return response
 
 
 @trigger_admin.post(_ROOT)
@@ -71,13 +87,23 @@ def list_fires(trigger_id: str) -> Response:
     """The trigger's fires-ledger rows, newest first (``?limit=``, 1 to 500, default 100)."""
     service = _service()
     trigger_id = service.get(trigger_id).id
-    raw = request.args.get("limit", "100")
+    fires = _query(lambda: service.fires(trigger_id=trigger_id, limit=_limit(100)))
+    return jsonify([fire_to_json(fire) for fire in fires])
+
+
+def _limit(default: int) -> int:
+    raw = request.args.get("limit", str(default))
     try:
-        limit = int(raw)
+        return int(raw)
     except ValueError:
-        raise ApiError(400, "invalid_query", "limit must be an integer between 1 and 500") from None
+        raise ApiError(
+            400, "invalid_query", f"limit must be an integer between 1 and {MAX_LIST_LIMIT}"
+        ) from None
+
+
+def _query(read: Callable[[], T]) -> T:
+    """``read()``, its query's invalid field (a limit, a cursor) answered 400 ``invalid_query``."""
     try:
-        fires = service.fires(trigger_id=trigger_id, limit=limit)
+        return read()
     except InvalidFieldError as exc:
         raise ApiError(400, "invalid_query", str(exc), {exc.field: [exc.message]}) from None
-    return jsonify([fire_to_json(fire) for fire in fires])

@@ -13,6 +13,7 @@ from typing import Any
 
 from sqlalchemy.exc import SQLAlchemyError
 
+from .._cursor import decode_position, encode_position
 from .._sql import store_error
 from ..errors import InvalidFieldError, InvalidStateError, NotFoundError
 from ..workflows.errors import ExecutionNotFoundError
@@ -25,8 +26,8 @@ from .store import Fire, SqlTriggerStore, StoredTrigger
 
 __all__ = ["TriggerNotFoundError", "TriggerService", "fire_to_json", "stored_to_json"]
 
-#: The most fires rows one listing returns.
-MAX_FIRES_LIMIT = 500
+#: The most rows (fires or triggers) one listing returns.
+MAX_LIST_LIMIT = 500
 
 
 class TriggerNotFoundError(NotFoundError):
@@ -109,6 +110,19 @@ class TriggerService:
         """Every stored trigger, oldest first."""
         return self.store.list_triggers()
 
+    def triggers_page(
+        self, *, limit: int = 50, cursor: str | None = None
+    ) -> tuple[list[StoredTrigger], str | None]:
+        """Return one page of stored triggers, oldest first, and the cursor of the next page (or
+        ``None``): a keyset walk, never a count.
+
+        :raises InvalidFieldError: ``limit`` is not between 1 and 500, or a bad cursor.
+        """
+        _check_limit(limit)
+        rows = self.store.list_triggers(limit=limit + 1, after=decode_position(cursor) if cursor else None)
+        page = rows[:limit]
+        return page, encode_position(page[-1].created_at, page[-1].id) if len(rows) > limit else None
+
     def get(self, trigger_id: str) -> StoredTrigger:
         """:raises TriggerNotFoundError: no trigger has this id."""
         stored = self.store.get(_canonical(trigger_id)) if _plausible(trigger_id) else None
@@ -131,8 +145,7 @@ class TriggerService:
 
         :raises InvalidFieldError: ``limit`` is not between 1 and 500.
         """
-        if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_FIRES_LIMIT:
-            raise InvalidFieldError("limit", f"must be an integer between 1 and {MAX_FIRES_LIMIT}")
+        _check_limit(limit)
         return self.store.fires(trigger_id=trigger_id, source_exec_id=source_exec_id, limit=limit)
 
     def evaluate(self, execution_id: str) -> list[FireEvent]:
@@ -168,6 +181,11 @@ class TriggerService:
         if self.retention_seconds is None:
             return 0
         return self.store.purge_fires(before=self.clock() - timedelta(seconds=self.retention_seconds))
+
+
+def _check_limit(limit: int) -> None:
+    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_LIST_LIMIT:
+        raise InvalidFieldError("limit", f"must be an integer between 1 and {MAX_LIST_LIMIT}")
 
 
 def _canonical(trigger_id: str) -> str:

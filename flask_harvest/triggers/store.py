@@ -19,7 +19,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Row
 from sqlalchemy.exc import SQLAlchemyError
 
-from .._sql import create_tables, store_error
+from .._sql import after_position, create_tables, read_connection, store_error
 from ..errors import ConfigurationError, InvalidFieldError
 from ..workflows._schema import executions_table
 from ._schema import TRIGGER_TABLES, fires_table, triggers_table
@@ -168,10 +168,16 @@ class SqlTriggerStore:
             row = conn.execute(select(_t).where(_t.c.id == trigger_id)).first()
         return _row(row) if row is not None else None
 
-    def list_triggers(self) -> list[StoredTrigger]:
-        """Return every stored trigger, oldest first."""
-        with self._transaction("list completion triggers") as conn:
-            rows = conn.execute(select(_t).order_by(_t.c.created_at, _t.c.id)).all()
+    def list_triggers(
+        self, *, limit: int | None = None, after: tuple[datetime, str] | None = None
+    ) -> list[StoredTrigger]:
+        """Return the stored triggers, oldest first by ``(created_at, id)``: every one, or at most
+        ``limit`` after the position ``after`` (a keyset walk of the listing's index)."""
+        query = select(_t).order_by(_t.c.created_at, _t.c.id).limit(limit)
+        if after is not None:
+            query = query.where(after_position(_t.c.created_at, _t.c.id, after))
+        with read_connection(self.engine, "list completion triggers", hint=_HINT) as conn:
+            rows = conn.execute(query).all()
         return [_row(row) for row in rows]
 
     def delete(self, trigger_id: str) -> bool:
@@ -233,7 +239,7 @@ class SqlTriggerStore:
         if source_exec_id is not None:
             query = query.where(_f.c.source_exec_id == source_exec_id)
         query = query.order_by(_f.c.fired_at.desc(), _f.c.source_exec_id).limit(max(0, limit))
-        with self._transaction("list completion trigger fires") as conn:
+        with read_connection(self.engine, "list completion trigger fires", hint=_HINT) as conn:
             return [_fire(row) for row in conn.execute(query).all()]
 
     def purge_fires(self, *, before: datetime) -> int:

@@ -28,7 +28,7 @@ from .models import (
     WebhookSubscriptionStatus,
     utcnow,
 )
-from .stores.base import OutboundWebhookHandler, Outcome, Recorded
+from .stores.base import DeliverySchedule, OutboundWebhookHandler, Outcome, Recorded
 
 log = logging.getLogger(__name__)
 USER_AGENT = f"flask-harvest/{__version__}"
@@ -39,7 +39,7 @@ WEBHOOK_JOB = "webhook"
 _RECORD_BATCH = 64
 
 
-def delivery_job(delivery: DeliveryLog) -> JobRef:
+def delivery_job(delivery: DeliveryLog | DeliverySchedule) -> JobRef:
     """Return the job reference of a delivery's next attempt."""
     return JobRef(WEBHOOK_JOB, delivery.id, delivery.attempt, delivery.next_attempt_at)
 

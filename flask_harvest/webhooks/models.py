@@ -14,7 +14,7 @@ import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Any
+from typing import Any, NamedTuple
 
 from ..errors import InvalidFieldError, InvalidSecretError
 from ..signing import SECRET_PREFIX, secret_key
@@ -416,6 +416,26 @@ class DeliveryLog:
     def to_dict(self) -> dict[str, Any]:
         """Return the delivery in the seed's DLQ JSON shape, plus its state and schedule."""
         return {**json_fields(self), "is_dlq": self.is_dlq}
+
+
+class DeliverySummary(NamedTuple):
+    """What a list of deliveries shows of one (the dashboard's): a :class:`DeliveryLog` without
+    its payload, headers, response body and schedule, cheap to read and to build."""
+
+    id: str
+    subscription_id: str
+    topic: str
+    state: DeliveryState
+    attempt: int
+    max_attempts: int
+    response_status: int | None
+    last_error: str | None
+    timestamp: datetime
+
+    @classmethod
+    def of(cls, delivery: DeliveryLog) -> DeliverySummary:
+        """Return the summary of ``delivery``."""
+        return cls(*(getattr(delivery, name) for name in cls._fields))
 
 
 @dataclass(frozen=True)

@@ -3,10 +3,10 @@ blueprint and the CLI are thin over it."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 from .._cursor import decode_position, encode_position
 from .._input import check_number, text_problem, to_utc
@@ -20,11 +20,13 @@ from .manager import OutboundWebhookManager
 from .models import (
     DeliveryLog,
     DeliveryState,
+    DeliverySummary,
     SubscriptionChanges,
     WebhookSubscription,
     WebhookSubscriptionStatus,
     standard_secret,
     utcnow,
+    validate_topic,
 )
 from .outbox import SqlOutbox
 from .stores.base import DlqCursor, OutboundWebhookHandler
@@ -62,7 +64,11 @@ class ReplayResult:
     enqueue_error: str | None = None
 
 
-def encode_cursor(delivery: DeliveryLog) -> str:
+#: A row of a delivery listing: the full delivery, or its summary.
+_Listed = TypeVar("_Listed", DeliveryLog, DeliverySummary)
+
+
+def encode_cursor(delivery: DeliveryLog | DeliverySummary) -> str:
     """Return an opaque cursor that continues a delivery listing after ``delivery``."""
     return encode_position(delivery.timestamp, delivery.id)
 
@@ -90,6 +96,11 @@ def _filter(value: str | None, field: str) -> str | None:
     if problem is not None:
         raise InvalidFieldError(field, problem)
     return value
+
+
+def _check_limit(limit: int) -> None:
+    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_DLQ_PAGE:
+        raise InvalidFieldError("limit", f"must be between 1 and {MAX_DLQ_PAGE}")
 
 
 def _window(value: datetime | None, field: str) -> datetime | None:
@@ -159,6 +170,39 @@ class WebhookOperations:
     def list_subscriptions(self) -> list[WebhookSubscription]:
         """Return every subscription, oldest first."""
         return self.store.list_subscriptions()
+
+    def troubled_subscriptions(self, *, limit: int = 50) -> list[WebhookSubscription]:
+        """Return at most ``limit`` disabled or failing subscriptions, the most failures first.
+
+        :raises InvalidFieldError: a limit outside 1 to 500.
+        """
+        _check_limit(limit)
+        return self.store.troubled_subscriptions(limit=limit)
+
+    def subscriptions_page(
+        self,
+        *,
+        limit: int = 50,
+        cursor: str | None = None,
+        status: WebhookSubscriptionStatus | None = None,
+        topic: str | None = None,
+    ) -> tuple[list[WebhookSubscription], str | None]:
+        """Return one page of subscriptions, oldest first, in ``status`` and/or selecting the event
+        ``topic``, and the cursor of the next page (or ``None``): a keyset walk, never a count.
+
+        :raises InvalidFieldError: a limit outside 1 to 500, a bad cursor or filter.
+        """
+        _check_limit(limit)
+        if status is not None and not isinstance(status, WebhookSubscriptionStatus):
+            raise InvalidFieldError("status", "must be a WebhookSubscriptionStatus")
+        rows = self.store.list_subscriptions_page(
+            limit=limit + 1,
+            after=decode_position(cursor) if cursor else None,
+            status=status,
+            topic=validate_topic(topic, pattern=False) if topic is not None else None,
+        )
+        page = rows[:limit]
+        return page, encode_position(page[-1].created_at, page[-1].id) if len(rows) > limit else None
 
     def remove_subscription(self, subscription_id: str) -> None:
         """Delete a subscription; its delivery logs stay.
@@ -300,13 +344,44 @@ class WebhookOperations:
     ) -> tuple[list[DeliveryLog], str | None]:
         """Return one page of deliveries (in ``state``, or any), newest first by their latest
         attempt, and the cursor of the next page (or ``None``): a keyset walk, never a count."""
-        if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_DLQ_PAGE:
-            raise InvalidFieldError("limit", f"must be between 1 and {MAX_DLQ_PAGE}")
+        return self._page(
+            self.store.list_deliveries, state, limit, cursor, subscription_id, topic, since, until
+        )
+
+    def delivery_summaries_page(
+        self,
+        *,
+        state: DeliveryState | None = None,
+        limit: int = 50,
+        cursor: str | None = None,
+        subscription_id: str | None = None,
+        topic: str | None = None,
+        since: datetime | None = None,
+        until: datetime | None = None,
+    ) -> tuple[list[DeliverySummary], str | None]:
+        """:meth:`deliveries_page` as :class:`DeliverySummary` values (what a list page shows),
+        with the same checks and cursors."""
+        return self._page(
+            self.store.list_delivery_summaries, state, limit, cursor, subscription_id, topic, since, until
+        )
+
+    def _page(
+        self,
+        listing: Callable[..., list[_Listed]],
+        state: DeliveryState | None,
+        limit: int,
+        cursor: str | None,
+        subscription_id: str | None,
+        topic: str | None,
+        since: datetime | None,
+        until: datetime | None,
+    ) -> tuple[list[_Listed], str | None]:
+        _check_limit(limit)
         since, until = _window(since, "since"), _window(until, "until")
         if since is not None and until is not None and since >= until:
             raise InvalidFieldError("since", "must be earlier than until")
         before = decode_cursor(cursor) if cursor else None
-        rows = self.store.list_deliveries(
+        rows = listing(
             limit=limit + 1,
             before=before,
             state=state,

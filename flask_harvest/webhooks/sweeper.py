@@ -42,7 +42,7 @@ def sweep(
     if not requeue:
         return SweepReport(released=len(released))
     due_ids = store.due_deliveries(now=now - timedelta(seconds=grace_seconds), limit=batch)
-    candidates = store.get_deliveries(sorted(set(due_ids) | set(released)))
+    candidates = store.get_schedules(sorted(set(due_ids) | set(released)))
     orphans = requeue_missing(backend, [delivery_job(d) for d in candidates])
     if released or orphans:
         log.warning(

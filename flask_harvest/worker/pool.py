@@ -26,7 +26,7 @@ import random
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
@@ -118,6 +118,7 @@ class DeliveryPool:
         self._context = context
         self._cond = threading.Condition()
         self._busy = 0  # slots held: attempts in flight and deliveries waiting their turn
+        self._wake_at = -1  # wake the waiting job loop once _busy is down to this (-1: none waits)
         self._closing = False
         self._endpoints: dict[str, _Endpoint] = {}
         self._forgot_at = time.monotonic()
@@ -144,24 +145,34 @@ class DeliveryPool:
     def wait_for_slots(self) -> None:
         """Block until a batch of slots is free, or any slot once a batch has not come free within
         ``_BATCH_PATIENCE_SECONDS`` (the worker calls it before taking more jobs)."""
-        patient_until = time.monotonic() + _BATCH_PATIENCE_SECONDS
+        if not self._wait_until(self.size - self.batch, timeout=_BATCH_PATIENCE_SECONDS):
+            self._wait_until(self.size - 1)
 
-        def ready() -> bool:
-            wanted = self.batch if time.monotonic() < patient_until else 1
-            return self.size - self._busy >= wanted
+    def _wait_until(self, busy: int, timeout: float | None = None) -> bool:
+        """Wait until at most ``busy`` slots are held (for at most ``timeout`` seconds; return
+        whether they are), giving back every ``_CHECK_SECONDS`` the deliveries that wait for an
+        endpoint that turned slow, since they hold slots too.
 
-        self._wait_until(ready, check=_BATCH_PATIENCE_SECONDS)
-
-    def _wait_until(self, ready: Callable[[], bool], check: float = _CHECK_SECONDS) -> None:
-        """Wait until ``ready()`` (called under the lock, at least every ``check`` seconds),
-        giving back every so often the deliveries that wait for an endpoint that turned slow,
-        since they hold slots too."""
+        Only the worker's job loop waits here. A slot freed wakes it only once enough are free
+        (waking it on every attempt's end cost a tenth of a busy worker's CPU), and the check,
+        which walks every endpoint, runs on the clock rather than on each wake."""
+        check_at = time.monotonic() + _CHECK_SECONDS
+        give_up = None if timeout is None else time.monotonic() + timeout
         while True:
             with self._cond:
-                if ready():
-                    return
-                self._cond.wait(check)
-            self._give_back_stale()
+                if self._busy <= busy:
+                    self._wake_at = -1
+                    return True
+                now = time.monotonic()
+                if give_up is not None and now >= give_up:
+                    self._wake_at = -1
+                    return False
+                self._wake_at = busy
+                until = check_at if give_up is None else min(check_at, give_up)
+                self._cond.wait(max(0.0, until - now))
+            if time.monotonic() >= check_at:
+                self._give_back_stale()
+                check_at = time.monotonic() + _CHECK_SECONDS
 
     def deliver(self, delivery_id: str) -> DeliveryState | None:
         """Claim ``delivery_id`` and start its attempt on the pool; return at once.
@@ -179,22 +190,55 @@ class DeliveryPool:
         Slots are taken *before* claiming, so a claim's lease never ticks while it queues for one.
         Returns the state of each delivery claimed, as :meth:`deliver` does.
         """
-        waiting = list(dict.fromkeys(delivery_ids))
         states: list[DeliveryState] = []
+        for chunk, taken in self._reserve(delivery_ids):
+            states.extend(self._claim_and_start(chunk, taken))
+        return states
+
+    def submit_many(self, delivery_ids: Sequence[str]) -> None:
+        """As :meth:`deliver_many`, but the claims run on the pool's threads: return as soon as
+        slots are reserved for every delivery (the worker's job loop, which calls it, goes on
+        taking jobs while a pool thread claims, instead of waiting for the claim's round trip).
+
+        A failed claim is logged; its rows stay due with no job, and the sweeper queues them again.
+        """
+        for chunk, taken in self._reserve(delivery_ids):
+            try:
+                self._executor.submit(self._claim_and_start_logged, chunk, taken)
+            except RuntimeError:  # the pool is shutting down: the rows stay due for later
+                self._release(taken)
+
+    def _reserve(self, delivery_ids: Sequence[str]) -> Iterator[tuple[list[str], int]]:
+        """Yield chunks of ``delivery_ids`` with the slots taken for each, waiting for free ones.
+
+        Only the worker's job loop takes slots, so the ones just seen free are still free; the
+        consumer releases whatever it does not use."""
+        waiting = list(dict.fromkeys(delivery_ids))
         while waiting:
-            self._wait_until(lambda: self._busy < self.size)
+            self._wait_until(self.size - 1)
             with self._cond:
-                # Only this thread takes slots, so the ones just seen free are still free.
                 taken = max(1, min(len(waiting), self.size - self._busy))
                 self._busy += taken
             chunk, waiting = waiting[:taken], waiting[taken:]
-            claims: list[Claim] = []
-            try:
+            yield chunk, taken
+
+    def _claim_and_start(self, chunk: list[str], taken: int) -> list[DeliveryState]:
+        claims: list[Claim] = []
+        try:
+            if self._context is None:
                 claims = self.runner.claim_many(chunk)
-            finally:
-                self._release(taken - len(claims))
-            states.extend(self._start(claim) for claim in claims)
-        return states
+            else:
+                with self._context():
+                    claims = self.runner.claim_many(chunk)
+        finally:
+            self._release(taken - len(claims))
+        return [self._start(claim) for claim in claims]
+
+    def _claim_and_start_logged(self, chunk: list[str], taken: int) -> None:
+        try:
+            self._claim_and_start(chunk, taken)
+        except Exception:  # the rows stay PENDING with no job: the sweeper queues them again
+            log.exception("harvest: could not claim deliveries %s", chunk)
 
     def _start(self, claim: Claim) -> DeliveryState:
         endpoint_id = claim.delivery.subscription_id
@@ -371,18 +415,14 @@ class DeliveryPool:
             return
         with self._cond:
             self._busy -= slots
-            self._cond.notify_all()
+            if self._busy <= self._wake_at:
+                self._cond.notify_all()
 
     def shutdown(self, wait: bool = True) -> None:
         """Stop the pool. With ``wait``, let the attempts in flight finish (each within a deadline)
         and the deliveries waiting their turn have theirs; without, give those back for later."""
         if wait:
-            while True:
-                with self._cond:
-                    if self._busy <= 0:
-                        break
-                    self._cond.wait(_CHECK_SECONDS)
-                self._give_back_stale()
+            self._wait_until(0)
         with self._cond:
             self._closing = True
         self._give_back_stale()

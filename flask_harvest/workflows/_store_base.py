@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from datetime import datetime
 from typing import Any
 
@@ -18,7 +18,7 @@ from sqlalchemy import ColumnElement, Connection, Engine, func, literal, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import SQLAlchemyError
 
-from .._sql import UTCDateTime, create_tables, store_error
+from .._sql import UTCDateTime, create_tables, read_connection, store_error
 from ..errors import ConfigurationError, InvalidStateError
 from ._schema import WORKFLOW_TABLES, executions_table, row_to_execution
 from .hooks import TerminalHooks, pop_after_commit
@@ -65,6 +65,10 @@ class _StoreBase:
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.engine.url.render_as_string(hide_password=True)}>"
+
+    def _read(self, action: str) -> AbstractContextManager[Connection]:
+        """A read in autocommit (:func:`~flask_harvest._sql.read_connection`): no BEGIN or COMMIT."""
+        return read_connection(self.engine, action, hint=_SCHEMA_HINT)
 
     @contextmanager
     def _transaction(self, action: str, conn: Connection | None = None) -> Iterator[Connection]:

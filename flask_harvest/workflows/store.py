@@ -216,7 +216,7 @@ class SqlWorkflowStore(_SweepQueries):
         means "at least".
         """
         counts = {state: 0 for state in ExecutionState}
-        with self._transaction("count workflow executions by state") as conn:
+        with self._read("count workflow executions by state") as conn:
             for state in ExecutionState:
                 bounded = select(literal(1)).where(_ex.c.state == state.value).limit(max(0, cap)).subquery()
                 counts[state] = int(conn.execute(select(func.count()).select_from(bounded)).scalar_one())

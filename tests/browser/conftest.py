@@ -10,10 +10,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
-import textwrap
-import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -25,17 +21,19 @@ import pytest
 import redis
 import sqlalchemy as sa
 from flask import Flask
-from werkzeug.serving import make_server
 
 from flask_harvest import DeliveryState, OutboundWebhookPlugin, get_engine
 from flask_harvest.testing import CapturingReceiver
 from flask_harvest.webhooks.stores.sql import SqlOutboundWebhookStore
 
 from ..dashboard_client import SECRET_KEY, TOKEN
+from ..live_server import LiveServer
 from ..pipeline import close_later
-from ..test_delivery_rq import stop
+from ..worker_process import start_worker, stop
 from .workflow_live_app import create_app as create_workflow_app
 
+#: The worker of :func:`live_workflows` loads the same app module as the test.
+WORKFLOW_APP_SPEC = "tests.browser.workflow_live_app:create_app"
 CHROMIUM = os.environ.get("HARVEST_CHROMIUM", "/usr/bin/chromium")
 CHROMEDRIVER = os.environ.get("HARVEST_CHROMEDRIVER", "/usr/bin/chromedriver")
 ROOT = Path(__file__).resolve().parents[2]
@@ -50,23 +48,6 @@ SETTINGS = {
     "HARVEST_SWEEP_INTERVAL_SECONDS": 0.5,
     "HARVEST_WEBHOOKS_ALLOW_PRIVATE_TARGETS": True,  # the receiver is on 127.0.0.1
 }
-WORKER_APP = """
-import os
-
-import sqlalchemy as sa
-from flask import Flask
-
-from flask_harvest import OutboundWebhookPlugin
-from flask_harvest.webhooks.stores.sql import SqlOutboundWebhookStore
-
-
-def create_app():
-    app = Flask("dashboard_worker_app")
-    app.config.update({settings!r})
-    app.config["HARVEST_REDIS_URL"] = os.environ["TEST_REDIS_URL"]
-    OutboundWebhookPlugin(SqlOutboundWebhookStore(sa.create_engine(os.environ["TEST_DATABASE_URL"])), app)
-    return app
-"""
 
 
 def _missing(what: str) -> None:
@@ -164,12 +145,8 @@ def live(
         SECRET_KEY=SECRET_KEY,
     )
     OutboundWebhookPlugin(store, app)
-    (tmp_path / "dashboard_worker_app.py").write_text(textwrap.dedent(WORKER_APP.format(settings=SETTINGS)))
-    environment = {
-        "TEST_REDIS_URL": redis_url,
-        "TEST_DATABASE_URL": postgres_engine.url.render_as_string(hide_password=False),
-    }
-    with serving(app, "dashboard_worker_app:create_app", environment, tmp_path, browser) as url:
+    # The worker runs the same settings as the app.
+    with serving(app, tmp_path, browser, store, redis_url, config=SETTINGS) as url:
         yield Live(app=app, url=url, store=store, receiver=receiver, screenshots=_screenshots(tmp_path))
 
 
@@ -194,7 +171,7 @@ def live_workflows(
     app = create_workflow_app(HARVEST_DASHBOARD=True, HARVEST_ACTUATOR_TOKEN=TOKEN, SECRET_KEY=SECRET_KEY)
     store = get_engine(app).store
     assert isinstance(store, SqlOutboundWebhookStore)
-    with serving(app, "tests.browser.workflow_live_app:create_app", environment, tmp_path, browser) as url:
+    with serving(app, tmp_path, browser, store, redis_url, app_spec=WORKFLOW_APP_SPEC) as url:
         yield Live(app=app, url=url, store=store, receiver=receiver, screenshots=_screenshots(tmp_path))
 
 
@@ -204,31 +181,27 @@ def _screenshots(tmp_path: Path) -> Path:
 
 @contextmanager
 def serving(
-    app: Flask, app_spec: str, environment: dict[str, str], tmp_path: Path, browser: Any
+    app: Flask,
+    tmp_path: Path,
+    browser: Any,
+    store: SqlOutboundWebhookStore,
+    redis_url: str,
+    *,
+    config: dict[str, Any] | None = None,
+    app_spec: str = "worker_app:create_app",
 ) -> Iterator[str]:
-    """Serve ``app`` on 127.0.0.1 with a ``flask harvest worker`` subprocess on ``app_spec``; yield
-    the app's URL. The browser starts with no cookies."""
+    """Serve ``app`` on 127.0.0.1 with a ``flask harvest worker`` subprocess (on ``app_spec``, or
+    the worker app of :mod:`tests.worker_process` with ``config``); yield the app's URL. The
+    browser starts with no cookies."""
     close_later(app)
-    server = make_server("127.0.0.1", 0, app, threaded=True)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    command = [sys.executable, "-m", "flask", "--app", app_spec, "harvest", "worker"]
-    with open(tmp_path / "worker.log", "ab") as log:
-        worker = subprocess.Popen(
-            command,
-            cwd=tmp_path,
-            env={**os.environ, **environment, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)])},
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+    server = LiveServer(app)
+    worker = start_worker(tmp_path, store, redis_url, config=config, app=app_spec)
     browser.delete_all_cookies()
     try:
-        yield f"http://127.0.0.1:{server.server_port}"
+        yield server.url
     finally:
         stop(worker, signal.SIGTERM)
-        server.shutdown()
-        server.server_close()
+        server.close()
         if worker.returncode not in (0, -signal.SIGTERM):
             print((tmp_path / "worker.log").read_text())
 

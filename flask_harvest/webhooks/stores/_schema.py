@@ -42,6 +42,10 @@ from ..topic_index import MAX_KEY_LENGTH, pattern_key
 ID_LENGTH = MAX_ID_LENGTH
 
 
+#: The subscriptions an operator should look at: disabled ones and failing ones (a literal, as the
+#: partial index's predicate must be for the planner to use it).
+TROUBLED_SQL = f"status <> '{WebhookSubscriptionStatus.ACTIVE.value}' OR consecutive_failures > 0"
+
 subscriptions_table = Table(
     "harvest_webhook_subscriptions",
     metadata,
@@ -58,6 +62,15 @@ subscriptions_table = Table(
     # After a rotation, the old secret still signs deliveries until it expires.
     Column("previous_secret", Text, nullable=True),
     Column("previous_secret_expires_at", UTCDateTime, nullable=True),
+    # The dashboard's subscription list, oldest first, a keyset walk.
+    Index("ix_harvest_webhook_subscriptions_created", "created_at", "id"),
+    # The overview's failing and disabled subscriptions: the few rows TROUBLED selects.
+    Index(
+        "ix_harvest_webhook_subscriptions_troubled",
+        "consecutive_failures",
+        postgresql_where=text(TROUBLED_SQL),
+        sqlite_where=text(TROUBLED_SQL),
+    ),
 )
 
 # The topic index: one row per key of a subscription's patterns (topic_index.pattern_key), written
@@ -137,6 +150,7 @@ deliveries_table = Table(
 #: the state from the planner of a generic (prepared) plan, which then could not use them.
 PENDING_ROWS = deliveries_table.c.state == literal_column(f"'{DeliveryState.PENDING.value}'")
 INFLIGHT_ROWS = deliveries_table.c.state == literal_column(f"'{DeliveryState.INFLIGHT.value}'")
+TROUBLED_ROWS = text(TROUBLED_SQL)
 
 #: Indexes of earlier versions that the ones above replace. ensure_schema leaves them (processes of
 #: the previous version query them during a rolling upgrade); schema_sql ends by dropping them.

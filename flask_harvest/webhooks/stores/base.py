@@ -9,6 +9,7 @@ them at once never both win.
 from __future__ import annotations
 
 import abc
+import itertools
 from collections import Counter
 from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass
@@ -24,6 +25,7 @@ from ..models import (
     DeliveryLog,
     DeliveryState,
     DeliveryStats,
+    DeliverySummary,
     SubscriptionChanges,
     WebhookSubscription,
     WebhookSubscriptionStatus,
@@ -35,6 +37,8 @@ if TYPE_CHECKING:
 
 #: A position in the DLQ listing: the ``(timestamp, id)`` of the last row of the previous page.
 DlqCursor = tuple[datetime, str]
+#: A position in the subscriptions listing: the ``(created_at, id)`` of the last row of a page.
+SubscriptionCursor = tuple[datetime, str]
 
 
 @dataclass(frozen=True)
@@ -44,6 +48,16 @@ class Outcome:
     delivery_id: str
     lease_token: str
     result: AttemptResult
+
+
+@dataclass(frozen=True)
+class DeliverySchedule:
+    """Which attempt of a delivery is next, and when: what its job carries
+    (:meth:`OutboundWebhookHandler.get_schedules`)."""
+
+    id: str
+    attempt: int
+    next_attempt_at: datetime | None
 
 
 @dataclass(frozen=True)
@@ -183,6 +197,47 @@ class OutboundWebhookHandler(abc.ABC):
     def list_subscriptions(self) -> list[WebhookSubscription]:
         """Return every subscription, oldest first."""
 
+    def list_subscriptions_page(
+        self,
+        *,
+        limit: int,
+        after: SubscriptionCursor | None = None,
+        status: WebhookSubscriptionStatus | None = None,
+        topic: str | None = None,
+    ) -> list[WebhookSubscription]:
+        """Return at most ``limit`` subscriptions, oldest first by ``(created_at, id)``: the keyset
+        listing behind the dashboard, filtered in the query.
+
+        :param after: return only subscriptions after this position (the last row of a page).
+        :param status: only subscriptions in this status.
+        :param topic: only subscriptions whose topics select this event topic.
+
+        This default filters :meth:`subscriptions_for_topic` or :meth:`list_subscriptions` (the
+        in-memory store's topic index makes the first a lookup); the SQL store walks an index.
+        """
+        candidates = self.subscriptions_for_topic(topic) if topic is not None else self.list_subscriptions()
+        chosen = (
+            s
+            for s in candidates
+            if (status is None or s.status is status) and (after is None or (s.created_at, s.id) > after)
+        )
+        return list(itertools.islice(chosen, limit))
+
+    def troubled_subscriptions(self, *, limit: int) -> list[WebhookSubscription]:
+        """Return at most ``limit`` subscriptions that are disabled or failing (not ``active``, or
+        with consecutive failures), the most failures first: what the dashboard's overview lists.
+
+        This default filters :meth:`list_subscriptions`; the SQL store reads a partial index of
+        those rows only.
+        """
+        troubled = [
+            s
+            for s in self.list_subscriptions()
+            if s.status is not WebhookSubscriptionStatus.ACTIVE or s.consecutive_failures
+        ]
+        troubled.sort(key=lambda s: (-s.consecutive_failures, s.created_at, s.id))
+        return troubled[:limit]
+
     @abc.abstractmethod
     def update_subscription(self, subscription_id: str, changes: SubscriptionChanges) -> WebhookSubscription:
         """Set the fields ``changes`` names, and ``updated_at``, on the stored subscription, in one
@@ -264,6 +319,18 @@ class OutboundWebhookHandler(abc.ABC):
     def get_deliveries(self, delivery_ids: Sequence[str]) -> list[DeliveryLog]:
         """Return the delivery logs that exist among ``delivery_ids``, in no particular order."""
 
+    def get_schedules(self, delivery_ids: Sequence[str]) -> list[DeliverySchedule]:
+        """Return the next attempt and due time of the deliveries that exist among
+        ``delivery_ids``, in no particular order (the sweeper asks the job backend about them).
+
+        This default reads whole logs; a store that can reads only the three columns (the SQL
+        store does: with a backlog the sweeper looks at a thousand rows each time, payloads and
+        all)."""
+        return [
+            DeliverySchedule(d.id, d.attempt, d.next_attempt_at)
+            for d in self.get_deliveries(list(dict.fromkeys(delivery_ids)))
+        ]
+
     @abc.abstractmethod
     def list_attempts(self, delivery_id: str) -> list[DeliveryAttempt]:
         """Return the delivery's recorded attempts, oldest first.
@@ -315,6 +382,31 @@ class OutboundWebhookHandler(abc.ABC):
         The parameters are those of :meth:`list_dlq`; ``since`` and ``until`` bound ``timestamp``
         (the time of the latest attempt, or of the logging).
         """
+
+    def list_delivery_summaries(
+        self,
+        *,
+        limit: int = 100,
+        before: DlqCursor | None = None,
+        state: DeliveryState | None = None,
+        subscription_id: str | None = None,
+        topic: str | None = None,
+        since: datetime | None = None,
+        until: datetime | None = None,
+    ) -> list[DeliverySummary]:
+        """Return :meth:`list_deliveries`' rows as :class:`DeliverySummary` values, same
+        parameters, same order: what a list page shows, without the payload or response body. A
+        store may read only those columns; this default summarizes the full rows."""
+        listed = self.list_deliveries(
+            limit=limit,
+            before=before,
+            state=state,
+            subscription_id=subscription_id,
+            topic=topic,
+            since=since,
+            until=until,
+        )
+        return [DeliverySummary.of(delivery) for delivery in listed]
 
     @abc.abstractmethod
     def attempts_per_minute(self, *, since: datetime, until: datetime) -> list[tuple[datetime, int, int]]:
