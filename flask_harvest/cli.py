@@ -96,8 +96,7 @@ def sweep_command() -> None:
     )
     if engine.workflows is not None:
         line += (
-            f"; ended {report.timed_out} workflow execution(s) TimedOut and "
-            f"{report.poisoned} as poison pills"
+            f"; ended {report.timed_out} workflow execution(s) TimedOut and {report.poisoned} as poison pills"
         )
     click.echo(line)
 

@@ -217,6 +217,8 @@ def add_triggers(
 
 def _purge_fires(service: TriggerService) -> SweepReport:
     return SweepReport(fires_purged=service.purge_fires())
+
+
 def _add_callbacks(engine: HarvestEngine, store: SqlWorkflowStore, service: WorkflowService) -> None:
     """Completion callbacks: a start preparer, a terminal hook, a job kind and a sweeper step."""
     callbacks = CompletionCallbacks(

@@ -120,9 +120,7 @@ class HarvestWorkflows:
             if self._create_tables:
                 callbacks.store.ensure_schema()
             callbacks.listener = _callback_signals(app)
-            app.register_blueprint(
-                completion_blueprint(), url_prefix=engine.settings.workflow_api_prefix
-            )
+            app.register_blueprint(completion_blueprint(), url_prefix=engine.settings.workflow_api_prefix)
 
     @property
     def service(self) -> WorkflowService:
@@ -188,4 +186,3 @@ def _callback_signals(app: Flask) -> CallbackListener:
             signal.send(app, delivery=delivery)
 
     return listener
-

@@ -940,6 +940,7 @@ WHERE id = ANY(CAST(:ids AS varchar[]))
 """  # noqa: S608 (table and column names, no input)
 ).columns(*_subs.c)
 
+
 @functools.cache
 def _capped_stats() -> Executable:
     """delivery_stats' statement with a cap: for each state, its first ``cap_read`` rows in the
