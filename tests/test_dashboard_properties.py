@@ -175,8 +175,11 @@ def refused_without_sign_in(
         response = client.open(fill(rule, path), method=method, data=encoded(form), content_type=FORM)
     else:
         response = client.get(fill(rule, path), query_string=encoded(form))
-    # 308: werkzeug's routing merged a doubled slash (``%2F`` in a path id) before any page ran.
-    assert response.status_code in (303, 308, 401, 403), (method, rule, response.status_code)
+    # 308: werkzeug's routing merged a doubled slash (``%2F`` in a path id) before any page ran;
+    # werkzeug 2.3 (the lowest allowed) instead matches the merged path to a route without this
+    # method: 405, also before any page ran.
+    refusals = (303, 308, 401, 403, 405) if "%2F" in fill(rule, path) else (303, 308, 401, 403)
+    assert response.status_code in refusals, (method, rule, response.status_code)
     if response.status_code == 303:
         assert response.headers["Location"].startswith(f"{PREFIX}/sign-in")
     if response.status_code == 308:
