@@ -6,13 +6,12 @@ the CLI are thin over it. :class:`WorkflowHandle` is what :meth:`WorkflowService
 
 from __future__ import annotations
 
-import base64
-import binascii
 import time
 from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
+from .._cursor import decode_position, encode_position
 from .._input import check_text
 from ..errors import HarvestError, InvalidFieldError
 from .errors import ExecutionEndedError, ExecutionNotFoundError
@@ -100,8 +99,7 @@ def step_to_dict(step: StepRecord) -> dict[str, Any]:
 
 def encode_cursor(execution: Execution) -> str:
     """Return an opaque cursor that continues a listing after ``execution``."""
-    raw = f"{execution.created_at.isoformat()}|{execution.execution_id}".encode()
-    return base64.urlsafe_b64encode(raw).decode("ascii").rstrip("=")
+    return encode_position(execution.created_at, execution.execution_id)
 
 
 def decode_cursor(cursor: str) -> tuple[datetime, str]:
@@ -109,15 +107,7 @@ def decode_cursor(cursor: str) -> tuple[datetime, str]:
 
     :raises InvalidFieldError: the cursor was not made by :func:`encode_cursor`.
     """
-    try:
-        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
-        stamp, _, execution_id = raw.partition("|")
-        when = datetime.fromisoformat(stamp)
-    except (binascii.Error, UnicodeDecodeError, ValueError):
-        raise InvalidFieldError("cursor", "is not a cursor this API returned") from None
-    if not execution_id or when.tzinfo is None or "\x00" in execution_id:
-        raise InvalidFieldError("cursor", "is not a cursor this API returned")
-    return when, execution_id
+    return decode_position(cursor)
 
 
 class WorkflowService:
