@@ -7,6 +7,7 @@ import json
 import uuid
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import pytest
 from flask import Flask
@@ -242,6 +243,30 @@ def test_arbitrary_bodies_are_201_or_a_400_json_error(
     assert response.status_code in (201, 400), response.get_data(as_text=True)
     if response.status_code == 400:
         assert response.get_json()["error"]["code"] in ("invalid_trigger", "bad_json")
+
+
+# Query values as a client may send them: any text (NUL and lone surrogates included, percent-
+# encoded as a URL carries them), huge and negative numbers.
+query_values = st.one_of(
+    st.text(max_size=40).map(lambda t: quote(t.encode("utf-8", "surrogatepass"), safe="")),
+    st.integers(min_value=-(10**30), max_value=10**30).map(str),
+)
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(query=st.dictionaries(st.sampled_from(["limit", "cursor"]), query_values, max_size=2))
+def test_arbitrary_list_queries_are_200_or_a_400_json_error(
+    sqlite_client: FlaskClient, query: dict[str, str]
+) -> None:
+    listed = sqlite_client.get(ROOT, headers=AUTH).get_json()
+    url = ROOT + "?" + "&".join(f"{name}={value}" for name, value in query.items())
+    response = sqlite_client.get(url, headers=AUTH)
+    assert response.status_code in (200, 400), response.get_data(as_text=True)
+    if response.status_code == 400:
+        assert response.get_json()["error"]["code"] == "invalid_query"
+    else:
+        assert isinstance(response.get_json(), list)
+    assert sqlite_client.get(ROOT, headers=AUTH).get_json() == listed  # a read changes nothing
 
 
 @pytest.fixture
