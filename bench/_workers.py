@@ -19,9 +19,14 @@ from typing import Any
 
 from rq import Worker
 
+from flask_harvest.config import Settings
+
 from ._app import CONFIG_ENV
 from ._receivers import ROOT, process_cpu_seconds
 from ._services import redis_client
+
+#: The documented production setup's ``--concurrency``: the default, whatever it is.
+DEFAULT_CONCURRENCY = Settings().worker_concurrency
 
 
 class WorkerProcess:

@@ -1,5 +1,5 @@
 """S12: deliveries per second of one 2-core machine in the documented production setup (2 worker
-processes, the default ``--concurrency 32``), to a receiver that answers 200 at once, with 20,000
+processes, the default the default ``--concurrency``, 64), to a receiver that answers 200 at once, with 20,000
 deliveries queued across 100 subscriptions before the workers start (issue 18, item 2).
 
 Baseline (ceiling): a plain ``requests.Session`` POST loop in one process, measured in the same run.
@@ -20,9 +20,9 @@ from ._services import reset_all
 from .s2_throughput import ceiling
 
 ID = "S12"
-TITLE = "machine throughput: 2 processes x 32, 100 subscriptions, instant receiver"
+TITLE = "machine throughput: 2 processes x the default concurrency, 100 subscriptions, instant receiver"
 PROCESSES = 2
-CONCURRENCY = 32
+CONCURRENCY = _workers.DEFAULT_CONCURRENCY
 SUBSCRIPTIONS = 100
 GOAL_PER_S = 1000.0
 GOAL_RATIO = 0.5

@@ -1,7 +1,7 @@
 """S14: a realistic mix (issue 18, item 5). 1,000 subscriptions whose endpoints answer after a
 long-tailed latency: most in 20 to 100 ms, 5% in 1 to 2 s, 1% never (their attempts time out after
 the default 10 s). Events are dispatched at a steady rate, each to the 10 subscriptions of its
-topic (100 topics), in the documented production setup (2 processes x ``--concurrency 32``,
+topic (100 topics), in the documented production setup (2 processes x the default ``--concurrency``, 64,
 default settings).
 
 Baseline: the same run with every endpoint healthy (the slow and the silent ones answer in 20 to
@@ -33,7 +33,7 @@ from .s2_throughput import ceiling
 ID = "S14"
 TITLE = "realistic mix: 1,000 endpoints, 5% answer in 1-2 s, 1% never"
 PROCESSES = 2
-CONCURRENCY = 32
+CONCURRENCY = _workers.DEFAULT_CONCURRENCY
 SUBSCRIPTIONS = 1000
 #: Subscriptions per topic: each event is one delivery to each of them.
 FAN_OUT = 10

@@ -1,6 +1,6 @@
 """S15: a receiver with a fixed capacity (it answers ``503`` when more than 20 requests are in
 flight, each taking 100 ms), one subscription, the documented production setup (2 processes x
-``--concurrency 32``, default settings: the adaptive per-endpoint limit).
+the default ``--concurrency``, 64, default settings: the adaptive per-endpoint limit).
 
 Baseline: the same run with the limit fixed at the old default cap of 16 per process
 (``HARVEST_WEBHOOKS_MIN_INFLIGHT_PER_SUBSCRIPTION = HARVEST_WEBHOOKS_MAX_INFLIGHT_PER_SUBSCRIPTION
@@ -28,7 +28,7 @@ from ._services import reset_all
 ID = "S15"
 TITLE = "receiver at capacity (503 past 20 in flight), documented production setup"
 PROCESSES = 2
-CONCURRENCY = 32
+CONCURRENCY = _workers.DEFAULT_CONCURRENCY
 CAPACITY = 20
 DELAY_MS = 100
 #: Seconds after the first request that are not judged: the limits start small and find the

@@ -1,5 +1,5 @@
 """S4: 10 subscriptions, one of which never answers (its requests time out), and events
-dispatched at a steady rate; the production setup (2 processes x ``--concurrency 32``, default
+dispatched at a steady rate; the production setup (2 processes x the default ``--concurrency``, 64, default
 timeouts and cap).
 
 Baseline: the same run with all 10 endpoints healthy.
@@ -22,7 +22,7 @@ from ._services import reset_all
 ID = "S4"
 TITLE = "one dead endpoint among 10"
 PROCESSES = 2
-CONCURRENCY = 32
+CONCURRENCY = _workers.DEFAULT_CONCURRENCY
 HEALTHY = 9
 #: Events per second (x 10 deliveries): well below what 2 processes sustain here, so the healthy
 #: run is not saturated and the comparison shows what the dead endpoint costs.

@@ -1,5 +1,5 @@
 """S5: dispatch -> receipt latency under light load: 20 events/s, one subscription, a receiver
-that answers at once, the production setup (2 processes x ``--concurrency 32``).
+that answers at once, the production setup (2 processes x the default ``--concurrency``, 64).
 
 Goal: p50 <= 25 ms, p99 <= 150 ms.
 """
@@ -17,7 +17,7 @@ from ._services import reset_all
 ID = "S5"
 TITLE = "latency under light load (20 events/s)"
 PROCESSES = 2
-CONCURRENCY = 32
+CONCURRENCY = _workers.DEFAULT_CONCURRENCY
 RATE = 20.0
 
 

@@ -60,8 +60,9 @@ class Settings:
     #: Threads of the ``local`` backend.
     local_workers: int = 8
     #: Attempts one ``flask harvest worker`` process keeps in flight at once (its thread pool);
-    #: a quarter of it is the batch a worker takes, and the size of dispatch's batch jobs.
-    worker_concurrency: int = 32
+    #: a quarter of it is the batch a worker takes, and the size of dispatch's batch jobs. Twice
+    #: the ceiling per subscription, so one busy endpoint never holds a whole process.
+    worker_concurrency: int = 64
     #: The most attempts in flight at once for one subscription in one worker process: the
     #: ceiling of its adaptive limit (see :mod:`flask_harvest.admission`), which grows while the
     #: endpoint answers fast and well and is cut on timeouts, 429/503 and rising latency. Past the
