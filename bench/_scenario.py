@@ -11,7 +11,7 @@ import sqlalchemy as sa
 from flask import Flask
 
 from flask_harvest import WebhookSubscription, generate_secret, get_engine
-from flask_harvest.webhooks.stores.sql import deliveries_table
+from flask_harvest.webhooks.stores.sql import deliveries_table, subscriptions_table
 
 
 def _cycle(topic: str | Sequence[str]) -> tuple[str, ...]:
@@ -91,3 +91,11 @@ def delivery_states(engine: sa.Engine) -> Counter[str]:
     with engine.connect() as conn:
         rows = conn.execute(sa.select(table.c.state, sa.func.count()).group_by(table.c.state)).all()
     return Counter({state: int(n) for state, n in rows})
+
+
+def subscription_statuses(engine: sa.Engine) -> Counter[str]:
+    """How many subscriptions are in each status (``active``, ``disabled``, ...)."""
+    table = subscriptions_table
+    with engine.connect() as conn:
+        rows = conn.execute(sa.select(table.c.status, sa.func.count()).group_by(table.c.status)).all()
+    return Counter({status: int(n) for status, n in rows})

@@ -22,7 +22,7 @@ from typing import Any
 from . import _workers
 from ._receivers import Receiver, Record
 from ._report import Context, Result, Row
-from ._scenario import dispatch_many, subscribe
+from ._scenario import dispatch_many, subscribe, subscription_statuses
 from ._services import reset_all
 
 ID = "S15"
@@ -90,6 +90,9 @@ def one_run(
         "mean_in_flight": overlap(records, start, end),
         "warmup_requests": len(early),
         "warmup_refused": sum(1 for r in early if r.status == 503),
+        # 50 failures in a row (HARVEST_WEBHOOKS_FAILURE_THRESHOLD) turn the subscription off as
+        # ``failed``: a fixed cap that keeps the receiver refusing gets there within the warm-up.
+        "subscriptions": dict(subscription_statuses(ctx.engine)),
     }
 
 
@@ -128,6 +131,12 @@ def run(ctx: Context) -> Result:
             note=(
                 f"ratio is to the capacity; {adaptive['delivered_per_s']:.0f} vs "
                 f"{fixed['delivered_per_s']:.0f} delivered/s (ideal {CAPACITY * 1000 // DELAY_MS}/s)"
+                + "".join(
+                    f"; {name}: subscription {status} after {run['warmup_refused']} refusals in the warm-up"
+                    for name, run in (("adaptive", adaptive), ("fixed cap", fixed))
+                    for status in run["subscriptions"]
+                    if status != "active"
+                )
             ),
         ),
     ]

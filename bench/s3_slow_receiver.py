@@ -132,7 +132,10 @@ def chart(points: list[dict[str, Any]], default: dict[str, Any], path: Path) -> 
         [default["per_s"]],
         "s",
         color="tab:red",
-        label=f"documented default: N={CONCURRENCY}, adaptive limit up to {CAP} ({default_allowed} for one endpoint)",
+        label=(
+            f"documented default: N={CONCURRENCY}, adaptive limit up to {CAP} "
+            f"({default_allowed} for one endpoint)"
+        ),
     )
     left.axhline(GOAL, color="tab:green", linestyle="--", linewidth=1, label=f"goal: {GOAL}/s")
     left.set_xscale("log", base=2)

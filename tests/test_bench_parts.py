@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from bench._report import NO_CHART, Row, format_table, optional_chart
+from bench.compare import compare
 from bench.s14_realistic_mix import FAN_OUT, TOPICS, answering, endpoints
 
 
@@ -69,3 +70,26 @@ def test_s14_endpoints_have_the_issue_s_long_tail_and_are_the_same_every_run() -
     mixed_paths = {p.path("t", mixed=True).split("/")[1] for p in points}
     assert mixed_paths == {"slow", "never"}
     assert {p.path("t", mixed=False).split("/")[1] for p in points} == {"slow"}
+
+
+def _run(*rows: Row) -> dict[str, object]:
+    return {"rows": [row.as_dict() for row in rows]}
+
+
+def test_compare_calls_a_goal_met_only_when_every_run_meets_it() -> None:
+    fast = Row("S12", "deliveries/s", 1250.0, "/s", ">= 1,000/s", True, ceiling=2000.0)
+    slow = Row("S12", "deliveries/s", 900.0, "/s", ">= 1,000/s", False, ceiling=2000.0)
+    report = Row("S14", "cpu per delivery", 1.1, "ms", "report", None)
+    only_first = Row("S3", "rss growth", 3.0, "%", "<= 10%", True)
+
+    table = compare([_run(fast, report, only_first), _run(slow, report)], ["run 1", "run 2"])
+    lines = table.splitlines()
+
+    assert lines[0] == "| id | figure | goal | run 1 | run 2 | met? |"
+    assert lines[2] == (
+        "| S12 | deliveries/s | >= 1,000/s | 1,250 /s, 0.62 of the Session loop | "
+        "900 /s, 0.45 of the Session loop **no** | **no** |"
+    )
+    assert lines[3].endswith("| 1.10 ms | 1.10 ms | - |")
+    assert lines[4] == "| S3 | rss growth | <= 10% | 3.00 % | (not run) | **no** |"
+    assert compare([_run(fast), _run(fast)], ["a", "b"]).splitlines()[2].endswith("| yes, in every run |")
