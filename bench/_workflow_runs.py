@@ -55,7 +55,8 @@ def harvest_finished(engine: sa.Engine) -> dict[str, tuple[float, float]]:
 
 
 def harvest_workers(log_dir: Path, tag: str) -> list[_workers.WorkerProcess]:
-    """The documented production setup: 2 ``flask harvest worker`` processes, started and registered."""
+    """2 ``flask harvest worker`` processes at ``--concurrency 32``, started and registered (S8 to
+    S10 keep the setup they were first measured at)."""
     workers = [_workers.harvest_worker(log_dir, CONCURRENCY, tag=f"{tag}-{n}") for n in range(PROCESSES)]
     try:
         _workers.wait_registered(PROCESSES, workers=workers)

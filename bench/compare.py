@@ -1,7 +1,7 @@
 """``python -m bench.compare RUN.json RUN.json ...``: the runs' figures side by side, as Markdown.
 
-A goal counts as met only when it is met in every run given; the README's results table is this
-command's output for two full runs.
+A goal counts as met only when it is met in every run given (a figure missing from a run is "not
+in every run"); the bench README's table of its latest full runs is this command's output.
 """
 
 from __future__ import annotations
@@ -30,21 +30,28 @@ def _met(rows: Sequence[dict[str, Any] | None]) -> str:
     verdicts = [None if row is None else row["met"] for row in rows]
     if all(verdict is None for verdict in verdicts):
         return "-"
-    return "yes, in every run" if all(verdicts) else "**no**"
+    if False in verdicts:
+        return "**no**"
+    return "yes, in every run" if all(verdicts) else "not in every run"
 
 
 def compare(runs: Sequence[dict[str, Any]], labels: Sequence[str]) -> str:
-    """A Markdown table with one line per figure (in the first run's order) and a column per run."""
-    keys: list[tuple[str, str]] = []
-    by_run: list[dict[tuple[str, str], dict[str, Any]]] = []
-    goals: dict[tuple[str, str], str] = {}
+    """A Markdown table with one line per figure (in the first run's order) and a column per run.
+
+    Figures are matched by scenario and position, not by text: a figure's text may carry the
+    run's own counts (S15's requests)."""
+    keys: list[tuple[str, int]] = []
+    by_run: list[dict[tuple[str, int], dict[str, Any]]] = []
+    shown: dict[tuple[str, int], dict[str, Any]] = {}
     for run in runs:
-        rows = {(row["scenario"], row["figure"]): row for row in run["rows"]}
-        by_run.append(rows)
-        for key, row in rows.items():
-            if key not in goals:
+        rows: dict[tuple[str, int], dict[str, Any]] = {}
+        for row in run["rows"]:
+            key = (row["scenario"], sum(1 for scenario, _ in rows if scenario == row["scenario"]))
+            rows[key] = row
+            if key not in shown:
                 keys.append(key)
-                goals[key] = row["goal"]
+                shown[key] = row
+        by_run.append(rows)
     lines = [
         "| id | figure | goal | " + " | ".join(labels) + " | met? |",
         "| --- | --- | --- | " + " | ".join("---" for _ in labels) + " | --- |",
@@ -52,7 +59,7 @@ def compare(runs: Sequence[dict[str, Any]], labels: Sequence[str]) -> str:
     for key in keys:
         cells = [rows.get(key) for rows in by_run]
         lines.append(
-            f"| {key[0]} | {key[1]} | {goals[key]} | "
+            f"| {key[0]} | {shown[key]['figure']} | {shown[key]['goal']} | "
             + " | ".join(_cell(cell) for cell in cells)
             + f" | {_met(cells)} |"
         )
@@ -65,7 +72,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(__doc__, file=sys.stderr)
         return 2
     runs = [json.loads(path.read_text()) for path in paths]
-    labels = [f"{run['date'][:16].replace('T', ' ')} UTC" for run in runs]
+    labels = [
+        f"{run['date'][:16].replace('T', ' ')} UTC" + (" (quick)" if run.get("quick") else "") for run in runs
+    ]
     print(compare(runs, labels))
     return 0
 

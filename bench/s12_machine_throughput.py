@@ -1,5 +1,5 @@
 """S12: deliveries per second of one 2-core machine in the documented production setup (2 worker
-processes, the default the default ``--concurrency``, 64), to a receiver that answers 200 at once, with 20,000
+processes, the default ``--concurrency``, 64), to a receiver that answers 200 at once, with 20,000
 deliveries queued across 100 subscriptions before the workers start (issue 18, item 2).
 
 Baseline (ceiling): a plain ``requests.Session`` POST loop in one process, measured in the same run.

@@ -91,7 +91,7 @@ def one_run(
         "warmup_requests": len(early),
         "warmup_refused": sum(1 for r in early if r.status == 503),
         # 50 failures in a row (HARVEST_WEBHOOKS_FAILURE_THRESHOLD) turn the subscription off as
-        # ``failed``: a fixed cap that keeps the receiver refusing gets there within the warm-up.
+        # ``failed``: a fixed cap that keeps the receiver refusing gets there (read at the end).
         "subscriptions": dict(subscription_statuses(ctx.engine)),
     }
 
@@ -132,7 +132,8 @@ def run(ctx: Context) -> Result:
                 f"ratio is to the capacity; {adaptive['delivered_per_s']:.0f} vs "
                 f"{fixed['delivered_per_s']:.0f} delivered/s (ideal {CAPACITY * 1000 // DELAY_MS}/s)"
                 + "".join(
-                    f"; {name}: subscription {status} after {run['warmup_refused']} refusals in the warm-up"
+                    f"; {name}: subscription {status} by the end of the run "
+                    f"({run['warmup_refused']} refusals in the warm-up alone)"
                     for name, run in (("adaptive", adaptive), ("fixed cap", fixed))
                     for status in run["subscriptions"]
                     if status != "active"

@@ -61,7 +61,8 @@ class Settings:
     local_workers: int = 8
     #: Attempts one ``flask harvest worker`` process keeps in flight at once (its thread pool);
     #: a quarter of it is the batch a worker takes, and the size of dispatch's batch jobs. Twice
-    #: the ceiling per subscription, so one busy endpoint never holds a whole process.
+    #: the ceiling per subscription, so a busy endpoint's next deliveries can wait in the process
+    #: for its next free attempt.
     worker_concurrency: int = 64
     #: The most attempts in flight at once for one subscription in one worker process: the
     #: ceiling of its adaptive limit (see :mod:`flask_harvest.admission`), which grows while the

@@ -180,6 +180,12 @@ def test_the_in_flight_floor_must_not_exceed_the_ceiling() -> None:
     assert Settings().webhooks_max_inflight_per_subscription == 32
 
 
+def test_a_process_has_twice_one_endpoint_s_ceiling_by_default() -> None:
+    # One busy endpoint's next deliveries wait in the process for its next free attempt.
+    settings = Settings()
+    assert settings.worker_concurrency == 2 * settings.webhooks_max_inflight_per_subscription == 64
+
+
 @pytest.mark.parametrize("value", [0, -1, "0.5", 0.99, "nan", "inf", "fast", None])
 def test_the_latency_tolerance_must_be_a_finite_number_of_at_least_one(value: object) -> None:
     with pytest.raises(ConfigurationError, match="HARVEST_WEBHOOKS_LATENCY_TOLERANCE"):
