@@ -7,13 +7,14 @@ The terminal transition and the transactions live in :mod:`._store_base`, the sw
 
 from __future__ import annotations
 
+import functools
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Connection, Text, func, literal, or_, select, text, update
+from sqlalchemy import Connection, Integer, Select, Text, bindparam, func, literal, or_, select, text, update
 
 from .._input import check_text, text_problem
 from .._sql import UTCDateTime
@@ -215,12 +216,9 @@ class SqlWorkflowStore(_SweepQueries):
         whole table (a page view must stay fast at millions of rows): a count equal to ``cap``
         means "at least".
         """
-        counts = {state: 0 for state in ExecutionState}
         with self._read("count workflow executions by state") as conn:
-            for state in ExecutionState:
-                bounded = select(literal(1)).where(_ex.c.state == state.value).limit(max(0, cap)).subquery()
-                counts[state] = int(conn.execute(select(func.count()).select_from(bounded)).scalar_one())
-        return counts
+            row = conn.execute(_state_counts(), {"cap": max(0, cap)}).one()
+        return {state: int(count) for state, count in zip(ExecutionState, row, strict=True)}
 
     def list_steps(self, execution_id: str) -> list[StepRecord]:
         """Return the execution's step checkpoints in order."""
@@ -553,3 +551,16 @@ def _storable_id(execution_id: object) -> bool:
     # An id no row can have (not text, a NUL, a lone surrogate) is simply unknown: asking the
     # database would fail in the driver instead of finding nothing.
     return isinstance(execution_id, str) and text_problem(execution_id) is None
+
+
+@functools.cache
+def _state_counts() -> Select[Any]:
+    """count_states' statement, built once: one row of one bounded count per state, each a walk of
+    at most ``cap`` entries of the index that leads with ``state`` (one round trip, not one per
+    state)."""
+    cap = bindparam("cap", type_=Integer)
+    counts = []
+    for state in ExecutionState:
+        bounded = select(literal(1)).where(_ex.c.state == state.value).limit(cap).subquery()
+        counts.append(select(func.count()).select_from(bounded).scalar_subquery().label(state.value))
+    return select(*counts)

@@ -361,7 +361,7 @@ class SqlOutboundWebhookStore(OutboundWebhookHandler):
             .order_by(_subs.c.consecutive_failures.desc(), _subs.c.created_at, _subs.c.id)
             .limit(limit)
         )
-        with self._transaction("list troubled subscriptions") as conn:
+        with self._read("list troubled subscriptions") as conn:
             return [row_to_subscription(row) for row in conn.execute(query)]
 
     def update_subscription(self, subscription_id: str, changes: SubscriptionChanges) -> WebhookSubscription:
