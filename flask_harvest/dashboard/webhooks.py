@@ -57,7 +57,7 @@ SUBSCRIPTION_STATUSES = [status.value for status in WebhookSubscriptionStatus]
 
 def _overview(engine: HarvestEngine) -> Mapping[str, Any]:
     operations = engine.operations
-    stats = operations.stats()["overall"]
+    stats = operations.overall_stats()
     # A bounded read of the few troubled rows: a SaaS's overview must not load every subscription.
     troubled = operations.troubled_subscriptions(limit=TROUBLED_SHOWN)
     buckets = operations.attempts_per_minute(minutes=60)

@@ -406,6 +406,12 @@ class WebhookOperations:
             for n in range(minutes)
         ]
 
+    def overall_stats(self) -> dict[str, Any]:
+        """Return :meth:`stats`' ``overall`` part alone (the dashboard's overview): the same
+        capped counts, without a dictionary per subscription."""
+        overall, _ = self.store.delivery_stats(cap=STATS_COUNT_CAP)
+        return overall.to_dict(utcnow())
+
     def stats(self) -> dict[str, Any]:
         """Return delivery counts by state, DLQ depth and oldest pending age: overall and per
         subscription, each state counted up to :data:`STATS_COUNT_CAP` (``capped`` says which

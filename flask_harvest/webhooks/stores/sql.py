@@ -538,21 +538,9 @@ class SqlOutboundWebhookStore(OutboundWebhookHandler):
             return conn.execute(query).all()
 
     def attempts_per_minute(self, *, since: datetime, until: datetime) -> list[tuple[datetime, int, int]]:
-        # Grouped in the database: an hour of a busy worker is over a million attempts, which must
-        # not travel to Python. The started_at index bounds the scan to the window.
-        if self.engine.dialect.name == "postgresql":
-            minute: Any = func.date_trunc("minute", _atts.c.started_at)
-        else:
-            minute = func.strftime("%Y-%m-%d %H:%M:00", _atts.c.started_at)
-        ok = case((_atts.c.response_status.between(200, 299), 1), else_=0)
-        query = (
-            select(minute.label("minute"), func.sum(ok), func.count())
-            .where(_atts.c.started_at >= since, _atts.c.started_at < until)
-            .group_by(minute)
-            .order_by(minute)
-        )
+        query = _attempts_per_minute(self.engine.dialect.name == "postgresql")
         with self._read("count attempts per minute") as conn:
-            rows = conn.execute(query).all()
+            rows = conn.execute(query, {"since": since, "until": until}).all()
         result = []
         for when, good, total in rows:
             stamp = datetime.fromisoformat(when) if isinstance(when, str) else when
@@ -939,6 +927,27 @@ SELECT {", ".join(f'"{column.name}"' for column in _subs.c)} FROM {_subs.name}
 WHERE id = ANY(CAST(:ids AS varchar[]))
 """  # noqa: S608 (table and column names, no input)
 ).columns(*_subs.c)
+
+
+@functools.cache
+def _attempts_per_minute(postgresql: bool) -> Executable:
+    """attempts_per_minute's statement, built once per dialect: grouped in the database, since an
+    hour of a busy worker is over a million attempts, which must not travel to Python; the
+    started_at index bounds the scan to the window (``since`` to ``until``)."""
+    if postgresql:
+        minute: Any = func.date_trunc("minute", _atts.c.started_at)
+    else:
+        minute = func.strftime("%Y-%m-%d %H:%M:00", _atts.c.started_at)
+    ok = case((_atts.c.response_status.between(200, 299), 1), else_=0)
+    return (
+        select(minute.label("minute"), func.sum(ok), func.count())
+        .where(
+            _atts.c.started_at >= bindparam("since", type_=_atts.c.started_at.type),
+            _atts.c.started_at < bindparam("until", type_=_atts.c.started_at.type),
+        )
+        .group_by(minute)
+        .order_by(minute)
+    )
 
 
 @functools.cache
