@@ -156,6 +156,11 @@ def test_state_counts_stop_at_the_cap(app: Flask) -> None:
         assert service.state_counts(cap=2)[ExecutionState.COMPLETED] == 2
         assert service.state_counts(cap=10)[ExecutionState.COMPLETED] == 3
         assert service.state_counts(cap=10)[ExecutionState.FAILED] == 0
+        # One statement for every state: each count is its own, in ExecutionState's order.
+        assert service.state_counts(cap=10) == {
+            state: 3 if state is ExecutionState.COMPLETED else 0 for state in ExecutionState
+        }
+        assert set(service.state_counts(cap=0).values()) == {0}
 
 
 def test_executions_filter_by_name_and_state_and_page_with_cursors(
