@@ -30,8 +30,8 @@ def sign_in(browser: WebDriver, live: Live, token: str = TOKEN) -> None:
 
 
 def submit_and_wait(browser: WebDriver, button: Any) -> None:
-    """Click a form's button and wait for the answer to replace the page: a ``get`` right after a
-    bare click can overtake the form's request (and its cookie)."""
+    """Click a form's button (or a link) and wait for the answer to replace the page: a ``get`` or
+    a lookup right after a bare click can overtake the form's request, or find the old page."""
     button.click()
     WebDriverWait(browser, 30).until(staleness_of(button))
 
@@ -106,7 +106,7 @@ def test_see_a_dead_letter_replay_it_and_watch_it_delivered(browser: WebDriver, 
     browser.get(live.page(f"{PREFIX}/webhooks/deliveries?state=dlq"))
     assert delivery_id in by_id(browser, "deliveries").text
     shot(browser, live, "deliveries")
-    browser.find_element(By.LINK_TEXT, delivery_id).click()
+    submit_and_wait(browser, browser.find_element(By.LINK_TEXT, delivery_id))
     assert by_id(browser, "delivery-state").text == "dlq"
     # The <script> in the payload is text on the page, never a script: no script element, the
     # title untouched.
@@ -116,7 +116,7 @@ def test_see_a_dead_letter_replay_it_and_watch_it_delivered(browser: WebDriver, 
     assert "500" in by_id(browser, "attempts").text
     shot(browser, live, "delivery")
 
-    by_id(browser, "replay").click()
+    submit_and_wait(browser, by_id(browser, "replay"))
     assert "Replayed" in by_id(browser, "notice").text
     live.wait_state(delivery_id, DeliveryState.DELIVERED)
     browser.refresh()
@@ -131,11 +131,11 @@ def test_bulk_replay_counts_first(browser: WebDriver, live: Live) -> None:
     sign_in(browser, live)
     browser.get(live.page(f"{PREFIX}/webhooks/replay"))
     by_id(browser, "r-sub").send_keys("sub_orders")
-    by_id(browser, "dry-run").click()
+    submit_and_wait(browser, by_id(browser, "dry-run"))
     assert by_id(browser, "dry-run-count").text.startswith("3 dead-lettered deliveries match")
     assert all(live.store.get_delivery(i).state is DeliveryState.DLQ for i in ids)  # type: ignore[union-attr]
     shot(browser, live, "bulk-replay")
-    by_id(browser, "confirm-replay").click()
+    submit_and_wait(browser, by_id(browser, "confirm-replay"))
     assert by_id(browser, "replayed-count").text.startswith("Replayed 3")
     for delivery_id in ids:
         live.wait_state(delivery_id, DeliveryState.DELIVERED)
@@ -149,9 +149,9 @@ def test_rotate_a_secret_and_see_it_once(browser: WebDriver, live: Live) -> None
     browser.get(live.page(f"{PREFIX}/webhooks/subscriptions"))
     assert "sub_billing" in by_id(browser, "subscriptions").text
     shot(browser, live, "subscriptions")
-    browser.find_element(By.LINK_TEXT, "sub_orders").click()
+    submit_and_wait(browser, browser.find_element(By.LINK_TEXT, "sub_orders"))
     assert SECRET not in browser.page_source
-    by_id(browser, "rotate").click()
+    submit_and_wait(browser, by_id(browser, "rotate"))
     shown = by_id(browser, "new-secret").text
     stored = live.store.get_subscription("sub_orders")
     assert stored is not None and shown == stored.secret != SECRET
@@ -168,7 +168,7 @@ def test_a_post_without_the_csrf_token_is_refused(browser: WebDriver, live: Live
     browser.get(live.page(f"{PREFIX}/webhooks/subscriptions/sub_orders"))
     # Take the token out of the real form, then submit it as the operator would.
     browser.execute_script("document.querySelectorAll('input[name=csrf_token]').forEach(e => e.remove());")
-    by_id(browser, "disable").click()
+    submit_and_wait(browser, by_id(browser, "disable"))
     assert "CSRF token is missing" in by_id(browser, "error-message").text
     stored = live.store.get_subscription("sub_orders")
     assert stored is not None and stored.status is WebhookSubscriptionStatus.ACTIVE
