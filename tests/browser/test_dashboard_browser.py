@@ -7,9 +7,9 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from selenium.common.exceptions import StaleElementReferenceException, WebDriverException
 from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
-from selenium.webdriver.support.expected_conditions import staleness_of
 from selenium.webdriver.support.ui import WebDriverWait
 
 from flask_harvest import DeliveryState, WebhookSubscription, WebhookSubscriptionStatus, generate_secret
@@ -33,7 +33,21 @@ def submit_and_wait(browser: WebDriver, button: Any) -> None:
     """Click a form's button (or a link) and wait for the answer to replace the page: a ``get`` or
     a lookup right after a bare click can overtake the form's request, or find the old page."""
     button.click()
-    WebDriverWait(browser, 30).until(staleness_of(button))
+
+    def replaced(_: WebDriver) -> bool:
+        try:
+            button.is_enabled()
+        except StaleElementReferenceException:
+            return True
+        except WebDriverException as exc:
+            # Older Selenium (the lowest versions' run) passes chromium's word for a detached
+            # node through as a plain WebDriverException instead of a stale element.
+            if "does not belong to the document" in str(exc):
+                return True
+            raise
+        return False
+
+    WebDriverWait(browser, 30).until(replaced)
 
 
 def shot(browser: WebDriver, live: Live, name: str) -> None:
