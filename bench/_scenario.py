@@ -85,17 +85,17 @@ class SteadyDispatcher(threading.Thread):
             self.error = exc
 
 
+def _counts(engine: sa.Engine, column: sa.Column[str]) -> Counter[str]:
+    with engine.connect() as conn:
+        rows = conn.execute(sa.select(column, sa.func.count()).group_by(column)).all()
+    return Counter({value: int(n) for value, n in rows})
+
+
 def delivery_states(engine: sa.Engine) -> Counter[str]:
     """How many delivery rows are in each state."""
-    table = deliveries_table
-    with engine.connect() as conn:
-        rows = conn.execute(sa.select(table.c.state, sa.func.count()).group_by(table.c.state)).all()
-    return Counter({state: int(n) for state, n in rows})
+    return _counts(engine, deliveries_table.c.state)
 
 
 def subscription_statuses(engine: sa.Engine) -> Counter[str]:
     """How many subscriptions are in each status (``active``, ``disabled``, ...)."""
-    table = subscriptions_table
-    with engine.connect() as conn:
-        rows = conn.execute(sa.select(table.c.status, sa.func.count()).group_by(table.c.status)).all()
-    return Counter({status: int(n) for status, n in rows})
+    return _counts(engine, subscriptions_table.c.status)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -45,8 +46,10 @@ def compare(runs: Sequence[dict[str, Any]], labels: Sequence[str]) -> str:
     shown: dict[tuple[str, int], dict[str, Any]] = {}
     for run in runs:
         rows: dict[tuple[str, int], dict[str, Any]] = {}
+        seen: Counter[str] = Counter()  # rows so far per scenario: the next one's position
         for row in run["rows"]:
-            key = (row["scenario"], sum(1 for scenario, _ in rows if scenario == row["scenario"]))
+            key = (row["scenario"], seen[row["scenario"]])
+            seen[row["scenario"]] += 1
             rows[key] = row
             if key not in shown:
                 keys.append(key)
