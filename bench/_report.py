@@ -47,7 +47,7 @@ class Row:
         share = self.of_ceiling
         if share is None or math.isnan(share):
             return self.note
-        text = f"{share:.2f}x the Session loop ({_fmt(self.ceiling, '/s')})"
+        text = f"{share:.2f}x the Session loop ({fmt(self.ceiling, '/s')})"
         return f"{text}; {self.note}" if self.note else text
 
 
@@ -131,7 +131,8 @@ def rate(times: Sequence[float]) -> float:
     return (len(times) - 1) / span if span > 0 else math.nan
 
 
-def _fmt(value: float | None, unit: str = "") -> str:
+def fmt(value: float | None, unit: str = "") -> str:
+    """A figure as the tables print it: thousands separated, three significant digits below 10."""
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "-"
     if abs(value) >= 100:
@@ -148,7 +149,7 @@ def format_table(rows: Sequence[Row]) -> str:
     header = ["id", "figure", "value", "baseline", "ratio", "goal", "met?", "note"]
     lines = [header]
     for row in rows:
-        baseline = _fmt(row.baseline, row.unit)
+        baseline = fmt(row.baseline, row.unit)
         if row.baseline_label and row.baseline is not None:
             baseline = f"{baseline} ({row.baseline_label})"
         met = "-" if row.met is None else ("yes" if row.met else "**no**")
@@ -156,7 +157,7 @@ def format_table(rows: Sequence[Row]) -> str:
             [
                 row.scenario,
                 row.figure,
-                _fmt(row.value, row.unit),
+                fmt(row.value, row.unit),
                 baseline,
                 "-" if row.ratio is None else f"{row.ratio:.2f}",
                 row.goal,

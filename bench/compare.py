@@ -13,13 +13,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ._report import _fmt
+from ._report import fmt
 
 
 def _cell(row: dict[str, Any] | None) -> str:
     if row is None:
         return "(not run)"
-    text = _fmt(row["value"], row["unit"])
+    text = fmt(row["value"], row["unit"])
     if row.get("ratio") is not None:
         text += f" ({row['ratio']:.2f}x)"
     if row.get("of_ceiling") is not None:
