@@ -25,8 +25,7 @@ from flask_sqlalchemy import SQLAlchemy
 
 from flask_harvest import (
     CompletionTrigger,
-    HarvestTriggers,
-    HarvestWorkflows,
+    Harvest,
     get_engine,
     trigger_service,
     workflow_service,
@@ -48,14 +47,17 @@ POSTMORTEM = CompletionTrigger(
 )
 
 
-def create_app(database: Path) -> tuple[Flask, HarvestWorkflows]:
+def create_app(database: Path) -> tuple[Flask, Harvest]:
     app = Flask("completion_triggers")
     app.config["SQLALCHEMY_DATABASE_URI"] = f"sqlite:///{database}"
     app.config["HARVEST_SWEEP_INTERVAL_SECONDS"] = 0.5
     db = SQLAlchemy(app)
-    workflows = HarvestWorkflows.sql(db, app)
+    # One extension: webhooks, workflows, completion callbacks and triggers on the app's database.
+    # Workflows and triggers may be declared before or after it is registered on the app.
+    harvest = Harvest(app, db)
+    harvest.completion_triggers([DAILY_REPORT, BIG_INGEST, POSTMORTEM])
 
-    @workflows.workflow("etl_ingest")
+    @harvest.workflow("etl_ingest")
     def etl_ingest(ctx: WorkflowContext, job: dict[str, Any]) -> dict[str, Any]:
         files = ctx.step("list files", lambda: [f"{job['date']}/part-{i}.csv" for i in range(3)])
         if job.get("corrupt"):
@@ -63,21 +65,20 @@ def create_app(database: Path) -> tuple[Flask, HarvestWorkflows]:
         rows = ctx.step("load", lambda: job["rows_per_file"] * len(files))
         return {"summary": {"rows": rows, "date": job["date"]}, "files": files}
 
-    @workflows.workflow("daily_report")
+    @harvest.workflow("daily_report")
     def daily_report(ctx: WorkflowContext, summary: dict[str, Any]) -> str:
         return f"report for {summary['date']}: {summary['rows']} rows"
 
-    @workflows.workflow("page_on_call")
+    @harvest.workflow("page_on_call")
     def page_on_call(ctx: WorkflowContext, rows: int) -> str:
         return f"paged: {rows} rows is a big day"
 
-    @workflows.workflow("ingest_postmortem")
+    @harvest.workflow("ingest_postmortem")
     def ingest_postmortem(ctx: WorkflowContext, outcome: dict[str, Any]) -> str:
         source = outcome["source_workflow_name"]
         return f"postmortem of {source}: {outcome['terminal_state']}, {outcome['error']}"
 
-    HarvestTriggers(app, triggers=[DAILY_REPORT, BIG_INGEST, POSTMORTEM])
-    return app, workflows
+    return app, harvest
 
 
 def target_of(trigger: CompletionTrigger, source: Execution, timeout: float = 20.0) -> Execution | None:
@@ -95,7 +96,7 @@ def target_of(trigger: CompletionTrigger, source: Execution, timeout: float = 20
 def main() -> int:
     logging.basicConfig(level=logging.ERROR)
     with tempfile.TemporaryDirectory() as tmp:
-        app, workflows = create_app(Path(tmp) / "etl.db")
+        app, harvest = create_app(Path(tmp) / "etl.db")
         try:
             with app.app_context():
                 for job in (
@@ -103,8 +104,8 @@ def main() -> int:
                     {"date": "2026-06-25", "rows_per_file": 1000},
                     {"date": "2026-06-26", "rows_per_file": 1000, "corrupt": True},
                 ):
-                    handle = workflows.start("etl_ingest", job)
-                    source = workflows.service.wait(handle.execution_id, 20.0)
+                    handle = harvest.start("etl_ingest", job)
+                    source = harvest.workflows.wait(handle.execution_id, 20.0)
                     print(f"etl_ingest {job['date']}: {source.state.value}")
                     for trigger in (DAILY_REPORT, BIG_INGEST, POSTMORTEM):
                         target = target_of(trigger, source, timeout=5.0 if trigger is DAILY_REPORT else 1.0)

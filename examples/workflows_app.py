@@ -21,12 +21,12 @@ from typing import Any
 from flask import Flask
 from flask_sqlalchemy import SQLAlchemy
 
-from flask_harvest import ExecutionState, HarvestWorkflows
+from flask_harvest import ExecutionState, Harvest
 from flask_harvest.workflows import WorkflowContext
 
 db = SQLAlchemy()
 # Registration lives in the app module, so the web process and every worker know the workflows.
-workflows = HarvestWorkflows.sql(db)
+harvest = Harvest(db=db)
 
 # Stand-ins for a payment provider and a mailer: what the steps do to the outside world.
 REFUNDS: dict[str, dict[str, Any]] = {}
@@ -53,7 +53,7 @@ def notify_customer(order_id: str, refund_id: str) -> str:
     return "sent"
 
 
-@workflows.workflow("process_refund", timeout=timedelta(minutes=5))
+@harvest.workflow("process_refund", timeout=timedelta(minutes=5))
 def process_refund(ctx: WorkflowContext, refund: Any) -> Any:
     order = ctx.step("check_order", check_order, refund["order_id"], refund["amount"])
     issued = ctx.step(
@@ -70,15 +70,15 @@ def create_app(database: Path) -> Flask:
     app = Flask(__name__)
     app.config["SQLALCHEMY_DATABASE_URI"] = f"sqlite:///{database}"
     db.init_app(app)
-    workflows.init_app(app)  # the workflow tables, and the flask-harvest engine on the same database
+    harvest.init_app(app)  # the tables, and the flask-harvest engine on the same database
     return app
 
 
 def wait_until_asleep(execution_id: str, timeout: float = 30.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        steps = [step.name for step in workflows.service.steps(execution_id)]
-        if workflows.get(execution_id).state is ExecutionState.PENDING and "harvest:sleep" in steps:
+        steps = [step.name for step in harvest.workflows.steps(execution_id)]
+        if harvest.get(execution_id).state is ExecutionState.PENDING and "harvest:sleep" in steps:
             return
         time.sleep(0.05)
     raise TimeoutError(f"{execution_id} did not go to sleep")
@@ -90,21 +90,21 @@ def main() -> int:
         app = create_app(Path(folder) / "workflows.sqlite3")
         with app.app_context():
             refund = {"order_id": "ord_1", "amount": 4200, "cooling_off_seconds": 1}
-            handle = workflows.start("process_refund", refund, workflow_id="refund-ord_1")
+            handle = harvest.start("process_refund", refund, workflow_id="refund-ord_1")
             print(f"started process_refund as {handle.workflow_id}: execution {handle.execution_id}")
-            again = workflows.start("process_refund", refund, workflow_id="refund-ord_1")
+            again = harvest.start("process_refund", refund, workflow_id="refund-ord_1")
             print(f"starting refund-ord_1 again while it runs returns the same execution: "
                   f"{again.execution_id == handle.execution_id}")  # fmt: skip
 
             result = handle.result(timeout=30)
             execution = handle.execution()
             print(f"refund-ord_1 ended {execution.state.value}: {result}")
-            steps = workflows.service.steps(handle.execution_id)
+            steps = harvest.workflows.steps(handle.execution_id)
             print("checkpointed steps: " + ", ".join(step.name for step in steps))
             print(f"refunds issued: {len(REFUNDS)}, mails sent: {len(MAILS)}")
 
             long_wait = {"order_id": "ord_2", "amount": 990, "cooling_off_seconds": 3600}
-            second = workflows.start("process_refund", long_wait, workflow_id="refund-ord_2")
+            second = harvest.start("process_refund", long_wait, workflow_id="refund-ord_2")
             wait_until_asleep(second.execution_id)
             print(f"refund-ord_2 is asleep ({second.status().value}) until its cooling-off period ends")
             cancelled = second.cancel("the customer kept the goods")

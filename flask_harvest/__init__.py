@@ -14,7 +14,7 @@ from ._version import __version__
 
 if TYPE_CHECKING:
     from . import signals
-    from ._app import get_engine, workflow_service
+    from ._app import get_engine, trigger_service, workflow_service
     from .engine import HarvestEngine, build_engine
     from .errors import (
         ConfigurationError,
@@ -30,12 +30,11 @@ if TYPE_CHECKING:
         StoreError,
         SubscriptionNotFoundError,
     )
-    from .extension import OutboundWebhookPlugin, get_manager
+    from .extension import Harvest, OutboundWebhookPlugin, get_manager
     from .jobs.base import JobBackendError
     from .receiver import MemoryReplayCache, RedisReplayCache, ReplayCache, WebhookRejected, verify_webhook
     from .signing import generate_secret
     from .ssrf import SsrfError, SsrfPolicy, SsrfRejection
-    from .trigger_extension import HarvestTriggers, trigger_service
     from .triggers.definitions import CompletionTrigger
     from .webhooks.manager import OutboundWebhookManager
     from .webhooks.manager import OutboundWebhookManager as WebhookOutboundManager
@@ -48,12 +47,11 @@ if TYPE_CHECKING:
     )
     from .webhooks.stores import (
         InMemoryOutboundWebhookHandler,
-        InMemoryOutboundWebhookStore,
         OutboundWebhookHandler,
-        OutboundWebhookStore,
         SqlOutboundWebhookStore,
     )
-    from .workflow_extension import HarvestWorkflows
+    from .webhooks.stores import InMemoryOutboundWebhookHandler as InMemoryOutboundWebhookStore
+    from .webhooks.stores import OutboundWebhookHandler as OutboundWebhookStore
     from .workflows.models import ExecutionState, IdReusePolicy
     from .workflows.service import WorkflowFailedError, WorkflowHandle
 
@@ -73,9 +71,9 @@ _SOURCES: dict[str, tuple[str, ...]] = {
         "StoreError",
         "SubscriptionNotFoundError",
     ),
-    "._app": ("get_engine", "workflow_service"),
+    "._app": ("get_engine", "trigger_service", "workflow_service"),
     ".engine": ("HarvestEngine", "build_engine"),
-    ".extension": ("OutboundWebhookPlugin", "get_manager"),
+    ".extension": ("Harvest", "get_manager"),
     ".jobs.base": ("JobBackendError",),
     ".receiver": (
         "MemoryReplayCache",
@@ -96,23 +94,26 @@ _SOURCES: dict[str, tuple[str, ...]] = {
     ),
     ".webhooks.stores": (
         "InMemoryOutboundWebhookHandler",
-        "InMemoryOutboundWebhookStore",
         "OutboundWebhookHandler",
-        "OutboundWebhookStore",
         "SqlOutboundWebhookStore",
     ),
-    ".trigger_extension": ("HarvestTriggers", "trigger_service"),
     ".triggers.definitions": ("CompletionTrigger",),
-    ".workflow_extension": ("HarvestWorkflows",),
     ".workflows.models": ("ExecutionState", "IdReusePolicy"),
     ".workflows.service": ("WorkflowFailedError", "WorkflowHandle"),
+}
+#: The compatibility names, all in one place: each is another name for the same object, kept
+#: for code written against the names of the specification flask-harvest implements.
+_ALIASES: dict[str, tuple[str, str]] = {
+    "OutboundWebhookPlugin": (".extension", "OutboundWebhookPlugin"),  # Harvest, store first
+    "OutboundWebhookStore": (".webhooks.stores", "OutboundWebhookHandler"),
+    "InMemoryOutboundWebhookStore": (".webhooks.stores", "InMemoryOutboundWebhookHandler"),
+    "WebhookOutboundManager": (".webhooks.manager", "OutboundWebhookManager"),
 }
 #: ``name -> (module, attribute)``; the attribute ``None`` means the module itself.
 _LAZY: dict[str, tuple[str, str | None]] = {
     **{name: (module, name) for module, names in _SOURCES.items() for name in names},
+    **_ALIASES,
     "signals": (".signals", None),
-    # The seed's name for the manager.
-    "WebhookOutboundManager": (".webhooks.manager", "OutboundWebhookManager"),
 }
 
 
@@ -141,10 +142,9 @@ __all__ = [
     "DuplicateSubscriptionError",
     "EnqueueError",
     "ExecutionState",
+    "Harvest",
     "HarvestEngine",
     "HarvestError",
-    "HarvestTriggers",
-    "HarvestWorkflows",
     "IdReusePolicy",
     "InMemoryOutboundWebhookHandler",
     "InMemoryOutboundWebhookStore",

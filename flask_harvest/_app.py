@@ -10,6 +10,7 @@ from .errors import ConfigurationError
 
 if TYPE_CHECKING:
     from .engine import HarvestEngine
+    from .triggers.service import TriggerService
     from .workflows.service import WorkflowService
 
 #: The key of the engine in ``app.extensions``.
@@ -28,7 +29,7 @@ def get_engine(app: Flask | None = None) -> HarvestEngine:
         engine: HarvestEngine = target.extensions[EXTENSION_KEY]
     except KeyError:
         raise ConfigurationError(
-            "flask-harvest is not registered on this app; call OutboundWebhookPlugin(...).init_app(app)"
+            "flask-harvest is not registered on this app; call Harvest(...).init_app(app)"
         ) from None
     return engine
 
@@ -41,6 +42,21 @@ def workflow_service(app: Flask | None = None) -> WorkflowService:
     service = get_engine(app).workflows
     if service is None:
         raise ConfigurationError(
-            "workflows are not registered on this app: use HarvestWorkflows.sql(db, app)"
+            "workflows are off on this app: give Harvest the app's Flask-SQLAlchemy db "
+            "(Harvest(app, db)) and leave workflows on"
+        )
+    return service
+
+
+def trigger_service(app: Flask | None = None) -> TriggerService:
+    """Return the completion-trigger service of ``app`` (default: the current app).
+
+    :raises ConfigurationError: flask-harvest, or completion triggers, are not on the app.
+    """
+    service = get_engine(app).triggers
+    if service is None:
+        raise ConfigurationError(
+            "completion triggers are off on this app: they need workflows (Harvest(app, db)) "
+            "and triggers left on"
         )
     return service

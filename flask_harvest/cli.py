@@ -405,7 +405,7 @@ def _callbacks() -> CompletionCallbacks:
     callbacks = get_engine().callbacks
     if callbacks is None:
         raise ConfigurationError(
-            "workflows are not registered on this app: use HarvestWorkflows.sql(db, app)"
+            "workflows are off on this app: give Harvest the app's Flask-SQLAlchemy db (Harvest(app, db))"
         )
     return callbacks
 

@@ -13,9 +13,9 @@ from typing import Any
 import click
 
 from . import _cli_output as out
-from ._app import get_engine
+from ._app import trigger_service
 from ._cli_output import HarvestGroup as _Group
-from .errors import ConfigurationError, InvalidFieldError
+from .errors import InvalidFieldError
 from .triggers.definitions import trigger_from_json, trigger_to_json
 from .triggers.service import TriggerService, fire_to_json, stored_to_json
 
@@ -27,12 +27,7 @@ _COLUMNS = ("id", "source_workflow_name", "terminal_states", "target_workflow_na
 
 
 def _service() -> TriggerService:
-    service = get_engine().triggers
-    if service is None:
-        raise ConfigurationError(
-            "completion triggers are not registered on this app: use HarvestTriggers(app)"
-        )
-    return service
+    return trigger_service()
 
 
 def _json_option_value(name: str, text: str | None) -> Any:

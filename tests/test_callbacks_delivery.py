@@ -25,7 +25,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from werkzeug import Request, Response
 
-from flask_harvest import get_engine, signals
+from flask_harvest import Harvest, get_engine, signals
 from flask_harvest.callbacks import (
     CallbackPolicy,
     CallbackTargetRejected,
@@ -39,7 +39,6 @@ from flask_harvest.errors import ConfigurationError
 from flask_harvest.receiver import verify_completion_callback
 from flask_harvest.testing import CapturingReceiver
 from flask_harvest.transport import Transport
-from flask_harvest.workflow_extension import HarvestWorkflows
 from flask_harvest.workflows.context import WorkflowContext
 from flask_harvest.workflows.models import TERMINAL_STATES, ExecutionState, utcnow
 from flask_harvest.workflows.service import WorkflowService
@@ -77,7 +76,7 @@ def make_app(db_url: str) -> AppFactory:
         app.config.update({f"HARVEST_{k.upper()}": v for k, v in config.items()})
         db = SQLAlchemy()
         db.init_app(app)
-        workflows = HarvestWorkflows(db)
+        workflows = Harvest(db=db)
 
         @workflows.workflow("echo")
         def echo(ctx: WorkflowContext, data: Any) -> Any:
@@ -95,7 +94,8 @@ def make_app(db_url: str) -> AppFactory:
         try:
             workflows.init_app(app)
         except Exception:
-            get_engine(app).close()  # the engine exists already: stop its threads, free its pool
+            # init_app stopped the engine it built; the app's own engine is the test's to free.
+            assert "harvest" not in app.extensions
             with app.app_context():
                 db.engine.dispose()
             raise

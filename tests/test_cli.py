@@ -622,5 +622,5 @@ def test_stats_show_a_capped_count_with_a_plus(cli: Cli, store: OutboundWebhookH
 
 
 def test_triggers_commands_say_in_one_line_that_the_app_has_no_triggers(cli: Cli) -> None:
-    # The command list is the same for every app; an app without HarvestTriggers says so.
-    assert "completion triggers are not registered" in fails(cli("triggers", "list"))
+    # The command list is the same for every app; an app without triggers says so.
+    assert "completion triggers are off" in fails(cli("triggers", "list"))

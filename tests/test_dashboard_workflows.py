@@ -17,7 +17,6 @@ from flask.testing import FlaskClient
 from markupsafe import escape
 
 from flask_harvest import (
-    HarvestTriggers,
     InvalidFieldError,
     OutboundWebhookHandler,
     get_engine,
@@ -52,7 +51,7 @@ SCRIPT = "<script>alert('x')</script>"
 ESCAPED = str(escape(SCRIPT))
 TRIGGER_ID = "0a6c4a8e-7d0e-4c5e-9d39-2f1d1c9d4b11"
 #: What the completion-callback tests need: loopback targets, one attempt (a failure fails at once).
-CALLBACK_SETTINGS = {
+CALLBACK_SETTINGS: dict[str, Any] = {
     "HARVEST_COMPLETION_CALLBACK_ALLOWLIST": "127.0.0.1",
     "HARVEST_COMPLETION_CALLBACK_ALLOW_PRIVATE_TARGETS": True,
     "HARVEST_COMPLETION_CALLBACK_SECRET": "cb-secret-canary-dashboard-0123",
@@ -65,7 +64,6 @@ def workflow_dashboard_app(database_url: str, **config: Any) -> Flask:
     app = make_workflow_app(
         database_url, HARVEST_DASHBOARD=True, SECRET_KEY=SECRET_KEY, **CALLBACK_SETTINGS, **config
     )
-    HarvestTriggers(app)
     return app
 
 
@@ -117,7 +115,7 @@ def test_pages_are_absent_on_an_app_without_workflows(store: OutboundWebhookHand
 
 
 def test_trigger_pages_are_absent_when_only_workflows_are_used(database_url: str) -> None:
-    app = make_workflow_app(database_url, HARVEST_DASHBOARD=True, SECRET_KEY=SECRET_KEY)
+    app = make_workflow_app(database_url, with_triggers=False, HARVEST_DASHBOARD=True, SECRET_KEY=SECRET_KEY)
     client = app.test_client()
     signed_in(client, TOKEN)
     overview = text(client.get(f"{PREFIX}/"))

@@ -12,7 +12,7 @@ import sqlalchemy as sa
 from flask import Flask
 from werkzeug.wrappers import Response
 
-from flask_harvest import HarvestTriggers, signals, workflow_service
+from flask_harvest import signals, workflow_service
 from flask_harvest.testing import CapturingReceiver
 from flask_harvest.triggers import CompletionTrigger
 from flask_harvest.triggers.conditions import Eq, GreaterThan
@@ -44,16 +44,16 @@ def wait_until(app: Flask, done: Callable[[dict[SampleKey, float]], bool]) -> di
 
 
 def test_workflows_callbacks_and_triggers_are_counted(database_url: str, receiver: CapturingReceiver) -> None:
+    big_orders = CompletionTrigger("echo", "three_steps", condition=GreaterThan("amount", 1000))
+    on_boom = CompletionTrigger("boom", "echo", terminal_states=["Failed"], condition=Eq("region", "EU"))
     app = make_workflow_app(
         database_url,
+        triggers=[big_orders, on_boom],
         HARVEST_METRICS=True,
         HARVEST_COMPLETION_CALLBACK_ALLOWLIST="127.0.0.1",
         HARVEST_COMPLETION_CALLBACK_ALLOW_PRIVATE_TARGETS=True,
         HARVEST_COMPLETION_CALLBACK_SECRET=CALLBACK_SECRET,
     )
-    big_orders = CompletionTrigger("echo", "three_steps", condition=GreaterThan("amount", 1000))
-    on_boom = CompletionTrigger("boom", "echo", terminal_states=["Failed"], condition=Eq("region", "EU"))
-    HarvestTriggers(app, triggers=[big_orders, on_boom])
     with app.app_context():
         engine = sa.create_engine(database_url)
         with engine.begin() as conn:  # a row a newer build wrote: this one cannot read it, and fails closed

@@ -20,10 +20,8 @@ from sqlalchemy.engine import URL
 from flask_harvest import (
     CompletionTrigger,
     ConfigurationError,
-    HarvestTriggers,
-    HarvestWorkflows,
+    Harvest,
     InvalidFieldError,
-    OutboundWebhookPlugin,
     signals,
     trigger_service,
 )
@@ -41,7 +39,8 @@ def build_app(uri: str, *, static: list[CompletionTrigger] | None = None, **conf
     app = Flask("trigger_test")
     app.config.update(SQLALCHEMY_DATABASE_URI=uri, HARVEST_ACTUATOR_TOKEN=TOKEN, **config)
     db = SQLAlchemy(app)
-    workflows = HarvestWorkflows.sql(db, app)
+    workflows = Harvest(db=db)
+    workflows.completion_triggers(static or [])
 
     @workflows.registry.workflow("order_flow")
     def order_flow(ctx: Any, data: Any) -> Any:
@@ -51,7 +50,7 @@ def build_app(uri: str, *, static: list[CompletionTrigger] | None = None, **conf
     def fulfil(ctx: Any, data: Any) -> Any:
         return data
 
-    HarvestTriggers(app, triggers=static or [])
+    workflows.init_app(app)
     return close_later(app)
 
 
@@ -319,10 +318,10 @@ def test_an_invalid_static_trigger_fails_naming_it() -> None:
         CompletionTrigger("order_flow", "fulfil", condition=Not(Eq("a..b", 1)))
     assert "segment is empty" in str(info.value)
     with pytest.raises(ConfigurationError, match="must be a CompletionTrigger"):
-        HarvestTriggers(triggers=[{"source_workflow_name": "a"}])  # type: ignore[list-item]
+        Harvest().completion_trigger({"source_workflow_name": "a"})  # type: ignore[arg-type]
     with pytest.raises(ConfigurationError, match="two static completion triggers have the id"):
-        HarvestTriggers(
-            triggers=[
+        Harvest().completion_triggers(
+            [
                 CompletionTrigger("a", "b", id=SEED_ID),
                 CompletionTrigger("a", "c", id=SEED_ID),
             ]
@@ -332,10 +331,12 @@ def test_an_invalid_static_trigger_fails_naming_it() -> None:
 def test_triggers_need_workflows(tmp_path: Path) -> None:
     app = Flask("no_workflows")
     app.config["SQLALCHEMY_DATABASE_URI"] = f"sqlite:///{tmp_path / 'x.db'}"
-    OutboundWebhookPlugin.sql(SQLAlchemy(app), app)
+    Harvest(app, SQLAlchemy(app), workflows=False)
     close_later(app)
-    with pytest.raises(ConfigurationError, match="register HarvestWorkflows"):
-        HarvestTriggers(app)
+    with pytest.raises(ConfigurationError, match="triggers are off"):
+        trigger_service(app)
+    with pytest.raises(ConfigurationError, match="triggers need workflows"):
+        Harvest(workflows=False, triggers=True)
 
 
 def test_signals_count_fires_and_skips(uri: str) -> None:

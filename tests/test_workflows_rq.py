@@ -11,7 +11,7 @@ import redis
 from flask import Flask
 from flask_sqlalchemy import SQLAlchemy
 
-from flask_harvest import ExecutionState, HarvestWorkflows, get_engine
+from flask_harvest import ExecutionState, Harvest, get_engine
 from flask_harvest.jobs.rq import RqBackend
 from flask_harvest.webhooks.delivery import WEBHOOK_JOB
 from flask_harvest.worker import HarvestWorker
@@ -33,7 +33,7 @@ def test_a_workflow_job_outlives_the_job_timeout_meant_for_webhook_attempts(
         HARVEST_REDIS_URL=redis_url,
     )
     db = SQLAlchemy(app)
-    workflows = HarvestWorkflows.sql(db, app)
+    workflows = Harvest(app, db)
     close_later(app)
 
     def slow_step(ctx: WorkflowContext, value: Any) -> Any:

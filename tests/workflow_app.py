@@ -20,7 +20,7 @@ import sqlalchemy as sa
 from flask import Flask
 from flask_sqlalchemy import SQLAlchemy
 
-from flask_harvest import HarvestWorkflows, workflow_service
+from flask_harvest import CompletionTrigger, Harvest, workflow_service
 from flask_harvest.workflows import Execution, ExecutionState, WorkflowContext
 
 from .pipeline import close_later
@@ -37,7 +37,7 @@ GATES: dict[str, tuple[threading.Event, threading.Event]] = {}
 GATE_TIMEOUT = 20.0
 
 
-def _register(workflows: HarvestWorkflows) -> None:
+def _register(workflows: Harvest) -> None:
     @workflows.workflow("echo")
     def echo(ctx: WorkflowContext, value: Any) -> Any:
         return value
@@ -72,8 +72,15 @@ def _in_gate(name: str) -> bool:
     return released.wait(GATE_TIMEOUT)
 
 
-def make_workflow_app(database_url: str, **config: Any) -> Flask:
-    """An app with the workflows above on ``database_url``, its API open to :data:`TOKEN`."""
+def make_workflow_app(
+    database_url: str,
+    *,
+    triggers: list[CompletionTrigger] | None = None,
+    with_triggers: bool = True,
+    **config: Any,
+) -> Flask:
+    """An app with the workflows above on ``database_url``, its API open to :data:`TOKEN`, and the
+    static completion ``triggers``."""
     app = Flask("harvest_workflow_test")
     app.config.update(
         SQLALCHEMY_DATABASE_URI=database_url,
@@ -84,7 +91,10 @@ def make_workflow_app(database_url: str, **config: Any) -> Flask:
     app.config.update(config)
     db = SQLAlchemy(app)
     try:
-        _register(HarvestWorkflows.sql(db, app))
+        harvest = Harvest(db=db, triggers=with_triggers)
+        harvest.completion_triggers(triggers or [])
+        _register(harvest)
+        harvest.init_app(app)
     except BaseException:
         with app.app_context():
             db.engine.dispose()

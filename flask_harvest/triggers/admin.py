@@ -14,9 +14,9 @@ from typing import TypeVar
 
 from flask import Blueprint, Response, jsonify, request
 
-from .._app import get_engine
+from .._app import trigger_service
 from ..admin_http import ApiError, install_admin_api, read_json
-from ..errors import ConfigurationError, InvalidFieldError
+from ..errors import InvalidFieldError
 from .definitions import trigger_from_json, trigger_to_json
 from .service import MAX_LIST_LIMIT, TriggerService, fire_to_json, stored_to_json
 
@@ -30,10 +30,7 @@ _ROOT = "/admin/completion-triggers"
 
 
 def _service() -> TriggerService:
-    service = get_engine().triggers
-    if service is None:
-        raise ConfigurationError("completion triggers are not registered on this app: use HarvestTriggers")
-    return service
+    return trigger_service()
 
 
 def _bad_request(exc: InvalidFieldError) -> ApiError:

@@ -32,7 +32,7 @@ __all__ = ["Fire", "SqlTriggerStore", "StoredTrigger", "loads_column"]
 _t = triggers_table
 _f = fires_table
 _INSERTS: dict[str, Callable[..., Any]] = {"postgresql": postgresql.insert, "sqlite": sqlite.insert}
-_HINT = "create the tables with SqlTriggerStore.ensure_schema() (HarvestTriggers does it at init_app)"
+_HINT = "create the tables with SqlTriggerStore.ensure_schema() (Harvest does it at init_app)"
 
 
 @dataclass(frozen=True)

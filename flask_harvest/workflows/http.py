@@ -1,6 +1,6 @@
 """The workflow HTTP API: a blueprint thin over :class:`~flask_harvest.workflows.service.WorkflowService`.
 
-:class:`~flask_harvest.workflow_extension.HarvestWorkflows` registers it under
+:class:`~flask_harvest.Harvest` registers it under
 ``HARVEST_WORKFLOW_API_PREFIX`` (``/api/harvest``). Access is the actuator's, from
 :mod:`flask_harvest.admin_http`: deny by default, ``Authorization: Bearer <HARVEST_ACTUATOR_TOKEN>``
 or the registered authorizer; errors are ``{"error": {"code", "message", "fields"}}``.

@@ -11,7 +11,7 @@ from typing import Any
 from flask import Flask
 from flask_sqlalchemy import SQLAlchemy
 
-from flask_harvest import HarvestTriggers, HarvestWorkflows
+from flask_harvest import Harvest
 from flask_harvest.workflows import WorkflowContext
 
 #: Settings of the web app and the worker: one callback attempt, so a failure fails at once.
@@ -27,7 +27,7 @@ SETTINGS: dict[str, Any] = {
 TICKS = 600
 
 
-def register(workflows: HarvestWorkflows) -> None:
+def register(workflows: Harvest) -> None:
     @workflows.workflow("long_running")
     def long_running(ctx: WorkflowContext, value: Any) -> Any:
         for n in range(TICKS):
@@ -62,7 +62,7 @@ def create_app(**config: Any) -> Flask:
     )
     app.config.update(config)
     db = SQLAlchemy(app)
-    workflows = HarvestWorkflows.sql(db, app)
+    workflows = Harvest(db=db)
     register(workflows)
-    HarvestTriggers(app)
+    workflows.init_app(app)
     return app

@@ -18,8 +18,7 @@ import sqlalchemy as sa
 from flask import Flask
 from flask_sqlalchemy import SQLAlchemy
 
-from flask_harvest import get_engine
-from flask_harvest.workflow_extension import HarvestWorkflows
+from flask_harvest import Harvest, get_engine
 from flask_harvest.workflows.context import WorkflowContext
 
 from ..pipeline import close_later
@@ -48,10 +47,10 @@ WORKER_APP = textwrap.dedent(
     from flask import Flask
     from flask_sqlalchemy import SQLAlchemy
 
-    from flask_harvest.workflow_extension import HarvestWorkflows
+    from flask_harvest import Harvest
 
     db = SQLAlchemy()
-    workflows = HarvestWorkflows(db, create_tables=False)
+    workflows = Harvest(db=db, create_tables=False)
 
 
     @workflows.workflow("quick")
@@ -104,7 +103,7 @@ def web_app(faults: FaultEnv) -> Flask:
     app.config["SQLALCHEMY_DATABASE_URI"] = faults.database_url.render_as_string(hide_password=False)
     db = SQLAlchemy()
     db.init_app(app)
-    workflows = HarvestWorkflows(db, create_tables=False)
+    workflows = Harvest(db=db, create_tables=False)
 
     @workflows.workflow("quick")
     def quick(ctx: WorkflowContext, data: Any) -> Any:

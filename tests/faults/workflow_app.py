@@ -22,7 +22,7 @@ import sqlalchemy as sa
 from flask import Flask
 from flask_sqlalchemy import SQLAlchemy
 
-from flask_harvest import HarvestWorkflows
+from flask_harvest import Harvest
 from flask_harvest.workflows import WorkflowContext
 
 #: The tables of the side effects, outside the harvest metadata.
@@ -43,7 +43,7 @@ HOLD_LIMIT_SECONDS = 90.0
 TIMEOUT = timedelta(seconds=6)
 
 db = SQLAlchemy()
-workflows = HarvestWorkflows.sql(db)
+workflows = Harvest(db=db)
 
 
 def _engine() -> sa.Engine:
