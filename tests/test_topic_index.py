@@ -14,11 +14,7 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from flask_harvest import OutboundWebhookPlugin, get_engine
-from flask_harvest.webhooks.models import (
-    SubscriptionChanges,
-    WebhookSubscription,
-    topic_matches,
-)
+from flask_harvest.webhooks.models import SubscriptionChanges, WebhookSubscription
 from flask_harvest.webhooks.stores import OutboundWebhookHandler
 from flask_harvest.webhooks.stores._schema import (
     metadata,
@@ -34,6 +30,7 @@ from flask_harvest.webhooks.topic_index import (
     pattern_key,
     topic_keys,
 )
+from flask_harvest.webhooks.topics import topic_matches
 
 from .pipeline import FAST, close_later
 from .properties import BUDGET, TEXT

@@ -21,11 +21,11 @@ from .models import (
     WebhookSubscription,
     new_id,
     utcnow,
-    validate_topic,
 )
 from .outbox import OutboxMessage, SqlOutbox, TransactionTarget
 from .payload import encode_payload
 from .stores.base import OutboundWebhookHandler
+from .topics import validate_topic
 
 log = logging.getLogger(__name__)
 

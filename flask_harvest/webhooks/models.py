@@ -9,7 +9,6 @@ from __future__ import annotations
 import base64
 import dataclasses
 import enum
-import re
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -20,6 +19,7 @@ from ..errors import InvalidFieldError, InvalidSecretError
 from ..signing import SECRET_PREFIX, secret_key
 from ..ssrf import MAX_URL_LENGTH as MAX_URL_LENGTH
 from ..ssrf import SsrfRejection, parse_url
+from .topics import topic_matches, validate_topic
 
 #: The longest subscription (and delivery) id.
 MAX_ID_LENGTH = 255
@@ -29,7 +29,6 @@ MAX_DESCRIPTION_LENGTH = 2048
 _MAX_COUNT = 2**31 - 1
 # Room for the API's 1,024-character secrets in their whsec_ form (standard_secret).
 _MAX_SECRET_LENGTH = 8192
-_TOPIC_SEGMENT = re.compile(r"[A-Za-z0-9_\-:]+")
 
 
 def utcnow() -> datetime:
@@ -119,46 +118,6 @@ class DeliveryState(str, enum.Enum):
 
 #: States a delivery never leaves except by an operator's replay.
 FINAL_STATES = frozenset({DeliveryState.DELIVERED, DeliveryState.DLQ, DeliveryState.SKIPPED})
-
-
-def validate_topic(topic: str, *, pattern: bool, field_name: str = "topic") -> str:
-    """Return ``topic`` if it is a dot-separated topic, else raise :class:`InvalidFieldError`.
-
-    With ``pattern`` true, ``*`` may stand for a segment (see :func:`topic_matches`).
-    """
-    if not isinstance(topic, str) or not topic:
-        raise InvalidFieldError(field_name, "a topic must be a non-empty string such as 'order.created'")
-    for segment in topic.split("."):
-        if segment == "*" and pattern:
-            continue
-        if not _TOPIC_SEGMENT.fullmatch(segment):
-            allowed = "letters, digits, '_', '-', ':'" + (" or a lone '*'" if pattern else "")
-            raise InvalidFieldError(
-                field_name, f"{topic!r} is not a topic: each dot-separated part must be {allowed}"
-            )
-    return topic
-
-
-def topic_matches(pattern: str, topic: str) -> bool:
-    """Return whether a subscription's topic ``pattern`` selects the event ``topic``.
-
-    Topics are dot-separated. A ``*`` segment matches any one segment, and a trailing ``*`` matches
-    one or more: ``order.*`` selects ``order.created`` and ``order.item.added`` but not ``order``;
-    ``*`` alone selects every topic.
-    """
-    wanted = pattern.split(".")
-    given = topic.split(".")
-    for index, segment in enumerate(wanted):
-        last = index == len(wanted) - 1
-        if index >= len(given):
-            return False
-        if segment == "*":
-            if last:
-                return True
-            continue
-        if segment != given[index]:
-            return False
-    return len(wanted) == len(given)
 
 
 def validate_url(url: str, field_name: str = "target_url") -> str:

@@ -26,10 +26,10 @@ from .models import (
     WebhookSubscriptionStatus,
     standard_secret,
     utcnow,
-    validate_topic,
 )
 from .outbox import SqlOutbox
 from .stores.base import DlqCursor, OutboundWebhookHandler
+from .topics import validate_topic
 
 #: The most deliveries one bulk replay may touch.
 MAX_BULK_REPLAY = 1000

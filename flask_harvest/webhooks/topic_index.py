@@ -3,7 +3,7 @@
 A subscription's pattern is stored under :func:`pattern_key`; an event's topic is looked up under
 :func:`topic_keys`, the keys of every pattern that could select it (for ``a.b``: ``a.b``, ``a.*``,
 ``*.b``, ``*.*`` and ``*``). A store selects the subscriptions filed under those keys and keeps
-those whose patterns :func:`~flask_harvest.webhooks.models.topic_matches` accepts, so the result is
+those whose patterns :func:`~flask_harvest.webhooks.topics.topic_matches` accepts, so the result is
 exactly the matcher's.
 
 The candidates of a topic of n segments number 2^n + 2^(n-1) - 1, since a ``*`` may stand anywhere,
@@ -56,7 +56,7 @@ def pattern_key(pattern: str) -> str:
 def topic_keys(topic: str) -> tuple[str, ...]:
     """Return the keys of every pattern that could select the (valid) event ``topic``.
 
-    Per :func:`~flask_harvest.webhooks.models.topic_matches`: a pattern of as many segments as the
+    Per :func:`~flask_harvest.webhooks.topics.topic_matches`: a pattern of as many segments as the
     topic, each one the topic's or ``*``; a shorter pattern whose last segment is ``*`` (which
     matches the rest), the others the topic's or ``*``; and, for a topic longer than
     :data:`KEY_SEGMENTS`, the long keys of its head.

@@ -67,12 +67,12 @@ from ..models import (
     SubscriptionEffect,
     WebhookSubscription,
     WebhookSubscriptionStatus,
-    topic_matches,
     utcnow,
     validate_datetime,
     validate_secret,
 )
 from ..topic_index import topic_keys
+from ..topics import topic_matches
 from ._schema import (
     INFLIGHT_ROWS,
     PENDING_ROWS,
