@@ -235,7 +235,12 @@ def delivery(data: Mapping[str, Any]) -> str:
 
 def replay_result(data: Mapping[str, Any]) -> str:
     verb = "would replay" if data["dry_run"] else "replayed"
-    return "\n".join([f"{verb} {data['count']} delivery(ies)", *data["delivery_ids"]])
+    lines = [f"{verb} {data['count']} delivery(ies)", *data["delivery_ids"]]
+    skipped = [row for row in data["results"] if "reason" in row]
+    if skipped:
+        lines.append(f"not replayed: {len(skipped)}")
+        lines += [f"{row['delivery_id']}  {row['outcome']}: {row['reason']}" for row in skipped]
+    return "\n".join(lines)
 
 
 STATS_COLUMNS = ("pending", "inflight", "delivered", "dlq", "skipped")

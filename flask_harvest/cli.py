@@ -311,6 +311,7 @@ def dlq_replay(
     """Replay LOG_ID, or in bulk (--subscription and/or --since/--until), newest first.
 
     A replayed delivery starts again at attempt 1 with the same id, so the receiver can deduplicate.
+    A bulk replay lists the deliveries it did not replay (they left the DLQ meanwhile), with why.
     """
     bulk = subscription_id is not None or since is not None or until is not None
     if log_id is not None and (bulk or limit is not None or dry_run):
@@ -327,13 +328,8 @@ def dlq_replay(
         )
     else:
         raise click.UsageError("give LOG_ID, or --subscription and/or --since/--until for a bulk replay")
-    data: dict[str, Any] = {
-        "dry_run": result.dry_run,
-        "count": len(result.delivery_ids),
-        "delivery_ids": result.delivery_ids,
-    }
-    if result.enqueue_error:
-        data["warning"] = f"replayed, but not queued ({result.enqueue_error}); the sweeper will send them"
+    data = result.to_dict()
+    if "warning" in data:
         click.echo(f"Warning: {data['warning']}", err=True)
     out.output(data, as_json, out.replay_result)
 

@@ -18,6 +18,8 @@ test must allow loopback targets: ``HARVEST_WEBHOOKS_ALLOW_PRIVATE_TARGETS = Tru
 
 from __future__ import annotations
 
+import selectors
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -69,17 +71,41 @@ class CapturingReceiver:
         self._handlers: dict[str, Handler] = {}
         self._server: BaseWSGIServer = make_server(host, port, self._wsgi, threaded=True)
         self._thread: threading.Thread | None = None
+        # What stop() writes to, to wake the serving loop at once.
+        self._wake_read, self._wake_write = socket.socketpair()
 
     # -- lifecycle -------------------------------------------------------------------------
 
     def start(self) -> CapturingReceiver:
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        self._thread = threading.Thread(target=self._serve, name=f"harvest-receiver-{self.port}", daemon=True)
         self._thread.start()
         return self
 
     def stop(self) -> None:
-        self._server.shutdown()
+        """Stop serving and close the port; returns once the serving thread has ended.
+
+        Prompt: the loop is woken, where ``serve_forever`` would notice only at its next poll
+        (half a second later, paid by every test that uses the receiver).
+        """
+        if self._wake_write.fileno() == -1:
+            return
+        self._wake_write.send(b"x")
+        if self._thread is not None:
+            self._thread.join()
         self._server.server_close()
+        self._wake_write.close()
+        self._wake_read.close()
+
+    def _serve(self) -> None:
+        with selectors.DefaultSelector() as selector:
+            selector.register(self._server, selectors.EVENT_READ)
+            selector.register(self._wake_read, selectors.EVENT_READ)
+            # No timeout: the loop wakes only for a connection or for stop().
+            while True:
+                ready = {key.fileobj for key, _ in selector.select()}
+                if self._wake_read in ready:
+                    return
+                self._server.handle_request()
 
     def __enter__(self) -> CapturingReceiver:
         return self.start()

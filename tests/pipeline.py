@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
+import sqlalchemy as sa
 from flask import Flask
 
 from flask_harvest import DeliveryState, OutboundWebhookHandler, OutboundWebhookPlugin, get_engine
@@ -80,3 +83,23 @@ def wait_final(
         if time.monotonic() > end:
             raise TimeoutError(f"deliveries not final after {timeout} s: {states}")
         time.sleep(0.02)
+
+
+@contextmanager
+def before_first_update(engine: sa.Engine, action: Callable[[], object]) -> Iterator[None]:
+    """Run ``action`` once, just before this thread's first ``UPDATE`` on ``engine``: another
+    caller's change that lands between what a call read and what it writes."""
+    me = threading.current_thread()
+    done = False
+
+    def hook(conn: sa.Connection, cursor: Any, statement: str, *_args: Any) -> None:
+        nonlocal done
+        if not done and threading.current_thread() is me and statement.lstrip().upper().startswith("UPDATE"):
+            done = True
+            action()
+
+    sa.event.listen(engine, "before_cursor_execute", hook)
+    try:
+        yield
+    finally:
+        sa.event.remove(engine, "before_cursor_execute", hook)

@@ -8,6 +8,8 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import pytest
+import redis
+import sqlalchemy as sa
 import standardwebhooks
 from flask import Flask
 from flask.testing import FlaskClient
@@ -24,8 +26,10 @@ from flask_harvest import (
 )
 from flask_harvest.testing import CapturingReceiver
 from flask_harvest.webhooks.operations import STATS_COUNT_CAP
+from flask_harvest.webhooks.stores._schema import deliveries_table
+from flask_harvest.webhooks.stores.sql import SqlOutboundWebhookStore
 
-from .pipeline import make_app, wait_final
+from .pipeline import before_first_update, make_app, rq_app, wait_final
 from .test_models import SEED_DLQ_FIELDS
 from .test_store_contract import fail_once, in_threads, make_delivery
 
@@ -311,7 +315,12 @@ def test_bulk_replay_with_dry_run_and_cap(client: FlaskClient, store: OutboundWe
     ids = dead_letters(store, 4)
     before = snapshot(store)
     dry = call(client, "POST", "/replay", {"subscription_id": "sub_1", "dry_run": True})
-    assert dry.get_json() == {"dry_run": True, "count": 4, "delivery_ids": list(reversed(ids))}
+    assert dry.get_json() == {
+        "dry_run": True,
+        "count": 4,
+        "delivery_ids": list(reversed(ids)),
+        "results": [{"delivery_id": i, "outcome": "would_replay"} for i in reversed(ids)],
+    }
     assert snapshot(store) == before
     window = call(
         client,
@@ -326,6 +335,39 @@ def test_bulk_replay_with_dry_run_and_cap(client: FlaskClient, store: OutboundWe
     assert call(client, "POST", "/replay", {"subscription_id": "sub_1", "limit": 5000}).status_code == 422
     assert call(client, "POST", "/replay", {"log_id": ids[0], "subscription_id": "sub_1"}).status_code == 422
     assert call(client, "POST", "/replay", {"subscription_id": "nope"}).status_code == 404
+
+
+def test_a_bulk_replay_reports_rows_that_left_the_dlq_meanwhile_and_replays_the_rest(
+    sql_store: SqlOutboundWebhookStore, redis_conn: redis.Redis, redis_url: str
+) -> None:
+    # Before, the first such row answered 409 with the rows before it already pending. On the rq
+    # backend with no worker, nothing sends the replayed rows meanwhile.
+    client = rq_app(sql_store, redis_url, HARVEST_ACTUATOR_TOKEN=TOKEN).test_client()
+    sql_store.add_subscription(WebhookSubscription("http://127.0.0.1:9/none", ["a.b"], SECRET, id="sub_1"))
+    oldest, deleted, taken, newest = dead_letters(sql_store, 4)
+
+    def another_operator() -> None:
+        sql_store.replay_delivery(taken, now=T0)
+        with sql_store.engine.begin() as conn:
+            conn.execute(sa.delete(deliveries_table).where(deliveries_table.c.id == deleted))
+
+    with before_first_update(sql_store.engine, another_operator):
+        response = call(client, "POST", "/replay", {"subscription_id": "sub_1"})
+
+    assert response.status_code == 200, response.get_json()
+    body = response.get_json()
+    assert body["count"] == 2 and body["delivery_ids"] == [newest, oldest]
+    results = body["results"]
+    assert [(r["delivery_id"], r["outcome"]) for r in results] == [
+        (newest, "replayed"),
+        (taken, "not_replayable"),
+        (deleted, "not_found"),
+        (oldest, "replayed"),
+    ]
+    assert "pending, not dead-lettered" in results[1]["reason"]
+    assert "no delivery" in results[2]["reason"]
+    assert "reason" not in results[0]
+    assert sql_store.list_dlq() == []
 
 
 @pytest.mark.parametrize(

@@ -35,9 +35,10 @@ from flask_harvest.webhooks.operations import STATS_COUNT_CAP
 from flask_harvest.webhooks.stores import InMemoryOutboundWebhookHandler, OutboundWebhookHandler
 from flask_harvest.webhooks.stores.sql import SqlOutboundWebhookStore
 
-from .pipeline import make_app
+from .pipeline import before_first_update, make_app
 from .properties import BUDGET, TEXT
 from .test_actuator import dead_letters
+from .workflow_support import SQL_KINDS
 
 SECRET = "whsec_c2VjcmV0LW9mLXRoZS1jbGktdGVzdHMtMDEyMzQ1Njc4OQ=="
 OTHER_SECRET = "whsec_YW5vdGhlci1zZWNyZXQtb2YtdGhlLWNsaS10ZXN0cy0wMTI="
@@ -476,7 +477,12 @@ def test_replay_one(rq_app: Flask, store: OutboundWebhookHandler, enqueued: Call
     assert enqueued() == ["dlv_1"]
     log(store, "dlv_2")
     data = as_json(cli("dlq", "replay", "dlv_2", "--json"))
-    assert data == {"dry_run": False, "count": 1, "delivery_ids": ["dlv_2"]}
+    assert data == {
+        "dry_run": False,
+        "count": 1,
+        "delivery_ids": ["dlv_2"],
+        "results": [{"delivery_id": "dlv_2", "outcome": "replayed"}],
+    }
 
 
 def test_replay_bulk(rq_app: Flask, store: OutboundWebhookHandler, enqueued: Callable[[], list[str]]) -> None:
@@ -493,12 +499,33 @@ def test_replay_bulk(rq_app: Flask, store: OutboundWebhookHandler, enqueued: Cal
     assert still is not None and still.is_dlq
     window = ["--since", "2024-05-01T12:01:00Z", "--until", "2024-05-01T12:03:00"]  # naive = UTC
     data = as_json(cli("dlq", "replay", "--subscription", "sub_a", *window, "--dry-run", "--json"))
-    assert data == {"dry_run": True, "count": 2, "delivery_ids": ["dlv_2", "dlv_1"]}
+    assert data["dry_run"] is True and data["count"] == 2 and data["delivery_ids"] == ["dlv_2", "dlv_1"]
+    assert {row["outcome"] for row in data["results"]} == {"would_replay"}
     result = ok(cli("dlq", "replay", "--subscription", "sub_a", "--limit", "3"))
     assert "replayed 3 delivery(ies)" in result.output
     assert enqueued() == ["dlv_1", "dlv_2", "dlv_3"]
     left = as_json(cli("dlq", "list", "--json"))
     assert sorted(d["id"] for d in left["deliveries"]) == ["dlv_0", "dlv_b"]
+
+
+@pytest.mark.parametrize("store", SQL_KINDS, indirect=True)
+def test_a_bulk_replay_lists_the_rows_it_did_not_replay_and_queues_the_others(
+    rq_app: Flask, store: SqlOutboundWebhookStore, enqueued: Callable[[], list[str]]
+) -> None:
+    # Another operator replays dlv_1 after this call read the DLQ: before, it exited with an
+    # error and dlv_2, already pending, was neither reported nor queued.
+    cli = cli_for(rq_app)
+    add_subscription(store)
+    for n in range(3):
+        log(store, f"dlv_{n}", minutes=n)
+
+    with before_first_update(store.engine, lambda: store.replay_delivery("dlv_1", now=BASE)):
+        result = ok(cli("dlq", "replay", "--subscription", "sub_a"))
+
+    lines = result.output.splitlines()
+    assert lines[:4] == ["replayed 2 delivery(ies)", "dlv_2", "dlv_0", "not replayed: 1"]
+    assert lines[4].startswith("dlv_1  not_replayable: delivery 'dlv_1' is pending, not dead-lettered")
+    assert enqueued() == ["dlv_0", "dlv_2"]
 
 
 def test_replay_warns_when_the_backend_is_down(store: OutboundWebhookHandler) -> None:

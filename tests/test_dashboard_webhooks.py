@@ -20,10 +20,12 @@ from flask_harvest import (
 from flask_harvest.dashboard.paging import PAGE_SIZE
 from flask_harvest.testing import CapturingReceiver
 from flask_harvest.webhooks.operations import STATS_COUNT_CAP
+from flask_harvest.webhooks.stores.sql import SqlOutboundWebhookStore
 
 from .dashboard_client import PREFIX, dashboard_app, signed_in, text
-from .pipeline import wait_final
+from .pipeline import before_first_update, wait_final
 from .test_actuator import T0, dead_letters, snapshot
+from .workflow_support import SQL_KINDS
 
 SECRET = generate_secret()
 SCRIPT = "<script>alert('x')</script>"
@@ -276,6 +278,21 @@ def test_bulk_replay_counts_first_then_replays(
     assert (
         client.post(url, data={**form, "action": "dry-run", "subscription_id": "sub_nope"}).status_code == 404
     )
+
+
+@pytest.mark.parametrize("store", SQL_KINDS, indirect=True)
+def test_bulk_replay_lists_what_it_did_not_replay(
+    client: FlaskClient, csrf: str, store: SqlOutboundWebhookStore
+) -> None:
+    add_subscription(store)
+    oldest, taken = dead_letters(store, 2)
+    form = {"subscription_id": "sub_1", "action": "replay", "csrf_token": csrf}
+    with before_first_update(store.engine, lambda: store.replay_delivery(taken, now=T0)):
+        done = client.post(f"{PREFIX}/webhooks/replay", data=form)
+    assert done.status_code == 200
+    page = text(done)
+    assert 'id="replayed-count">Replayed 1' in page and f">{oldest}</a></li>" in page
+    assert 'id="not-replayed"' in page and f"{taken}</a>: delivery &#39;{taken}&#39; is pending" in page
 
 
 def test_script_in_payload_topic_and_error_renders_as_text(

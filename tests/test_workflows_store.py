@@ -142,6 +142,68 @@ def test_ten_concurrent_starts_of_one_workflow_id_give_one_execution(store: SqlW
     assert len(store.list_executions()) == 1
 
 
+def test_a_run_that_opens_while_a_start_looks_is_returned_not_refused_as_reused(
+    store: SqlWorkflowStore,
+) -> None:
+    # Force the race: the late start has read "no open run" when the other start's run commits,
+    # before the late start decides. The run is open, so the late start must load it.
+    looked, other_committed = threading.Event(), threading.Event()
+    late = threading.current_thread()
+
+    def pause_after_first_read(*_args: object) -> None:
+        if threading.current_thread() is late and not looked.is_set():
+            looked.set()
+            assert other_committed.wait(timeout=60), "the other start did not commit"
+
+    def other_start() -> None:
+        assert looked.wait(timeout=60), "the late start did not read"
+        start(store, "order-9", policy=IdReusePolicy.REJECT_DUPLICATE)
+        other_committed.set()
+
+    other = threading.Thread(target=other_start)
+    other.start()
+    sa.event.listen(store.engine, "after_cursor_execute", pause_after_first_read)
+    try:
+        execution, created = store.start("refund", {}, "order-9", IdReusePolicy.REJECT_DUPLICATE, now=START)
+    finally:
+        sa.event.remove(store.engine, "after_cursor_execute", pause_after_first_read)
+        other_committed.set()
+        other.join()
+    assert not created
+    assert [execution] == store.list_executions()
+
+
+@pytest.mark.parametrize("policy", list(IdReusePolicy))
+def test_twenty_concurrent_starts_of_a_new_workflow_id_all_get_its_open_run(
+    store: SqlWorkflowStore, policy: IdReusePolicy
+) -> None:
+    # A race window is a few statements wide: enough rounds that a start refused as "reused" while
+    # the run is open would show up (it did in about 4% of starts), and none can fail by chance.
+    callers, rounds = 20, 15
+    barrier = threading.Barrier(callers)
+    results: list[tuple[str, Execution, bool]] = []
+    errors: list[BaseException] = []
+
+    def go() -> None:
+        for n in range(rounds):
+            barrier.wait()
+            try:
+                execution, created = store.start("refund", {"n": n}, f"new-{n}", policy, now=START)
+                results.append((f"new-{n}", execution, created))
+            except BaseException as exc:  # reported below
+                errors.append(exc)
+
+    threads = [threading.Thread(target=go) for _ in range(callers)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == []
+    assert len(results) == callers * rounds
+    assert sum(created for _, _, created in results) == rounds
+    assert len({(key, execution.execution_id) for key, execution, _ in results}) == rounds
+
+
 def test_a_start_inside_the_callers_transaction_commits_or_rolls_back_with_it(
     store: SqlWorkflowStore,
 ) -> None:

@@ -45,7 +45,8 @@ def list_dlq() -> Response:
 
 @actuator.post("/replay")
 def replay() -> tuple[Response, int]:
-    """Replay one dead-lettered delivery (``log_id``) or many (subscription and/or window)."""
+    """Replay one dead-lettered delivery (``log_id``) or many (subscription and/or window); a bulk
+    replay answers each selected delivery's outcome, never an error half-way."""
     body = load_body(ReplaySchema())
     engine = get_engine()
     if "log_id" in body:
@@ -58,14 +59,7 @@ def replay() -> tuple[Response, int]:
             limit=body["limit"],
             dry_run=body["dry_run"],
         )
-    payload = {
-        "dry_run": result.dry_run,
-        "count": len(result.delivery_ids),
-        "delivery_ids": result.delivery_ids,
-    }
-    if result.enqueue_error:
-        payload["warning"] = f"replayed, but not queued ({result.enqueue_error}); the sweeper will send them"
-    return jsonify(payload), 202 if result.enqueue_error else 200
+    return jsonify(result.to_dict()), 202 if result.enqueue_error else 200
 
 
 @actuator.get("/deliveries/<delivery_id>")

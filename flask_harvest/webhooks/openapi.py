@@ -13,6 +13,7 @@ from apispec import APISpec
 from apispec.ext.marshmallow import MarshmallowPlugin
 
 from .._version import __version__
+from .operations import ReplayOutcome
 from .schemas import (
     DlqQuerySchema,
     ReplaySchema,
@@ -37,6 +38,31 @@ _ERROR = {
     },
 }
 _OBJECT = {"type": "object", "additionalProperties": True}
+_STRINGS = {"type": "array", "items": {"type": "string"}}
+_REPLAY_RESULT = {
+    "type": "object",
+    "required": ["dry_run", "count", "delivery_ids", "results"],
+    "properties": {
+        "dry_run": {"type": "boolean"},
+        "count": {"type": "integer", "description": "how many were replayed (in a dry run: would be)"},
+        "delivery_ids": {**_STRINGS, "description": "the deliveries replayed, newest first"},
+        "results": {
+            "type": "array",
+            "description": "each selected delivery's outcome: one that left the dead-letter queue "
+            "(or was deleted) after the selection was read is reported with the reason",
+            "items": {
+                "type": "object",
+                "required": ["delivery_id", "outcome"],
+                "properties": {
+                    "delivery_id": {"type": "string"},
+                    "outcome": {"type": "string", "enum": [o.value for o in ReplayOutcome]},
+                    "reason": {"type": "string", "description": "why it was not replayed"},
+                },
+            },
+        },
+        "warning": {"type": "string", "description": "replayed, but the jobs could not be queued"},
+    },
+}
 
 
 def _json(schema: Any) -> dict[str, Any]:
@@ -85,6 +111,7 @@ def build_openapi(prefix: str) -> dict[str, Any]:
     )
     spec.components.security_scheme("bearer", {"type": "http", "scheme": "bearer"})
     spec.components.schema("Error", _ERROR)
+    spec.components.schema("ReplayResult", _REPLAY_RESULT)
     for name, schema in (
         ("SubscriptionCreate", SubscriptionCreateSchema),
         ("SubscriptionPatch", SubscriptionPatchSchema),
@@ -97,6 +124,7 @@ def build_openapi(prefix: str) -> dict[str, Any]:
         return {"required": True, **_json({"$ref": f"#/components/schemas/{name}"})}
 
     sub = [_id_parameter("subscription_id")]
+    result = {"$ref": "#/components/schemas/ReplayResult"}
     spec.path(
         path="/dlq",
         operations={
@@ -114,10 +142,12 @@ def build_openapi(prefix: str) -> dict[str, Any]:
         operations={
             "post": {
                 "summary": "Replay one delivery (log_id) or many (subscription and/or window)",
+                "description": "A single replay of a delivery not in the dead-letter queue answers "
+                "409; a bulk replay answers what became of each delivery it selected.",
                 "requestBody": request_body("Replay"),
                 "responses": {
-                    **_responses(200, "what was replayed", _OBJECT, errors=(400, 404, 409, 413, 415, 422)),
-                    "202": {"description": "replayed, not queued yet", **_json(_OBJECT)},
+                    **_responses(200, "what was replayed", result, errors=(400, 404, 409, 413, 415, 422)),
+                    "202": {"description": "replayed, not queued yet", **_json(result)},
                 },
             }
         },

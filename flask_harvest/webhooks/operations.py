@@ -3,6 +3,7 @@ blueprint and the CLI are thin over it."""
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -11,7 +12,13 @@ from typing import Any, TypeVar
 from .._cursor import decode_position, encode_position
 from .._input import check_number, text_problem, to_utc
 from ..config import Settings
-from ..errors import ConfigurationError, DeliveryNotFoundError, InvalidFieldError, SubscriptionNotFoundError
+from ..errors import (
+    ConfigurationError,
+    DeliveryNotFoundError,
+    InvalidFieldError,
+    InvalidStateError,
+    SubscriptionNotFoundError,
+)
 from ..jobs.base import JobBackend, JobBackendError
 from ..signing import generate_secret
 from ..ssrf import validate_target
@@ -54,14 +61,64 @@ class NewSecret:
     secret: str
 
 
+class ReplayOutcome(str, enum.Enum):
+    """What a replay did with one delivery; the values are the JSON answers' ``outcome``."""
+
+    #: Moved back to pending, due now, at attempt 1.
+    REPLAYED = "replayed"
+    #: A dry run's: in the DLQ, so a replay would move it.
+    WOULD_REPLAY = "would_replay"
+    #: Gone between the listing and its replay (deleted).
+    NOT_FOUND = "not_found"
+    #: No longer in the DLQ when its turn came (replayed by another call meanwhile).
+    NOT_REPLAYABLE = "not_replayable"
+
+
+@dataclass(frozen=True)
+class ReplayRow:
+    """One delivery's outcome in a replay, with the reason when it was not replayed."""
+
+    delivery_id: str
+    outcome: ReplayOutcome
+    reason: str | None = None
+
+    def to_dict(self) -> dict[str, str]:
+        shown = {"delivery_id": self.delivery_id, "outcome": self.outcome.value}
+        return shown if self.reason is None else {**shown, "reason": self.reason}
+
+
 @dataclass(frozen=True)
 class ReplayResult:
-    """What a replay did: the deliveries moved back to pending, and whether jobs were queued."""
+    """What a replay did with each delivery it selected, and whether the jobs were queued."""
 
-    delivery_ids: list[str]
+    rows: list[ReplayRow]
     dry_run: bool = False
     #: Why the jobs could not be queued (the sweeper sends them later), or ``None``.
     enqueue_error: str | None = None
+
+    @property
+    def delivery_ids(self) -> list[str]:
+        """The deliveries replayed (in a dry run: that would be), in the order selected."""
+        moved = (ReplayOutcome.REPLAYED, ReplayOutcome.WOULD_REPLAY)
+        return [row.delivery_id for row in self.rows if row.outcome in moved]
+
+    @property
+    def not_replayed(self) -> list[ReplayRow]:
+        """The deliveries selected that were not replayed, each with its reason."""
+        moved = (ReplayOutcome.REPLAYED, ReplayOutcome.WOULD_REPLAY)
+        return [row for row in self.rows if row.outcome not in moved]
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON answer of the actuator and of ``flask harvest dlq replay --json``."""
+        shown: dict[str, Any] = {
+            "dry_run": self.dry_run,
+            "count": len(self.delivery_ids),
+            "delivery_ids": self.delivery_ids,
+            "results": [row.to_dict() for row in self.rows],
+        }
+        if self.enqueue_error:
+            shown["warning"] = f"replayed, but not queued ({self.enqueue_error}); the sweeper will send them"
+        return shown
 
 
 #: A row of a delivery listing: the full delivery, or its summary.
@@ -275,7 +332,8 @@ class WebhookOperations:
         :raises InvalidStateError: the delivery is not dead-lettered.
         """
         replayed = self.store.replay_delivery(_lookup(delivery_id, DeliveryNotFoundError), now=utcnow())
-        return ReplayResult([replayed.id], enqueue_error=self._enqueue([replayed]))
+        row = ReplayRow(replayed.id, ReplayOutcome.REPLAYED)
+        return ReplayResult([row], enqueue_error=self._enqueue([replayed]))
 
     def replay_many(
         self,
@@ -288,7 +346,13 @@ class WebhookOperations:
     ) -> ReplayResult:
         """Replay the DLQ of one subscription and/or a time window, newest first, at most ``limit``.
 
-        With ``dry_run``, report what would be replayed and change nothing.
+        Each selected delivery is replayed on its own, and the result says what became of each: a
+        delivery that left the DLQ (or was deleted) after the selection was read is reported with
+        the reason, and the others are replayed all the same. With ``dry_run``, report what would
+        be replayed and change nothing.
+
+        :raises InvalidFieldError: no selector, a bad window or limit (nothing is replayed).
+        :raises SubscriptionNotFoundError: no such subscription (nothing is replayed).
         """
         since, until = _window(since, "since"), _window(until, "until")
         if subscription_id is None and since is None and until is None:
@@ -305,10 +369,24 @@ class WebhookOperations:
             limit=limit, subscription_id=subscription_id, since=since, until=until
         )
         if dry_run:
-            return ReplayResult([d.id for d in candidates], dry_run=True)
+            return ReplayResult(
+                [ReplayRow(d.id, ReplayOutcome.WOULD_REPLAY) for d in candidates], dry_run=True
+            )
         now = utcnow()
-        replayed = [self.store.replay_delivery(d.id, now=now) for d in candidates]
-        return ReplayResult([d.id for d in replayed], enqueue_error=self._enqueue(replayed))
+        rows: list[ReplayRow] = []
+        replayed: list[DeliveryLog] = []
+        for candidate in candidates:
+            # Another operator's replay (or a purge) may get to a row first: the rows before it are
+            # already pending, so an error now would leave the call half done and unreported.
+            try:
+                replayed.append(self.store.replay_delivery(candidate.id, now=now))
+            except DeliveryNotFoundError as exc:
+                rows.append(ReplayRow(candidate.id, ReplayOutcome.NOT_FOUND, str(exc)))
+            except InvalidStateError as exc:
+                rows.append(ReplayRow(candidate.id, ReplayOutcome.NOT_REPLAYABLE, str(exc)))
+            else:
+                rows.append(ReplayRow(candidate.id, ReplayOutcome.REPLAYED))
+        return ReplayResult(rows, enqueue_error=self._enqueue(replayed) if replayed else None)
 
     def _enqueue(self, deliveries: list[DeliveryLog]) -> str | None:
         try:

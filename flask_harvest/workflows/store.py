@@ -39,6 +39,7 @@ __all__ = ["ExecutionCursor", "LeaseSweep", "LeaseView", "SqlWorkflowStore"]
 _steps = steps_table
 _PENDING = ExecutionState.PENDING.value
 _RUNNING = ExecutionState.RUNNING.value
+_OPEN_STATES = frozenset((_PENDING, _RUNNING))
 # A start that keeps losing the race between "the open run closed" and "ours conflicts" gives up.
 _START_ROUNDS = 5
 
@@ -108,11 +109,11 @@ class SqlWorkflowStore(_SweepQueries):
         key = workflow_id if workflow_id is not None else str(uuid.uuid4())
         with self._transaction("start a workflow execution", conn) as c:
             for _ in range(_START_ROUNDS):
-                existing = c.execute(select(_ex).where(_ex.c.workflow_id == key, _open())).first()
-                if existing is not None:
-                    return row_to_execution(existing), False
-                if policy is not IdReusePolicy.ALLOW_DUPLICATE:
-                    self._check_reuse(c, key, policy)
+                found = c.execute(_open_or_last_run(key, policy)).first()
+                if found is not None and found.state in _OPEN_STATES:
+                    return row_to_execution(found), False
+                if found is not None:
+                    _check_reuse(key, policy, found.execution_id, found.state)
                 execution_id = str(uuid.uuid4())
                 values = {
                     "execution_id": execution_id,
@@ -143,19 +144,6 @@ class SqlWorkflowStore(_SweepQueries):
                         self._note_started(conn, execution_id)
                     return row_to_execution(row), True
         raise StoreError(f"could not start workflow_id {key!r}: its open run kept changing; try again")
-
-    @staticmethod
-    def _check_reuse(conn: Connection, key: str, policy: IdReusePolicy) -> None:
-        last = conn.execute(
-            select(_ex.c.execution_id, _ex.c.state)
-            .where(_ex.c.workflow_id == key)
-            .order_by(_ex.c.created_at.desc(), _ex.c.execution_id.desc())
-            .limit(1)
-        ).first()
-        if last is None:
-            return
-        if policy is IdReusePolicy.REJECT_DUPLICATE or last.state == ExecutionState.COMPLETED.value:
-            raise WorkflowIdReusedError(key, policy.value, last.execution_id, last.state)
 
     # -- reading -------------------------------------------------------------------------------
 
@@ -535,6 +523,25 @@ def _claim_values(now: datetime, lease_seconds: float) -> dict[str, Any]:
         "attempt": _ex.c.attempt + 1,
         "next_run_at": None,
     }
+
+
+def _open_or_last_run(key: str, policy: IdReusePolicy) -> Select[Any]:
+    """The open run of ``key``; under a reuse policy, else its last closed run.
+
+    One statement, so one snapshot: with two reads, a run that a concurrent start committed in
+    between looked like a closed earlier run, and the policy refused it while it was open.
+    """
+    query = select(_ex).where(_ex.c.workflow_id == key)
+    if policy is IdReusePolicy.ALLOW_DUPLICATE:
+        return query.where(_open())
+    # The open run first (true sorts after false on both dialects), then the latest closed one.
+    return query.order_by(_open().desc(), _ex.c.created_at.desc(), _ex.c.execution_id.desc()).limit(1)
+
+
+def _check_reuse(key: str, policy: IdReusePolicy, last_id: str, last_state: str) -> None:
+    """Refuse a new run after the closed run ``last_id`` if ``policy`` says so."""
+    if policy is IdReusePolicy.REJECT_DUPLICATE or last_state == ExecutionState.COMPLETED.value:
+        raise WorkflowIdReusedError(key, policy.value, last_id, last_state)
 
 
 def _check_key(field: str, value: str) -> None:
