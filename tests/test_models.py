@@ -23,9 +23,8 @@ from flask_harvest.webhooks.models import (
     WebhookSubscription,
     WebhookSubscriptionStatus,
     standard_secret,
-    topic_matches,
-    validate_topic,
 )
+from flask_harvest.webhooks.topics import topic_matches, validate_topic
 
 SECRET = "whsec_c2VjcmV0LXNpZ25pbmcta2V5LW9mLTMyLWJ5dGVzISE="
 URL = "https://api.consumer.com/webhooks/receiver"
