@@ -1,15 +1,20 @@
-"""SQL plumbing shared by every SQL-backed part of flask-harvest: the one ``MetaData`` and a column type.
+"""The one SQL base of every store: :class:`SqlDatabase`, the one ``MetaData`` and a column type.
 
-Every table (webhooks, workflows, and what plugs into them) is declared on :data:`metadata`, so one
-``create_all`` creates them all and Alembic (or Flask-Migrate) autogenerates migrations for them all
-from one object.
+Every store (webhooks, their outbox, workflows, completion callbacks, completion triggers) reaches
+its database through a :class:`SqlDatabase`: the dialect's INSERT (for ``ON CONFLICT``), short
+transactions, autocommit reads, table creation, and driver errors turned into
+:class:`~flask_harvest.errors.StoreError` without the statements' bound values.
+
+Every table is declared on :data:`metadata`, so one ``create_all`` creates them all and Alembic (or
+Flask-Migrate) autogenerates migrations for them all from one object.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager
 from datetime import datetime, timezone
+from typing import Any
 
 from sqlalchemy import (
     ColumnElement,
@@ -24,13 +29,26 @@ from sqlalchemy import (
     inspect,
     or_,
 )
+from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import URL
 from sqlalchemy.exc import SQLAlchemyError, StatementError
 from sqlalchemy.schema import CreateIndex, CreateTable
 
-from .errors import StoreError
+from .errors import ConfigurationError, StoreError
 
-__all__ = ["UTCDateTime", "after_position", "create_tables", "metadata", "schema_sql", "store_error"]
+__all__ = [
+    "SqlDatabase",
+    "UTCDateTime",
+    "after_position",
+    "create_tables",
+    "metadata",
+    "schema_sql",
+    "store_error",
+]
+
+#: The dialects flask-harvest runs on, with each one's INSERT (whose ``on_conflict_*`` it uses).
+_INSERTS: dict[str, Callable[..., Any]] = {"postgresql": postgresql.insert, "sqlite": sqlite.insert}
+_SCHEMA_HINT = "create the tables with ensure_schema()"
 
 
 class UTCDateTime(TypeDecorator[datetime]):
@@ -175,3 +193,61 @@ def read_connection(engine: Engine, action: str, *, hint: str = "") -> Iterator[
             yield conn
     except SQLAlchemyError as exc:
         raise store_error(action, exc, engine, hint=hint) from exc
+
+
+class SqlDatabase:
+    """One database as a store uses it: a store holds one and runs every statement through it.
+
+    A store never opens a connection of its own: it asks for :meth:`transaction` or :meth:`read`,
+    so the error handling lives here once, and whatever decides which database a row lives in
+    (several databases, one per shard) only has to hand the store the right ``SqlDatabase``.
+
+    :param engine: a SQLAlchemy engine on PostgreSQL or SQLite (a file database, so that threads
+        and processes share it).
+    :param owner: names the store in the error for another dialect.
+    :param hint: added to an error that says a ``harvest_`` table is missing.
+    :raises ConfigurationError: the engine is neither PostgreSQL nor SQLite.
+    """
+
+    def __init__(self, engine: Engine, *, owner: str, hint: str = _SCHEMA_HINT) -> None:
+        if engine.dialect.name not in _INSERTS:
+            raise ConfigurationError(f"{owner} supports PostgreSQL and SQLite, not {engine.dialect.name!r}")
+        self.engine = engine
+        self.hint = hint
+        #: PostgreSQL: data-modifying CTEs, ``RETURNING`` everywhere, ``FOR UPDATE SKIP LOCKED``.
+        self.postgres = engine.dialect.name == "postgresql"
+        #: The dialect's ``INSERT``, for ``on_conflict_do_nothing`` and ``on_conflict_do_update``.
+        self.insert = _INSERTS[engine.dialect.name]
+
+    def __repr__(self) -> str:
+        return f"<SqlDatabase {self.engine.url.render_as_string(hide_password=True)}>"
+
+    def error(self, action: str, exc: SQLAlchemyError, *, secrets: Sequence[str] = ()) -> StoreError:
+        """:func:`store_error` for this database: raise it ``from exc``."""
+        return store_error(action, exc, self.engine, hint=self.hint, secrets=secrets)
+
+    @contextmanager
+    def transaction(
+        self, action: str, conn: Connection | None = None, *, secrets: Sequence[str] = ()
+    ) -> Iterator[Connection]:
+        """Yield ``conn`` (the caller's transaction) or a new transaction that commits when the
+        block ends; a driver error becomes :class:`StoreError` saying ``could not {action}``.
+
+        :param secrets: values masked in the error message besides the database password.
+        """
+        try:
+            if conn is not None:
+                yield conn
+            else:
+                with self.engine.begin() as own:
+                    yield own
+        except SQLAlchemyError as exc:
+            raise self.error(action, exc, secrets=secrets) from exc
+
+    def read(self, action: str) -> AbstractContextManager[Connection]:
+        """A connection for reads in autocommit (:func:`read_connection`): no BEGIN or COMMIT."""
+        return read_connection(self.engine, action, hint=self.hint)
+
+    def create_tables(self, tables: Sequence[Table], *, what: str) -> None:
+        """Create ``tables`` and their indexes where missing (:func:`create_tables`)."""
+        create_tables(self.engine, tables, what=what, hint=self.hint)

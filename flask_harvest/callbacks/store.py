@@ -9,19 +9,15 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import Connection, Engine, Update, and_, delete, or_, select, update
-from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Row
-from sqlalchemy.exc import SQLAlchemyError
 
-from .._sql import create_tables, store_error
-from ..errors import ConfigurationError
+from .._sql import SqlDatabase
 from ._schema import CALLBACK_TABLES, dead_letters_table, deliveries_table
 from .outcome import AttemptOutcome, DeliveryState, RetryPolicy, dead_letter_reason
 
@@ -29,8 +25,6 @@ __all__ = ["CompletionDelivery", "SqlCallbackStore"]
 
 _d = deliveries_table
 _dl = dead_letters_table
-_INSERTS: dict[str, Callable[..., Any]] = {"postgresql": postgresql.insert, "sqlite": sqlite.insert}
-_HINT = "create the tables with ensure_schema()"
 
 
 @dataclass(frozen=True)
@@ -131,28 +125,15 @@ class SqlCallbackStore:
     """The completion-delivery rows of one database (PostgreSQL or SQLite)."""
 
     def __init__(self, engine: Engine) -> None:
-        if engine.dialect.name not in _INSERTS:
-            raise ConfigurationError(
-                f"completion callbacks need PostgreSQL or SQLite, not {engine.dialect.name!r}"
-            )
+        self.db = SqlDatabase(engine, owner="completion callbacks")
         self.engine = engine
-        self._insert = _INSERTS[engine.dialect.name]
-        self._postgres = engine.dialect.name == "postgresql"
 
     def __repr__(self) -> str:
         return f"<SqlCallbackStore {self.engine.url.render_as_string(hide_password=True)}>"
 
     def ensure_schema(self) -> None:
         """Create the completion-callback tables where they do not exist yet."""
-        create_tables(self.engine, CALLBACK_TABLES, what="the completion-callback tables", hint=_HINT)
-
-    @contextmanager
-    def _tx(self, action: str) -> Iterator[Connection]:
-        try:
-            with self.engine.begin() as conn:
-                yield conn
-        except SQLAlchemyError as exc:
-            raise store_error(action, exc, self.engine, hint=_HINT) from exc
+        self.db.create_tables(CALLBACK_TABLES, what="the completion-callback tables")
 
     # -- enqueue (in the caller's terminal transaction) ---------------------------------------
 
@@ -166,7 +147,7 @@ class SqlCallbackStore:
         inserted = []
         for new in rows:
             stmt = (
-                self._insert(_d)
+                self.db.insert(_d)
                 .values(
                     delivery_id=new.delivery_id,
                     execution_id=new.execution_id,
@@ -209,7 +190,7 @@ class SqlCallbackStore:
                 return []
             pick = pick.where(_d.c.delivery_id.in_(list(ids)))
         pick = pick.order_by(_d.c.next_attempt_at).limit(limit)
-        if self._postgres:
+        if self.db.postgres:
             pick = pick.with_for_update(skip_locked=True)
         token = uuid.uuid4().hex
         stmt = (
@@ -224,7 +205,7 @@ class SqlCallbackStore:
             )
             .returning(*_d.c)
         )
-        with self._tx("claim completion deliveries") as conn:
+        with self.db.transaction("claim completion deliveries") as conn:
             return [_row(r) for r in conn.execute(stmt).all()]
 
     def record(
@@ -248,7 +229,7 @@ class SqlCallbackStore:
             )
             .returning(*_d.c)
         )
-        with self._tx("record a completion delivery attempt") as conn:
+        with self.db.transaction("record a completion delivery attempt") as conn:
             row = conn.execute(stmt).first()
             if row is None:
                 return None
@@ -280,25 +261,25 @@ class SqlCallbackStore:
             )
             .returning(_d.c.delivery_id)
         )
-        with self._tx("give back a completion delivery") as conn:
+        with self.db.transaction("give back a completion delivery") as conn:
             return conn.execute(stmt).first() is not None
 
     def due(self, now: datetime, limit: int = 1000) -> list[CompletionDelivery]:
         """Return rows due now (pending and due, or in flight under an expired lease)."""
-        with self._tx("list due completion deliveries") as conn:
+        with self.db.transaction("list due completion deliveries") as conn:
             rows = conn.execute(select(_d).where(self._due(now)).order_by(_d.c.next_attempt_at).limit(limit))
             return [_row(r) for r in rows.all()]
 
     # -- reads and redrive ---------------------------------------------------------------------
 
     def get(self, delivery_id: str) -> CompletionDelivery | None:
-        with self._tx("read a completion delivery") as conn:
+        with self.db.transaction("read a completion delivery") as conn:
             row = conn.execute(select(_d).where(_d.c.delivery_id == delivery_id)).first()
         return _row(row) if row is not None else None
 
     def list_for_execution(self, execution_id: str) -> list[CompletionDelivery]:
         """Every delivery of an execution, by ``callback_index``."""
-        with self._tx("list completion deliveries") as conn:
+        with self.db.transaction("list completion deliveries") as conn:
             rows = conn.execute(
                 select(_d).where(_d.c.execution_id == execution_id).order_by(_d.c.callback_index)
             ).all()
@@ -306,7 +287,7 @@ class SqlCallbackStore:
 
     def dead_letter(self, delivery_id: str) -> dict[str, Any] | None:
         """The dead-letter reason of a ``FAILED`` delivery, or ``None``."""
-        with self._tx("read a completion dead letter") as conn:
+        with self.db.transaction("read a completion dead letter") as conn:
             row = conn.execute(select(_dl.c.reason).where(_dl.c.delivery_id == delivery_id)).first()
         return json.loads(row.reason) if row is not None else None
 
@@ -338,14 +319,14 @@ class SqlCallbackStore:
         self, where: list[Any], *, now: datetime, window: float, limit: int
     ) -> list[CompletionDelivery]:
         failed = _d.c.state == DeliveryState.FAILED.value
-        with self._tx("redrive completion deliveries") as conn:
+        with self.db.transaction("redrive completion deliveries") as conn:
             pick = (
                 select(_d.c.delivery_id)
                 .where(failed, *where)
                 .order_by(_d.c.updated_at, _d.c.delivery_id)
                 .limit(limit)
             )
-            if self._postgres:
+            if self.db.postgres:
                 pick = pick.with_for_update(skip_locked=True)
             ids = list(conn.execute(pick).scalars())
             redriven = []

@@ -11,10 +11,7 @@ from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy.exc import SQLAlchemyError
-
 from .._cursor import decode_position, encode_position
-from .._sql import store_error
 from ..errors import InvalidFieldError, InvalidStateError, NotFoundError
 from ..workflows.errors import ExecutionNotFoundError
 from ..workflows.models import utcnow
@@ -165,13 +162,9 @@ class TriggerService:
             raise InvalidStateError(
                 f"workflow execution {execution_id} is {execution.state.value}: triggers fire when it ends"
             )
-        engine = self.workflows.store.engine
-        try:
-            with engine.begin() as conn:
-                events = self.firing.evaluate(conn, execution)
-                started = SqlWorkflowStore.started_in(conn)
-        except SQLAlchemyError as exc:
-            raise store_error("evaluate completion triggers", exc, engine) from exc
+        with self.store.db.transaction("evaluate completion triggers") as conn:
+            events = self.firing.evaluate(conn, execution)
+            started = SqlWorkflowStore.started_in(conn)
         self.workflows.runner.schedule_started(started)
         return events
 

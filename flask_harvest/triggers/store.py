@@ -8,19 +8,16 @@ on both databases, without an error that would abort the caller's PostgreSQL tra
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 from sqlalchemy import Connection, Engine, delete, exists, select, update
-from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Row
-from sqlalchemy.exc import SQLAlchemyError
 
-from .._sql import after_position, create_tables, read_connection, store_error
-from ..errors import ConfigurationError, InvalidFieldError
+from .._sql import SqlDatabase, after_position
+from ..errors import InvalidFieldError
 from ..workflows._schema import executions_table
 from ._schema import TRIGGER_TABLES, fires_table, triggers_table
 from .conditions import condition_to_json, parse_condition
@@ -31,7 +28,6 @@ __all__ = ["Fire", "SqlTriggerStore", "StoredTrigger", "loads_column"]
 
 _t = triggers_table
 _f = fires_table
-_INSERTS: dict[str, Callable[..., Any]] = {"postgresql": postgresql.insert, "sqlite": sqlite.insert}
 _HINT = "create the tables with SqlTriggerStore.ensure_schema() (Harvest does it at init_app)"
 
 
@@ -105,30 +101,15 @@ class SqlTriggerStore:
     """
 
     def __init__(self, engine: Engine) -> None:
-        if engine.dialect.name not in _INSERTS:
-            raise ConfigurationError(
-                f"SqlTriggerStore supports PostgreSQL and SQLite, not {engine.dialect.name!r}"
-            )
+        self.db = SqlDatabase(engine, owner="SqlTriggerStore", hint=_HINT)
         self.engine = engine
-        self._insert = _INSERTS[engine.dialect.name]
 
     def __repr__(self) -> str:
         return f"<SqlTriggerStore {self.engine.url.render_as_string(hide_password=True)}>"
 
     def ensure_schema(self) -> None:
         """Create the completion-trigger tables and indexes where they do not exist yet."""
-        create_tables(self.engine, TRIGGER_TABLES, what="the completion-trigger tables", hint=_HINT)
-
-    @contextmanager
-    def _transaction(self, action: str, conn: Connection | None = None) -> Iterator[Connection]:
-        try:
-            if conn is not None:
-                yield conn
-            else:
-                with self.engine.begin() as own:
-                    yield own
-        except SQLAlchemyError as exc:
-            raise store_error(action, exc, self.engine, hint=_HINT) from exc
+        self.db.create_tables(TRIGGER_TABLES, what="the completion-trigger tables")
 
     # -- definitions ---------------------------------------------------------------------------
 
@@ -138,14 +119,14 @@ class SqlTriggerStore:
 
         :returns: the trigger as stored, with its timestamps.
         """
-        with self._transaction("register a completion trigger") as conn:
+        with self.db.transaction("register a completion trigger") as conn:
             return self._upsert(conn, trigger, now)
 
     def sync(self, triggers: Sequence[CompletionTrigger], *, now: datetime) -> list[CompletionTrigger]:
         """Upsert every trigger in one transaction, leaving rows that already hold the same
         definition untouched (so ``updated_at`` says when a definition last changed)."""
         stored = []
-        with self._transaction("sync the static completion triggers") as conn:
+        with self.db.transaction("sync the static completion triggers") as conn:
             for trigger in triggers:
                 row = conn.execute(select(_t).where(_t.c.id == trigger.id)).first()
                 if row is not None and _same(row, trigger):
@@ -156,7 +137,7 @@ class SqlTriggerStore:
 
     def _upsert(self, conn: Connection, trigger: CompletionTrigger, now: datetime) -> CompletionTrigger:
         values = _values(trigger)
-        stmt = self._insert(_t).values(id=trigger.id, created_at=now, updated_at=now, **values)
+        stmt = self.db.insert(_t).values(id=trigger.id, created_at=now, updated_at=now, **values)
         stmt = stmt.on_conflict_do_update(index_elements=[_t.c.id], set_={**values, "updated_at": now})
         conn.execute(stmt)
         row = conn.execute(select(_t).where(_t.c.id == trigger.id)).one()
@@ -164,7 +145,7 @@ class SqlTriggerStore:
 
     def get(self, trigger_id: str) -> StoredTrigger | None:
         """Return the stored row of a trigger, or ``None``."""
-        with self._transaction("read a completion trigger") as conn:
+        with self.db.transaction("read a completion trigger") as conn:
             row = conn.execute(select(_t).where(_t.c.id == trigger_id)).first()
         return _row(row) if row is not None else None
 
@@ -176,13 +157,13 @@ class SqlTriggerStore:
         query = select(_t).order_by(_t.c.created_at, _t.c.id).limit(limit)
         if after is not None:
             query = query.where(after_position(_t.c.created_at, _t.c.id, after))
-        with read_connection(self.engine, "list completion triggers", hint=_HINT) as conn:
+        with self.db.read("list completion triggers") as conn:
             rows = conn.execute(query).all()
         return [_row(row) for row in rows]
 
     def delete(self, trigger_id: str) -> bool:
         """Delete a trigger and its fires rows; ``False`` if there was none."""
-        with self._transaction("delete a completion trigger") as conn:
+        with self.db.transaction("delete a completion trigger") as conn:
             conn.execute(delete(_f).where(_f.c.trigger_id == trigger_id))
             return (
                 conn.execute(delete(_t).where(_t.c.id == trigger_id).returning(_t.c.id)).first() is not None
@@ -213,7 +194,7 @@ class SqlTriggerStore:
         do nothing: exactly one transaction decides a pair.
         """
         stmt = (
-            self._insert(_f)
+            self.db.insert(_f)
             .values(source_exec_id=source_exec_id, trigger_id=trigger_id, fired_at=now, outcome=outcome)
             .on_conflict_do_nothing(index_elements=[_f.c.source_exec_id, _f.c.trigger_id])
             .returning(_f.c.trigger_id)
@@ -239,7 +220,7 @@ class SqlTriggerStore:
         if source_exec_id is not None:
             query = query.where(_f.c.source_exec_id == source_exec_id)
         query = query.order_by(_f.c.fired_at.desc(), _f.c.source_exec_id).limit(max(0, limit))
-        with read_connection(self.engine, "list completion trigger fires", hint=_HINT) as conn:
+        with self.db.read("list completion trigger fires") as conn:
             return [_fire(row) for row in conn.execute(query).all()]
 
     def purge_fires(self, *, before: datetime) -> int:
@@ -249,7 +230,7 @@ class SqlTriggerStore:
         """
         ex = executions_table
         source_exists = exists().where(ex.c.execution_id == _f.c.source_exec_id)
-        with self._transaction("purge completion trigger fires") as conn:
+        with self.db.transaction("purge completion trigger fires") as conn:
             result = conn.execute(delete(_f).where(_f.c.fired_at < before, ~source_exists))
         return int(result.rowcount or 0)
 

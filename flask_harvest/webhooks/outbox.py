@@ -9,17 +9,16 @@ deliveries with ids derived from the message, and marks it relayed.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import Connection, Engine, delete, event, func, insert, select, update
-from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, SessionTransaction, scoped_session
 
-from ..errors import InvalidFieldError, StoreError
+from .._sql import SqlDatabase
+from ..errors import InvalidFieldError
 from .models import new_id, utcnow
 from .stores._schema import outbox_table
 
@@ -52,6 +51,7 @@ class SqlOutbox:
     """
 
     def __init__(self, engine: Engine) -> None:
+        self.db = SqlDatabase(engine, owner="the transactional outbox")
         self.engine = engine
         # SKIP LOCKED lets concurrent relays on PostgreSQL take disjoint rows without waiting;
         # SQLite has one writer at a time, so its UPDATE ... RETURNING claim is already exclusive.
@@ -98,7 +98,7 @@ class SqlOutbox:
             .values(claim_token=token, claimed_until=now + timedelta(seconds=lease_seconds))
             .returning(_box.c.id, _box.c.topic, _box.c.payload, _box.c.created_at)
         )
-        with self._transaction("claim outbox messages") as conn:
+        with self.db.transaction("claim outbox messages") as conn:
             rows = conn.execute(statement).all()
         return [
             OutboxMessage(row.id, row.topic, row.payload, token)
@@ -128,28 +128,19 @@ class SqlOutbox:
             .where(_box.c.id.in_([m.id for m in messages]), _box.c.claim_token == token)
             .values(**values)
         )
-        with self._transaction("update outbox messages") as conn:
+        with self.db.transaction("update outbox messages") as conn:
             return conn.execute(statement).rowcount
 
     def purge_relayed_before(self, cutoff: datetime) -> int:
         """Delete messages relayed before ``cutoff``; return how many."""
         statement = delete(_box).where(_box.c.relayed_at.is_not(None), _box.c.relayed_at < cutoff)
-        with self._transaction("purge relayed outbox messages") as conn:
+        with self.db.transaction("purge relayed outbox messages") as conn:
             return conn.execute(statement).rowcount
 
     def pending_count(self) -> int:
         """Return how many messages wait for their relay."""
-        with self._transaction("count outbox messages") as conn:
+        with self.db.transaction("count outbox messages") as conn:
             return int(conn.execute(select(func.count()).where(_box.c.relayed_at.is_(None))).scalar_one())
-
-    @contextmanager
-    def _transaction(self, action: str) -> Iterator[Connection]:
-        """Run a block in one transaction; raise a driver error as :class:`StoreError`."""
-        try:
-            with self.engine.begin() as conn:
-                yield conn
-        except SQLAlchemyError as exc:
-            raise StoreError(f"could not {action} ({type(exc).__name__})") from exc
 
 
 def _remember(session: Session, message_id: str, on_commit: CommitCallback) -> None:

@@ -10,16 +10,14 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import contextmanager
 from datetime import datetime
 from typing import Any
 
 from sqlalchemy import ColumnElement, Connection, Engine, func, literal, update
-from sqlalchemy.dialects import postgresql, sqlite
-from sqlalchemy.exc import SQLAlchemyError
 
-from .._sql import UTCDateTime, create_tables, read_connection, store_error
-from ..errors import ConfigurationError, InvalidStateError
+from .._sql import SqlDatabase, UTCDateTime
+from ..errors import InvalidStateError
 from ._schema import WORKFLOW_TABLES, executions_table, row_to_execution
 from .hooks import TerminalHooks, pop_after_commit
 from .models import OPEN_STATES, Execution, ExecutionState, JsonValue, encode_json, storable_text
@@ -28,8 +26,6 @@ logger = logging.getLogger(__name__)
 
 _ex = executions_table
 _OPEN_VALUES = [s.value for s in OPEN_STATES]
-_INSERTS: dict[str, Callable[..., Any]] = {"postgresql": postgresql.insert, "sqlite": sqlite.insert}
-_SCHEMA_HINT = "create the tables with ensure_schema()"
 
 
 #: ``conn.info`` key of the executions created by ``start(conn=...)`` in that transaction.
@@ -53,49 +49,37 @@ class _StoreBase:
     def __init__(
         self, engine: Engine, *, hooks: TerminalHooks | None = None, on_started: OnStarted | None = None
     ) -> None:
-        if engine.dialect.name not in _INSERTS:
-            raise ConfigurationError(
-                f"SqlWorkflowStore supports PostgreSQL and SQLite, not {engine.dialect.name!r}"
-            )
+        self.db = SqlDatabase(engine, owner="SqlWorkflowStore")
         self.engine = engine
         self.hooks = hooks if hooks is not None else TerminalHooks()
         self.on_started = on_started
-        self._insert = _INSERTS[engine.dialect.name]
-        self._postgres = engine.dialect.name == "postgresql"
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.engine.url.render_as_string(hide_password=True)}>"
 
-    def _read(self, action: str) -> AbstractContextManager[Connection]:
-        """A read in autocommit (:func:`~flask_harvest._sql.read_connection`): no BEGIN or COMMIT."""
-        return read_connection(self.engine, action, hint=_SCHEMA_HINT)
-
     @contextmanager
     def _transaction(self, action: str, conn: Connection | None = None) -> Iterator[Connection]:
-        """Yield ``conn`` (the caller's transaction) or a new one; driver errors become StoreError.
+        """Yield ``conn`` (the caller's transaction) or a new one (:meth:`SqlDatabase.transaction`).
 
-        A transaction of its own hands the executions started in it to ``on_started`` after commit.
+        A transaction of its own runs the after-commit actions its statements registered, and
+        hands the executions started in it to ``on_started``, once it has committed.
         """
-        started: list[str] = []
-        after: list[Callable[[], object]] = []
-        try:
-            if conn is not None:
-                yield conn
-            else:
-                with self.engine.begin() as own:
-                    # info belongs to the pooled DBAPI connection: drop what a rolled-back use left.
-                    own.info.pop(_STARTED, None)
-                    pop_after_commit(own)
-                    try:
-                        yield own
-                    except BaseException:
-                        own.info.pop(_STARTED, None)
-                        pop_after_commit(own)
-                        raise
-                    started = own.info.pop(_STARTED, [])
-                    after = pop_after_commit(own)
-        except SQLAlchemyError as exc:
-            raise store_error(action, exc, self.engine, hint=_SCHEMA_HINT) from exc
+        if conn is not None:
+            with self.db.transaction(action, conn) as caller:
+                yield caller
+            return
+        with self.db.transaction(action) as own:
+            # info belongs to the pooled DBAPI connection: drop what a rolled-back use left.
+            own.info.pop(_STARTED, None)
+            pop_after_commit(own)
+            try:
+                yield own
+            except BaseException:
+                own.info.pop(_STARTED, None)
+                pop_after_commit(own)
+                raise
+            started: list[str] = own.info.pop(_STARTED, [])
+            after = pop_after_commit(own)
         for after_action in after:
             try:
                 after_action()
@@ -120,7 +104,7 @@ class _StoreBase:
 
     def ensure_schema(self) -> None:
         """Create the workflow tables and indexes where they do not exist yet."""
-        create_tables(self.engine, WORKFLOW_TABLES, what="the workflow tables")
+        self.db.create_tables(WORKFLOW_TABLES, what="the workflow tables")
 
     # -- the terminal transition ---------------------------------------------------------------
 

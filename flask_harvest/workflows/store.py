@@ -133,7 +133,7 @@ class SqlWorkflowStore(_SweepQueries):
                 # DO NOTHING rather than catching IntegrityError: an error would abort the caller's
                 # PostgreSQL transaction. PostgreSQL waits here for a concurrent inserter to commit.
                 stmt = (
-                    self._insert(_ex)
+                    self.db.insert(_ex)
                     .values(values)
                     .on_conflict_do_nothing(index_elements=[_ex.c.workflow_id], index_where=text(_OPEN))
                     .returning(*_ex.c)
@@ -204,7 +204,7 @@ class SqlWorkflowStore(_SweepQueries):
         whole table (a page view must stay fast at millions of rows): a count equal to ``cap``
         means "at least".
         """
-        with self._read("count workflow executions by state") as conn:
+        with self.db.read("count workflow executions by state") as conn:
             row = conn.execute(_state_counts(), {"cap": max(0, cap)}).one()
         return {state: int(count) for state, count in zip(ExecutionState, row, strict=True)}
 
@@ -354,12 +354,12 @@ class SqlWorkflowStore(_SweepQueries):
             .select_from(_ex)
             .where(_ex.c.execution_id == execution_id, _ex.c.state == _RUNNING, _ex.c.lease_token == token)
         )
-        if self._postgres:
+        if self.db.postgres:
             # Waits for a concurrent terminal UPDATE, then sees its result: no checkpoint after it.
             guard = guard.with_for_update(read=True)
         columns = ["execution_id", "seq", "name", "output", "error", "created_at"]
         return (
-            self._insert(_steps)
+            self.db.insert(_steps)
             .from_select(columns, guard)
             .on_conflict_do_nothing(index_elements=[_steps.c.execution_id, _steps.c.seq])
             .returning(_steps.c.seq)

@@ -13,7 +13,6 @@ import functools
 import json
 import uuid
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import AbstractContextManager, contextmanager
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
@@ -40,18 +39,15 @@ from sqlalchemy import (
     union_all,
     update,
 )
-from sqlalchemy.dialects import postgresql, sqlite
-from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.dialects import postgresql
 from sqlalchemy.sql import Executable
 
 from ..._input import text_problem
-from ..._sql import after_position, create_tables, read_connection, store_error
+from ..._sql import SqlDatabase, after_position
 from ...errors import (
-    ConfigurationError,
     DeliveryNotFoundError,
     DuplicateSubscriptionError,
     InvalidStateError,
-    StoreError,
     SubscriptionNotFoundError,
 )
 from ..models import (
@@ -137,8 +133,6 @@ _PENDING = DeliveryState.PENDING.value
 _INFLIGHT = DeliveryState.INFLIGHT.value
 _DLQ = DeliveryState.DLQ.value
 
-_INSERTS: dict[str, Callable[..., Any]] = {"postgresql": postgresql.insert, "sqlite": sqlite.insert}
-
 
 def _chunks(items: Sequence[Any], size: int = _CHUNK) -> Iterator[Sequence[Any]]:
     for start in range(0, len(items), size):
@@ -196,12 +190,8 @@ class SqlOutboundWebhookStore(OutboundWebhookHandler):
     """
 
     def __init__(self, engine: Engine) -> None:
-        if engine.dialect.name not in _INSERTS:
-            raise ConfigurationError(
-                f"SqlOutboundWebhookStore supports PostgreSQL and SQLite, not {engine.dialect.name!r}"
-            )
+        self.db = SqlDatabase(engine, owner="SqlOutboundWebhookStore", hint=_SCHEMA_HINT)
         self.engine = engine
-        self._insert = _INSERTS[engine.dialect.name]
         self._under_keys = _UNDER_KEYS[engine.dialect.name]
         # Only PostgreSQL has data-modifying CTEs; on SQLite a statement is an in-process call.
         self._fold_attempt_insert = engine.dialect.name == "postgresql"
@@ -214,21 +204,6 @@ class SqlOutboundWebhookStore(OutboundWebhookHandler):
     def capabilities(self) -> StoreCapabilities:
         return StoreCapabilities(transactions=True, engine=self.engine, schema=True)
 
-    @contextmanager
-    def _transaction(self, action: str, *, secrets: Sequence[str] = ()) -> Iterator[Connection]:
-        """Run a block in one transaction; raise a driver error as :class:`StoreError`."""
-        try:
-            with self.engine.begin() as conn:
-                yield conn
-        except SQLAlchemyError as exc:
-            raise self._store_error(action, exc, secrets) from exc
-
-    def _read(self, action: str) -> AbstractContextManager[Connection]:
-        return read_connection(self.engine, action, hint=_SCHEMA_HINT)
-
-    def _store_error(self, action: str, exc: SQLAlchemyError, secrets: Sequence[str]) -> StoreError:
-        return store_error(action, exc, self.engine, hint=_SCHEMA_HINT, secrets=secrets)
-
     def ensure_schema(self) -> None:
         """Create the webhook tables and indexes where they do not exist yet, and file every
         subscription missing from the topic index under its keys. Indexes of earlier versions
@@ -237,7 +212,7 @@ class SqlOutboundWebhookStore(OutboundWebhookHandler):
         The second part upgrades a database from before the index (0.x: see the upgrade notes in
         the stores guide); it is idempotent, and on an up-to-date database one indexed query.
         """
-        create_tables(self.engine, WEBHOOK_TABLES, what="the webhook tables")
+        self.db.create_tables(WEBHOOK_TABLES, what="the webhook tables")
         self.index_unindexed_subscriptions()
 
     def index_unindexed_subscriptions(self) -> int:
@@ -250,8 +225,8 @@ class SqlOutboundWebhookStore(OutboundWebhookHandler):
         unindexed = select(_subs.c.id, _subs.c.event_topics).where(
             ~select(_keys.c.subscription_id).where(_keys.c.subscription_id == _subs.c.id).exists()
         )
-        insert_keys = self._insert(_keys).on_conflict_do_nothing()
-        with self._transaction("index the subscriptions' topics") as conn:
+        insert_keys = self.db.insert(_keys).on_conflict_do_nothing()
+        with self.db.transaction("index the subscriptions' topics") as conn:
             found = conn.execute(unindexed).all()
             rows = [key for row in found for key in topic_rows(row.id, row.event_topics)]
             for chunk in _chunks(rows):
@@ -264,12 +239,12 @@ class SqlOutboundWebhookStore(OutboundWebhookHandler):
         # ON CONFLICT on the id only: any other integrity error is a StoreError, never reported
         # as a taken id.
         statement = (
-            self._insert(_subs)
+            self.db.insert(_subs)
             .values(subscription_values(subscription))
             .on_conflict_do_nothing(index_elements=[_subs.c.id])
             .returning(_subs.c.id)
         )
-        with self._transaction("add a subscription", secrets=[subscription.secret]) as conn:
+        with self.db.transaction("add a subscription", secrets=[subscription.secret]) as conn:
             inserted = conn.execute(statement).first()
             if inserted is not None:
                 conn.execute(insert(_keys), topic_rows(subscription.id, subscription.event_topics))
@@ -280,21 +255,21 @@ class SqlOutboundWebhookStore(OutboundWebhookHandler):
     def get_subscription(self, subscription_id: str) -> WebhookSubscription | None:
         if not _could_be_stored(subscription_id):
             return None
-        with self._transaction("read a subscription") as conn:
+        with self.db.transaction("read a subscription") as conn:
             row = conn.execute(select(_subs).where(_subs.c.id == subscription_id)).first()
         return row_to_subscription(row) if row is not None else None
 
     def subscriptions_for_topic(self, topic: str) -> list[WebhookSubscription]:
         if not _could_be_stored(topic):
             return []
-        with self._transaction("read the subscriptions of a topic") as conn:
+        with self.db.transaction("read the subscriptions of a topic") as conn:
             return self._subscriptions_for_topic(conn, topic)
 
     def subscriptions_for_topics(self, topics: Sequence[str]) -> dict[str, list[WebhookSubscription]]:
         unique = list(dict.fromkeys(topics))
         found: dict[str, list[WebhookSubscription]] = {topic: [] for topic in unique}
         stored = [topic for topic in unique if _could_be_stored(topic)]
-        with self._transaction("read the subscriptions of topics") as conn:
+        with self.db.transaction("read the subscriptions of topics") as conn:
             # One lookup for a chunk of topics: the union of their candidate keys.
             for chunk in _chunks(stored, _TOPICS_PER_LOOKUP):
                 keys = list(dict.fromkeys(key for topic in chunk for key in topic_keys(topic)))
@@ -317,7 +292,7 @@ class SqlOutboundWebhookStore(OutboundWebhookHandler):
         ]
 
     def list_subscriptions(self) -> list[WebhookSubscription]:
-        with self._read("list subscriptions") as conn:
+        with self.db.read("list subscriptions") as conn:
             rows = conn.execute(select(_subs).order_by(_subs.c.created_at, _subs.c.id)).all()
         return [row_to_subscription(row) for row in rows]
 
@@ -339,7 +314,7 @@ class SqlOutboundWebhookStore(OutboundWebhookHandler):
             filed = select(_keys.c.subscription_id).where(_keys.c.pattern_key.in_(topic_keys(topic)))
             query = query.where(_subs.c.id.in_(filed))
         found: list[WebhookSubscription] = []
-        with self._transaction("list subscriptions") as conn:
+        with self.db.transaction("list subscriptions") as conn:
             while True:
                 page = query.where(after_position(_subs.c.created_at, _subs.c.id, after)) if after else query
                 rows = conn.execute(page).all()
@@ -361,7 +336,7 @@ class SqlOutboundWebhookStore(OutboundWebhookHandler):
             .order_by(_subs.c.consecutive_failures.desc(), _subs.c.created_at, _subs.c.id)
             .limit(limit)
         )
-        with self._read("list troubled subscriptions") as conn:
+        with self.db.read("list troubled subscriptions") as conn:
             return [row_to_subscription(row) for row in conn.execute(query)]
 
     def update_subscription(self, subscription_id: str, changes: SubscriptionChanges) -> WebhookSubscription:
@@ -395,7 +370,7 @@ class SqlOutboundWebhookStore(OutboundWebhookHandler):
     ) -> WebhookSubscription:
         """One UPDATE of only the columns in ``values``, and new index keys if ``topics`` is set
         (in the same transaction); return the row as it now is."""
-        with self._transaction(action, secrets=secrets) as conn:
+        with self.db.transaction(action, secrets=secrets) as conn:
             row = conn.execute(
                 update(_subs).where(_subs.c.id == subscription_id).values(values).returning(*_subs.c)
             ).first()
@@ -410,7 +385,7 @@ class SqlOutboundWebhookStore(OutboundWebhookHandler):
     def remove_subscription(self, subscription_id: str) -> bool:
         if not _could_be_stored(subscription_id):
             return False
-        with self._transaction("remove a subscription") as conn:
+        with self.db.transaction("remove a subscription") as conn:
             row = conn.execute(
                 delete(_subs).where(_subs.c.id == subscription_id).returning(_subs.c.id)
             ).first()
@@ -422,7 +397,7 @@ class SqlOutboundWebhookStore(OutboundWebhookHandler):
     def log_deliveries(self, deliveries: Sequence[DeliveryLog]) -> list[str]:
         if not deliveries:
             return []
-        with self._transaction("log deliveries") as conn:
+        with self.db.transaction("log deliveries") as conn:
             return self._insert_deliveries(conn, deliveries)
 
     def log_deliveries_for_topic(
@@ -432,7 +407,7 @@ class SqlOutboundWebhookStore(OutboundWebhookHandler):
         # RETURNING (which only the outbox relay needs) is worth its cost here. An executemany of
         # one prebuilt statement: psycopg pipelines the rows in one round trip, and building a
         # multi-row VALUES statement per call measured 2 to 3 times slower in Python.
-        with self._transaction("log deliveries") as conn:
+        with self.db.transaction("log deliveries") as conn:
             pairs = [(s, build(s)) for s in self._subscriptions_for_topic(conn, topic)]
             if pairs:
                 conn.execute(_INSERT_DELIVERY, [delivery_values(delivery) for _, delivery in pairs])
@@ -441,7 +416,7 @@ class SqlOutboundWebhookStore(OutboundWebhookHandler):
     def _insert_deliveries(self, conn: Connection, deliveries: Sequence[DeliveryLog]) -> list[str]:
         """Insert on ``conn`` (the caller's transaction); return the ids that were new."""
         rows = list({d.id: delivery_values(d) for d in deliveries}.values())
-        stmt = self._insert(_dels).on_conflict_do_nothing(index_elements=[_dels.c.id]).returning(_dels.c.id)
+        stmt = self.db.insert(_dels).on_conflict_do_nothing(index_elements=[_dels.c.id]).returning(_dels.c.id)
         # SQLAlchemy's "insertmanyvalues" sends this as multi-row INSERTs of _CHUNK rows each.
         result = conn.execution_options(insertmanyvalues_page_size=_CHUNK).execute(stmt, rows)
         return list(result.scalars())
@@ -449,14 +424,14 @@ class SqlOutboundWebhookStore(OutboundWebhookHandler):
     def get_delivery(self, delivery_id: str) -> DeliveryLog | None:
         if not _could_be_stored(delivery_id):
             return None
-        with self._transaction("read a delivery") as conn:
+        with self.db.transaction("read a delivery") as conn:
             row = conn.execute(select(_dels).where(_dels.c.id == delivery_id)).first()
         return row_to_delivery(row) if row is not None else None
 
     def get_deliveries(self, delivery_ids: Sequence[str]) -> list[DeliveryLog]:
         unique = [i for i in dict.fromkeys(delivery_ids) if _could_be_stored(i)]
         found: list[DeliveryLog] = []
-        with self._transaction("read deliveries") as conn:
+        with self.db.transaction("read deliveries") as conn:
             for chunk in _chunks(unique):
                 rows = conn.execute(select(_dels).where(_dels.c.id.in_(chunk))).all()
                 found.extend(row_to_delivery(row) for row in rows)
@@ -466,7 +441,7 @@ class SqlOutboundWebhookStore(OutboundWebhookHandler):
         unique = [i for i in dict.fromkeys(delivery_ids) if _could_be_stored(i)]
         found: list[DeliverySchedule] = []
         columns = (_dels.c.id, _dels.c.attempt, _dels.c.next_attempt_at)
-        with self._transaction("read delivery schedules") as conn:
+        with self.db.transaction("read delivery schedules") as conn:
             for chunk in _chunks(unique):
                 # PostgreSQL: one array parameter, so psycopg neither rewrites a statement of
                 # 500 placeholders each time nor keeps one such statement per chunk size.
@@ -481,7 +456,7 @@ class SqlOutboundWebhookStore(OutboundWebhookHandler):
     def list_attempts(self, delivery_id: str) -> list[DeliveryAttempt]:
         if not _could_be_stored(delivery_id):
             return []
-        with self._transaction("list a delivery's attempts") as conn:
+        with self.db.transaction("list a delivery's attempts") as conn:
             rows = conn.execute(
                 select(_atts).where(_atts.c.delivery_id == delivery_id).order_by(_atts.c.id)
             ).all()
@@ -527,9 +502,9 @@ class SqlOutboundWebhookStore(OutboundWebhookHandler):
 
     def _list(self, query: Select[Any], by_key: bool) -> Sequence[Any]:
         if not (by_key and self._custom_plans):
-            with self._read("list deliveries") as conn:
+            with self.db.read("list deliveries") as conn:
                 return conn.execute(query).all()
-        with self._transaction("list deliveries") as conn:
+        with self.db.transaction("list deliveries") as conn:
             # Planned for these values, not as a prepared statement's generic plan: a generic
             # plan cannot tell a rare topic or a new subscription from a common one, and for
             # them walked the whole time index (0.8 s at a million rows) instead of theirs. The
@@ -539,7 +514,7 @@ class SqlOutboundWebhookStore(OutboundWebhookHandler):
 
     def attempts_per_minute(self, *, since: datetime, until: datetime) -> list[tuple[datetime, int, int]]:
         query = _attempts_per_minute(self.engine.dialect.name == "postgresql")
-        with self._read("count attempts per minute") as conn:
+        with self.db.read("count attempts per minute") as conn:
             rows = conn.execute(query, {"since": since, "until": until}).all()
         result = []
         for when, good, total in rows:
@@ -554,13 +529,13 @@ class SqlOutboundWebhookStore(OutboundWebhookHandler):
             query = select(
                 _dels.c.subscription_id, _dels.c.state, func.count(), func.min(_dels.c.created_at)
             ).group_by(_dels.c.subscription_id, _dels.c.state)
-            with self._transaction("count deliveries") as conn:
+            with self.db.transaction("count deliveries") as conn:
                 groups = [(row[0], row[1], int(row[2]), row[3]) for row in conn.execute(query)]
             return fold_stats(groups)
         check_cap = int(cap)
         if check_cap < 1:
             raise ValueError("cap must be at least 1")
-        with self._read("count deliveries") as conn:
+        with self.db.read("count deliveries") as conn:
             rows = conn.execute(_capped_stats(), {"cap": check_cap, "cap_read": check_cap + 1}).all()
         # A group whose only row is the one past the cap was read to learn that there is more.
         groups = [
@@ -578,13 +553,13 @@ class SqlOutboundWebhookStore(OutboundWebhookHandler):
         oldest_due = select(func.min(_dels.c.next_attempt_at)).where(
             PENDING_ROWS, _dels.c.next_attempt_at <= now
         )
-        with self._transaction("read the queue gauges") as conn:
+        with self.db.transaction("read the queue gauges") as conn:
             dlq = int(conn.execute(select(func.count()).select_from(dlq_rows)).scalar_one())
             due_at = conn.execute(oldest_due).scalar()
         return dlq, due_at
 
     def purge_deliveries_before(self, cutoff: datetime) -> int:
-        with self._transaction("purge delivered logs") as conn:
+        with self.db.transaction("purge delivered logs") as conn:
             purged = list(
                 conn.execute(
                     delete(_dels)
@@ -607,7 +582,7 @@ class SqlOutboundWebhookStore(OutboundWebhookHandler):
         max_attempts: int,
     ) -> Claim | None:
         token = uuid.uuid4().hex
-        with self._transaction("claim a delivery") as conn:
+        with self.db.transaction("claim a delivery") as conn:
             rows = conn.execute(
                 _lease(_dels.c.id == delivery_id, now, lease_seconds, token, max_attempts)
             ).all()
@@ -628,7 +603,7 @@ class SqlOutboundWebhookStore(OutboundWebhookHandler):
             return []
         token = uuid.uuid4().hex
         rows: list[Row[Any]] = []
-        with self._transaction("claim deliveries") as conn:
+        with self.db.transaction("claim deliveries") as conn:
             if self._fold_attempt_insert:  # PostgreSQL: one prepared statement per chunk
                 until = now + timedelta(seconds=lease_seconds)
                 for chunk in _chunks(unique):
@@ -664,7 +639,7 @@ class SqlOutboundWebhookStore(OutboundWebhookHandler):
     def finish_attempt(
         self, delivery_id: str, lease_token: str, result: AttemptResult
     ) -> WebhookSubscriptionStatus | None:
-        with self._transaction("record a delivery attempt") as conn:
+        with self.db.transaction("record a delivery attempt") as conn:
             row = self._finish_one(conn, delivery_id, lease_token, result)
             if row is None:
                 raise InvalidStateError(
@@ -678,7 +653,7 @@ class SqlOutboundWebhookStore(OutboundWebhookHandler):
         (:data:`_FINISH_MANY`), so a worker pays one round trip and one commit per batch."""
         if not outcomes:
             return []
-        with self._transaction("record delivery attempts") as conn:
+        with self.db.transaction("record delivery attempts") as conn:
             rows: dict[str, Row[Any]] = {}
             if self._fold_attempt_insert:
                 for row in conn.execute(_FINISH_MANY, _finish_many_params(outcomes)):
@@ -775,7 +750,7 @@ class SqlOutboundWebhookStore(OutboundWebhookHandler):
 
     def dead_letter(self, delivery_ids: Sequence[str], error: str, *, now: datetime) -> list[str]:
         moved: list[str] = []
-        with self._transaction("dead-letter deliveries") as conn:
+        with self.db.transaction("dead-letter deliveries") as conn:
             for chunk in _chunks(list(dict.fromkeys(delivery_ids))):
                 moved.extend(
                     conn.execute(
@@ -793,7 +768,7 @@ class SqlOutboundWebhookStore(OutboundWebhookHandler):
         return moved
 
     def replay_delivery(self, delivery_id: str, *, now: datetime) -> DeliveryLog:
-        with self._transaction("replay a delivery") as conn:
+        with self.db.transaction("replay a delivery") as conn:
             row = conn.execute(
                 update(_dels)
                 .where(_dels.c.id == delivery_id, _dels.c.state == DeliveryState.DLQ.value)
@@ -818,7 +793,7 @@ class SqlOutboundWebhookStore(OutboundWebhookHandler):
         )
 
     def release_expired_leases(self, *, now: datetime) -> list[str]:
-        with self._transaction("release expired leases") as conn:
+        with self.db.transaction("release expired leases") as conn:
             return list(
                 conn.execute(
                     update(_dels)
@@ -829,7 +804,7 @@ class SqlOutboundWebhookStore(OutboundWebhookHandler):
             )
 
     def due_deliveries(self, *, now: datetime, limit: int) -> list[str]:
-        with self._transaction("list due deliveries") as conn:
+        with self.db.transaction("list due deliveries") as conn:
             return list(
                 conn.execute(
                     select(_dels.c.id)
