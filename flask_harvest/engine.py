@@ -83,11 +83,18 @@ class HarvestEngine:
         return self.sweeper.sweep()
 
     def close(self) -> None:
-        """Finish after-commit relays, stop the job backend and release its connections."""
-        self.manager.close()
-        if self.workflows is not None:
-            self.workflows.runner.close()
-        self.backend.close()
+        """Finish after-commit relays, stop the job backend and release its connections, and remove
+        what the engine registered on the database engine (the triggers' transaction listeners)."""
+        try:
+            self.manager.close()
+            if self.workflows is not None:
+                self.workflows.runner.close()
+            self.backend.close()
+        finally:
+            # Last, once no run of this engine can end any more, and even if a stop above failed:
+            # the database engine is often shared (Flask-SQLAlchemy's), and outlives this one.
+            if self.triggers is not None:
+                self.triggers.firing.close()
 
 
 def build_engine(
