@@ -15,6 +15,7 @@ from typing import Any
 
 import redis
 
+from ._sql import new_pool_in_each_child
 from .callbacks.service import CALLBACK_JOB, CompletionCallbacks
 from .callbacks.store import SqlCallbackStore
 from .config import Settings
@@ -125,6 +126,10 @@ def build_engine(
     )
     runner = DeliveryRunner(store, settings, transport, backend, listener=on_attempt)
     capabilities = store.capabilities
+    if capabilities.engine is not None:
+        # Built in a master that forks its workers (gunicorn --preload), whose pool already holds
+        # the connection that created the tables: each worker must open its own.
+        new_pool_in_each_child(capabilities.engine)
     outbox = SqlOutbox(capabilities.engine) if capabilities.transactions and capabilities.engine else None
     manager = OutboundWebhookManager(
         store, backend, settings, outbox=outbox, delegate=delegate, on_skipped=on_skipped
@@ -163,6 +168,7 @@ def add_workflows(
     if engine.workflows is not None:
         raise ConfigurationError("this engine runs workflows already: add them once")
     settings = engine.settings
+    new_pool_in_each_child(store.engine)  # as build_engine does for the webhook store's
     runner = WorkflowRunner(
         store,
         registry,

@@ -3,15 +3,24 @@ and what a forked child (gunicorn ``--preload``, a forking worker) must not inhe
 
 from __future__ import annotations
 
+import gc
+import os
+import signal
+import struct
+import threading
+import warnings
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
 import pytest
 import sqlalchemy as sa
 from flask import Flask
+from flask_sqlalchemy import SQLAlchemy
 from sqlalchemy.engine.events import ConnectionEvents
 
 from flask_harvest import OutboundWebhookPlugin, WebhookSubscription, generate_secret, get_engine
+from flask_harvest._threads import PerProcess
 from flask_harvest.config import load_settings
 from flask_harvest.engine import HarvestEngine, add_triggers, add_workflows, build_engine
 from flask_harvest.errors import StoreError
@@ -28,6 +37,9 @@ from .workflow_support import SQL_KINDS
 
 #: Events an engine-level listener can be registered for (``sqlalchemy.events.ConnectionEvents``).
 ENGINE_EVENTS = [name for name in dir(ConnectionEvents) if not name.startswith("_")]
+#: How long a forked child may take before it is taken for hung and killed: a guard so that a
+#: child that deadlocks fails the test instead of hanging the run, never a measure of speed.
+CHILD_HANG_GUARD_SECONDS = 60
 
 
 def engine_listeners(engine: sa.Engine) -> int:
@@ -180,3 +192,138 @@ def test_flask_harvest_sweep_names_the_failed_step_and_exits_1(sqlite_engine: sa
     assert result.exit_code == 1
     assert "Error: sweep step(s) failed: outbox (RuntimeError)" in result.output
     assert "hunter2" not in result.output
+
+
+# -- fork ------------------------------------------------------------------------------------------
+
+
+def in_forked_child(work: Callable[[], int]) -> int:
+    """Run ``work`` in a forked child and return the number it wrote back; fail if the child failed."""
+    read_end, write_end = os.pipe()
+    with warnings.catch_warnings():
+        # Python 3.12+ warns that forking a process with threads may deadlock the child: that is
+        # the case under test, and the child has its hang guard.
+        warnings.simplefilter("ignore", DeprecationWarning)
+        pid = os.fork()
+    if pid == 0:  # the child: never return into pytest
+        code = 1
+        try:
+            signal.alarm(CHILD_HANG_GUARD_SECONDS)
+            os.close(read_end)
+            os.write(write_end, struct.pack("!q", work()))
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(write_end)
+    try:
+        data = os.read(read_end, 8)
+    finally:
+        os.close(read_end)
+        _, status = os.waitpid(pid, 0)
+    if os.WIFSIGNALED(status):
+        pytest.fail(f"the forked child was killed by signal {os.WTERMSIG(status)} (it hung)")
+    assert os.WEXITSTATUS(status) == 0, "the forked child failed"
+    (value,) = struct.unpack("!q", data)
+    return int(value)
+
+
+def test_a_value_the_parent_was_building_when_it_forked_is_built_anew_in_the_child() -> None:
+    entered, release = threading.Event(), threading.Event()
+    builds: list[int] = []
+
+    def build() -> int:
+        builds.append(os.getpid())
+        if len(builds) == 1:  # the parent's build: hold the lock until the child is forked
+            entered.set()
+            release.wait()
+        return os.getpid()
+
+    value = PerProcess(build)
+    builder = threading.Thread(target=value.get)
+    builder.start()
+    try:
+        entered.wait()
+        # The child has no builder thread: the lock it held must not stay held in the child.
+        child = in_forked_child(value.get)
+    finally:
+        release.set()
+        builder.join()
+    assert child not in (os.getpid(), 0)
+    assert value.get() == os.getpid()
+
+
+def test_a_forked_child_runs_workflows_on_threads_of_its_own(sqlite_engine: sa.Engine) -> None:
+    engine = full_engine(sqlite_engine, workflow_concurrency=2)
+    try:
+        assert engine.workflows is not None
+        runner = engine.workflows.runner
+        done: list[int] = []
+
+        @engine.workflows.registry.workflow("count")
+        def count(ctx: WorkflowContext, value: Any) -> Any:
+            done.append(value)
+            return value
+
+        def start_two() -> list[str]:
+            with sqlite_engine.begin() as conn:  # not queued: this test runs them itself
+                return [runner.start("count", n, conn=conn)[0].execution_id for n in (1, 2)]
+
+        runner.run_many(start_two())  # the parent's runner threads exist now
+        assert sorted(done) == [1, 2]
+        waiting = start_two()
+
+        def child() -> int:
+            runner.run_many(waiting)  # on the parent's threads, which a child has not: it would hang
+            return len(done)
+
+        assert in_forked_child(child) == 4
+        runner.run_many(waiting)  # the parent's threads still work (and the child ran the rows)
+        assert len(done) == 2
+    finally:
+        engine.close()
+
+
+@pytest.mark.postgres
+def test_a_forked_child_never_uses_a_connection_its_preloading_parent_pooled(
+    postgres_url: sa.URL,
+) -> None:
+    app = close_later(Flask("preloaded"))
+    app.config["SQLALCHEMY_DATABASE_URI"] = postgres_url.render_as_string(hide_password=False)
+    db = SQLAlchemy()
+    db.init_app(app)
+    OutboundWebhookPlugin.sql(db, app)  # creates the tables: a pooled connection of the parent
+    with app.app_context():
+        database = db.engine
+
+    def backend_pid() -> int:
+        with database.connect() as conn:
+            return int(conn.execute(sa.text("SELECT pg_backend_pid()")).scalar_one())
+
+    def childs_backend_pid() -> int:
+        pid = backend_pid()
+        gc.collect()  # the parent's pooled connections, forgotten here, are collected: never closed
+        return pid
+
+    parents = backend_pid()
+    assert in_forked_child(childs_backend_pid) != parents
+    # The parent's pooled connection is still open and still its own.
+    assert backend_pid() == parents
+
+
+def test_a_forked_child_keeps_an_in_memory_sqlite_database() -> None:
+    database = sa.create_engine("sqlite://")
+    try:
+        # The webhook store alone: the workflow store wants a file database, which threads share.
+        full_engine(database, workflows=False).close()
+        with database.begin() as conn:
+            conn.exec_driver_sql("CREATE TABLE kept (n INTEGER)")
+            conn.exec_driver_sql("INSERT INTO kept VALUES (7)")
+
+        def read_kept() -> int:
+            # An in-memory database lives in its one connection: a fresh pool would be empty.
+            with database.connect() as conn:
+                return int(conn.exec_driver_sql("SELECT n FROM kept").scalar_one())
+
+        assert in_forked_child(read_kept) == 7
+    finally:
+        database.dispose()
