@@ -32,8 +32,10 @@ from sqlalchemy import (
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import URL
 from sqlalchemy.exc import SQLAlchemyError, StatementError
+from sqlalchemy.pool import SingletonThreadPool, StaticPool
 from sqlalchemy.schema import CreateIndex, CreateTable
 
+from ._fork import in_each_child
 from .errors import ConfigurationError, StoreError
 
 __all__ = [
@@ -251,3 +253,22 @@ class SqlDatabase:
     def create_tables(self, tables: Sequence[Table], *, what: str) -> None:
         """Create ``tables`` and their indexes where missing (:func:`create_tables`)."""
         create_tables(self.engine, tables, what=what, hint=self.hint)
+
+
+def new_pool_in_each_child(engine: Engine) -> None:
+    """Give every process forked from this one a connection pool of its own for ``engine``.
+
+    SQLAlchemy's documented pattern, ``engine.dispose(close=False)`` in the child: the child
+    forgets the parent's pooled connections without closing them (closing would end the parent's
+    sessions) and opens its own on first use. Unlike disposing once after creating the tables, it
+    also covers connections the parent pools later (its own reads, a sweep), and costs the parent
+    nothing. An in-memory SQLite database lives in its one connection (``StaticPool``,
+    ``SingletonThreadPool``): a fresh pool would be an empty database, and there is no socket to
+    share, so its pool is kept.
+    """
+    if not isinstance(engine.pool, (StaticPool, SingletonThreadPool)):
+        in_each_child(engine, _new_pool)
+
+
+def _new_pool(engine: Engine) -> None:
+    engine.dispose(close=False)

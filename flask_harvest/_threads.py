@@ -12,6 +12,8 @@ import threading
 from collections.abc import Callable
 from typing import Generic, TypeVar
 
+from ._fork import in_each_child
+
 T = TypeVar("T")
 
 
@@ -26,6 +28,15 @@ class PerProcess(Generic[T]):
         self._lock = threading.Lock()
         self._pid: int | None = None
         self._value: T | None = None
+        # The pid check in get() alone would leave a forked child a lock that a parent thread held
+        # at the fork, which nothing in the child ever releases.
+        in_each_child(self, PerProcess._forget)
+
+    def _forget(self) -> None:
+        """In a forked child: drop the parent's value, and its lock."""
+        self._lock = threading.Lock()
+        self._pid = None
+        self._value = None
 
     def get(self) -> T:
         """Return this process's value, building it if this process has none yet."""

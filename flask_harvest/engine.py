@@ -15,6 +15,7 @@ from typing import Any
 
 import redis
 
+from ._sql import new_pool_in_each_child
 from .callbacks.service import CALLBACK_JOB, CompletionCallbacks
 from .callbacks.store import SqlCallbackStore
 from .config import Settings
@@ -83,11 +84,18 @@ class HarvestEngine:
         return self.sweeper.sweep()
 
     def close(self) -> None:
-        """Finish after-commit relays, stop the job backend and release its connections."""
-        self.manager.close()
-        if self.workflows is not None:
-            self.workflows.runner.close()
-        self.backend.close()
+        """Finish after-commit relays, stop the job backend and release its connections, and remove
+        what the engine registered on the database engine (the triggers' transaction listeners)."""
+        try:
+            self.manager.close()
+            if self.workflows is not None:
+                self.workflows.runner.close()
+            self.backend.close()
+        finally:
+            # Last, once no run of this engine can end any more, and even if a stop above failed:
+            # the database engine is often shared (Flask-SQLAlchemy's), and outlives this one.
+            if self.triggers is not None:
+                self.triggers.firing.close()
 
 
 def build_engine(
@@ -118,6 +126,10 @@ def build_engine(
     )
     runner = DeliveryRunner(store, settings, transport, backend, listener=on_attempt)
     capabilities = store.capabilities
+    if capabilities.engine is not None:
+        # Built in a master that forks its workers (gunicorn --preload), whose pool already holds
+        # the connection that created the tables: each worker must open its own.
+        new_pool_in_each_child(capabilities.engine)
     outbox = SqlOutbox(capabilities.engine) if capabilities.transactions and capabilities.engine else None
     manager = OutboundWebhookManager(
         store, backend, settings, outbox=outbox, delegate=delegate, on_skipped=on_skipped
@@ -156,6 +168,7 @@ def add_workflows(
     if engine.workflows is not None:
         raise ConfigurationError("this engine runs workflows already: add them once")
     settings = engine.settings
+    new_pool_in_each_child(store.engine)  # as build_engine does for the webhook store's
     runner = WorkflowRunner(
         store,
         registry,

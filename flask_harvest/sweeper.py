@@ -56,6 +56,21 @@ def requeue_missing(backend: JobBackend, refs: Sequence[JobRef]) -> list[JobRef]
     return missing
 
 
+class SweepError(HarvestError):
+    """One or more steps of a sweep failed; the others ran.
+
+    :param failed: the names of the steps that failed, in order.
+    :param report: what the steps that did not fail did.
+    """
+
+    def __init__(self, failed: Sequence[str], reasons: Sequence[str], report: SweepReport) -> None:
+        super().__init__(
+            "sweep step(s) failed: " + "; ".join(f"{n} ({r})" for n, r in zip(failed, reasons, strict=True))
+        )
+        self.failed = tuple(failed)
+        self.report = report
+
+
 class Sweeper:
     """Runs every registered step; one step's failure never keeps the others from running."""
 
@@ -72,17 +87,22 @@ class Sweeper:
     def sweep(self) -> SweepReport:
         """Run one sweep and return what it did.
 
-        :raises HarvestError: the first step that failed (the store or the backend is down),
-            after the other steps ran.
+        :raises SweepError: a step failed (the store or the backend is down, or a bug), after the
+            other steps ran; its cause is the first step's error.
         """
         total = SweepReport()
-        first_error: HarvestError | None = None
+        failed: list[tuple[str, Exception]] = []
         for name, step in self._steps:
             try:
                 total += step()
             except HarvestError as exc:
                 log.error("harvest: sweep step %r failed (%s); the other steps go on", name, exc)
-                first_error = first_error or exc
-        if first_error is not None:
-            raise first_error
+                failed.append((name, exc))
+            except Exception as exc:  # a bug (here or in a delegate): the other kinds of work go on
+                log.exception("harvest: sweep step %r failed; the other steps go on", name)
+                failed.append((name, exc))
+        if failed:
+            # A foreign error's text may hold anything (a URL, a credential): only its type is shown.
+            reasons = [str(exc) if isinstance(exc, HarvestError) else type(exc).__name__ for _, exc in failed]
+            raise SweepError([name for name, _ in failed], reasons, total) from failed[0][1]
         return total

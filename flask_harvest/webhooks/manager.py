@@ -150,7 +150,10 @@ class OutboundWebhookManager:
         Messages are claimed first, so concurrent relays take disjoint ones. A delivery that
         already exists is not logged again; one that has no result yet is queued (again, with
         the same id); the message is marked relayed once all of its deliveries are logged and
-        queued. A failure leaves it in the outbox for the next relay.
+        queued. A failure leaves it in the outbox for the next relay, its claim released.
+
+        :raises Exception: what a delegate raised (any error that is not a :class:`HarvestError`),
+            after the claims were released.
         """
         if self.outbox is None:
             return RelayReport(0, 0)
@@ -161,8 +164,12 @@ class OutboundWebhookManager:
             return RelayReport(0, 0)
         try:
             self._relay(messages)
-        except HarvestError as exc:
-            self.outbox.release(messages, str(exc))
+        except BaseException as exc:
+            # Released on every path: a message left claimed waits out its lease before any relay
+            # may take it again. A foreign error's text may hold anything: only its type is stored.
+            self.outbox.release(messages, str(exc) if isinstance(exc, HarvestError) else type(exc).__name__)
+            if not isinstance(exc, HarvestError):
+                raise
             log.warning("harvest: relay of %d outbox message(s) failed (%s); will retry", len(messages), exc)
             return RelayReport(0, len(messages))
         self.outbox.mark_relayed(messages, now=utcnow())

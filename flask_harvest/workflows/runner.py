@@ -17,6 +17,7 @@ from datetime import datetime, timedelta
 
 from sqlalchemy import Connection
 
+from .._threads import PerProcess
 from ..errors import HarvestError, InvalidFieldError, InvalidStateError, StoreError
 from ..jobs.base import JobBackend, JobBackendError, JobRef
 from .context import StepRetryPolicy, WorkflowContext, _EngineFailed, _Unwind
@@ -64,6 +65,26 @@ class SweepReport:
     rescheduled: list[str]
     #: Runs whose worker died after a cancel was requested: ended ``Cancelled``, not requeued.
     cancelled: list[str] = field(default_factory=list)
+
+
+class _Threads:
+    """The runner's threads in one process, and the runs handed to them and not done yet.
+
+    Built once per process (:class:`~flask_harvest._threads.PerProcess`): a forked child
+    (gunicorn ``--preload``) inherits neither its parent's threads nor the count of the runs they
+    had, so it must never wait on either.
+    """
+
+    def __init__(self, concurrency: int) -> None:
+        # One more than the runs: a batch's claim runs on it too.
+        self.executor = ThreadPoolExecutor(concurrency + 1, thread_name_prefix="harvest-workflow")
+        self.room = threading.Condition()
+        self.in_flight = 0  # runs handed over by submit_many and not done yet
+
+    def done(self, count: int) -> None:
+        with self.room:
+            self.in_flight -= count
+            self.room.notify_all()
 
 
 class WorkflowRunner:
@@ -119,10 +140,7 @@ class WorkflowRunner:
         self.wait = wait
         self.concurrency = max(1, concurrency)
         self.context = context
-        self._executor: ThreadPoolExecutor | None = None
-        self._executor_lock = threading.Lock()
-        self._room = threading.Condition()
-        self._in_flight = 0  # runs handed to the threads by submit_many and not done yet
+        self._threads = PerProcess(lambda: _Threads(self.concurrency))
 
     # -- starting --------------------------------------------------------------------------------
 
@@ -178,7 +196,7 @@ class WorkflowRunner:
             for execution_id in execution_ids:
                 self.run(execution_id)
             return
-        executor = self._pool()
+        executor = self._threads.get().executor
         futures = [executor.submit(self._run_in_context, execution_id) for execution_id in execution_ids]
         errors = [future.exception() for future in futures]
         for error in errors:
@@ -194,24 +212,20 @@ class WorkflowRunner:
         A run's exception is logged: its execution stays open and the sweeper recovers it once its
         lease expires (the same as when its worker dies).
         """
-        executor = self._pool()
-        with self._room:
-            self._in_flight += len(execution_ids)
-        executor.submit(self._claim_and_run, list(execution_ids))
-        with self._room:
-            self._room.wait_for(lambda: self._in_flight < self.concurrency)
+        threads = self._threads.get()
+        with threads.room:
+            threads.in_flight += len(execution_ids)
+        threads.executor.submit(self._claim_and_run, threads, list(execution_ids))
+        with threads.room:
+            threads.room.wait_for(lambda: threads.in_flight < self.concurrency)
 
     def free_slots(self) -> int:
         """How many more runs :meth:`submit_many` has room for (a worker takes that many jobs)."""
-        with self._room:
-            return max(1, self.concurrency - self._in_flight)
+        threads = self._threads.get()
+        with threads.room:
+            return max(1, self.concurrency - threads.in_flight)
 
-    def _done(self, count: int) -> None:
-        with self._room:
-            self._in_flight -= count
-            self._room.notify_all()
-
-    def _claim_and_run(self, execution_ids: list[str]) -> None:
+    def _claim_and_run(self, threads: _Threads, execution_ids: list[str]) -> None:
         submitted = 0
         try:
             now = self.clock()
@@ -219,50 +233,41 @@ class WorkflowRunner:
                 claimed = self.store.claim_many(execution_ids, now=now, lease_seconds=self.lease_seconds)
                 for execution_id in set(execution_ids) - {e.execution_id for e in claimed}:
                     self._reschedule_if_early(execution_id, now)
-            executor = self._pool()
             for execution in claimed:
                 try:
-                    executor.submit(self._run_submitted, execution, now)
+                    threads.executor.submit(self._run_submitted, threads, execution, now)
                 except RuntimeError:  # the executor is shutting down: run it on this thread
-                    self._run_submitted(execution, now)
+                    self._run_submitted(threads, execution, now)
                 submitted += 1
         except Exception:
             # Rows not claimed are due with no job, and claimed ones not run have a lease that
             # expires: the sweeper queues them again.
             logger.exception("could not claim or run workflow executions %s", execution_ids)
         finally:
-            self._done(len(execution_ids) - submitted)
+            threads.done(len(execution_ids) - submitted)
 
     def _run_in_context(self, execution_id: str) -> Execution | None:
         with self.context():
             return self.run(execution_id)
 
-    def _run_submitted(self, claimed: Execution, now: datetime) -> None:
+    def _run_submitted(self, threads: _Threads, claimed: Execution, now: datetime) -> None:
         try:
             with self.context():
                 self._run_claimed(claimed, now)
         except Exception:
             logger.exception("workflow execution %s stopped", claimed.execution_id)
         finally:
-            self._done(1)
-
-    def _pool(self) -> ThreadPoolExecutor:
-        with self._executor_lock:
-            if self._executor is None:
-                # One more than the runs: a batch's claim runs on it too.
-                self._executor = ThreadPoolExecutor(
-                    self.concurrency + 1, thread_name_prefix="harvest-workflow"
-                )
-            return self._executor
+            threads.done(1)
 
     def close(self) -> None:
-        """Wait for the runs :meth:`submit_many` handed over, then stop the runner's threads."""
-        with self._room:
-            self._room.wait_for(lambda: self._in_flight == 0)
-        with self._executor_lock:
-            executor, self._executor = self._executor, None
-        if executor is not None:
-            executor.shutdown(wait=True)
+        """Wait for the runs :meth:`submit_many` handed over, then stop the runner's threads (this
+        process's: a forked child never waits for its parent's)."""
+        threads = self._threads.take()
+        if threads is None:
+            return
+        with threads.room:
+            threads.room.wait_for(lambda: threads.in_flight == 0)
+        threads.executor.shutdown(wait=True)
 
     def schedule_started(self, execution_ids: Sequence[str]) -> None:
         """Queue the executions a transaction started (a terminal hook's), after its commit."""
