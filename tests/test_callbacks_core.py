@@ -138,6 +138,23 @@ def test_development_setting_reaches_loopback_over_http_but_keeps_the_allowlist(
     assert rejection("http://localhost/h", policy) is RejectionType.LOCALHOST_NAME
 
 
+def test_development_setting_opens_plain_http_only_to_the_addresses_it_opens() -> None:
+    listed = parse_allowlist("api.example.com, 127.0.0.1, 10.0.0.5, 93.184.216.34")
+    policy = CallbackPolicy(listed, allow_private=True)
+    assert policy.check("http://127.0.0.1:8080/h") is None
+    assert policy.check("http://10.0.0.5/h") is None
+    assert policy.check("https://api.example.com/h") is None
+    assert policy.check("https://93.184.216.34/h") is None
+    # A name could resolve to a public host, and a public address is one: no clear text to them.
+    assert rejection("http://api.example.com/h", policy) is RejectionType.SCHEME_NOT_ALLOWED
+    assert rejection("http://93.184.216.34/h", policy) is RejectionType.SCHEME_NOT_ALLOWED
+    found = policy.check("http://api.example.com/h")
+    assert found is not None and "HARVEST_COMPLETION_CALLBACK_ALLOW_HTTP" in found.message
+    both = CallbackPolicy(listed, allow_http=True, allow_private=True)
+    assert both.check("http://api.example.com/h") is None
+    assert both.check("http://93.184.216.34/h") is None
+
+
 def test_rejection_json_is_typed() -> None:
     found = POLICY.check("https://evilexample.com/x")
     assert found is not None

@@ -126,8 +126,8 @@ class CompletionCallbacks:
             self._load_defaults(settings.completion_callback_defaults)
         if self.policy.allow_private:
             log.warning(
-                "harvest: %s is on: completion callbacks may use http:// and reach loopback and private "
-                "addresses. Never turn it on in production.",
+                "harvest: %s is on: completion callbacks may reach loopback and private addresses, over "
+                "http:// too. Never turn it on in production.",
                 KEYS["completion_callback_allow_private_targets"],
             )
 
