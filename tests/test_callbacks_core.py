@@ -9,6 +9,7 @@ import json
 from datetime import datetime, timedelta, timezone
 
 import pytest
+import standardwebhooks
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -28,9 +29,11 @@ from flask_harvest.callbacks import (
     parse_allowlist,
     parse_targets,
 )
+from flask_harvest.callbacks.envelope import headers_for, rfc3339_ms
 from flask_harvest.errors import ConfigurationError, InvalidFieldError
 from flask_harvest.receiver import verify_completion_callback
-from flask_harvest.workflows.models import TERMINAL_STATES, Execution, ExecutionState
+from flask_harvest.signing import generate_secret
+from flask_harvest.workflows.models import TERMINAL_STATES, Execution, ExecutionState, utcnow
 
 NOW = datetime(2026, 7, 5, 12, 34, 56, 789000, tzinfo=timezone.utc)
 POLICY = CallbackPolicy(allowlist=parse_allowlist("*.example.com, api.partner.io, pinned.example.org:8443"))
@@ -420,14 +423,61 @@ def test_signature_recomputed_independently_and_verified() -> None:
     assert not verify_completion_callback(b"other", body, expected)
     assert not verify_completion_callback(b"a-shared-hmac-secret", body + b" ", expected)
     assert not verify_completion_callback(b"a-shared-hmac-secret", body, None)
-    assert verify_completion_callback(
-        "a-shared-hmac-secret", body, expected, timestamp="2026-07-05T12:34:56.789Z",
-        tolerance_seconds=300, now=NOW.timestamp() + 10,
-    )  # fmt: skip
-    assert not verify_completion_callback(
-        "a-shared-hmac-secret", body, expected, timestamp="2026-07-05T12:34:56.789Z",
-        tolerance_seconds=300, now=NOW.timestamp() + 1000,
-    )  # fmt: skip
+
+
+def test_each_attempt_carries_standard_webhooks_headers_a_standard_library_verifies() -> None:
+    body = build_envelope("d-1", _execution(ExecutionState.COMPLETED, output={"ok": True}))
+    now = utcnow()
+    headers = headers_for(CallbackSecret(b"a-shared-hmac-secret"), "d-1", body, now)
+    # The seed's two headers, exactly as before: the body's HMAC and the attempt's time.
+    assert headers["X-Harvest-Signature"] == (
+        "sha256=" + hmac.new(b"a-shared-hmac-secret", body, hashlib.sha256).hexdigest()
+    )
+    assert headers["X-Harvest-Timestamp"] == rfc3339_ms(now)
+    assert headers["webhook-id"] == "d-1"
+    assert headers["webhook-timestamp"] == str(int(now.timestamp()))
+    # The standardwebhooks library takes bytes as the key itself, as the secret's UTF-8 is here.
+    assert standardwebhooks.Webhook(b"a-shared-hmac-secret").verify(body, headers) == json.loads(body)
+    # A whsec_ secret keys the Standard Webhooks signature with its decoded bytes, as that
+    # library (and the project's webhook signing) does; X-Harvest-Signature keys with its text.
+    whsec = generate_secret()
+    signed = headers_for(CallbackSecret(whsec), "d-1", body, now)
+    standardwebhooks.Webhook(whsec).verify(body, signed)
+    assert (
+        signed["X-Harvest-Signature"]
+        == "sha256=" + hmac.new(whsec.encode(), body, hashlib.sha256).hexdigest()
+    )
+    lowercase = {k.lower(): v for k, v in signed.items()}  # as Flask's request.headers finds them
+    assert verify_completion_callback(whsec, body, headers=lowercase, tolerance_seconds=300)
+
+
+def test_a_captured_callback_replayed_with_a_fresh_timestamp_is_not_fresh() -> None:
+    secret = "a-shared-hmac-secret"
+    body = build_envelope("d-1", _execution(ExecutionState.COMPLETED, output=1))
+    captured = headers_for(CallbackSecret(secret), "d-1", body, NOW)
+    at = NOW.timestamp()
+    fresh = {k.lower(): v for k, v in captured.items()}
+    assert verify_completion_callback(secret, body, headers=fresh, tolerance_seconds=300, now=at + 10)
+    assert not verify_completion_callback(secret, body, headers=fresh, tolerance_seconds=300, now=at + 1000)
+    later = NOW + timedelta(seconds=1000)
+    # The unsigned X-Harvest-Timestamp made fresh: the signed webhook-timestamp still says when.
+    replay = {**fresh, "x-harvest-timestamp": rfc3339_ms(later)}
+    assert not verify_completion_callback(secret, body, headers=replay, tolerance_seconds=300, now=at + 1000)
+    # The signed one made fresh: its signature no longer matches.
+    replay = {**replay, "webhook-timestamp": str(int(later.timestamp()))}
+    assert not verify_completion_callback(secret, body, headers=replay, tolerance_seconds=300, now=at + 1000)
+    with pytest.raises(standardwebhooks.webhooks.WebhookVerificationError):
+        standardwebhooks.Webhook(secret.encode()).verify(body, replay)
+    # Freshness is never claimed from the unsigned header alone.
+    with pytest.raises(InvalidFieldError, match="headers"):
+        verify_completion_callback(
+            secret, body, captured["X-Harvest-Signature"], timestamp=rfc3339_ms(later),
+            tolerance_seconds=300, now=at + 1000,
+        )  # fmt: skip
+    # Without a tolerance the body's signature alone is checked, from the argument or the headers.
+    assert verify_completion_callback(secret, body, captured["X-Harvest-Signature"])
+    assert verify_completion_callback(secret, body, headers=replay)
+    assert not verify_completion_callback(secret, body + b" ", headers=fresh, tolerance_seconds=300, now=at)
 
 
 def test_secret_never_shows() -> None:

@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 import redis
 import sqlalchemy as sa
+import standardwebhooks
 from flask import Flask
 from flask_sqlalchemy import SQLAlchemy
 from hypothesis import given
@@ -212,10 +213,10 @@ def test_a_completed_run_delivers_the_exact_signed_envelope(
     expected = "sha256=" + hmac.new(SECRET.encode(), request.body, hashlib.sha256).hexdigest()
     assert request.headers["x-harvest-signature"] == expected
     assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", request.headers["x-harvest-timestamp"])
-    assert verify_completion_callback(
-        SECRET, request.body, request.headers["x-harvest-signature"],
-        timestamp=request.headers["x-harvest-timestamp"], tolerance_seconds=300,
-    )  # fmt: skip
+    assert verify_completion_callback(SECRET, request.body, headers=request.headers, tolerance_seconds=300)
+    # The Standard Webhooks headers: a receiver's own library checks the signed id and time.
+    assert request.headers["webhook-id"] == row.delivery_id
+    assert standardwebhooks.Webhook(SECRET.encode()).verify(request.body, dict(request.headers)) == data
     assert row.attempts == 1 and row.last_status == 200
 
 
@@ -436,6 +437,11 @@ def test_list_and_redrive_over_the_admin_api(make_app: AppFactory, receiver: Cap
     assert all("body" not in d and "lease_token" not in d for d in listed)
     failed, delivered = listed[0]["delivery_id"], listed[1]["delivery_id"]
     first = [r.body for r in receiver.requests if r.path == "/hook"]
+    signed = [
+        (r.headers["x-harvest-signature"], r.headers["webhook-id"])
+        for r in receiver.requests
+        if r.path == "/hook"
+    ]
 
     response = client.post(f"{base}/{failed}/redrive", headers=AUTH)
     assert (response.status_code, response.get_json()) == (200, {"outcome": "redriven"})
@@ -443,6 +449,14 @@ def test_list_and_redrive_over_the_admin_api(make_app: AppFactory, receiver: Cap
     assert row.attempts == 1
     again = [r.body for r in receiver.requests if r.path == "/hook"]
     assert again == first * 2  # byte-identical, same delivery_id
+    resent = [r for r in receiver.requests if r.path == "/hook"][-1]
+    # The same X-Harvest-Signature and webhook-id; only the attempt's time (and what signs it) moved.
+    assert (
+        [(resent.headers["x-harvest-signature"], resent.headers["webhook-id"])]
+        == signed
+        == [(signed[0][0], failed)]
+    )
+    assert standardwebhooks.Webhook(SECRET.encode()).verify(resent.body, dict(resent.headers))
     assert callbacks_of(app).store.dead_letter(failed) is None
 
     response = client.post(f"{base}/{delivered}/redrive", headers=AUTH)
@@ -642,10 +656,7 @@ def test_a_run_started_over_http_with_a_target_ends_and_the_receiver_verifies_th
     assert response.status_code == 201, response.get_json()
     [request] = receiver.wait_for(1, timeout=20)
     assert request.path == "/http-hook"
-    assert verify_completion_callback(
-        SECRET, request.body, request.headers["x-harvest-signature"],
-        timestamp=request.headers["x-harvest-timestamp"], tolerance_seconds=300,
-    )  # fmt: skip
+    assert verify_completion_callback(SECRET, request.body, headers=request.headers, tolerance_seconds=300)
     data = json.loads(request.body)
     assert data["execution_id"] == response.get_json()["execution_id"]
     assert data["state"] == "Completed" and data["result"] == {"echo": {"n": 7}}

@@ -113,11 +113,14 @@ class CompletionCallbacks:
             settings.completion_callback_initial_backoff_ms,
             settings.completion_callback_max_backoff_ms,
         )
-        self._secret = (
-            CallbackSecret(settings.completion_callback_secret)
-            if settings.completion_callback_secret
-            else None
-        )
+        try:
+            self._secret = (
+                CallbackSecret(settings.completion_callback_secret)
+                if settings.completion_callback_secret
+                else None
+            )
+        except ValueError as exc:  # a malformed whsec_ secret; the message does not quote it
+            raise ConfigurationError(f"{KEYS['completion_callback_secret']}: {exc}") from None
         self._cap = settings.completion_callback_max_inflight_per_endpoint
         self._inflight: dict[str, int] = {}
         self._lock = threading.Lock()
@@ -303,7 +306,7 @@ class CompletionCallbacks:
         if self._secret is None:
             return AttemptOutcome(DeliveryState.FAILED, None, "no completion-callback secret is configured")
         body = delivery.body.encode("utf-8")
-        headers = headers_for(self._secret, body, now)
+        headers = headers_for(self._secret, delivery.delivery_id, body, now)
         result = self.transport.post_or_error(
             delivery.target_url, body, headers, policy=self.policy.ssrf_policy
         )
