@@ -23,6 +23,7 @@ from ..config import KEYS, Settings
 from ..errors import ConfigurationError, InvalidFieldError, NotFoundError
 from ..jobs.base import JobBackend, JobBackendError, JobRef
 from ..jobs.tasks import in_worker_job
+from ..ssrf import redact_url
 from ..sweeper import SweepReport, requeue_missing
 from ..transport import Transport
 from ..workflows.hooks import after_commit
@@ -161,7 +162,9 @@ class CompletionCallbacks:
         try:
             targets = parse_targets([{"url": url, "filter": filter_json}], self.policy)
         except CallbackTargetRejected as exc:
-            raise ConfigurationError(f"default completion callback {url!r:.200}: {exc.detail}") from None
+            raise ConfigurationError(
+                f"default completion callback {redact_url(str(url))!r:.200}: {exc.detail}"
+            ) from None
         self._add(targets[0])
 
     def _add(self, target: CallbackTarget) -> None:
