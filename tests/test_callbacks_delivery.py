@@ -37,9 +37,11 @@ from flask_harvest.callbacks import (
 )
 from flask_harvest.callbacks._schema import CALLBACK_TABLES
 from flask_harvest.errors import ConfigurationError
+from flask_harvest.jobs.rq import RqBackend
 from flask_harvest.receiver import verify_completion_callback
 from flask_harvest.testing import CapturingReceiver
 from flask_harvest.transport import Transport
+from flask_harvest.worker import HarvestWorker
 from flask_harvest.workflow_extension import HarvestWorkflows
 from flask_harvest.workflows.context import WorkflowContext
 from flask_harvest.workflows.models import TERMINAL_STATES, ExecutionState, utcnow
@@ -218,6 +220,39 @@ def test_a_completed_run_delivers_the_exact_signed_envelope(
     assert request.headers["webhook-id"] == row.delivery_id
     assert standardwebhooks.Webhook(SECRET.encode()).verify(request.body, dict(request.headers)) == data
     assert row.attempts == 1 and row.last_status == 200
+
+
+@pytest.mark.redis
+def test_under_rq_the_worker_thread_that_ends_a_run_makes_the_first_attempt(
+    make_app: AppFactory, receiver: CapturingReceiver, redis_url: str, redis_conn: redis.Redis
+) -> None:
+    """The fast path under a real RQ worker: the runner's thread that ends the run (in
+    ``flask harvest worker``) makes the callback's first attempt itself, with no callback job."""
+    app = make_app(jobs_backend="rq", redis_url=redis_url)
+    backend = get_engine(app).backend
+    assert isinstance(backend, RqBackend)
+    ended_on: list[int] = []
+    attempted_on: list[int] = []
+    service_of(app).store.hooks.register(lambda conn, execution: ended_on.append(threading.get_ident()))
+
+    def delivered(sender: Flask, delivery: CompletionDelivery, **extra: Any) -> None:
+        attempted_on.append(threading.get_ident())
+
+    signals.completion_callback_delivered.connect(delivered, app)
+    try:
+        with app.app_context():
+            handle, _ = service_of(app).start("echo", 1, completion_callbacks=[target(receiver, "/hook")])
+            HarvestWorker([backend.queue], connection=backend.connection, app=app).work(burst=True)
+            # The job handed the run to the runner's threads, which may outlive the burst.
+            handle.result(timeout=30)
+        # Without the fast path a callback job would wait in the queue for a worker that is gone
+        # (this never settles), or the burst worker's own thread would have made the attempt.
+        [row] = settled(app, handle.execution_id, 1, "DELIVERED")
+    finally:
+        signals.completion_callback_delivered.disconnect(delivered, app)
+    assert row.attempts == 1 and len(ended_on) == 1
+    assert attempted_on == ended_on  # the same thread
+    assert backend.queue.count == 0
 
 
 def test_a_failed_run_sends_its_error(make_app: AppFactory, receiver: CapturingReceiver) -> None:

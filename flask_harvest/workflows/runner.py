@@ -19,6 +19,7 @@ from sqlalchemy import Connection
 
 from ..errors import HarvestError, InvalidFieldError, InvalidStateError, StoreError
 from ..jobs.base import JobBackend, JobBackendError, JobRef
+from ..jobs.tasks import carrying_job_context
 from .context import StepRetryPolicy, WorkflowContext, _EngineFailed, _Unwind
 from .errors import UnknownWorkflowError
 from .models import (
@@ -179,7 +180,10 @@ class WorkflowRunner:
                 self.run(execution_id)
             return
         executor = self._pool()
-        futures = [executor.submit(self._run_in_context, execution_id) for execution_id in execution_ids]
+        # The runs keep the job's context, so what ends them knows it is in a worker (a completion
+        # callback's first attempt is then made here, without a round trip through the queue).
+        run = carrying_job_context(self._run_in_context)
+        futures = [executor.submit(run, execution_id) for execution_id in execution_ids]
         errors = [future.exception() for future in futures]
         for error in errors:
             if error is not None:
@@ -197,7 +201,7 @@ class WorkflowRunner:
         executor = self._pool()
         with self._room:
             self._in_flight += len(execution_ids)
-        executor.submit(self._claim_and_run, list(execution_ids))
+        executor.submit(carrying_job_context(self._claim_and_run), list(execution_ids))
         with self._room:
             self._room.wait_for(lambda: self._in_flight < self.concurrency)
 
@@ -220,9 +224,10 @@ class WorkflowRunner:
                 for execution_id in set(execution_ids) - {e.execution_id for e in claimed}:
                     self._reschedule_if_early(execution_id, now)
             executor = self._pool()
+            run = carrying_job_context(self._run_submitted)
             for execution in claimed:
                 try:
-                    executor.submit(self._run_submitted, execution, now)
+                    executor.submit(run, execution, now)
                 except RuntimeError:  # the executor is shutting down: run it on this thread
                     self._run_submitted(execution, now)
                 submitted += 1
