@@ -112,12 +112,12 @@ class Settings:
     completion_callback_allowlist: str = ""
     #: The HMAC-SHA256 key of ``X-Harvest-Signature``; never stored, logged or shown.
     completion_callback_secret: str = field(default="", repr=False)
-    #: Accept ``http://`` completion-callback targets (not recommended).
+    #: Accept ``http://`` completion-callback targets, to any allowed host (not recommended).
     completion_callback_allow_http: bool = False
     #: Accept allowlisted IP-literal hosts; loopback, private, link-local, CGNAT and ULA stay refused.
     completion_callback_allow_ip_literals: bool = False
-    #: Development and tests only: callbacks may use ``http://`` and reach loopback and private
-    #: addresses (still only allowlisted hosts). Warned about at start-up.
+    #: Development and tests only: callbacks may reach loopback and private addresses, and use
+    #: ``http://`` to those addresses only (still only allowlisted hosts). Warned about at start-up.
     completion_callback_allow_private_targets: bool = False
     #: Attempts per completion callback before it fails (frozen into each row at enqueue).
     completion_callback_max_attempts: int = 10

@@ -59,7 +59,6 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
-from datetime import datetime
 from typing import TYPE_CHECKING, Any, Literal, TypeVar, cast
 
 from flask import Response, make_response, request
@@ -77,6 +76,7 @@ from .signing import (
     DEFAULT_SIGNATURE_HEADER,
     DEFAULT_TOLERANCE_SECONDS,
     WEBHOOK_ID,
+    HeaderLookup,
     StandardHeaders,
     StripeHeader,
     secret_key,
@@ -97,6 +97,8 @@ log = logging.getLogger(__name__)
 #: The largest body :func:`verify_webhook` reads unless told otherwise: 1 MiB.
 DEFAULT_MAX_BODY_BYTES = 1024 * 1024
 _CHUNK = 64 * 1024
+# Looked up in lowercase, as the Standard Webhooks headers are (see HeaderLookup).
+_CALLBACK_SIGNATURE = "x-harvest-signature"
 
 
 class WebhookRejected(HTTPException, HarvestError):
@@ -431,35 +433,55 @@ def _callback_key(secret: object) -> bytes:
 def verify_completion_callback(
     secret: bytes | str,
     body: bytes,
-    signature: str | None,
+    signature: str | None = None,
     *,
+    headers: HeaderLookup | None = None,
     timestamp: str | None = None,
     tolerance_seconds: float | None = None,
     now: float | None = None,
 ) -> bool:
-    """Whether a completion callback's ``X-Harvest-Signature`` matches ``body`` under ``secret``.
+    """Whether a completion callback is authentic (and, with ``tolerance_seconds``, fresh).
 
-    Recomputes ``sha256=<hex HMAC-SHA256(secret, body)>`` over the exact bytes received and compares
-    in constant time. With ``tolerance_seconds``, the ``X-Harvest-Timestamp`` (RFC 3339) must also
-    be within that many seconds of ``now`` (default: the clock).
+    Recomputes ``X-Harvest-Signature`` (``sha256=<hex HMAC-SHA256(secret, body)>``) over the exact
+    bytes received and compares in constant time. That signature covers the body only, so it is
+    the same on every attempt and vouches for no time. With ``tolerance_seconds``, the Standard
+    Webhooks headers are checked too: ``webhook-signature`` must match ``webhook-id``,
+    ``webhook-timestamp`` and the body, and that signed timestamp must be within
+    ``tolerance_seconds`` of ``now`` (default: the clock). ``X-Harvest-Timestamp`` is not signed
+    and never vouches for freshness.
 
-    :raises InvalidFieldError: ``secret`` is empty, or neither UTF-8 text nor bytes.
+    :param signature: the ``X-Harvest-Signature`` value; read from ``headers`` when ``None``.
+    :param headers: the request's headers (Flask's ``request.headers``, or a mapping with
+        lowercase keys); needed with ``tolerance_seconds``.
+    :param timestamp: unused: the ``X-Harvest-Timestamp`` is not signed. Kept so that an older
+        call passing it with ``tolerance_seconds`` gets the error below, which says what to pass.
+    :raises InvalidFieldError: ``secret`` is empty, or neither UTF-8 text nor bytes; or
+        ``tolerance_seconds`` is given without ``headers``.
     """
     key = _callback_key(secret)
+    if tolerance_seconds is not None and headers is None:
+        raise InvalidFieldError(
+            "headers",
+            "tolerance_seconds checks the signed webhook-timestamp: pass headers=request.headers "
+            "(X-Harvest-Timestamp is not signed, so a replay could carry a fresh one)",
+        )
+    if signature is None and headers is not None:
+        signature = headers.get(_CALLBACK_SIGNATURE)
     if not isinstance(signature, str) or not isinstance(body, bytes | bytearray):
         return False
     expected = "sha256=" + hmac.new(key, bytes(body), hashlib.sha256).hexdigest()
     if not hmac.compare_digest(expected.encode("ascii"), signature.strip().encode("utf-8", "replace")):
         return False
-    if tolerance_seconds is None:
+    if tolerance_seconds is None or headers is None:
         return True
+    clock = int(now if now is not None else time.time())
     try:
-        sent = datetime.fromisoformat((timestamp or "").replace("Z", "+00:00"))
-    except ValueError:
+        # The same key convention as the sender's (a whsec_ text secret keys with its decoded bytes).
+        signed = StandardHeaders.read(headers, tolerance=int(tolerance_seconds), now=clock)
+        signed.verify(bytes(secret) if isinstance(secret, bytes | bytearray) else secret, bytes(body))
+    except SignatureVerificationError:
         return False
-    if sent.tzinfo is None:
-        return False
-    return abs((now if now is not None else time.time()) - sent.timestamp()) <= tolerance_seconds
+    return True
 
 
 __all__ = [

@@ -67,10 +67,18 @@ def _hmac_sha256(key: bytes, message: bytes) -> bytes:
     return hmac.new(key, message, hashlib.sha256).digest()
 
 
-def standard_signature(secret: str, msg_id: str, timestamp: int, body: bytes) -> str:
-    """Return one Standard Webhooks signature entry, ``v1,<base64 HMAC>``."""
+def standard_signature(secret: str | bytes, msg_id: str, timestamp: int, body: bytes) -> str:
+    """Return one Standard Webhooks signature entry, ``v1,<base64 HMAC>``.
+
+    :param secret: a secret (keyed as :func:`secret_key` says), or the HMAC key itself as bytes
+        (as the ``standardwebhooks`` library takes bytes).
+    :raises InvalidSecretError: the secret or key is empty, or a ``whsec_`` secret is not valid.
+    """
+    if isinstance(secret, bytes) and not secret:
+        raise InvalidSecretError("must not be empty")
+    key = secret if isinstance(secret, bytes) else secret_key(secret)
     signed = f"{msg_id}.{timestamp}.".encode() + body
-    return "v1," + base64.b64encode(_hmac_sha256(secret_key(secret), signed)).decode("ascii")
+    return "v1," + base64.b64encode(_hmac_sha256(key, signed)).decode("ascii")
 
 
 def stripe_signature(secret: str, timestamp: int, body: bytes) -> str:
@@ -188,13 +196,15 @@ class StandardHeaders:
             )
         return cls(msg_id, _read_timestamp(timestamp, tolerance, now), tuple(signatures.split(" ")))
 
-    def verify(self, secret: str | Sequence[str], body: bytes) -> None:
+    def verify(self, secret: str | bytes | Sequence[str], body: bytes) -> None:
         """Check that a signature matches ``body`` with one of the secrets.
 
+        :param secret: a secret, several, or the HMAC key itself as bytes.
         :raises SignatureVerificationError: with the reason ``NO_MATCHING_SIGNATURE``.
         :raises InvalidSecretError: no secret is given, or one is not valid.
         """
-        expected = [standard_signature(s, self.msg_id, self.timestamp, body) for s in _secret_list(secret)]
+        keys: list[str | bytes] = [secret] if isinstance(secret, bytes) else list(_secret_list(secret))
+        expected = [standard_signature(s, self.msg_id, self.timestamp, body) for s in keys]
         if not _any_matches(self.signatures, expected):
             raise SignatureVerificationError(
                 VerificationFailure.NO_MATCHING_SIGNATURE, f"no {WEBHOOK_SIGNATURE} matches the body"

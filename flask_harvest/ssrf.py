@@ -282,6 +282,33 @@ def _origin(url: str | None) -> str | None:
     return f"{parts.scheme.lower()}://{host}" + (f":{port}" if port is not None else "")
 
 
+_REDACTED = "***"
+
+
+def redact_url(url: str) -> str:
+    """Return ``url`` as it may be shown or logged: credentials (``user:pass@``), query values and
+    the fragment become ``***``; the scheme, host, port, path and query names stay.
+
+    Split by hand rather than with ``urlsplit``, which refuses some URLs (a bad port, an unclosed
+    bracket) that must still be shown without their secrets. Only for display: the stored URL and
+    the URL a request goes to are never redacted.
+    """
+    text, hash_mark, fragment = str(url).partition("#")
+    text, question, query = text.partition("?")
+    scheme, slashes, rest = text.partition("://")
+    if slashes:
+        authority, slash, path = rest.partition("/")
+        if "@" in authority:
+            authority = _REDACTED + "@" + authority.rpartition("@")[2]
+        text = scheme + slashes + authority + slash + path
+    if question:
+        params = [p.partition("=") for p in query.split("&")]
+        query = "&".join(
+            f"{name}={_REDACTED}" if eq else (_REDACTED if name else "") for name, eq, _ in params
+        )
+    return text + question + query + (hash_mark + _REDACTED if fragment else hash_mark)
+
+
 def _inet_aton(host: str) -> int | None:
     """Parse ``host`` as ``inet_aton`` does (1 to 4 parts, decimal, octal or hex); ``None`` if a name.
 

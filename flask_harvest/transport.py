@@ -16,6 +16,7 @@ import contextlib
 import heapq
 import ipaddress
 import itertools
+import logging
 import os
 import socket
 import threading
@@ -36,11 +37,30 @@ from urllib3.util.connection import create_connection
 from .attempt import FailureKind as FailureKind
 from .attempt import HttpResponse as HttpResponse
 from .attempt import TransportError as TransportError
-from .ssrf import SsrfError, SsrfPolicy, SsrfRejection, check_address, check_url, describe
+from .ssrf import SsrfError, SsrfPolicy, SsrfRejection, check_address, check_url, describe, redact_url
 
 #: The most of a response body that is read and stored.
 MAX_RESPONSE_BYTES = 20 * 1024
 _CHUNK = 4096
+# urllib3's debug line of each request; its fifth argument is the request target (path and query).
+_URLLIB3_REQUEST_LINE = '%s://%s:%s "%s %s %s" %s %s'
+
+
+class _RedactRequestTargets(logging.Filter):
+    """Redacts the path-and-query that urllib3 logs at DEBUG for every request: a target URL's query
+    can hold a credential, and debug logs are shipped and read by people who must not see it."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args
+        if record.msg == _URLLIB3_REQUEST_LINE and isinstance(args, tuple) and len(args) == 8:
+            record.args = (*args[:4], redact_url(str(args[4])), *args[5:])
+        return True
+
+
+def _redact_urllib3_debug_lines() -> None:
+    logger = logging.getLogger("urllib3.connectionpool")
+    if not any(isinstance(f, _RedactRequestTargets) for f in logger.filters):
+        logger.addFilter(_RedactRequestTargets())
 
 
 class _Watchdog:
@@ -208,6 +228,7 @@ class Transport:
         self.policy = policy
         self._resolver = resolver
         self._guard = _Guard(policy, resolver) if policy is not None else None
+        _redact_urllib3_debug_lines()
         self._local = threading.local()
 
     def _session(self) -> requests.Session:

@@ -9,6 +9,7 @@ import json
 from datetime import datetime, timedelta, timezone
 
 import pytest
+import standardwebhooks
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -28,9 +29,11 @@ from flask_harvest.callbacks import (
     parse_allowlist,
     parse_targets,
 )
+from flask_harvest.callbacks.envelope import headers_for, rfc3339_ms
 from flask_harvest.errors import ConfigurationError, InvalidFieldError
 from flask_harvest.receiver import verify_completion_callback
-from flask_harvest.workflows.models import TERMINAL_STATES, Execution, ExecutionState
+from flask_harvest.signing import generate_secret
+from flask_harvest.workflows.models import TERMINAL_STATES, Execution, ExecutionState, utcnow
 
 NOW = datetime(2026, 7, 5, 12, 34, 56, 789000, tzinfo=timezone.utc)
 POLICY = CallbackPolicy(allowlist=parse_allowlist("*.example.com, api.partner.io, pinned.example.org:8443"))
@@ -136,6 +139,23 @@ def test_development_setting_reaches_loopback_over_http_but_keeps_the_allowlist(
     assert policy.check("http://127.0.0.1:8080/h") is None
     assert rejection("http://10.0.0.1/h", policy) is RejectionType.HOST_NOT_ALLOWED
     assert rejection("http://localhost/h", policy) is RejectionType.LOCALHOST_NAME
+
+
+def test_development_setting_opens_plain_http_only_to_the_addresses_it_opens() -> None:
+    listed = parse_allowlist("api.example.com, 127.0.0.1, 10.0.0.5, 93.184.216.34")
+    policy = CallbackPolicy(listed, allow_private=True)
+    assert policy.check("http://127.0.0.1:8080/h") is None
+    assert policy.check("http://10.0.0.5/h") is None
+    assert policy.check("https://api.example.com/h") is None
+    assert policy.check("https://93.184.216.34/h") is None
+    # A name could resolve to a public host, and a public address is one: no clear text to them.
+    assert rejection("http://api.example.com/h", policy) is RejectionType.SCHEME_NOT_ALLOWED
+    assert rejection("http://93.184.216.34/h", policy) is RejectionType.SCHEME_NOT_ALLOWED
+    found = policy.check("http://api.example.com/h")
+    assert found is not None and "HARVEST_COMPLETION_CALLBACK_ALLOW_HTTP" in found.message
+    both = CallbackPolicy(listed, allow_http=True, allow_private=True)
+    assert both.check("http://api.example.com/h") is None
+    assert both.check("http://93.184.216.34/h") is None
 
 
 def test_rejection_json_is_typed() -> None:
@@ -403,14 +423,61 @@ def test_signature_recomputed_independently_and_verified() -> None:
     assert not verify_completion_callback(b"other", body, expected)
     assert not verify_completion_callback(b"a-shared-hmac-secret", body + b" ", expected)
     assert not verify_completion_callback(b"a-shared-hmac-secret", body, None)
-    assert verify_completion_callback(
-        "a-shared-hmac-secret", body, expected, timestamp="2026-07-05T12:34:56.789Z",
-        tolerance_seconds=300, now=NOW.timestamp() + 10,
-    )  # fmt: skip
-    assert not verify_completion_callback(
-        "a-shared-hmac-secret", body, expected, timestamp="2026-07-05T12:34:56.789Z",
-        tolerance_seconds=300, now=NOW.timestamp() + 1000,
-    )  # fmt: skip
+
+
+def test_each_attempt_carries_standard_webhooks_headers_a_standard_library_verifies() -> None:
+    body = build_envelope("d-1", _execution(ExecutionState.COMPLETED, output={"ok": True}))
+    now = utcnow()
+    headers = headers_for(CallbackSecret(b"a-shared-hmac-secret"), "d-1", body, now)
+    # The seed's two headers, exactly as before: the body's HMAC and the attempt's time.
+    assert headers["X-Harvest-Signature"] == (
+        "sha256=" + hmac.new(b"a-shared-hmac-secret", body, hashlib.sha256).hexdigest()
+    )
+    assert headers["X-Harvest-Timestamp"] == rfc3339_ms(now)
+    assert headers["webhook-id"] == "d-1"
+    assert headers["webhook-timestamp"] == str(int(now.timestamp()))
+    # The standardwebhooks library takes bytes as the key itself, as the secret's UTF-8 is here.
+    assert standardwebhooks.Webhook(b"a-shared-hmac-secret").verify(body, headers) == json.loads(body)
+    # A whsec_ secret keys the Standard Webhooks signature with its decoded bytes, as that
+    # library (and the project's webhook signing) does; X-Harvest-Signature keys with its text.
+    whsec = generate_secret()
+    signed = headers_for(CallbackSecret(whsec), "d-1", body, now)
+    standardwebhooks.Webhook(whsec).verify(body, signed)
+    assert (
+        signed["X-Harvest-Signature"]
+        == "sha256=" + hmac.new(whsec.encode(), body, hashlib.sha256).hexdigest()
+    )
+    lowercase = {k.lower(): v for k, v in signed.items()}  # as Flask's request.headers finds them
+    assert verify_completion_callback(whsec, body, headers=lowercase, tolerance_seconds=300)
+
+
+def test_a_captured_callback_replayed_with_a_fresh_timestamp_is_not_fresh() -> None:
+    secret = "a-shared-hmac-secret"
+    body = build_envelope("d-1", _execution(ExecutionState.COMPLETED, output=1))
+    captured = headers_for(CallbackSecret(secret), "d-1", body, NOW)
+    at = NOW.timestamp()
+    fresh = {k.lower(): v for k, v in captured.items()}
+    assert verify_completion_callback(secret, body, headers=fresh, tolerance_seconds=300, now=at + 10)
+    assert not verify_completion_callback(secret, body, headers=fresh, tolerance_seconds=300, now=at + 1000)
+    later = NOW + timedelta(seconds=1000)
+    # The unsigned X-Harvest-Timestamp made fresh: the signed webhook-timestamp still says when.
+    replay = {**fresh, "x-harvest-timestamp": rfc3339_ms(later)}
+    assert not verify_completion_callback(secret, body, headers=replay, tolerance_seconds=300, now=at + 1000)
+    # The signed one made fresh: its signature no longer matches.
+    replay = {**replay, "webhook-timestamp": str(int(later.timestamp()))}
+    assert not verify_completion_callback(secret, body, headers=replay, tolerance_seconds=300, now=at + 1000)
+    with pytest.raises(standardwebhooks.webhooks.WebhookVerificationError):
+        standardwebhooks.Webhook(secret.encode()).verify(body, replay)
+    # Freshness is never claimed from the unsigned header alone.
+    with pytest.raises(InvalidFieldError, match="headers"):
+        verify_completion_callback(
+            secret, body, captured["X-Harvest-Signature"], timestamp=rfc3339_ms(later),
+            tolerance_seconds=300, now=at + 1000,
+        )  # fmt: skip
+    # Without a tolerance the body's signature alone is checked, from the argument or the headers.
+    assert verify_completion_callback(secret, body, captured["X-Harvest-Signature"])
+    assert verify_completion_callback(secret, body, headers=replay)
+    assert not verify_completion_callback(secret, body + b" ", headers=fresh, tolerance_seconds=300, now=at)
 
 
 def test_secret_never_shows() -> None:

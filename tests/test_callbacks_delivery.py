@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 import redis
 import sqlalchemy as sa
+import standardwebhooks
 from flask import Flask
 from flask_sqlalchemy import SQLAlchemy
 from hypothesis import given
@@ -36,9 +37,11 @@ from flask_harvest.callbacks import (
 )
 from flask_harvest.callbacks._schema import CALLBACK_TABLES
 from flask_harvest.errors import ConfigurationError
+from flask_harvest.jobs.rq import RqBackend
 from flask_harvest.receiver import verify_completion_callback
 from flask_harvest.testing import CapturingReceiver
 from flask_harvest.transport import Transport
+from flask_harvest.worker import HarvestWorker
 from flask_harvest.workflows.context import WorkflowContext
 from flask_harvest.workflows.models import TERMINAL_STATES, ExecutionState, utcnow
 from flask_harvest.workflows.service import WorkflowService
@@ -212,11 +215,44 @@ def test_a_completed_run_delivers_the_exact_signed_envelope(
     expected = "sha256=" + hmac.new(SECRET.encode(), request.body, hashlib.sha256).hexdigest()
     assert request.headers["x-harvest-signature"] == expected
     assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", request.headers["x-harvest-timestamp"])
-    assert verify_completion_callback(
-        SECRET, request.body, request.headers["x-harvest-signature"],
-        timestamp=request.headers["x-harvest-timestamp"], tolerance_seconds=300,
-    )  # fmt: skip
+    assert verify_completion_callback(SECRET, request.body, headers=request.headers, tolerance_seconds=300)
+    # The Standard Webhooks headers: a receiver's own library checks the signed id and time.
+    assert request.headers["webhook-id"] == row.delivery_id
+    assert standardwebhooks.Webhook(SECRET.encode()).verify(request.body, dict(request.headers)) == data
     assert row.attempts == 1 and row.last_status == 200
+
+
+@pytest.mark.redis
+def test_under_rq_the_worker_thread_that_ends_a_run_makes_the_first_attempt(
+    make_app: AppFactory, receiver: CapturingReceiver, redis_url: str, redis_conn: redis.Redis
+) -> None:
+    """The fast path under a real RQ worker: the runner's thread that ends the run (in
+    ``flask harvest worker``) makes the callback's first attempt itself, with no callback job."""
+    app = make_app(jobs_backend="rq", redis_url=redis_url)
+    backend = get_engine(app).backend
+    assert isinstance(backend, RqBackend)
+    ended_on: list[int] = []
+    attempted_on: list[int] = []
+    service_of(app).store.hooks.register(lambda conn, execution: ended_on.append(threading.get_ident()))
+
+    def delivered(sender: Flask, delivery: CompletionDelivery, **extra: Any) -> None:
+        attempted_on.append(threading.get_ident())
+
+    signals.completion_callback_delivered.connect(delivered, app)
+    try:
+        with app.app_context():
+            handle, _ = service_of(app).start("echo", 1, completion_callbacks=[target(receiver, "/hook")])
+            HarvestWorker([backend.queue], connection=backend.connection, app=app).work(burst=True)
+            # The job handed the run to the runner's threads, which may outlive the burst.
+            handle.result(timeout=30)
+        # Without the fast path a callback job would wait in the queue for a worker that is gone
+        # (this never settles), or the burst worker's own thread would have made the attempt.
+        [row] = settled(app, handle.execution_id, 1, "DELIVERED")
+    finally:
+        signals.completion_callback_delivered.disconnect(delivered, app)
+    assert row.attempts == 1 and len(ended_on) == 1
+    assert attempted_on == ended_on  # the same thread
+    assert backend.queue.count == 0
 
 
 def test_a_failed_run_sends_its_error(make_app: AppFactory, receiver: CapturingReceiver) -> None:
@@ -436,6 +472,11 @@ def test_list_and_redrive_over_the_admin_api(make_app: AppFactory, receiver: Cap
     assert all("body" not in d and "lease_token" not in d for d in listed)
     failed, delivered = listed[0]["delivery_id"], listed[1]["delivery_id"]
     first = [r.body for r in receiver.requests if r.path == "/hook"]
+    signed = [
+        (r.headers["x-harvest-signature"], r.headers["webhook-id"])
+        for r in receiver.requests
+        if r.path == "/hook"
+    ]
 
     response = client.post(f"{base}/{failed}/redrive", headers=AUTH)
     assert (response.status_code, response.get_json()) == (200, {"outcome": "redriven"})
@@ -443,6 +484,14 @@ def test_list_and_redrive_over_the_admin_api(make_app: AppFactory, receiver: Cap
     assert row.attempts == 1
     again = [r.body for r in receiver.requests if r.path == "/hook"]
     assert again == first * 2  # byte-identical, same delivery_id
+    resent = [r for r in receiver.requests if r.path == "/hook"][-1]
+    # The same X-Harvest-Signature and webhook-id; only the attempt's time (and what signs it) moved.
+    assert (
+        [(resent.headers["x-harvest-signature"], resent.headers["webhook-id"])]
+        == signed
+        == [(signed[0][0], failed)]
+    )
+    assert standardwebhooks.Webhook(SECRET.encode()).verify(resent.body, dict(resent.headers))
     assert callbacks_of(app).store.dead_letter(failed) is None
 
     response = client.post(f"{base}/{delivered}/redrive", headers=AUTH)
@@ -605,7 +654,8 @@ def test_a_name_that_resolves_to_loopback_at_send_time_is_refused_unless_the_dev
     assert row.last_error is not None and "loopback_address" in row.last_error
     assert callbacks.store.dead_letter(row.delivery_id) is not None
 
-    callbacks.policy = CallbackPolicy(parse_allowlist("*.example.com"), allow_private=True)
+    # A name over plain http needs the http setting too: the development one opens only addresses.
+    callbacks.policy = CallbackPolicy(parse_allowlist("*.example.com"), allow_http=True, allow_private=True)
     handle, _ = service_of(app).start("echo", 2, completion_callbacks=[{"url": url}])
     [request] = receiver.wait_for(1, timeout=20, path="/rebound")
     [row] = settled(app, handle.execution_id, 1, "DELIVERED")
@@ -641,10 +691,7 @@ def test_a_run_started_over_http_with_a_target_ends_and_the_receiver_verifies_th
     assert response.status_code == 201, response.get_json()
     [request] = receiver.wait_for(1, timeout=20)
     assert request.path == "/http-hook"
-    assert verify_completion_callback(
-        SECRET, request.body, request.headers["x-harvest-signature"],
-        timestamp=request.headers["x-harvest-timestamp"], tolerance_seconds=300,
-    )  # fmt: skip
+    assert verify_completion_callback(SECRET, request.body, headers=request.headers, tolerance_seconds=300)
     data = json.loads(request.body)
     assert data["execution_id"] == response.get_json()["execution_id"]
     assert data["state"] == "Completed" and data["result"] == {"echo": {"n": 7}}

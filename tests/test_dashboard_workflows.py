@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import html
 import json
+import logging
 import re
 import time
 import uuid
@@ -15,6 +16,7 @@ import pytest
 from flask import Flask
 from flask.testing import FlaskClient
 from markupsafe import escape
+from werkzeug import Request, Response
 
 from flask_harvest import (
     InvalidFieldError,
@@ -293,6 +295,50 @@ def test_redrive_a_failed_completion_callback(
     assert client.post(surrogate, data={"csrf_token": csrf}).status_code in (400, 404)
     with app.app_context(), pytest.raises(InvalidFieldError, match="is not an id"):
         callbacks.redrive(execution_id, "a\ud800")
+
+
+def test_a_callback_url_is_redacted_wherever_it_is_shown_or_logged(
+    app: Flask, client: FlaskClient, csrf: str, receiver: CapturingReceiver, caplog: pytest.LogCaptureFixture
+) -> None:
+    credential = "cb-QUERY-CANARY-4f2a"
+    sent: list[str] = []
+
+    def record(request: Request) -> Response:
+        sent.append(request.full_path)
+        return Response("", status=204)
+
+    receiver.handle("/done", record)
+    url = receiver.url(f"/done?token={credential}&tenant=7")
+    with caplog.at_level(logging.DEBUG):  # the transport's own and urllib3's debug lines too
+        execution_id = start(app, "echo", 1, completion_callbacks=[{"url": url}])
+        finished(app, execution_id)
+        with app.app_context():
+            callbacks = get_engine().callbacks
+            assert callbacks is not None
+            wait_until(lambda: callbacks.deliveries(execution_id)[0].state is DeliveryState.DELIVERED)
+            [row] = callbacks.deliveries(execution_id)
+    shown = receiver.url("/done?token=***&tenant=***")
+    # What is stored and where the POST goes stay whole.
+    assert row.target_url == url and sent == [f"/done?token={credential}&tenant=7"]
+    # The admin API.
+    listed = client.get(f"/api/harvest/workflows/{execution_id}/completion-deliveries", headers=AUTH)
+    assert listed.status_code == 200 and credential not in listed.get_data(as_text=True)
+    assert listed.get_json()["deliveries"][0]["target_url"] == shown
+    # The dashboard.
+    page = text(client.get(f"{PREFIX}/workflows/{execution_id}"))
+    assert credential not in page and html.escape(shown) in page
+    # The CLI, as a table and as JSON.
+    runner = app.test_cli_runner()
+    for args in ([], ["--json"]):
+        result = runner.invoke(args=["harvest", "callbacks", "list", execution_id, *args])
+        assert result.exit_code == 0, result.output
+        assert credential not in result.output and "token=***" in result.output
+    # Logs at every level, and the repr a signal receiver might log.
+    # (werkzeug's access log is the test receiver's, the other end of the wire: it sees the URL.)
+    logged = [r.getMessage() for r in caplog.records if r.name != "werkzeug"]
+    assert any("token=***" in m for m in logged)  # urllib3's request line, redacted
+    assert not [m for m in logged if credential in m]
+    assert credential not in repr(row) and "token=***" in repr(row)
 
 
 def wait_until(check: Callable[[], bool], timeout: float = 20.0) -> None:

@@ -34,6 +34,7 @@ from flask_harvest.ssrf import (
     check_address,
     check_url,
     parse_cidrs,
+    redact_url,
     validate_target,
 )
 from flask_harvest.testing import CapturingReceiver
@@ -573,3 +574,23 @@ def test_a_delivery_to_a_refused_target_is_dead_lettered_at_once_naming_the_reas
     subscription = store.get_subscription("sub_1")
     assert subscription is not None and subscription.status is WebhookSubscriptionStatus.ACTIVE
     assert receiver.requests == []
+
+
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        ("https://api.example.com/hooks/harvest", "https://api.example.com/hooks/harvest"),
+        ("https://api.example.com/h?token=s3cr3t&x=1", "https://api.example.com/h?token=***&x=***"),
+        ("https://user:s3cr3t@api.example.com:8443/h", "https://***@api.example.com:8443/h"),
+        ("https://a@b@api.example.com/h", "https://***@api.example.com/h"),
+        ("https://api.example.com/h?s3cr3t", "https://api.example.com/h?***"),
+        ("https://api.example.com/h#s3cr3t", "https://api.example.com/h#***"),
+        ("https://api.example.com/p@th?", "https://api.example.com/p@th?"),
+        # urlsplit refuses these; they are still shown without their secrets.
+        ("https://[::1/h?key=s3cr3t", "https://[::1/h?key=***"),
+        ("https://u:s3cr3t@h:99999/x?k=s3cr3t", "https://***@h:99999/x?k=***"),
+    ],
+)
+def test_redact_url_hides_credentials_and_query_values_and_keeps_the_rest(url: str, shown: str) -> None:
+    assert redact_url(url) == shown
+    assert redact_url(shown) == shown  # redacting twice changes nothing

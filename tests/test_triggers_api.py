@@ -1,5 +1,5 @@
 """Completion triggers in a Flask app: static registration, the admin API and the CLI, on SQLite
-and PostgreSQL, through Flask-SQLAlchemy and HarvestTriggers."""
+and PostgreSQL, through Flask-SQLAlchemy and the Harvest extension."""
 
 from __future__ import annotations
 

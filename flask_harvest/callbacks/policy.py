@@ -42,7 +42,8 @@ class RejectionType(str, enum.Enum):
 _MESSAGES = {
     RejectionType.INVALID_URL: "not an absolute http(s) URL with a valid host",
     RejectionType.SCHEME_NOT_ALLOWED: (
-        "only https:// targets are allowed (HARVEST_COMPLETION_CALLBACK_ALLOW_HTTP)"
+        "only https:// targets are allowed (HARVEST_COMPLETION_CALLBACK_ALLOW_HTTP allows http://; "
+        "HARVEST_COMPLETION_CALLBACK_ALLOW_PRIVATE_TARGETS allows it to loopback and private addresses only)"
     ),
     RejectionType.USERINFO: "credentials in the URL (user:password@) are not allowed",
     RejectionType.LOCALHOST_NAME: "the host name always means this machine",
@@ -188,12 +189,13 @@ class CallbackPolicy:
     """Which completion-callback targets are allowed.
 
     :param allowlist: the allowed hosts; empty refuses every target.
-    :param allow_http: accept ``http://`` too (not recommended).
+    :param allow_http: accept ``http://`` to any allowed target (not recommended).
     :param allow_ip_literals: accept an address as the host if it is on the allowlist; loopback,
         private, link-local, CGNAT, ULA and reserved addresses stay refused.
-    :param allow_private: development and tests only: ``http://``, IP literals and non-public
-        addresses (loopback included) are accepted. The allowlist still applies, and names that
-        mean this machine (``localhost``) stay refused: use ``127.0.0.1``.
+    :param allow_private: development and tests only: IP literals and non-public addresses
+        (loopback included) are accepted, and ``http://`` to those addresses (not to a name, nor
+        to a public address: that takes ``allow_http``). The allowlist still applies, and names
+        that mean this machine (``localhost``) stay refused: use ``127.0.0.1``.
     """
 
     allowlist: tuple[HostPattern, ...] = ()
@@ -208,7 +210,17 @@ class CallbackPolicy:
 
     @property
     def http_allowed(self) -> bool:
+        """Whether some ``http://`` target may pass (:meth:`check` says which)."""
         return self.allow_http or self.allow_private
+
+    def _http_allowed_to(self, host: str | IPAddress) -> bool:
+        if self.allow_http:
+            return True
+        # The development setting opens plain http only to the non-public addresses it opens: a
+        # name could resolve to a public host, and the body would cross the internet in clear.
+        return (
+            self.allow_private and not isinstance(host, str) and check_address(host, SsrfPolicy()) is not None
+        )
 
     def check(self, url: object) -> Rejection | None:
         """Return why ``url`` is refused, or ``None``. Never resolves DNS."""
@@ -222,7 +234,7 @@ class CallbackPolicy:
                 else RejectionType.INVALID_URL
             )
             return Rejection(kind)
-        if target.scheme != "https" and not self.http_allowed:
+        if target.scheme != "https" and not self._http_allowed_to(target.host):
             return Rejection(RejectionType.SCHEME_NOT_ALLOWED)
         if target.userinfo:
             return Rejection(RejectionType.USERINFO)

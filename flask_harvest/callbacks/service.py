@@ -23,6 +23,7 @@ from ..config import KEYS, Settings
 from ..errors import ConfigurationError, InvalidFieldError, NotFoundError
 from ..jobs.base import JobBackend, JobBackendError, JobRef
 from ..jobs.tasks import in_worker_job
+from ..ssrf import redact_url
 from ..sweeper import SweepReport, requeue_missing
 from ..transport import Transport
 from ..workflows.hooks import after_commit
@@ -113,11 +114,14 @@ class CompletionCallbacks:
             settings.completion_callback_initial_backoff_ms,
             settings.completion_callback_max_backoff_ms,
         )
-        self._secret = (
-            CallbackSecret(settings.completion_callback_secret)
-            if settings.completion_callback_secret
-            else None
-        )
+        try:
+            self._secret = (
+                CallbackSecret(settings.completion_callback_secret)
+                if settings.completion_callback_secret
+                else None
+            )
+        except ValueError as exc:  # a malformed whsec_ secret; the message does not quote it
+            raise ConfigurationError(f"{KEYS['completion_callback_secret']}: {exc}") from None
         self._cap = settings.completion_callback_max_inflight_per_endpoint
         self._inflight: dict[str, int] = {}
         self._lock = threading.Lock()
@@ -126,8 +130,8 @@ class CompletionCallbacks:
             self._load_defaults(settings.completion_callback_defaults)
         if self.policy.allow_private:
             log.warning(
-                "harvest: %s is on: completion callbacks may use http:// and reach loopback and private "
-                "addresses. Never turn it on in production.",
+                "harvest: %s is on: completion callbacks may reach loopback and private addresses, over "
+                "http:// too. Never turn it on in production.",
                 KEYS["completion_callback_allow_private_targets"],
             )
 
@@ -158,7 +162,9 @@ class CompletionCallbacks:
         try:
             targets = parse_targets([{"url": url, "filter": filter_json}], self.policy)
         except CallbackTargetRejected as exc:
-            raise ConfigurationError(f"default completion callback {url!r:.200}: {exc.detail}") from None
+            raise ConfigurationError(
+                f"default completion callback {redact_url(str(url))!r:.200}: {exc.detail}"
+            ) from None
         self._add(targets[0])
 
     def _add(self, target: CallbackTarget) -> None:
@@ -303,7 +309,7 @@ class CompletionCallbacks:
         if self._secret is None:
             return AttemptOutcome(DeliveryState.FAILED, None, "no completion-callback secret is configured")
         body = delivery.body.encode("utf-8")
-        headers = headers_for(self._secret, body, now)
+        headers = headers_for(self._secret, delivery.delivery_id, body, now)
         result = self.transport.post_or_error(
             delivery.target_url, body, headers, policy=self.policy.ssrf_policy
         )

@@ -18,6 +18,7 @@ from sqlalchemy import Connection, Engine, Update, and_, delete, or_, select, up
 from sqlalchemy.engine import Row
 
 from .._sql import SqlDatabase
+from ..ssrf import redact_url
 from ._schema import CALLBACK_TABLES, dead_letters_table, deliveries_table
 from .outcome import AttemptOutcome, DeliveryState, RetryPolicy, dead_letter_reason
 
@@ -49,8 +50,20 @@ class CompletionDelivery:
     updated_at: datetime
     delivered_at: datetime | None
 
+    def __repr__(self) -> str:
+        # Short, and without the body or the URL's credentials: a signal receiver may log it.
+        return (
+            f"<CompletionDelivery {self.delivery_id} of {self.execution_id} #{self.callback_index} "
+            f"{self.state.value} attempts={self.attempts} target={self.display_url}>"
+        )
+
+    @property
+    def display_url(self) -> str:
+        """The target URL as it may be shown or logged (:func:`~flask_harvest.ssrf.redact_url`)."""
+        return redact_url(self.target_url)
+
     def to_json(self) -> dict[str, Any]:
-        """The management API's form (no body, no lease token)."""
+        """The management API's form (no body, no lease token; the target URL redacted)."""
 
         def iso(when: datetime | None) -> str | None:
             return when.isoformat() if when is not None else None
@@ -59,7 +72,7 @@ class CompletionDelivery:
             "delivery_id": self.delivery_id,
             "execution_id": self.execution_id,
             "callback_index": self.callback_index,
-            "target_url": self.target_url,
+            "target_url": self.display_url,
             "filter": self.filter,
             "state": self.state.value,
             "attempts": self.attempts,

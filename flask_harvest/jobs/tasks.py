@@ -6,9 +6,11 @@ job (:func:`running_kinds`), which is how a worker process routes each kind of w
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import functools
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
+from typing import ParamSpec, TypeVar
 
 from rq import Queue, get_current_job
 
@@ -16,6 +18,8 @@ from .base import JobBackendError, JobKinds, row_id_of
 from .rq import forget_batch, take_jobs
 
 _kinds: ContextVar[JobKinds | None] = ContextVar("harvest_job_kinds", default=None)
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
 
 
 @contextmanager
@@ -29,8 +33,27 @@ def running_kinds(kinds: JobKinds) -> Iterator[None]:
 
 
 def in_worker_job() -> bool:
-    """Whether this thread is running a job in ``flask harvest worker`` right now."""
+    """Whether this thread is running a job in ``flask harvest worker`` right now (or work such a
+    job handed over with :func:`carrying_job_context`)."""
     return _kinds.get() is not None
+
+
+def carrying_job_context(fn: Callable[_P, _R]) -> Callable[_P, _R]:
+    """Return ``fn`` bound to this thread's job context, to be run on another thread.
+
+    A pool's threads do not inherit a ``ContextVar``: without this, what a job hands to one (the
+    workflow runner's threads) would not know it runs in a worker. Outside a job, ``fn`` itself.
+    """
+    kinds = _kinds.get()
+    if kinds is None:
+        return fn
+
+    @functools.wraps(fn)
+    def bound(*args: _P.args, **kwargs: _P.kwargs) -> _R:
+        with running_kinds(kinds):
+            return fn(*args, **kwargs)
+
+    return bound
 
 
 def _current_kinds() -> JobKinds:

@@ -20,6 +20,7 @@ from sqlalchemy import Connection
 from .._threads import PerProcess
 from ..errors import HarvestError, InvalidFieldError, InvalidStateError, StoreError
 from ..jobs.base import JobBackend, JobBackendError, JobRef
+from ..jobs.tasks import carrying_job_context
 from .context import StepRetryPolicy, WorkflowContext, _EngineFailed, _Unwind
 from .errors import UnknownWorkflowError
 from .models import (
@@ -197,7 +198,10 @@ class WorkflowRunner:
                 self.run(execution_id)
             return
         executor = self._threads.get().executor
-        futures = [executor.submit(self._run_in_context, execution_id) for execution_id in execution_ids]
+        # The runs keep the job's context, so what ends them knows it is in a worker (a completion
+        # callback's first attempt is then made here, without a round trip through the queue).
+        run = carrying_job_context(self._run_in_context)
+        futures = [executor.submit(run, execution_id) for execution_id in execution_ids]
         errors = [future.exception() for future in futures]
         for error in errors:
             if error is not None:
@@ -215,7 +219,7 @@ class WorkflowRunner:
         threads = self._threads.get()
         with threads.room:
             threads.in_flight += len(execution_ids)
-        threads.executor.submit(self._claim_and_run, threads, list(execution_ids))
+        threads.executor.submit(carrying_job_context(self._claim_and_run), threads, list(execution_ids))
         with threads.room:
             threads.room.wait_for(lambda: threads.in_flight < self.concurrency)
 
@@ -233,9 +237,10 @@ class WorkflowRunner:
                 claimed = self.store.claim_many(execution_ids, now=now, lease_seconds=self.lease_seconds)
                 for execution_id in set(execution_ids) - {e.execution_id for e in claimed}:
                     self._reschedule_if_early(execution_id, now)
+            run = carrying_job_context(self._run_submitted)
             for execution in claimed:
                 try:
-                    threads.executor.submit(self._run_submitted, threads, execution, now)
+                    threads.executor.submit(run, threads, execution, now)
                 except RuntimeError:  # the executor is shutting down: run it on this thread
                     self._run_submitted(threads, execution, now)
                 submitted += 1
