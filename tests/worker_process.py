@@ -80,12 +80,41 @@ def start_worker(
         )
 
 
-def stop(process: subprocess.Popen[bytes], how: signal.Signals) -> None:
-    """Send ``how`` to the worker and everything it started; wait for the worker to end."""
+#: How long a stopped worker may take to exit before the tests kill it: a liveness bound, far
+#: above the second or two a graceful stop takes (a worker that outlives it is a failure).
+STOP_SECONDS = 20.0
+
+
+def stop_group(
+    process: subprocess.Popen[Any], how: signal.Signals, timeout: float = STOP_SECONDS
+) -> int | None:
+    """Send ``how`` to ``process``'s session, then :func:`wait_or_kill` it."""
     with contextlib.suppress(ProcessLookupError):
         os.killpg(process.pid, how)
+    return wait_or_kill(process, timeout)
+
+
+def wait_or_kill(process: subprocess.Popen[Any], timeout: float = STOP_SECONDS) -> int | None:
+    """Wait up to ``timeout`` s for ``process`` to end; then SIGKILL whatever is left of its
+    session and reap the process. Return its exit status, or ``None`` if it had to be killed.
+
+    Nothing outlives the call: a process still running when its test ends would be reaped, with a
+    ResourceWarning, in whichever later test the garbage collector runs, and fail that test.
+    """
     try:
-        process.wait(timeout=20)
+        return process.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return None
     finally:
         with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGKILL)  # whatever is left of the group
+            os.killpg(process.pid, signal.SIGKILL)  # whatever is left of the group (RQ's scheduler)
+        process.wait(timeout=timeout)  # SIGKILL ends it at once; wait() reaps it
+
+
+def stop(process: subprocess.Popen[bytes], how: signal.Signals) -> None:
+    """Send ``how`` to the worker and everything it started; wait for the worker to end.
+
+    :raises AssertionError: it did not end within :data:`STOP_SECONDS` (it was killed then).
+    """
+    status = stop_group(process, how)
+    assert status is not None, f"the worker did not exit within {STOP_SECONDS} s of {how.name}; it was killed"

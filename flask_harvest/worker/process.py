@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
+import redis
 from flask import Flask
 from rq import Queue, SimpleWorker
 from rq.job import Job
@@ -18,9 +20,54 @@ from ..jobs.tasks import running_kinds
 from ..webhooks.delivery import WEBHOOK_JOB
 from .pool import DeliveryPool
 
+log = logging.getLogger(__name__)
+
 # How often the worker tells RQ it is alive while it hands deliveries to its pool without
 # dequeueing (RQ's own loop does it per job; its worker key lives ``worker_ttl``, 420 s, by default).
 _HEARTBEAT_SECONDS = 10.0
+# How long the thread that hears RQ's worker commands waits for one before it looks whether the
+# worker is stopping: the most a stop waits for that thread (RQ 1.x's own listener used 0.2 s too;
+# an idle wake costs one poll() call).
+_LISTEN_SECONDS = 0.2
+# How long that thread waits after Redis failed under it before it listens again.
+_RELISTEN_SECONDS = 2.0
+
+
+class _CommandListener:
+    """Hears RQ's worker commands (:mod:`rq.command`: shut down, stop a job) on the worker's
+    channel, on a thread that a stop ends within ``_LISTEN_SECONDS``.
+
+    RQ's own listener, redis-py's ``PubSub.run_in_thread``, waits up to 60 s for each message,
+    and RQ ends it by unsubscribing first: when that thread reads the unsubscribe reply before it
+    is told to stop, it waits the 60 s for a subscription that never comes, and the redis-py
+    versions whose ``stop()`` joins the thread hold the worker's exit that long. This one is told
+    to stop first, sends no UNSUBSCRIBE (closing the connection ends the subscription) and never
+    waits longer than ``_LISTEN_SECONDS``, on every redis-py and RQ version.
+    """
+
+    def __init__(
+        self, connection: redis.Redis, channel: str, handler: Callable[[dict[str, Any]], object]
+    ) -> None:
+        self._pubsub = connection.pubsub()
+        self._pubsub.subscribe(**{channel: handler})
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._listen, name="harvest-commands", daemon=True)
+        self._thread.start()
+
+    def _listen(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self._pubsub.get_message(ignore_subscribe_messages=True, timeout=_LISTEN_SECONDS)
+            except Exception as exc:  # redis-py subscribes again when it reconnects
+                log.warning("harvest: worker command channel failed (%s); listening again", exc)
+                self._stop.wait(_RELISTEN_SECONDS)
+
+    def stop(self) -> None:
+        """End the thread (it may be running a command's handler: wait a while for it), then
+        the subscription."""
+        self._stop.set()
+        self._thread.join(timeout=_LISTEN_SECONDS + _RELISTEN_SECONDS + 5)
+        self._pubsub.close()
 
 
 class HarvestWorker(SimpleWorker):
@@ -56,6 +103,16 @@ class HarvestWorker(SimpleWorker):
         self._interval = interval
         self._on_stop = on_stop
         self._stopping = threading.Event()
+        self._commands: _CommandListener | None = None
+
+    def subscribe(self) -> None:
+        # RQ calls it as the worker starts, and unsubscribe() as it ends (see _CommandListener).
+        self._commands = _CommandListener(self.connection, self.pubsub_channel_name, self.handle_payload)
+
+    def unsubscribe(self) -> None:
+        if self._commands is not None:
+            self._commands.stop()
+            self._commands = None
 
     def request_stop(self, signum: Any, frame: Any) -> None:
         if self._on_stop is not None:

@@ -200,10 +200,12 @@ def serving(
     try:
         yield server.url
     finally:
-        stop(worker, signal.SIGTERM)
-        server.close()
-        if worker.returncode not in (0, -signal.SIGTERM):
-            print((tmp_path / "worker.log").read_text())
+        try:
+            stop(worker, signal.SIGTERM)  # fails the test if the worker had to be killed
+        finally:
+            server.close()
+            if worker.returncode not in (0, -signal.SIGTERM):
+                print((tmp_path / "worker.log").read_text())
 
 
 def dispatch(app: Flask, topic: str, payload: Any) -> list[str]:

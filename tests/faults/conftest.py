@@ -24,7 +24,6 @@ every worker process are searched for it (see ``test_secrets.py`` for the rest o
 from __future__ import annotations
 
 import base64
-import contextlib
 import hashlib
 import http.client
 import json
@@ -56,6 +55,7 @@ from flask_harvest.webhooks.stores.sql import SqlOutboundWebhookStore, metadata
 
 from ..conftest import DATABASE_URL, service_unavailable
 from ..pipeline import close_later
+from ..worker_process import stop_group
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
@@ -147,21 +147,6 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
-
-
-def stop_group(process: subprocess.Popen[Any], how: signal.Signals, timeout: float) -> int | None:
-    """Send ``how`` to ``process``'s session, wait up to ``timeout`` s, then SIGKILL what is left."""
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(process.pid, how)
-    try:
-        return process.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        return None
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGKILL)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            process.wait(timeout=10)
 
 
 def rss_kib(pid: int) -> int:

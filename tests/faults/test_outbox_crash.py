@@ -26,7 +26,8 @@ import sqlalchemy as sa
 
 from flask_harvest.webhooks.manager import outbox_delivery_id
 
-from .conftest import FaultEnv, check_invariants, stop_group, wait_until
+from ..worker_process import stop_group
+from .conftest import FaultEnv, check_invariants, wait_until
 
 pytestmark = [pytest.mark.faults, pytest.mark.postgres, pytest.mark.redis, pytest.mark.slow]
 TIME_LIMIT_SECONDS = 240
