@@ -122,9 +122,17 @@ def triggers_register(
 
 @triggers_cli.command("delete")
 @click.argument("trigger_id")
-def triggers_delete(trigger_id: str) -> None:
-    """Delete a trigger and its fires rows."""
-    _service().delete(trigger_id)
+@out.yes_option
+def triggers_delete(trigger_id: str, yes: bool) -> None:
+    """Delete a trigger and its fires rows. Asks first (--yes does not)."""
+    service = _service()
+    stored = service.get(trigger_id)
+    out.confirm(
+        f"Delete completion trigger {stored.id} ({stored.source_workflow_name} -> "
+        f"{stored.target_workflow_name}) and its fires?",
+        yes,
+    )
+    service.delete(trigger_id)
     click.echo(f"deleted completion trigger {trigger_id}")
 
 

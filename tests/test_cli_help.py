@@ -60,14 +60,16 @@ def unreachable_app() -> Flask:
     return app
 
 
-def command_paths(group: click.Group, prefix: tuple[str, ...] = ()) -> Iterator[tuple[str, ...]]:
+def commands(
+    group: click.Group, prefix: tuple[str, ...] = ()
+) -> Iterator[tuple[tuple[str, ...], click.Command]]:
     """Every group and command under ``group``, by each name it is registered under."""
-    yield prefix
+    yield prefix, group
     for name, command in group.commands.items():
         if isinstance(command, click.Group):
-            yield from command_paths(command, (*prefix, name))
+            yield from commands(command, (*prefix, name))
         else:
-            yield (*prefix, name)
+            yield (*prefix, name), command
 
 
 def test_the_unreachable_app_cannot_be_built() -> None:
@@ -80,7 +82,7 @@ def test_harvest_is_a_flask_commands_entry_point() -> None:
     assert [(e.name, e.load()) for e in declared_flask_commands()] == [("harvest", harvest_cli)]
 
 
-@pytest.mark.parametrize("path", list(command_paths(harvest_cli)), ids=" ".join)
+@pytest.mark.parametrize("path", [path for path, _ in commands(harvest_cli)], ids=" ".join)
 def test_help_of_every_command_builds_no_app(path: tuple[str, ...]) -> None:
     built: list[Flask] = []
 
@@ -107,3 +109,37 @@ def test_a_command_found_through_the_entry_point_loads_the_app_when_it_runs() ->
     assert result.exit_code == 0, result.output
     assert '"overall"' in result.output
     assert len(built) == 1
+
+
+def help_text(*path: str) -> str:
+    result = CliRunner().invoke(flask_cli(unreachable_app), ["harvest", *path, "--help"])
+    assert result.exit_code == 0, result.output
+    return " ".join(result.output.split())
+
+
+@pytest.mark.parametrize("path", [(), ("worker",)], ids=["harvest", "worker"])
+def test_help_names_every_kind_of_work(path: tuple[str, ...]) -> None:
+    text = help_text(*path)
+    for kind in ("webhooks", "workflow", "completion callbacks", "completion triggers"):
+        assert kind in text, text
+
+
+#: The commands that delete something or end a run: each asks first, and ``--yes`` skips it.
+ASKS_FIRST = {
+    ("purge",),
+    ("outbox", "purge"),
+    ("subscriptions", "remove"),
+    ("triggers", "delete"),
+    ("workflows", "cancel"),
+    ("workflows", "terminate"),
+}
+
+
+def test_exactly_the_commands_that_delete_or_end_something_take_yes() -> None:
+    # A new command is classified here: a --yes flag means that it asks first.
+    with_yes = {
+        path
+        for path, command in commands(harvest_cli)
+        if any("--yes" in param.opts for param in command.params if isinstance(param, click.Option))
+    }
+    assert with_yes == ASKS_FIRST

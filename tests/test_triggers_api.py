@@ -409,8 +409,11 @@ def test_the_cli(app: Flask) -> None:
     assert json.loads(evaluated.output)[0]["outcome"] == "deduped"
     fires = runner.invoke(args=["harvest", "triggers", "fires", SEED_ID, "--json"])
     assert json.loads(fires.output)[0]["source_exec_id"] == handle.execution_id
-    assert runner.invoke(args=["harvest", "triggers", "delete", SEED_ID]).exit_code == 0
-    missing = runner.invoke(args=["harvest", "triggers", "delete", SEED_ID])
+    declined = runner.invoke(args=["harvest", "triggers", "delete", SEED_ID], input="n\n")
+    assert declined.exit_code == 1 and "Aborted" in declined.output  # it asks first
+    assert runner.invoke(args=["harvest", "triggers", "show", SEED_ID]).exit_code == 0
+    assert runner.invoke(args=["harvest", "triggers", "delete", SEED_ID], input="y\n").exit_code == 0
+    missing = runner.invoke(args=["harvest", "triggers", "delete", SEED_ID, "--yes"])
     assert missing.exit_code == 1 and "no completion trigger" in missing.output
 
 
