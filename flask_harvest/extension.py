@@ -37,7 +37,7 @@ log = logging.getLogger(__name__)
 class OutboundWebhookPlugin:
     """Outbound webhooks for a Flask app.
 
-    A store must be chosen explicitly, as in the seed: pass one (``InMemoryOutboundWebhookHandler``
+    A store must be chosen explicitly: pass one (``InMemoryOutboundWebhookHandler``
     for tests, a :class:`~flask_harvest.webhooks.stores.sql.SqlOutboundWebhookStore`), or build the
     SQL store on a Flask-SQLAlchemy database with :meth:`sql`. Keyword options are the
     :class:`~flask_harvest.config.Settings` fields (``webhooks_max_attempts=3``); a ``HARVEST_*``

@@ -1,4 +1,4 @@
-"""The completion-callback envelope and its signature (seed 000). Pure.
+"""The completion-callback envelope and its signature. Pure.
 
 The body is built once, when the delivery is enqueued, and sent byte-identical on every attempt and
 redrive. Fields, in this order: ``delivery_id``, ``execution_id``, ``workflow_name``,
