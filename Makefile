@@ -1,8 +1,9 @@
 # flask-harvest from a checkout. Each target creates its virtual environment when it is missing
 # and (re)installs the project into it when setup.cfg, setup.py or pyproject.toml changed.
 #
-#   make demo       the quickstart: SQLite and the in-process backend, no services needed
-#   make test       what CI runs after starting the services (.ci/run): ruff, mypy, the docs
+#   make demo       the quickstart: SQLite and the in-process backend, no services needed; installs
+#                   only the package's own dependencies (pip install -e .)
+#   make test       installs the dev extra (pip install -e ".[dev]"), then what CI runs after starting the services (.ci/run): ruff, mypy, the docs
 #                   build, the demo and pytest; PYTEST_ARGS narrows pytest
 #   make lowest     pytest on the lowest version of every dependency setup.cfg allows (.venv-lowest)
 #   make rq-newest  the RQ tests on the newest RQ setup.cfg allows (.venv-rq-newest)
@@ -26,10 +27,10 @@ BIN := $(VENV)/bin
 
 .PHONY: demo test lowest rq-newest clean-venvs
 
-demo: $(VENV)/.installed
+demo: $(VENV)/.installed-package
 	$(BIN)/python examples/quickstart.py
 
-test: $(VENV)/.installed
+test: $(VENV)/.installed-dev
 	@echo "==== Lint: ruff check flask_harvest tests examples bench ===="
 	$(BIN)/ruff check flask_harvest tests examples bench
 	@echo "==== Types: mypy (configured in pyproject.toml) ===="
@@ -44,9 +45,16 @@ test: $(VENV)/.installed
 		[ $$status -ne 5 ] || echo "!!!! pytest collected no tests (exit 5); a run without tests is a failure" >&2; \
 		exit $$status; }
 
-$(VENV)/.installed: $(INSTALL_INPUTS) | $(BIN)/python
-	$(BIN)/pip install -e ".[dev]"
+# The demo needs only Flask and SQLAlchemy (install_requires): the dev extra (the test tools, the
+# docs build, the benchmarks' numpy, matplotlib and DBOS) would take minutes to install for nothing.
+$(VENV)/.installed-package: $(INSTALL_INPUTS) | $(BIN)/python
+	$(BIN)/pip install -e .
 	touch $@
+
+# The dev extra holds the package's own dependencies too, so it stands for both stamps.
+$(VENV)/.installed-dev: $(INSTALL_INPUTS) | $(BIN)/python
+	$(BIN)/pip install -e ".[dev]"
+	touch $@ $(VENV)/.installed-package
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)

@@ -1,4 +1,4 @@
-"""Completion triggers: a daily report runs the moment the ETL ingest completes (seed 003's example).
+"""Completion triggers: a daily report runs the moment the ETL ingest completes.
 
 ``etl_ingest`` returns ``{"summary": {...}, "files": [...]}``; a trigger starts ``daily_report``
 with the ``summary`` as its input, in the same transaction that records the ingest as Completed.

@@ -23,6 +23,8 @@ from .webhooks.models import count_text
 
 #: The ``--json`` flag every reporting command takes.
 json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
+#: The ``--yes`` flag of every command that deletes or ends something: see :func:`confirm`.
+yes_option = click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
 
 #: Longest value shown in a table cell; ``--json`` shows values whole.
 CELL_WIDTH = 60
@@ -58,6 +60,15 @@ def fields(data: Mapping[str, object], keys: Sequence[str] | None = None) -> str
     chosen = list(data) if keys is None else [k for k in keys if k in data]
     width = max((len(k) for k in chosen), default=0)
     return "\n".join(f"{k.ljust(width)}  {cell(data[k], width=200)}" for k in chosen)
+
+
+def confirm(question: str, yes: bool) -> None:
+    """Ask ``question`` unless ``--yes`` was given; any answer but yes aborts with status 1.
+
+    The question goes to standard error, so that ``--json`` output stays one JSON document.
+    """
+    if not yes:
+        click.confirm(question, abort=True, err=True)
 
 
 def output(data: Any, as_json: bool, render: Callable[[Any], str]) -> None:

@@ -28,7 +28,11 @@ from .workflow_cli import workflows_cli
 if TYPE_CHECKING:  # only then: the metrics module needs the optional prometheus_client
     from .metrics import MetricsExposition
 
-harvest_cli = _Group("harvest", help="Outbound webhooks: subscriptions, dead letters, workers, maintenance.")
+harvest_cli = _Group(
+    "harvest",
+    help="flask-harvest: outbound webhooks, durable workflows, their completion callbacks and "
+    "completion triggers; the worker and maintenance.",
+)
 # In an app without workflows (or triggers) their commands say so in one line: the command list
 # is the same for every app, whatever extensions it has.
 harvest_cli.add_command(workflows_cli)
@@ -64,7 +68,9 @@ harvest_cli.add_command(triggers_cli)
 def worker_command(
     burst: bool, name: str | None, concurrency: int | None, metrics_port: int | None, metrics_address: str
 ) -> None:
-    """Run one RQ worker for the webhook queue, with the scheduler and the sweeper.
+    """Run one RQ worker for the app's queue, with the scheduler and the sweeper: it delivers
+    webhooks, runs workflow executions (those completion triggers start too) and sends completion
+    callbacks.
 
     The process keeps up to --concurrency attempts in flight on a thread pool; run one or two
     per core (see the deployment docs).
@@ -129,15 +135,17 @@ def init_db_command() -> None:
 @harvest_cli.command("purge")
 @click.option("--before", metavar="ISO_DATETIME", callback=out.iso_datetime, help="Cutoff (naive = UTC).")
 @click.option("--older-than", type=out.Seconds(), default=None, help="Cutoff as seconds before now.")
+@out.yes_option
 @out.json_option
-def purge_command(before: datetime | None, older_than: float | None, as_json: bool) -> None:
+def purge_command(before: datetime | None, older_than: float | None, yes: bool, as_json: bool) -> None:
     """Delete delivered logs whose last attempt is older than the cutoff; give exactly one.
 
-    Pending, in-flight, dead-lettered and skipped logs stay.
+    Pending, in-flight, dead-lettered and skipped logs stay. Asks first (--yes does not).
     """
     if (before is None) == (older_than is None):
         raise click.UsageError("give exactly one of --before and --older-than")
     cutoff = before if before is not None else utcnow() - timedelta(seconds=older_than or 0)
+    out.confirm(f"Delete the delivered logs from before {isoformat(cutoff)}?", yes)
     removed = _ops().purge_delivered(cutoff)
     data = {"removed": removed, "before": isoformat(cutoff)}
     out.output(data, as_json, lambda d: f"removed {d['removed']} delivered log(s) from before {d['before']}")
@@ -250,12 +258,11 @@ def subscriptions_rotate_secret(
 
 @subscriptions_cli.command("remove")
 @click.argument("subscription_id")
-@click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
+@out.yes_option
 def subscriptions_remove(subscription_id: str, yes: bool) -> None:
-    """Delete the subscription; its delivery logs stay."""
+    """Delete the subscription; its delivery logs stay. Asks first (--yes does not)."""
     subscription = _ops().get_subscription(subscription_id)
-    if not yes:
-        click.confirm(f"Remove subscription {subscription.id} ({subscription.target_url})?", abort=True)
+    out.confirm(f"Remove subscription {subscription.id} ({subscription.target_url})?", yes)
     _ops().remove_subscription(subscription_id)
     click.echo(f"removed subscription {subscription_id}; its delivery logs stay")
 
@@ -376,8 +383,11 @@ def outbox_relay_command(limit: int) -> None:
     default=None,
     help="Seconds since relay (default: HARVEST_OUTBOX_RETENTION_SECONDS).",
 )
-def outbox_purge_command(older_than: float | None) -> None:
-    """Delete relayed outbox messages older than the retention period."""
+@out.yes_option
+def outbox_purge_command(older_than: float | None, yes: bool) -> None:
+    """Delete relayed outbox messages older than the retention period. Asks first (--yes does not)."""
+    since = "the retention period" if older_than is None else f"{older_than:g} s"
+    out.confirm(f"Delete the relayed outbox messages relayed more than {since} ago?", yes)
     removed, seconds = _ops().purge_outbox(older_than)
     click.echo(f"removed {removed} relayed outbox message(s) older than {seconds:g} s")
 

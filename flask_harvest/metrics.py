@@ -101,7 +101,7 @@ CALLBACK_DELIVERIES = Counter(
 )
 TRIGGER_FIRES = Counter(
     "harvest_completion_trigger_fires",
-    "Completion-trigger evaluations by outcome (the seed's harvest.completion_trigger.fires).",
+    "Completion-trigger evaluations by outcome (the counter harvest.completion_trigger.fires).",
     ["outcome"],
 )
 TRIGGER_SKIPPED = Counter(

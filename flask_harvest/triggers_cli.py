@@ -91,6 +91,12 @@ def triggers_show(trigger_id: str, as_json: bool) -> None:
 @click.option(
     "--id", "trigger_id", default=None, help="The trigger's UUID; an existing one is replaced whole."
 )
+@click.option(
+    "--allow-unknown",
+    is_flag=True,
+    help="Accept --source and --target names that no workflow of this app is registered under "
+    "(workflows that only other processes register).",
+)
 @out.json_option
 def triggers_register(
     source: str,
@@ -99,9 +105,13 @@ def triggers_register(
     mapping: str | None,
     condition: str | None,
     trigger_id: str | None,
+    allow_unknown: bool,
     as_json: bool,
 ) -> None:
-    """Register a trigger, or replace every field of the trigger with --id."""
+    """Register a trigger, or replace every field of the trigger with --id.
+
+    --source and --target must name workflows registered in this app (see --allow-unknown).
+    """
     body: dict[str, Any] = {"source_workflow_name": source, "target_workflow_name": target}
     if states:
         body["terminal_states"] = list(states)
@@ -111,15 +121,23 @@ def triggers_register(
         body["condition"] = _json_option_value("--condition", condition)
     if trigger_id is not None:
         body["id"] = trigger_id
-    stored = _service().register(trigger_from_json(body))
+    stored = _service().register(trigger_from_json(body), allow_unknown_workflows=allow_unknown)
     out.output(trigger_to_json(stored), as_json, lambda d: f"registered completion trigger {d['id']}")
 
 
 @triggers_cli.command("delete")
 @click.argument("trigger_id")
-def triggers_delete(trigger_id: str) -> None:
-    """Delete a trigger and its fires rows."""
-    _service().delete(trigger_id)
+@out.yes_option
+def triggers_delete(trigger_id: str, yes: bool) -> None:
+    """Delete a trigger and its fires rows. Asks first (--yes does not)."""
+    service = _service()
+    stored = service.get(trigger_id)
+    out.confirm(
+        f"Delete completion trigger {stored.id} ({stored.source_workflow_name} -> "
+        f"{stored.target_workflow_name}) and its fires?",
+        yes,
+    )
+    service.delete(trigger_id)
     click.echo(f"deleted completion trigger {trigger_id}")
 
 
@@ -128,7 +146,8 @@ def triggers_delete(trigger_id: str) -> None:
 @click.option("--limit", type=click.IntRange(1, 500), default=100, help="At most this many rows (1-500).")
 @out.json_option
 def triggers_fires(trigger_id: str, limit: int, as_json: bool) -> None:
-    """The trigger's fires ledger, newest first (outcome '-' means the target was started)."""
+    """The trigger's fires ledger, newest first: outcome '-' means the target was started;
+    validation_failed or payload_too_large that it could not be (see 'triggers evaluate')."""
     service = _service()
     trigger_id = service.get(trigger_id).id
     data = [fire_to_json(f) for f in service.fires(trigger_id=trigger_id, limit=limit)]

@@ -221,10 +221,18 @@ def workflows_result(execution_id: str, wait: float, as_json: bool) -> None:
 @workflows_cli.command("cancel")
 @click.argument("execution_id")
 @click.option("--reason", default=None, help="Why; recorded as the run's error.")
+@out.yes_option
 @out.json_option
-def workflows_cancel(execution_id: str, reason: str | None, as_json: bool) -> None:
-    """Cancel cooperatively: a pending run ends now, a running one at its next step or sleep."""
-    execution = _service().cancel(execution_id, reason)
+def workflows_cancel(execution_id: str, reason: str | None, yes: bool, as_json: bool) -> None:
+    """Cancel cooperatively: a pending run ends now, a running one at its next step or sleep.
+    Asks first (--yes does not)."""
+    service = _service()
+    current = service.get(execution_id)
+    if not current.terminal:
+        out.confirm(
+            f"Cancel {current.workflow_name} execution {current.execution_id} ({current.state.value})?", yes
+        )
+    execution = service.cancel(execution_id, reason)
     out.output(execution_to_dict(execution), as_json, _cancelled)
 
 
@@ -239,16 +247,16 @@ def _cancelled(data: Mapping[str, Any]) -> str:
 @workflows_cli.command("terminate")
 @click.argument("execution_id")
 @click.option("--reason", default=None, help="Why; recorded as the run's error.")
-@click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
+@out.yes_option
 @out.json_option
 def workflows_terminate(execution_id: str, reason: str | None, yes: bool, as_json: bool) -> None:
-    """End the run Terminated at once: its code records nothing more."""
+    """End the run Terminated at once: its code records nothing more. Asks first (--yes does not)."""
     service = _service()
     current = service.get(execution_id)
-    if not yes and not current.terminal:
-        click.confirm(
+    if not current.terminal:
+        out.confirm(
             f"Terminate {current.workflow_name} execution {current.execution_id} ({current.state.value})?",
-            abort=True,
+            yes,
         )
     execution = service.terminate(execution_id, reason)
     out.output(

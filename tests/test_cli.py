@@ -602,12 +602,15 @@ def test_purge(cli: Cli, store: OutboundWebhookHandler) -> None:
     log(store, "dlv_old", state=DeliveryState.DELIVERED, minutes=-600 * 24 * 60)
     log(store, "dlv_old_dlq", minutes=-600 * 24 * 60)
     log(store, "dlv_new", state=DeliveryState.DELIVERED, timestamp=utcnow())
-    data = as_json(cli("purge", "--before", "2023-01-01T02:00:00+02:00", "--json"))
-    assert data == {"removed": 1, "before": "2023-01-01T00:00:00Z"}
+    declined = cli("purge", "--before", "2023-01-01T02:00:00+02:00", input="n\n")
+    assert declined.exit_code == 1 and "Aborted" in declined.output  # it asks first
+    assert store.get_delivery("dlv_old") is not None
+    data = as_json(cli("purge", "--before", "2023-01-01T02:00:00+02:00", "--json", input="y\n"))
+    assert data == {"removed": 1, "before": "2023-01-01T00:00:00Z"}  # the question went to stderr
     assert store.get_delivery("dlv_old") is None
     assert store.get_delivery("dlv_old_dlq") is not None  # dead letters stay
-    assert "removed 0 delivered log(s)" in ok(cli("purge", "--older-than", "3600")).output
-    assert "removed 1 delivered log(s)" in ok(cli("purge", "--older-than", "0")).output
+    assert "removed 0 delivered log(s)" in ok(cli("purge", "--older-than", "3600", "--yes")).output
+    assert "removed 1 delivered log(s)" in ok(cli("purge", "--older-than", "0", "--yes")).output
     assert store.get_delivery("dlv_new") is None
 
 

@@ -268,7 +268,9 @@ def workflow_subject(
         triggers.register(
             CompletionTrigger("echo", "echo", terminal_states=["Terminated"], condition=Eq("n", 1))
         )
-        triggers.register(CompletionTrigger(SCRIPT, "echo", id=str(uuid.uuid4())))
+        triggers.register(
+            CompletionTrigger(SCRIPT, "echo", id=str(uuid.uuid4())), allow_unknown_workflows=True
+        )
         pending, _ = service.start("echo", {"note": SCRIPT}, workflow_id=SCRIPT)
         ended, _ = service.start("echo", {"n": 2}, completion_callbacks=[{"url": receiver.url("/done")}])
         service.terminate(ended.execution_id, SCRIPT)

@@ -10,6 +10,7 @@ import re
 import time
 import uuid
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -363,6 +364,8 @@ def test_fires_and_skips_on_the_execution_and_trigger_pages(
                 id=TRIGGER_ID,
             )
         )
+        # A target that only another process would know: its failed starts are in the ledger.
+        trigger_service().register(CompletionTrigger("echo", "elsewhere"), allow_unknown_workflows=True)
     fired = start(app, "echo", {"n": 9})
     skipped = start(app, "echo", {"n": 1})
     for execution_id in (fired, skipped):
@@ -371,6 +374,7 @@ def test_fires_and_skips_on_the_execution_and_trigger_pages(
     assert 'id="trigger-fires"' in page and ">fired<" in page
     [target] = re.findall(r'href="/harvest/workflows/([0-9a-f-]{36})"', page.split('id="trigger-fires"')[1])
     assert target != fired
+    assert "not started: validation_failed" in page
     assert "skipped: condition_unmet" in text(client.get(f"{PREFIX}/workflows/{skipped}"))
     detail = text(client.get(f"{PREFIX}/triggers/{TRIGGER_ID}"))
     assert "skipped: condition_unmet" in detail and ">fired<" in detail
@@ -470,14 +474,20 @@ def test_register_then_edit_a_trigger(app: Flask, client: FlaskClient, csrf: str
     no_source = client.post(edit_url, data={**form(source_workflow_name=""), "csrf_token": csrf})
     assert no_source.status_code == 400 and "source_workflow_name: is required" in text(no_source)
     assert client.post(edit_url, data=form(condition="")).status_code == 403  # no CSRF token
+    unknown = client.post(edit_url, data={**form(source_workflow_name=SCRIPT), "csrf_token": csrf})
+    assert unknown.status_code == 400
+    assert "source_workflow_name: no workflow named" in html.unescape(text(unknown))
+    assert SCRIPT not in text(unknown)
     assert stored(app) == before
-    cleared = client.post(
-        edit_url, data={**form(condition="", source_workflow_name=SCRIPT), "csrf_token": csrf}
-    )
+    cleared = client.post(edit_url, data={**form(condition=""), "csrf_token": csrf})
     assert cleared.status_code == 303
     with app.app_context():
         trigger = trigger_service().get(TRIGGER_ID).parse()
-    assert trigger.condition is None and trigger.source_workflow_name == SCRIPT
+        assert trigger.condition is None
+        # A name that only other processes register (allowed explicitly) is shown as text.
+        trigger_service().register(
+            replace(trigger, source_workflow_name=SCRIPT), allow_unknown_workflows=True
+        )
     for path in ("", "/edit"):
         page = text(client.get(f"{PREFIX}/triggers/{TRIGGER_ID}{path}"))
         assert SCRIPT not in page and ESCAPED in page

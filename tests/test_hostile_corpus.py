@@ -463,8 +463,8 @@ CLI_VALUES = [
     "\u0663",
 ]
 CLI_COMMANDS: list[list[str | None]] = [
-    ["purge", "--before", None],
-    ["purge", "--older-than", None],
+    ["purge", "--before", None, "--yes"],
+    ["purge", "--older-than", None, "--yes"],
     ["subscriptions", "add", None, "--topic", "a"],
     ["subscriptions", "add", "https://x.example.com", "--topic", None],
     ["subscriptions", "add", "https://x.example.com", "--topic", "a", "--secret", None],
@@ -486,7 +486,7 @@ CLI_COMMANDS: list[list[str | None]] = [
     ["dlq", "replay", "--until", None, "--dry-run"],
     ["dlq", "replay", "--since", "2020-01-01T00:00:00Z", "--limit", None],
     ["deliveries", "show", None],
-    ["outbox", "purge", "--older-than", None],
+    ["outbox", "purge", "--older-than", None, "--yes"],
 ]
 
 

@@ -234,7 +234,9 @@ def test_purge_removes_relayed_messages_and_says_how_many(
     relayed = runner.invoke(args=["harvest", "outbox", "relay"])
     assert relayed.exit_code == 0, relayed.output
     assert "relayed 3 outbox message(s), 0 failed" in relayed.output
-    purged = runner.invoke(args=["harvest", "outbox", "purge", "--older-than", "0"])
+    declined = runner.invoke(args=["harvest", "outbox", "purge", "--older-than", "0"], input="n\n")
+    assert declined.exit_code == 1 and "Aborted" in declined.output  # it asks first
+    purged = runner.invoke(args=["harvest", "outbox", "purge", "--older-than", "0", "--yes"])
     assert purged.exit_code == 0, purged.output
     assert "removed 3 relayed outbox message(s)" in purged.output
     assert outbox.outbox_rows() == 0

@@ -170,7 +170,7 @@ CLI_COMMANDS = [
     lambda a, b, c: ["dlq", "replay", a],
     lambda a, b, c: ["dlq", "replay", "--subscription", a, "--since", b, "--until", c, "--dry-run"],
     lambda a, b, c: ["deliveries", "show", a],
-    lambda a, b, c: ["purge", "--before", a],
+    lambda a, b, c: ["purge", "--yes", "--before", a],
 ]
 
 

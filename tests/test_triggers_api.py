@@ -194,6 +194,53 @@ def test_every_invalid_body_is_a_400_json_error_naming_the_field(
     assert client.get(ROOT, headers=AUTH).get_json() == []
 
 
+@pytest.mark.parametrize("field", ["source_workflow_name", "target_workflow_name"])
+def test_a_workflow_name_this_app_does_not_register_is_a_400_naming_the_field(
+    client: FlaskClient, field: str
+) -> None:
+    response = client.post(ROOT, json=seed_body(**{field: "nope"}), headers=AUTH)
+    assert response.status_code == 400, response.get_data(as_text=True)
+    error = response.get_json()["error"]
+    assert error["code"] == "invalid_trigger"
+    assert list(error["fields"]) == [field]
+    assert "'nope'" in error["fields"][field][0]
+    assert client.get(ROOT, headers=AUTH).get_json() == []
+    # Allowed explicitly: a workflow that only other processes register.
+    allowed = client.post(
+        f"{ROOT}?allow_unknown_workflows=true", json=seed_body(**{field: "nope"}), headers=AUTH
+    )
+    assert allowed.status_code == 201, allowed.get_data(as_text=True)
+    assert allowed.get_json()[field] == "nope"
+    odd = client.post(f"{ROOT}?allow_unknown_workflows=yes", json=seed_body(), headers=AUTH)
+    assert odd.status_code == 400
+    assert odd.get_json()["error"]["fields"] == {"allow_unknown_workflows": ["must be true or false"]}
+
+
+def test_the_cli_refuses_an_unknown_target_unless_allowed(app: Flask) -> None:
+    runner = app.test_cli_runner()
+    register = ["harvest", "triggers", "register", "--source", "order_flow", "--target", "nope", "--json"]
+    refused = runner.invoke(args=register)
+    assert refused.exit_code == 1, refused.output
+    assert refused.output.startswith("Error: target_workflow_name: no workflow named 'nope'")
+    assert "--allow-unknown" in refused.output
+    assert json.loads(runner.invoke(args=["harvest", "triggers", "list", "--json"]).output) == []
+    allowed = runner.invoke(args=[*register, "--allow-unknown"])
+    assert allowed.exit_code == 0, allowed.output
+    trigger_id = json.loads(allowed.output)["id"]
+    # The target cannot start: the fires ledger says so, in the CLI and the API.
+    with app.app_context():
+        handle, _ = trigger_service().workflows.start("order_flow", {"summary": 1})
+        handle.result(timeout=20)
+    fires = runner.invoke(args=["harvest", "triggers", "fires", trigger_id, "--json"])
+    [fire] = json.loads(fires.output)
+    assert (fire["source_exec_id"], fire["outcome"]) == (handle.execution_id, "validation_failed")
+    assert fire["target_execution_id"] is None
+    text = runner.invoke(args=["harvest", "triggers", "fires", trigger_id]).output
+    assert "validation_failed" in text
+    api = app.test_client().get(f"{ROOT}/{trigger_id}/fires", headers=AUTH).get_json()
+    assert [f["outcome"] for f in api] == ["validation_failed"]
+
+
 def test_a_body_that_is_not_json_is_a_400_whatever_its_content_type(client: FlaskClient) -> None:
     for content_type in ("application/json", "text/plain"):
         response = client.post(ROOT, data="{not json", headers={**AUTH, "Content-Type": content_type})
@@ -410,8 +457,11 @@ def test_the_cli(app: Flask) -> None:
     assert json.loads(evaluated.output)[0]["outcome"] == "deduped"
     fires = runner.invoke(args=["harvest", "triggers", "fires", SEED_ID, "--json"])
     assert json.loads(fires.output)[0]["source_exec_id"] == handle.execution_id
-    assert runner.invoke(args=["harvest", "triggers", "delete", SEED_ID]).exit_code == 0
-    missing = runner.invoke(args=["harvest", "triggers", "delete", SEED_ID])
+    declined = runner.invoke(args=["harvest", "triggers", "delete", SEED_ID], input="n\n")
+    assert declined.exit_code == 1 and "Aborted" in declined.output  # it asks first
+    assert runner.invoke(args=["harvest", "triggers", "show", SEED_ID]).exit_code == 0
+    assert runner.invoke(args=["harvest", "triggers", "delete", SEED_ID], input="y\n").exit_code == 0
+    missing = runner.invoke(args=["harvest", "triggers", "delete", SEED_ID, "--yes"])
     assert missing.exit_code == 1 and "no completion trigger" in missing.output
 
 

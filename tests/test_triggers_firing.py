@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
+from flask_harvest.errors import InvalidFieldError
 from flask_harvest.triggers import CompletionTrigger, Outcome, Passthrough, Projection, Static
 from flask_harvest.triggers.conditions import Eq, GreaterThan
 from flask_harvest.triggers.firing import (
@@ -88,8 +89,8 @@ class Harness:
 
         self.registry.workflow(name)(fn)
 
-    def register(self, trigger: CompletionTrigger) -> CompletionTrigger:
-        return self.service.register(trigger)
+    def register(self, trigger: CompletionTrigger, **options: bool) -> CompletionTrigger:
+        return self.service.register(trigger, **options)
 
     def run(self, name: str, data: Any = None) -> Execution:
         execution, _ = self.runner.start(name, data)
@@ -326,16 +327,40 @@ def test_a_mapped_input_over_the_limit_is_not_started(h: Harness, caplog: pytest
     source = h.run("a", {})
     assert source.state is S.COMPLETED
     assert h.executions("b") == []
-    assert h.service.fires() == []
+    [fire] = h.service.fires()  # the failed start is in the ledger, for operators to see
+    assert (fire.outcome, fire.failed_start, fire.target_execution_id) == ("payload_too_large", True, None)
     assert h.outcomes() == ["payload_too_large"]
     assert any(trigger.id in r.getMessage() and "bytes" in r.getMessage() for r in caplog.records)
 
 
-def test_an_unknown_target_is_validation_failed(h: Harness) -> None:
-    h.register(CompletionTrigger("a", "not_registered"))
-    assert h.run("a", {}).state is S.COMPLETED
+@pytest.mark.parametrize("field", ["source_workflow_name", "target_workflow_name"])
+def test_registration_refuses_a_workflow_name_that_is_not_registered(h: Harness, field: str) -> None:
+    names = {"source_workflow_name": "a", "target_workflow_name": "b", field: "not_registered"}
+    with pytest.raises(InvalidFieldError) as refused:
+        h.register(CompletionTrigger(names["source_workflow_name"], names["target_workflow_name"]))
+    assert refused.value.field == field
+    assert "'not_registered'" in refused.value.message and "a, b, c" in refused.value.message
+    assert h.service.list_triggers() == []
+
+
+def test_an_unknown_target_is_validation_failed_in_the_ledger_until_it_can_start(h: Harness) -> None:
+    trigger = h.register(CompletionTrigger("a", "not_registered"), allow_unknown_workflows=True)
+    source = h.run("a", {})
+    assert source.state is S.COMPLETED
     assert h.outcomes() == ["validation_failed"]
-    assert h.service.fires() == []
+    [fire] = h.service.fires()
+    assert (fire.trigger_id, fire.source_exec_id) == (trigger.id, source.execution_id)
+    assert (fire.outcome, fire.failed_start, fire.target_execution_id) == ("validation_failed", True, None)
+    # Evaluated again while the target is still unknown: the same row, still failed.
+    assert [e.outcome.value for e in h.service.evaluate(source.execution_id)] == ["validation_failed"]
+    assert [f.outcome for f in h.service.fires()] == ["validation_failed"]
+    # Once this process knows the target, an evaluation takes the row over and starts it.
+    h.recording("not_registered")
+    [started] = h.service.evaluate(source.execution_id)
+    assert started.outcome is FireOutcome.STARTED
+    [fire] = h.service.fires()
+    assert (fire.outcome, fire.target_execution_id) == (None, started.target_execution_id)
+    assert [e.outcome.value for e in h.service.evaluate(source.execution_id)] == ["deduped"]
 
 
 def test_a_three_stage_chain(h: Harness) -> None:

@@ -135,12 +135,14 @@ def test_a_run_still_open_exits_1_and_says_to_wait(app: Flask, cli: Cli) -> None
 def test_cancel_and_terminate(app: Flask, cli: Cli) -> None:
     pending = start(cli, "sleeper")["execution_id"]
     wait_asleep(app, pending)
-    out = ok(cli("cancel", pending, "--reason", "customer asked")).stdout
+    assert "Aborted" in cli("cancel", pending, input="n\n").output  # asks first
+    assert state_of(app, pending) is not S.CANCELLED
+    out = ok(cli("cancel", pending, "--reason", "customer asked", "--yes")).stdout
     assert out.strip() == f"execution {pending} is Cancelled"
     shown = as_json(cli("show", pending, "--json"))
     assert (shown["state"], shown["error"]) == ("Cancelled", "customer asked")
     assert "--reason must be valid Unicode" in fails(cli("cancel", pending, "--reason", "a\udcffb"))
-    assert "already ended Cancelled" in fails(cli("cancel", pending))
+    assert "already ended Cancelled" in fails(cli("cancel", pending))  # an ended run: nothing to ask
     assert "already ended Cancelled" in fails(cli("terminate", pending, "--yes"))
 
     released = gate("cli-terminate")
@@ -160,7 +162,7 @@ def test_cancel_of_a_running_run_says_it_ends_at_the_next_boundary(app: Flask, c
     eid = start(cli, "gated", "--input", '{"gate": "cli-cancel"}')["execution_id"]
     try:
         wait_in_step("cli-cancel")
-        assert "cancel requested" in ok(cli("cancel", eid)).stdout
+        assert "cancel requested" in ok(cli("cancel", eid, "--yes")).stdout
     finally:
         released.set()
     assert wait_done(cli, eid)["state"] == "Cancelled"

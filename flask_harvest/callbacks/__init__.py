@@ -1,4 +1,4 @@
-"""Completion callbacks (seed 000): a signed POST to registered URLs when a workflow execution ends.
+"""Completion callbacks: a signed POST to registered URLs when a workflow execution ends.
 
 Register targets per execution at start (``completion_callbacks=[{"url", "filter"}]``) or app-wide
 (``HARVEST_COMPLETION_CALLBACK_DEFAULTS``); the terminal transition enqueues one delivery row per

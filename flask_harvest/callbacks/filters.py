@@ -1,6 +1,6 @@
 """Which terminal states fire a completion callback: ``CompletedOnly``, ``AnyTerminal``, ``States``. Pure.
 
-JSON shapes (seed 000): ``{"type": "CompletedOnly"}``, ``{"type": "AnyTerminal"}`` and
+JSON shapes: ``{"type": "CompletedOnly"}``, ``{"type": "AnyTerminal"}`` and
 ``{"type": "States", "data": ["Failed", "TimedOut"]}``.
 """
 

@@ -1,4 +1,4 @@
-"""The completion-callback SSRF policy (seed 000): HTTPS only, an allowlist, no IP literals. Pure.
+"""The completion-callback SSRF policy: HTTPS only, an allowlist, no IP literals. Pure.
 
 Built on :func:`flask_harvest.ssrf.parse_target`, the one parser of target URLs, and on
 :func:`flask_harvest.ssrf.check_address` for literal addresses. No DNS is resolved here: a name is

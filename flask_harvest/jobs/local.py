@@ -2,8 +2,7 @@
 
 Jobs live in process memory: a process that exits or crashes loses its queue (rows stay in the
 store as ``PENDING``; with a SQL store, the sweeper of the next process or of an RQ worker runs
-them). It is the default so that a new app works without Redis, as the seed's
-``jobs.backend = "local"``; production uses ``rq``.
+them). It is the default so that a new app works without Redis; production uses ``rq``.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Completion triggers: start workflow B when workflow A ends in a matching state (seed 003).
+"""Completion triggers: start workflow B when workflow A ends in a matching state.
 
 The pure cores are :mod:`.paths`, :mod:`.conditions`, :mod:`.mappings` and :mod:`.definitions`;
 :mod:`.store` keeps definitions and the fires ledger in SQL, :mod:`.firing` is the terminal hook

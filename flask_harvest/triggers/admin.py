@@ -57,14 +57,20 @@ def list_triggers() -> Response:
 
 @trigger_admin.post(_ROOT)
 def register_trigger() -> tuple[Response, int]:
-    """Register or replace a trigger (every field: an omitted ``condition`` clears the stored one)."""
+    """Register or replace a trigger (every field: an omitted ``condition`` clears the stored one).
+
+    A source or target name that no workflow of this app is registered under is refused, unless
+    ``?allow_unknown_workflows=true`` (workflows that only other processes register).
+    """
     # Any content type: the seed's clients post JSON without always saying so.
     data = read_json()
+    allow_unknown = _flag("allow_unknown_workflows")
     try:
         trigger = trigger_from_json(data)
+        stored = _service().register(trigger, allow_unknown_workflows=allow_unknown)
     except InvalidFieldError as exc:
         raise _bad_request(exc) from None
-    return jsonify(trigger_to_json(_service().register(trigger))), 201
+    return jsonify(trigger_to_json(stored)), 201
 
 
 @trigger_admin.get(f"{_ROOT}/<trigger_id>")
@@ -86,6 +92,16 @@ def list_fires(trigger_id: str) -> Response:
     trigger_id = service.get(trigger_id).id
     fires = _query(lambda: service.fires(trigger_id=trigger_id, limit=_limit(100)))
     return jsonify([fire_to_json(fire) for fire in fires])
+
+
+def _flag(name: str) -> bool:
+    """A boolean query parameter: ``true`` or ``false`` (absent: false)."""
+    raw = request.args.get(name, "false")
+    if raw not in ("true", "false"):
+        raise ApiError(
+            400, "invalid_query", f"{name} must be true or false", {name: ["must be true or false"]}
+        )
+    return raw == "true"
 
 
 def _limit(default: int) -> int:

@@ -1,6 +1,6 @@
 """Guard conditions: a closed comparison AST over a source workflow's output, and its evaluator. Pure.
 
-A condition is adjacently tagged JSON, as in the seed::
+A condition is adjacently tagged JSON::
 
     {"type": "All", "data": [
         {"type": "GreaterThan", "data": {"path": "amount", "value": 1000}},
@@ -16,7 +16,7 @@ that says where (unknown operators and keys, wrong shapes, malformed paths, numb
 finite) and enforces the caps: depth at most :data:`MAX_CONDITION_DEPTH`, at most
 :data:`MAX_CONDITION_NODES` nodes, ``In`` lists of at most :data:`MAX_CONDITION_IN_VALUES` values.
 
-:func:`evaluate` is total and deterministic. Its rules (the seed's):
+:func:`evaluate` is total and deterministic. Its rules:
 
 - a missing path or a ``null`` makes every comparison (``Eq``, ``NotEq``, ordering, ``In``) false;
   ``Not`` is plain negation, so ``NotEq`` and ``Not(Eq)`` differ exactly there;

@@ -55,7 +55,7 @@ def static_trigger_id(source_workflow_name: str, target_workflow_name: str) -> s
 def parse_terminal_states(value: object, *, field: str = "terminal_states") -> tuple[str, ...]:
     """Return the terminal state names of ``value`` (a list of them), in order and without repeats.
 
-    :raises InvalidFieldError: not a non-empty list of the seed's names.
+    :raises InvalidFieldError: not a non-empty list of terminal state names.
     """
     if isinstance(value, str) or not isinstance(value, list | tuple):
         raise InvalidFieldError(field, f"must be a list of terminal states, not {describe(value)}")

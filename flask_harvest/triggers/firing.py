@@ -9,11 +9,13 @@ that moved the source to its terminal state:
 3. an unmet condition writes the ledger row with outcome ``condition_unmet`` (``skipped``);
 4. a target past ``HARVEST_TRIGGER_MAX_CHAIN_DEPTH`` writes the row with outcome
    ``chain_depth_exceeded``: a warning, and no start;
-5. a mapped input the target cannot take is ``payload_too_large`` (over the workflow input limit)
-   or ``validation_failed`` (not JSON, an unknown target workflow, an unreadable mapping): a
-   warning and no ledger row;
-6. otherwise the ledger row (outcome NULL) is inserted with ``ON CONFLICT DO NOTHING``, and only
-   the transaction that inserted it starts the target, through start-or-load with the
+5. a target that cannot be started is ``payload_too_large`` (the mapped input is over the
+   workflow input limit) or ``validation_failed`` (not JSON, an unknown target workflow): a
+   warning and a ledger row with that outcome, which the CLI, the admin API and the dashboard
+   show. That row leaves the pair open: a later evaluation that can start the target (once the
+   workflow is registered, ``flask harvest triggers evaluate``) takes it over;
+6. otherwise the ledger row (outcome NULL) is inserted (or takes over a failed start's), and only
+   the transaction that wrote it starts the target, through start-or-load with the
    deterministic ``workflow_id`` ``completion-trigger-{trigger_id}-{source_exec_id}`` and the
    source's trigger depth plus one. Its job is queued after commit (the store's ``on_started``),
    and the sweeper's due scan covers a lost enqueue.
@@ -253,6 +255,8 @@ class TriggerFiring:
         refused = self._refusal(stored, target_input)
         if refused is not None:
             kind, why = refused
+            if not self.store.record_fire(conn, exec_id, trigger_id, outcome=kind.value, now=now):
+                return outcome(FireOutcome.DEDUPED)
             logger.warning(
                 "completion trigger %s did not start %r for source execution %s: %s",
                 trigger_id,

@@ -1,6 +1,6 @@
 """Input mappings: what a completion trigger gives its target workflow as input. Pure.
 
-Adjacently tagged JSON, as in the seed:
+Adjacently tagged JSON:
 
 =========================================================  ==============================================
 ``{"type": "Passthrough"}``                                the source's output as it is

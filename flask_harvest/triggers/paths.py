@@ -6,7 +6,7 @@ mappings and by every guard-condition leaf:
 - the empty path ``""`` selects the whole value;
 - otherwise the path is split on ``.`` and each segment selects the member of that name of a JSON
   object; a segment never indexes an array (``items.0`` looks for a member named ``"0"``, which an
-  array does not have), as in the seed, whose paths name object members only;
+  array does not have): paths name object members only;
 - every segment must be non-empty: ``a..b``, ``.a`` and ``a.`` are malformed and refused where a
   path is registered (:func:`parse_path`);
 - a path that does not lead to a value (a member absent, or a step into a non-object) is *missing*,

@@ -95,8 +95,27 @@ class TriggerService:
         """The in-process fires and skipped counts."""
         return self.firing.counters
 
-    def register(self, trigger: CompletionTrigger) -> CompletionTrigger:
-        """Register ``trigger`` (full replacement of a trigger with the same id); return it as stored."""
+    def register(
+        self, trigger: CompletionTrigger, *, allow_unknown_workflows: bool = False
+    ) -> CompletionTrigger:
+        """Register ``trigger`` (full replacement of a trigger with the same id); return it as stored.
+
+        :param allow_unknown_workflows: accept source and target names that no workflow of this
+            process is registered under (workflows that only other processes register).
+        :raises InvalidFieldError: ``source_workflow_name`` or ``target_workflow_name`` names no
+            registered workflow (a typo would otherwise never fire, or never start its target).
+        """
+        if not allow_unknown_workflows:
+            for field in ("source_workflow_name", "target_workflow_name"):
+                name = getattr(trigger, field)
+                if name not in self.workflows.registry:
+                    raise InvalidFieldError(
+                        field,
+                        f"no workflow named {name!r} is registered in this app (registered: "
+                        f"{_some(self.workflows.registry.names())}); if only other "
+                        "processes register it, allow unknown workflow names (--allow-unknown, "
+                        "?allow_unknown_workflows=true)",
+                    )
         return self.store.upsert(trigger, now=self.clock())
 
     def sync(self, triggers: Sequence[CompletionTrigger]) -> list[CompletionTrigger]:
@@ -148,8 +167,9 @@ class TriggerService:
     def evaluate(self, execution_id: str) -> list[FireEvent]:
         """Evaluate the triggers of an ended execution again, in a transaction of its own.
 
-        Pairs the ledger has decided are ``deduped``; a pair left undecided (``condition_invalid``,
-        ``validation_failed``, ``payload_too_large``) can fire now. This is how an operator recovers
+        Pairs the ledger has decided are ``deduped``; a pair left undecided (``condition_invalid``)
+        or whose target failed to start (``validation_failed``, ``payload_too_large``, recorded in
+        the ledger) can fire now. This is how an operator recovers
         a lost fire after fixing a trigger.
 
         :raises ExecutionNotFoundError: no execution has this id.
@@ -174,6 +194,13 @@ class TriggerService:
         if self.retention_seconds is None:
             return 0
         return self.store.purge_fires(before=self.clock() - timedelta(seconds=self.retention_seconds))
+
+
+def _some(names: Sequence[str], shown: int = 10) -> str:
+    """Up to ``shown`` names, for an error message."""
+    if not names:
+        return "none"
+    return ", ".join(names[:shown]) + (", ..." if len(names) > shown else "")
 
 
 def _check_limit(limit: int) -> None:

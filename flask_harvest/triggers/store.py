@@ -24,11 +24,15 @@ from .conditions import condition_to_json, parse_condition
 from .definitions import CompletionTrigger, parse_terminal_states
 from .mappings import mapping_to_json, parse_mapping
 
-__all__ = ["Fire", "SqlTriggerStore", "StoredTrigger", "loads_column"]
+__all__ = ["FAILED_START_OUTCOMES", "Fire", "SqlTriggerStore", "StoredTrigger", "loads_column"]
 
 _t = triggers_table
 _f = fires_table
 _HINT = "create the tables with SqlTriggerStore.ensure_schema() (Harvest does it at init_app)"
+#: Ledger outcomes of a target that could not be started (an unknown target workflow, a mapped input
+#: it cannot take). Such a row shows the failure to operators but leaves the pair open: a later
+#: evaluation (``flask harvest triggers evaluate``) that can start the target takes the row over.
+FAILED_START_OUTCOMES = ("validation_failed", "payload_too_large")
 
 
 @dataclass(frozen=True)
@@ -36,8 +40,9 @@ class Fire:
     """One row of the fires ledger: how a (source execution, trigger) pair was decided.
 
     :param outcome: ``None`` when the target was started, else the durable skip reason
-        (``condition_unmet``, ``chain_depth_exceeded``).
-    :param fired_at: when the pair was decided (fired or skipped).
+        (``condition_unmet``, ``chain_depth_exceeded``) or why the target could not be started
+        (one of :data:`FAILED_START_OUTCOMES`).
+    :param fired_at: when the pair was decided (fired, skipped, or last failed to start).
     """
 
     source_exec_id: str
@@ -45,6 +50,11 @@ class Fire:
     fired_at: datetime
     outcome: str | None
     target_execution_id: str | None
+
+    @property
+    def failed_start(self) -> bool:
+        """Whether the target could not be started (the pair stays open to a later evaluation)."""
+        return self.outcome in FAILED_START_OUTCOMES
 
 
 @dataclass(frozen=True)
@@ -179,26 +189,32 @@ class SqlTriggerStore:
     # -- the fires ledger ----------------------------------------------------------------------
 
     def fire_decided(self, conn: Connection, source_exec_id: str, trigger_id: str) -> bool:
-        """Whether the pair has a ledger row already (in the caller's transaction)."""
+        """Whether the pair has a ledger row already (in the caller's transaction), other than a
+        failed start's."""
         query = select(_f.c.trigger_id).where(
-            _f.c.source_exec_id == source_exec_id, _f.c.trigger_id == trigger_id
+            _f.c.source_exec_id == source_exec_id,
+            _f.c.trigger_id == trigger_id,
+            _f.c.outcome.is_(None) | _f.c.outcome.not_in(FAILED_START_OUTCOMES),
         )
         return conn.execute(query).first() is not None
 
     def record_fire(
         self, conn: Connection, source_exec_id: str, trigger_id: str, *, outcome: str | None, now: datetime
     ) -> bool:
-        """Insert the pair's ledger row unless it has one; return whether this call inserted it.
+        """Insert the pair's ledger row, or take over its failed start's row; return whether this
+        call wrote it (``False``: the pair was decided already).
 
-        On PostgreSQL a concurrent inserter of the same pair makes this wait for its commit, then
-        do nothing: exactly one transaction decides a pair.
+        On PostgreSQL a concurrent writer of the same pair makes this wait for its commit, then
+        check again: exactly one transaction decides a pair.
         """
-        stmt = (
-            self.db.insert(_f)
-            .values(source_exec_id=source_exec_id, trigger_id=trigger_id, fired_at=now, outcome=outcome)
-            .on_conflict_do_nothing(index_elements=[_f.c.source_exec_id, _f.c.trigger_id])
-            .returning(_f.c.trigger_id)
+        stmt = self.db.insert(_f).values(
+            source_exec_id=source_exec_id, trigger_id=trigger_id, fired_at=now, outcome=outcome
         )
+        stmt = stmt.on_conflict_do_update(
+            index_elements=[_f.c.source_exec_id, _f.c.trigger_id],
+            set_={"fired_at": now, "outcome": outcome},
+            where=_f.c.outcome.in_(FAILED_START_OUTCOMES),
+        ).returning(_f.c.trigger_id)
         return conn.execute(stmt).first() is not None
 
     def set_target(

@@ -373,7 +373,7 @@ class DeliveryLog:
         return dataclasses.replace(self, **changes)
 
     def to_dict(self) -> dict[str, Any]:
-        """Return the delivery in the seed's DLQ JSON shape, plus its state and schedule."""
+        """Return the delivery in the DLQ's JSON shape, plus its state and schedule."""
         return {**json_fields(self), "is_dlq": self.is_dlq}
 
 
