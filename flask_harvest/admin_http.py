@@ -71,16 +71,16 @@ def error_answer(exc: Exception, where: str) -> ErrorAnswer:
     dashboard.
 
     A :class:`~flask_harvest.errors.HarvestError` carries its own status and code; a 5xx one is
-    logged (``harvest <where>: ...``) and answered with its class's ``public_message``, never its
-    own. A marshmallow ``ValidationError`` is a field's value (422); a werkzeug ``HTTPException``
-    keeps its code.
+    logged as ``<where>: <message>`` (``where``: a realm, such as ``harvest-actuator``) and
+    answered with its class's ``public_message``, never its own. A marshmallow ``ValidationError``
+    is a field's value (422); a werkzeug ``HTTPException`` keeps its code.
     """
     if isinstance(exc, HarvestError):
         status = exc.http_status
         if status >= 500:
             # Our messages hold no secret, but a 5xx is the server's fault: the caller can do
             # nothing with its cause, and the operator finds it in the log.
-            log.error("harvest %s: %s", where, exc)
+            log.error("%s: %s", where, exc)
             return ErrorAnswer(status, exc.error_code, exc.public_message)
         return ErrorAnswer(status, exc.error_code, str(exc), exc.error_details())
     if isinstance(exc, ValidationError):
@@ -89,7 +89,7 @@ def error_answer(exc: Exception, where: str) -> ErrorAnswer:
     if isinstance(exc, HTTPException):
         name = exc.name or "error"
         return ErrorAnswer(exc.code or 500, name.lower().replace(" ", "_"), exc.description or "")
-    log.error("harvest %s: unexpected %s", where, type(exc).__name__)
+    log.error("%s: unexpected %s", where, type(exc).__name__)
     return ErrorAnswer(500, "internal_error", HarvestError.public_message)
 
 
