@@ -71,7 +71,7 @@ def error_answer(exc: Exception, where: str) -> ErrorAnswer:
     dashboard.
 
     A :class:`~flask_harvest.errors.HarvestError` carries its own status and code; a 5xx one is
-    logged as ``<where>: <message>`` (``where``: a realm, such as ``harvest-actuator``) and
+    logged as ``<where>: <message>`` (``where``: the surface, such as ``harvest actuator``) and
     answered with its class's ``public_message``, never its own. A marshmallow ``ValidationError``
     is a field's value (422); a werkzeug ``HTTPException`` keeps its code.
     """
@@ -91,6 +91,11 @@ def error_answer(exc: Exception, where: str) -> ErrorAnswer:
         return ErrorAnswer(exc.code or 500, name.lower().replace(" ", "_"), exc.description or "")
     log.error("%s: unexpected %s", where, type(exc).__name__)
     return ErrorAnswer(500, "internal_error", HarvestError.public_message)
+
+
+def _log_name(realm: str) -> str:
+    """How the log names an admin API: ``harvest actuator`` for the realm ``harvest-actuator``."""
+    return realm.replace("-", " ", 1)
 
 
 def authorizer_allows(authorizer: Callable[[Any], object]) -> bool:
@@ -140,7 +145,7 @@ def authorize_admin(realm: str) -> tuple[Response, int] | None:
         except AuthorizerError as exc:
             # Answered here, not raised: the metrics route and unrouted paths have no blueprint
             # whose error handler would answer it in JSON.
-            return error_answer(exc, realm).json()
+            return error_answer(exc, _log_name(realm)).json()
         if allowed:
             return None
         return json_error(403, "forbidden", "the admin authorizer refused this request")
@@ -344,4 +349,4 @@ def install_admin_api(
     def _error(exc: Exception) -> BaseResponse | tuple[Response, int]:
         if isinstance(exc, HTTPException) and exc.code is not None and exc.code < 400:
             return exc.get_response()  # a redirect stays one
-        return error_answer(exc, realm).json()
+        return error_answer(exc, _log_name(realm)).json()

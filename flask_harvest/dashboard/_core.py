@@ -300,7 +300,7 @@ def _error(exc: Exception) -> tuple[str, int] | HTTPException:
     """Every error as a page, with the status the admin APIs give it (one mapping for both)."""
     if isinstance(exc, HTTPException) and (exc.code is None or exc.code < 400):
         return exc
-    answer = error_answer(exc, "harvest-dashboard")
+    answer = error_answer(exc, "harvest dashboard")
     return render_page(
         "error.html",
         status=answer.status,
