@@ -4,30 +4,30 @@ request body is read, and how an error is answered.
 Deny by default: a request passes with ``Authorization: Bearer <HARVEST_ACTUATOR_TOKEN>``, or when
 the authorizer registered on the extension returns ``True``; with neither configured every route
 answers 403. Errors are JSON, ``{"error": {"code", "message", "fields"}}``, never an HTML page.
+
+:func:`error_answer` is the one mapping of an error to its HTTP answer, for every admin blueprint
+and the dashboard. Its status convention: 400 a malformed body (not JSON, not an object), 422 a
+field's value, 413 too large, 404 no such object, 409 a conflict, 503 a store down, 500 a fault
+of the server (its cause logged, never sent).
 """
 
 from __future__ import annotations
 
 import hmac
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from flask import Blueprint, Flask, Response, current_app, g, jsonify, request
 from marshmallow import Schema, ValidationError
 from werkzeug.exceptions import HTTPException, MethodNotAllowed, NotFound
 from werkzeug.routing import PathConverter
+from werkzeug.wrappers import Response as BaseResponse
 
 from ._app import get_engine
 from ._input import check_json_value, check_text, parse_json, read_limited, text_problem
-from .errors import (
-    DuplicateSubscriptionError,
-    HarvestError,
-    InvalidFieldError,
-    InvalidStateError,
-    NotFoundError,
-    StoreError,
-)
+from .errors import AuthorizerError, HarvestError, InvalidFieldError
 
 log = logging.getLogger(__name__)
 
@@ -36,15 +36,81 @@ MAX_BODY_BYTES = 64 * 1024
 _CHUNK = 16 * 1024
 
 
-class ApiError(Exception):
-    """An error answered as ``{"error": {"code", "message", "fields"}}`` with ``status``."""
+class ApiError(HarvestError):
+    """An error of the HTTP edge itself (a body that is not JSON, a bad query), answered as
+    ``{"error": {"code", "message", "fields"}}`` with ``status``."""
 
     def __init__(self, status: int, code: str, message: str, fields: dict[str, Any] | None = None) -> None:
         super().__init__(message)
-        self.status = status
-        self.code = code
+        self.http_status = status
+        self.error_code = code
         self.message = message
         self.fields = fields
+
+    def error_details(self) -> dict[str, Any]:
+        return {"fields": self.fields} if self.fields else {}
+
+
+@dataclass(frozen=True)
+class ErrorAnswer:
+    """How an error is answered: ``status``, and the JSON body's ``code``, ``message`` and extra
+    keys (``details``: ``fields``, a callback target's ``rejection``)."""
+
+    status: int
+    code: str
+    message: str
+    details: Mapping[str, Any] = field(default_factory=dict)
+
+    def json(self) -> tuple[Response, int]:
+        """The JSON response every admin route answers an error with."""
+        return jsonify(error={"code": self.code, "message": self.message, **self.details}), self.status
+
+
+def error_answer(exc: Exception, where: str) -> ErrorAnswer:
+    """Return the answer to ``exc``: the one mapping of errors to HTTP for every admin API and the
+    dashboard.
+
+    A :class:`~flask_harvest.errors.HarvestError` carries its own status and code; a 5xx one is
+    logged as ``<where>: <message>`` (``where``: the surface, such as ``harvest actuator``) and
+    answered with its class's ``public_message``, never its own. A marshmallow ``ValidationError``
+    is a field's value (422); a werkzeug ``HTTPException`` keeps its code.
+    """
+    if isinstance(exc, HarvestError):
+        status = exc.http_status
+        if status >= 500:
+            # Our messages hold no secret, but a 5xx is the server's fault: the caller can do
+            # nothing with its cause, and the operator finds it in the log.
+            log.error("%s: %s", where, exc)
+            return ErrorAnswer(status, exc.error_code, exc.public_message)
+        return ErrorAnswer(status, exc.error_code, str(exc), exc.error_details())
+    if isinstance(exc, ValidationError):
+        messages = exc.messages if isinstance(exc.messages, dict) else {"_schema": exc.messages}
+        return ErrorAnswer(422, "validation_error", "the request has invalid fields", {"fields": messages})
+    if isinstance(exc, HTTPException):
+        name = exc.name or "error"
+        return ErrorAnswer(exc.code or 500, name.lower().replace(" ", "_"), exc.description or "")
+    log.error("%s: unexpected %s", where, type(exc).__name__)
+    return ErrorAnswer(500, "internal_error", HarvestError.public_message)
+
+
+def _log_name(realm: str) -> str:
+    """How the log names an admin API: ``harvest actuator`` for the realm ``harvest-actuator``."""
+    return realm.replace("-", " ", 1)
+
+
+def authorizer_allows(authorizer: Callable[[Any], object]) -> bool:
+    """Whether ``authorizer`` allows the current request: it must return exactly ``True``, so a
+    truthy "denied" string or a forgotten return value never opens anything.
+
+    :raises AuthorizerError: the authorizer raised; the request is refused.
+    """
+    try:
+        answer = authorizer(request)
+    except Exception as exc:
+        # from None: the original's message may quote a credential, and nothing that prints
+        # this error's chain should show it. AuthorizerError says where it was raised.
+        raise AuthorizerError(exc) from None
+    return answer is True
 
 
 def json_error(
@@ -74,8 +140,13 @@ def authorize_admin(realm: str) -> tuple[Response, int] | None:
         return None
     authorizer = engine.access.authorizer
     if authorizer is not None:
-        # Exactly True: a truthy "denied" string or a forgotten return value must not open the API.
-        if authorizer(request) is True:
+        try:
+            allowed = authorizer_allows(authorizer)
+        except AuthorizerError as exc:
+            # Answered here, not raised: the metrics route and unrouted paths have no blueprint
+            # whose error handler would answer it in JSON.
+            return error_answer(exc, _log_name(realm)).json()
+        if allowed:
             return None
         return json_error(403, "forbidden", "the admin authorizer refused this request")
     if token:
@@ -241,37 +312,18 @@ class AnyPathConverter(PathConverter):
     regex = "(?s:[^/].*?)"
 
 
-def error_status(exc: BaseException, default: int) -> int:
-    """Return the 4xx status ``exc`` asks for in an ``http_status`` attribute, else ``default``.
-
-    An error class of any subsystem maps itself to a status this way (``InputTooLargeError`` is a
-    413, a refused completion callback a 422), so this module need not know every class.
-    """
-    status = getattr(exc, "http_status", None)
-    if isinstance(status, int) and not isinstance(status, bool) and 400 <= status < 500:
-        return status
-    return default
-
-
-def _error_code(exc: BaseException, default: str) -> str:
-    code = getattr(exc, "error_code", None)
-    return code if isinstance(code, str) and code else default
-
-
 def install_admin_api(
     blueprint: Blueprint,
     *,
     realm: str,
-    invalid_status: int = 422,
     max_body_bytes: Callable[[], int] | None = None,
 ) -> None:
-    """Guard every route of ``blueprint`` with :func:`authorize_admin` and answer its errors as JSON.
+    """Guard every route of ``blueprint`` with :func:`authorize_admin` and answer its errors as JSON
+    through :func:`error_answer`.
 
     Call it before the blueprint's routes are declared: it registers the ``anypath`` converter
     their catch-all route uses.
 
-    :param invalid_status: the status of a request whose fields do not validate (the actuator's
-        422; the workflow API's 400).
     :param max_body_bytes: the largest request body, read per request (default
         :data:`MAX_BODY_BYTES`).
     """
@@ -291,54 +343,10 @@ def install_admin_api(
         g.harvest_body_limit = max_body_bytes() if max_body_bytes is not None else MAX_BODY_BYTES
         return authorize_admin(realm) or _bad_path_id() or _options()
 
-    @blueprint.errorhandler(ApiError)
-    def _api_error(exc: ApiError) -> tuple[Response, int]:
-        return json_error(exc.status, exc.code, exc.message, exc.fields)
-
-    @blueprint.errorhandler(ValidationError)
-    def _validation_error(exc: ValidationError) -> tuple[Response, int]:
-        messages = exc.messages if isinstance(exc.messages, dict) else {"_schema": exc.messages}
-        return json_error(invalid_status, "validation_error", "the request has invalid fields", messages)
-
-    # Each handler below answers an error's own http_status and error_code when it declares them
-    # (InputTooLargeError is an InvalidFieldError answered 413).
-    @blueprint.errorhandler(InvalidFieldError)
-    def _invalid_field(exc: InvalidFieldError) -> tuple[Response, int]:
-        return json_error(
-            error_status(exc, invalid_status),
-            _error_code(exc, "validation_error"),
-            str(exc),
-            {exc.field: [exc.message]},
-        )
-
-    @blueprint.errorhandler(NotFoundError)
-    def _not_found(exc: NotFoundError) -> tuple[Response, int]:
-        return json_error(error_status(exc, 404), _error_code(exc, "not_found"), str(exc))
-
-    @blueprint.errorhandler(DuplicateSubscriptionError)
-    @blueprint.errorhandler(InvalidStateError)
-    def _conflict(exc: HarvestError) -> tuple[Response, int]:
-        return json_error(error_status(exc, 409), _error_code(exc, "conflict"), str(exc))
-
-    @blueprint.errorhandler(StoreError)
-    def _store_down(exc: StoreError) -> tuple[Response, int]:
-        log.error("harvest %s: %s", realm, exc)
-        return json_error(503, "store_unavailable", "the store is unavailable; try again")
-
     @blueprint.errorhandler(HarvestError)
-    def _typed_error(exc: HarvestError) -> tuple[Response, int]:
-        # An error that names its own status (``http_status``, e.g. a refused callback target:
-        # 422) is answered with it, its ``error_code`` and whatever ``error_details()`` adds.
-        status = getattr(exc, "http_status", None)
-        if not isinstance(status, int):
-            raise exc
-        body: dict[str, Any] = {"code": getattr(exc, "error_code", "error"), "message": str(exc)}
-        details = getattr(exc, "error_details", None)
-        if callable(details):
-            body.update(details())
-        return jsonify(error=body), status
-
+    @blueprint.errorhandler(ValidationError)
     @blueprint.errorhandler(HTTPException)
-    def _http_error(exc: HTTPException) -> tuple[Response, int]:
-        code = exc.code or 500
-        return json_error(code, (exc.name or "error").lower().replace(" ", "_"), exc.description or "")
+    def _error(exc: Exception) -> BaseResponse | tuple[Response, int]:
+        if isinstance(exc, HTTPException) and exc.code is not None and exc.code < 400:
+            return exc.get_response()  # a redirect stays one
+        return error_answer(exc, _log_name(realm)).json()

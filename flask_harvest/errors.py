@@ -1,17 +1,62 @@
-"""The exceptions flask-harvest raises; every one derives from :class:`HarvestError`."""
+"""The exceptions flask-harvest raises; every one derives from :class:`HarvestError`.
+
+Like werkzeug's ``HTTPException.code``, each error class carries the HTTP answer it gets from the
+admin APIs and the dashboard (``http_status``, ``error_code``), so the one mapping,
+:func:`flask_harvest.admin_http.error_answer`, needs no table of classes.
+"""
 
 from __future__ import annotations
 
 import enum
+import traceback
 from collections.abc import Sequence
+from typing import Any
 
 
 class HarvestError(Exception):
-    """Base class of every error raised by flask-harvest."""
+    """Base class of every error raised by flask-harvest.
+
+    An error that no subclass gives a status is a 500: the server failed, not the request.
+    """
+
+    #: The HTTP status the admin APIs and the dashboard answer this error with.
+    http_status: int = 500
+    #: The machine-readable ``error.code`` of the JSON answer.
+    error_code: str = "internal_error"
+    #: What a 5xx answer says instead of the error's own message, which only the log shows.
+    public_message: str = "the server could not answer this request; the cause is in its log"
+
+    def error_details(self) -> dict[str, Any]:
+        """Keys the JSON error body adds to ``code`` and ``message`` (such as ``fields``)."""
+        return {}
 
 
 class ConfigurationError(HarvestError):
     """The extension was set up wrongly (a bad ``HARVEST_*`` value, a missing store)."""
+
+    error_code = "configuration_error"
+    public_message = "the server is not configured for this request; the cause is in its log"
+
+
+class AuthorizerError(HarvestError):
+    """The admin authorizer raised instead of answering: the request is refused with a 500.
+
+    A 500 rather than a 403, because nothing decided to refuse: the check itself is broken, and a
+    403 would pass for an ordinary refusal in every log and alert. The message names the
+    exception's type and where it was raised, never its own message, which may quote the
+    credential the authorizer was checking.
+    """
+
+    error_code = "authorizer_failed"
+    public_message = "the admin authorizer failed, so the request was refused; the cause is in the log"
+
+    def __init__(self, error: BaseException) -> None:
+        frames = traceback.extract_tb(error.__traceback__)
+        where = f" at {frames[-1].filename}:{frames[-1].lineno} in {frames[-1].name}" if frames else ""
+        super().__init__(
+            f"the admin authorizer raised {type(error).__name__}{where} (its message is not shown: "
+            "it may hold a credential); fix the authorizer so that it returns True or False"
+        )
 
 
 class InvalidFieldError(HarvestError, ValueError):
@@ -21,10 +66,16 @@ class InvalidFieldError(HarvestError, ValueError):
     :param message: what is wrong and how to fix it. Never includes a secret.
     """
 
+    http_status = 422
+    error_code = "validation_error"
+
     def __init__(self, field: str, message: str) -> None:
         super().__init__(f"{field}: {message}")
         self.field = field
         self.message = message
+
+    def error_details(self) -> dict[str, Any]:
+        return {"fields": {self.field: [self.message]}}
 
 
 class InvalidSecretError(InvalidFieldError):
@@ -37,9 +88,16 @@ class InvalidSecretError(InvalidFieldError):
 class StoreError(HarvestError):
     """The store's backend (the database) failed; the driver error is the ``__cause__``."""
 
+    http_status = 503
+    error_code = "store_unavailable"
+    public_message = "the store is unavailable; try again"
+
 
 class NotFoundError(HarvestError, LookupError):
     """Base class of the "no such object" errors."""
+
+    http_status = 404
+    error_code = "not_found"
 
 
 class SubscriptionNotFoundError(NotFoundError):
@@ -61,6 +119,9 @@ class DeliveryNotFoundError(NotFoundError):
 class DuplicateSubscriptionError(HarvestError):
     """A subscription with this id already exists."""
 
+    http_status = 409
+    error_code = "conflict"
+
     def __init__(self, subscription_id: str) -> None:
         super().__init__(
             f"a subscription with id {subscription_id!r} already exists; "
@@ -71,6 +132,9 @@ class DuplicateSubscriptionError(HarvestError):
 
 class InvalidStateError(HarvestError):
     """The operation does not apply to the object in its current state."""
+
+    http_status = 409
+    error_code = "conflict"
 
 
 class EnqueueError(HarvestError):

@@ -112,6 +112,9 @@ class WebhookRejected(HTTPException, HarvestError):
         super().__init__(description=message)
         self.code = status
         self.reason = reason
+        # The same answer wherever it is mapped (an admin blueprint maps HarvestError by these).
+        self.http_status = status
+        self.error_code = reason
 
     def get_body(self, environ: WSGIEnvironment | None = None, scope: dict[str, Any] | None = None) -> str:
         return json.dumps({"error": {"code": self.reason, "message": self.description}})

@@ -109,9 +109,9 @@ def test_subscriptions_list_filters_and_pages(
     assert disabled.count('href="/harvest/webhooks/subscriptions/sub_') == 1
     by_topic = text(client.get(f"{PREFIX}/webhooks/subscriptions?topic=c.x"))
     assert by_topic.count('href="/harvest/webhooks/subscriptions/sub_') == (PAGE_SIZE + 2) // 2
-    assert client.get(f"{PREFIX}/webhooks/subscriptions?status=bogus").status_code == 400
-    assert client.get(f"{PREFIX}/webhooks/subscriptions?cursor=bogus").status_code == 400
-    assert client.get(f"{PREFIX}/webhooks/subscriptions?topic=a..b").status_code == 400  # not a topic
+    assert client.get(f"{PREFIX}/webhooks/subscriptions?status=bogus").status_code == 422
+    assert client.get(f"{PREFIX}/webhooks/subscriptions?cursor=bogus").status_code == 422
+    assert client.get(f"{PREFIX}/webhooks/subscriptions?topic=a..b").status_code == 422  # not a topic
     assert SECRET not in first
 
 
@@ -138,7 +138,7 @@ def test_disable_and_enable(client: FlaskClient, csrf: str, store: OutboundWebho
     assert done.status_code == 303
     assert store.get_subscription("sub_1").status is WebhookSubscriptionStatus.DISABLED  # type: ignore[union-attr]
     assert "Disabled." in text(client.get(done.headers["Location"]))
-    assert client.post(url, data={"status": "failed", "csrf_token": csrf}).status_code == 400
+    assert client.post(url, data={"status": "failed", "csrf_token": csrf}).status_code == 422
     client.post(url, data={"status": "active", "csrf_token": csrf})
     assert store.get_subscription("sub_1").status is WebhookSubscriptionStatus.ACTIVE  # type: ignore[union-attr]
     assert (
@@ -168,7 +168,7 @@ def test_rotate_secret_shows_the_new_one_once(
     again = text(client.get(f"{PREFIX}/webhooks/subscriptions/sub_1"))
     assert stored.secret not in again and "new-secret" not in again
     for bad in ("-1", "nan", "1e12", "x"):
-        assert client.post(url, data={"grace_seconds": bad, "csrf_token": csrf}).status_code == 400
+        assert client.post(url, data={"grace_seconds": bad, "csrf_token": csrf}).status_code == 422
     assert store.get_subscription("sub_1").secret == stored.secret  # type: ignore[union-attr]
 
 
@@ -203,7 +203,7 @@ def test_deliveries_filter_by_state_subscription_topic_and_time(
     assert listed("?topic=c.d") == other
     assert sorted(listed("?since=2026-12-01T12:01&until=2026-12-01T12:02:30Z")) == sorted(dlq[1:])
     for bad in ("?state=nope", "?since=yesterday", "?cursor=%%%", "?since=2026-12-02&until=2026-12-01"):
-        assert client.get(f"{PREFIX}/webhooks/deliveries{bad}").status_code == 400, bad
+        assert client.get(f"{PREFIX}/webhooks/deliveries{bad}").status_code == 422, bad
 
 
 def test_deliveries_page_with_cursors(client: FlaskClient, csrf: str, store: OutboundWebhookHandler) -> None:
@@ -274,7 +274,7 @@ def test_bulk_replay_counts_first_then_replays(
         {"action": "dry-run", "subscription_id": ""},
         {"action": "dry-run", "since": "soon"},
     ):
-        assert client.post(url, data={**form, **bad}).status_code in (400, 404), bad
+        assert client.post(url, data={**form, **bad}).status_code in (422, 404), bad
     assert (
         client.post(url, data={**form, "action": "dry-run", "subscription_id": "sub_nope"}).status_code == 404
     )

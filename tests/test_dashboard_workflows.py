@@ -184,7 +184,7 @@ def test_executions_filter_by_name_and_state_and_page_with_cursors(
     assert listed(f"{PREFIX}/workflows?name=boom&state=Completed")[0] == []
     for bad in ("?state=Done", "?cursor=%%%", "?name=a%00b"):
         response = client.get(f"{PREFIX}/workflows{bad}")
-        assert response.status_code == 400, bad
+        assert response.status_code == 422, bad
         assert "Traceback" not in text(response)
 
 
@@ -221,7 +221,7 @@ def test_cancel_a_running_workflow_after_confirming(app: Flask, client: FlaskCli
     before = executions(app)
     assert client.post(url, data={"reason": "x"}).status_code == 403  # no CSRF token
     unticked = client.post(url, data={"reason": SCRIPT, "csrf_token": csrf})
-    assert unticked.status_code == 400 and "Tick the box" in text(unticked)
+    assert unticked.status_code == 422 and "Tick the box" in text(unticked)
     assert SCRIPT not in text(unticked)
     assert executions(app) == before
     done = client.post(url, data={"reason": "operator", "confirm": "yes", "csrf_token": csrf})
@@ -238,10 +238,10 @@ def test_terminate_after_confirming(app: Flask, client: FlaskClient, csrf: str) 
     execution_id = start(app, "sleeper")
     wait_asleep(app, execution_id)
     url = f"{PREFIX}/workflows/{execution_id}/terminate"
-    assert client.post(url, data={"csrf_token": csrf}).status_code == 400
+    assert client.post(url, data={"csrf_token": csrf}).status_code == 422
     assert state_of(app, execution_id) is ExecutionState.PENDING
     bad = client.post(url, data={"confirm": "yes", "reason": "a\x00b", "csrf_token": csrf})
-    assert bad.status_code == 400
+    assert bad.status_code == 422
     assert state_of(app, execution_id) is ExecutionState.PENDING
     done = client.post(url, data={"confirm": "yes", "reason": "stuck", "csrf_token": csrf})
     assert done.status_code == 303
@@ -398,7 +398,7 @@ def test_the_trigger_list_pages_with_a_cursor(app: Flask, client: FlaskClient, c
     rest = re.findall(r'href="/harvest/triggers/([0-9a-f-]{36})"', second)
     assert sorted(shown + rest) == sorted(registered)
     assert 'id="next-page"' not in second
-    assert client.get(f"{PREFIX}/triggers?cursor=bogus").status_code == 400
+    assert client.get(f"{PREFIX}/triggers?cursor=bogus").status_code == 422
 
 
 def stored(app: Flask) -> list[Any]:

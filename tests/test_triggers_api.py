@@ -126,7 +126,7 @@ def test_the_list_pages_with_limit_and_cursor(client: FlaskClient) -> None:
     assert [i for page in pages for i in page] == [t["id"] for t in everything.get_json()]
     for bad in ("limit=0", "limit=501", "limit=x", "cursor=bogus", "cursor=%00"):
         answer = client.get(f"{ROOT}?{bad}", headers=AUTH)
-        assert answer.status_code == 400, bad
+        assert answer.status_code == 422, bad
         assert answer.get_json()["error"]["code"] == "invalid_query"
 
 
@@ -301,14 +301,14 @@ query_values = st.one_of(
 
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(query=st.dictionaries(st.sampled_from(["limit", "cursor"]), query_values, max_size=2))
-def test_arbitrary_list_queries_are_200_or_a_400_json_error(
+def test_arbitrary_list_queries_are_200_or_a_422_json_error(
     sqlite_client: FlaskClient, query: dict[str, str]
 ) -> None:
     listed = sqlite_client.get(ROOT, headers=AUTH).get_json()
     url = ROOT + "?" + "&".join(f"{name}={value}" for name, value in query.items())
     response = sqlite_client.get(url, headers=AUTH)
-    assert response.status_code in (200, 400), response.get_data(as_text=True)
-    if response.status_code == 400:
+    assert response.status_code in (200, 422), response.get_data(as_text=True)
+    if response.status_code == 422:
         assert response.get_json()["error"]["code"] == "invalid_query"
     else:
         assert isinstance(response.get_json(), list)
@@ -339,7 +339,7 @@ def test_fires_limit_is_validated(client: FlaskClient) -> None:
     client.post(ROOT, json=seed_body(), headers=AUTH)
     for bad in ("0", "501", "x"):
         response = client.get(f"{ROOT}/{SEED_ID}/fires?limit={bad}", headers=AUTH)
-        assert response.status_code == 400
+        assert response.status_code == 422
         assert response.get_json()["error"]["code"] == "invalid_query"
 
 

@@ -249,7 +249,7 @@ def test_an_input_over_the_limit_is_413_and_creates_nothing(app: Flask, client: 
         ({"input": {"a": {1, 2}}.get("a") and None, "completion_callbacks": float("inf")}, None),
     ],
 )
-def test_a_malformed_start_body_is_400_and_names_the_field(
+def test_a_start_body_with_a_bad_field_is_422_naming_it_and_one_not_json_is_400(
     app: Flask, client: FlaskClient, body: dict[str, Any], field: str | None
 ) -> None:
     if field is None:  # a non-finite number: only raw JSON text can carry one; not JSON at all
@@ -258,7 +258,7 @@ def test_a_malformed_start_body_is_400_and_names_the_field(
         assert_error(response, 400, "bad_json")
     else:
         response = call(client, "POST", "/workflows/echo/start", body)
-        error = assert_error(response, 400, "validation_error")
+        error = assert_error(response, 422, "validation_error")
         assert field in error["fields"]
     assert executions(app) == []
 
@@ -266,11 +266,12 @@ def test_a_malformed_start_body_is_400_and_names_the_field(
 @pytest.mark.parametrize(
     "raw", ['{"input": NaN}', '{"input": "\\ud800"}', '{"input": {"k": "\\udfff"}}', '{"input": -Infinity}']
 )
-def test_an_input_that_is_not_storable_json_is_400(app: Flask, client: FlaskClient, raw: str) -> None:
+def test_an_input_that_is_not_storable_json_is_refused(app: Flask, client: FlaskClient, raw: str) -> None:
     response = call(client, "POST", "/workflows/echo/start", data=raw, content_type="application/json")
-    error = assert_error(response, 400)
-    if error["code"] != "bad_json":  # NaN and Infinity are not JSON: refused as the body is read
-        assert error["fields"].keys() == {"input"}
+    if "\\u" in raw:  # JSON, but a value no database can keep: the field's value is refused
+        assert assert_error(response, 422, "validation_error")["fields"].keys() == {"input"}
+    else:  # NaN and Infinity are not JSON: the body is malformed, refused as it is read
+        assert_error(response, 400, "bad_json")
     assert executions(app) == []
 
 
@@ -353,8 +354,8 @@ def test_cancel_and_terminate_need_a_json_body_so_a_form_cannot_send_them(
     for action in ("cancel", "terminate"):
         response = client.post(f"{PREFIX}/workflows/{eid}/{action}", data={"reason": "x"}, headers=AUTH)
         assert_error(response, 415)
-        assert_error(call(client, "POST", f"/workflows/{eid}/{action}", {"reason": 5}), 400)
-        assert_error(call(client, "POST", f"/workflows/{eid}/{action}", {"reason": "x" * 2001}), 400)
+        assert_error(call(client, "POST", f"/workflows/{eid}/{action}", {"reason": 5}), 422)
+        assert_error(call(client, "POST", f"/workflows/{eid}/{action}", {"reason": "x" * 2001}), 422)
     assert state_of(app, eid) is S.PENDING
 
 
@@ -390,9 +391,9 @@ def test_a_failed_run_answers_200_with_its_error(client: FlaskClient) -> None:
 
 
 @pytest.mark.parametrize("wait", ["-1", "nan", "inf", "1e999", "soon", ""])
-def test_a_bad_wait_is_400(client: FlaskClient, wait: str) -> None:
+def test_a_bad_wait_is_422(client: FlaskClient, wait: str) -> None:
     eid = start(client, "echo")["execution_id"]
-    error = assert_error(call(client, "GET", f"/workflows/{eid}/result?wait={wait}"), 400)
+    error = assert_error(call(client, "GET", f"/workflows/{eid}/result?wait={wait}"), 422)
     assert "wait" in error["fields"]
 
 
@@ -440,8 +441,8 @@ def test_list_filters_by_name_and_state_and_pages_with_a_cursor(app: Flask, clie
         "cursor=%00",
     ],
 )
-def test_a_bad_list_query_is_400(client: FlaskClient, query: str) -> None:
-    assert_error(call(client, "GET", f"/workflows?{query}"), 400, "validation_error")
+def test_a_bad_list_query_is_422(client: FlaskClient, query: str) -> None:
+    assert_error(call(client, "GET", f"/workflows?{query}"), 422, "validation_error")
 
 
 # -- unknown things --------------------------------------------------------------------------------

@@ -8,7 +8,6 @@ Page modules (:mod:`.webhooks`, and one per subsystem) add their routes to :data
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -16,25 +15,17 @@ from urllib.parse import urlsplit
 
 from flask import Blueprint, Flask, Response, current_app, g, redirect, render_template, request, url_for
 from marshmallow import ValidationError
-from werkzeug.exceptions import BadRequest, HTTPException
+from werkzeug.exceptions import HTTPException
+from werkzeug.http import HTTP_STATUS_CODES
 from werkzeug.wrappers import Response as BaseResponse
 
 from .._app import get_engine
 from .._input import text_problem
+from ..admin_http import authorizer_allows, error_answer
 from ..config import KEYS, Settings
 from ..engine import HarvestEngine
-from ..errors import (
-    ConfigurationError,
-    DuplicateSubscriptionError,
-    HarvestError,
-    InvalidFieldError,
-    InvalidStateError,
-    NotFoundError,
-    StoreError,
-)
+from ..errors import ConfigurationError, HarvestError, InvalidFieldError
 from ._session import COOKIE_NAME, DashboardSession, csrf_matches, digest_matches, dump_session, load_session
-
-log = logging.getLogger(__name__)
 
 dashboard = Blueprint(
     "harvest_dashboard",
@@ -144,7 +135,8 @@ def signed_in() -> bool:
     if digest_matches(_session(), current_app.secret_key or "", engine.settings.actuator_token):
         return True
     authorizer = engine.access.authorizer
-    return authorizer is not None and authorizer(request) is True
+    # An authorizer that raises is a 500 page (AuthorizerError), as on the admin APIs.
+    return authorizer is not None and authorizer_allows(authorizer)
 
 
 def token_sign_in_enabled() -> bool:
@@ -276,64 +268,42 @@ def _shared_context() -> dict[str, Any]:
 
 def form_text(name: str, *, required: bool = False, max_chars: int = MAX_FIELD_CHARS) -> str:
     """Return a form field's text, stripped; refuse a NUL, a lone surrogate or an over-long value
-    (400) before anything reads it."""
+    (422 naming the field) before anything reads it."""
     value = request.form.get(name, "")
     problem = text_problem(value) if value else None
     if problem is not None or len(value) > max_chars:
-        raise BadRequest(f"the field {name!r} {problem or f'is longer than {max_chars} characters'}")
+        raise InvalidFieldError(name, problem or f"is longer than {max_chars} characters")
     value = value.strip()
     if required and not value:
-        raise BadRequest(f"the field {name!r} is required")
+        raise InvalidFieldError(name, "is required")
     return value
 
 
 def query_text(name: str, *, max_chars: int = MAX_FIELD_CHARS) -> str | None:
-    """Return a query parameter's text, or ``None`` when absent or empty; refuse bad text (400)."""
+    """Return a query parameter's text, or ``None`` when absent or empty; refuse bad text (422)."""
     value = request.args.get(name)
     if not value:
         return None
     problem = text_problem(value)
     if problem is not None or len(value) > max_chars:
-        raise BadRequest(f"the parameter {name!r} {problem or f'is longer than {max_chars} characters'}")
+        raise InvalidFieldError(name, problem or f"is longer than {max_chars} characters")
     return value.strip() or None
 
 
 # -- errors: HTML pages, never a traceback -----------------------------------------------------------
 
 
-def _error_page(status: int, title: str, message: str) -> tuple[str, int]:
-    return render_page("error.html", status=status, title=title, message=message)
-
-
-@dashboard.errorhandler(NotFoundError)
-def _not_found(exc: NotFoundError) -> tuple[str, int]:
-    return _error_page(404, "Not found", str(exc))
-
-
-@dashboard.errorhandler(InvalidFieldError)
-def _invalid_field(exc: InvalidFieldError) -> tuple[str, int]:
-    return _error_page(400, "Invalid input", str(exc))
-
-
+@dashboard.errorhandler(HarvestError)
 @dashboard.errorhandler(ValidationError)
-def _invalid(exc: ValidationError) -> tuple[str, int]:
-    return _error_page(400, "Invalid input", str(exc.messages))
-
-
-@dashboard.errorhandler(DuplicateSubscriptionError)
-@dashboard.errorhandler(InvalidStateError)
-def _conflict(exc: HarvestError) -> tuple[str, int]:
-    return _error_page(409, "Conflict", str(exc))
-
-
-@dashboard.errorhandler(StoreError)
-def _store_down(exc: StoreError) -> tuple[str, int]:
-    log.error("harvest dashboard: %s", exc)
-    return _error_page(503, "Store unavailable", "The store is unavailable; try again.")
-
-
 @dashboard.errorhandler(HTTPException)
-def _http_error(exc: HTTPException) -> tuple[str, int] | HTTPException:
-    if exc.code is None or exc.code < 400:
+def _error(exc: Exception) -> tuple[str, int] | HTTPException:
+    """Every error as a page, with the status the admin APIs give it (one mapping for both)."""
+    if isinstance(exc, HTTPException) and (exc.code is None or exc.code < 400):
         return exc
-    return _error_page(exc.code, exc.name, exc.description or "")
+    answer = error_answer(exc, "harvest dashboard")
+    return render_page(
+        "error.html",
+        status=answer.status,
+        title=HTTP_STATUS_CODES.get(answer.status, "Error"),
+        message=answer.message,
+    )

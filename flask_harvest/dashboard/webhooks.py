@@ -13,7 +13,6 @@ from typing import Any, NamedTuple
 
 from flask import redirect, request, url_for
 from markupsafe import Markup
-from werkzeug.exceptions import BadRequest
 from werkzeug.wrappers import Response as BaseResponse
 
 from .._app import get_engine
@@ -91,7 +90,7 @@ def query_time(name: str) -> datetime | None:
     try:
         when = datetime.fromisoformat(value.replace("Z", "+00:00"))
     except ValueError:
-        raise BadRequest(f"the parameter {name!r} must be a time such as 2026-12-03T10:00") from None
+        raise InvalidFieldError(name, "must be a time such as 2026-12-03T10:00") from None
     return when.replace(tzinfo=timezone.utc) if when.tzinfo is None else when
 
 
@@ -102,7 +101,7 @@ def form_time(name: str) -> datetime | None:
     try:
         when = datetime.fromisoformat(value.replace("Z", "+00:00"))
     except ValueError:
-        raise BadRequest(f"the field {name!r} must be a time such as 2026-12-03T10:00") from None
+        raise InvalidFieldError(name, "must be a time such as 2026-12-03T10:00") from None
     return when.replace(tzinfo=timezone.utc) if when.tzinfo is None else when
 
 
@@ -113,7 +112,7 @@ def _local(when: datetime | None) -> str:
 
 def _choice(value: str | None, allowed: list[str], name: str) -> str | None:
     if value is not None and value not in allowed:
-        raise BadRequest(f"the parameter {name!r} must be one of {', '.join(allowed)}")
+        raise InvalidFieldError(name, f"must be one of {', '.join(allowed)}")
     return value
 
 

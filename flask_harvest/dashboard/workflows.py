@@ -133,7 +133,7 @@ def end_execution(execution_id: str, action: str) -> BaseResponse | tuple[str, i
     if form_text("confirm", max_chars=8) != "yes":
         return render_page(
             "workflows/confirm.html",
-            status=400,
+            status=422,
             execution=found,
             action=action,
             explain=ACTIONS[action],

@@ -79,12 +79,13 @@ def _responses(
         409: "the id is taken, or the delivery is not dead-lettered",
         413: "the body is larger than 64 KiB",
         415: "the body is not JSON",
-        422: "a field is invalid",
+        422: "a field or query parameter has a wrong value",
+        500: "a fault of the server (the authorizer raised, a configuration error); the cause is logged",
         503: "the store is unavailable",
         **refusals,
     }
     answers: dict[str, Any] = {str(ok): {"description": description, **(_json(schema) if schema else {})}}
-    for status in (*errors, 401, 403, 503):
+    for status in (*errors, 401, 403, 500, 503):
         answers[str(status)] = {
             "description": reasons[status],
             **_json({"$ref": "#/components/schemas/Error"}),

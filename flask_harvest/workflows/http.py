@@ -6,11 +6,12 @@
 or the registered authorizer; errors are ``{"error": {"code", "message", "fields"}}``.
 
 Statuses: 201 a run was created, 200 an existing open run of the ``workflow_id`` was returned (the
-start collapsed into it); 400 a malformed body or query; 404 an unknown workflow name or execution;
-409 the id reuse policy refused, or the execution had already ended (cancel, terminate); 413 the
-input is over ``HARVEST_WORKFLOW_MAX_INPUT_BYTES``; 415 a body that is not JSON; 503 the database
-is unavailable. An error class may declare its own status (``http_status``), which
-:func:`~flask_harvest.admin_http.install_admin_api` honours.
+start collapsed into it); 400 a malformed body (not JSON, not an object); 422 a field or query
+parameter with a wrong value, or a refused completion callback target; 404 an unknown workflow name
+or execution; 409 the id reuse policy refused, or the execution had already ended (cancel,
+terminate); 413 the input is over ``HARVEST_WORKFLOW_MAX_INPUT_BYTES``; 415 a body that is not
+JSON; 503 the database is unavailable. Each error carries its status, which
+:func:`~flask_harvest.admin_http.error_answer` maps, as on every admin API.
 """
 
 from __future__ import annotations
@@ -35,9 +36,7 @@ def _max_body_bytes() -> int:
     return 2 * get_engine().settings.workflow_max_input_bytes + MAX_BODY_BYTES
 
 
-install_admin_api(
-    workflows_api, realm="harvest-workflows", invalid_status=400, max_body_bytes=_max_body_bytes
-)
+install_admin_api(workflows_api, realm="harvest-workflows", max_body_bytes=_max_body_bytes)
 
 
 def _summary(execution: Execution) -> dict[str, Any]:
