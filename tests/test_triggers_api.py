@@ -212,7 +212,7 @@ def test_a_workflow_name_this_app_does_not_register_is_a_400_naming_the_field(
     assert allowed.status_code == 201, allowed.get_data(as_text=True)
     assert allowed.get_json()[field] == "nope"
     odd = client.post(f"{ROOT}?allow_unknown_workflows=yes", json=seed_body(), headers=AUTH)
-    assert odd.status_code == 400
+    assert odd.status_code == 422
     assert odd.get_json()["error"]["fields"] == {"allow_unknown_workflows": ["must be true or false"]}
 
 

@@ -101,7 +101,7 @@ def _flag(name: str) -> bool:
     raw = request.args.get(name, "false")
     if raw not in ("true", "false"):
         raise ApiError(
-            400, "invalid_query", f"{name} must be true or false", {name: ["must be true or false"]}
+            422, "invalid_query", f"{name} must be true or false", {name: ["must be true or false"]}
         )
     return raw == "true"
 
