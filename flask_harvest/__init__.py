@@ -117,15 +117,17 @@ _LAZY: dict[str, tuple[str, str | None]] = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    try:
-        module_name, attribute = _LAZY[name]
-    except KeyError:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
-    module = importlib.import_module(module_name, __name__)
-    value = module if attribute is None else getattr(module, attribute)
-    globals()[name] = value  # the next lookup is a plain module attribute
-    return value
+if not TYPE_CHECKING:  # type checkers see the imports above, so a misspelt name is an error
+
+    def __getattr__(name: str) -> Any:
+        try:
+            module_name, attribute = _LAZY[name]
+        except KeyError:
+            raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
+        module = importlib.import_module(module_name, __name__)
+        value = module if attribute is None else getattr(module, attribute)
+        globals()[name] = value  # the next lookup is a plain module attribute
+        return value
 
 
 def __dir__() -> list[str]:

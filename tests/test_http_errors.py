@@ -17,8 +17,7 @@ from marshmallow import ValidationError
 from flask_harvest import (
     ConfigurationError,
     DuplicateSubscriptionError,
-    HarvestTriggers,
-    HarvestWorkflows,
+    Harvest,
     InvalidFieldError,
     NotFoundError,
     StoreError,
@@ -64,8 +63,7 @@ def app(tmp_path: Path) -> Flask:
         PROPAGATE_EXCEPTIONS=True,
     )
     db = SQLAlchemy(app)
-    HarvestWorkflows.sql(db, app)
-    HarvestTriggers(app)
+    Harvest(app, db)
     return close_later(app)
 
 
