@@ -23,13 +23,7 @@ from typing import Any
 from flask import Flask
 from flask_sqlalchemy import SQLAlchemy
 
-from flask_harvest import (
-    CompletionTrigger,
-    Harvest,
-    get_engine,
-    trigger_service,
-    workflow_service,
-)
+from flask_harvest import CompletionTrigger, Harvest
 from flask_harvest.triggers import Outcome, Projection
 from flask_harvest.triggers.conditions import GreaterThan
 from flask_harvest.triggers.firing import target_workflow_id
@@ -81,9 +75,11 @@ def create_app(database: Path) -> tuple[Flask, Harvest]:
     return app, harvest
 
 
-def target_of(trigger: CompletionTrigger, source: Execution, timeout: float = 20.0) -> Execution | None:
+def target_of(
+    harvest: Harvest, trigger: CompletionTrigger, source: Execution, timeout: float = 20.0
+) -> Execution | None:
     """Wait for the run ``trigger`` started for ``source`` to end; ``None`` if it started none."""
-    store = workflow_service().store
+    store = harvest.workflows.store
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         target = store.get_by_workflow_id(target_workflow_id(trigger.id, source.execution_id))
@@ -108,15 +104,16 @@ def main() -> int:
                     source = harvest.workflows.wait(handle.execution_id, 20.0)
                     print(f"etl_ingest {job['date']}: {source.state.value}")
                     for trigger in (DAILY_REPORT, BIG_INGEST, POSTMORTEM):
-                        target = target_of(trigger, source, timeout=5.0 if trigger is DAILY_REPORT else 1.0)
+                        wait = 5.0 if trigger is DAILY_REPORT else 1.0
+                        target = target_of(harvest, trigger, source, timeout=wait)
                         if target is not None:
                             depth = target.trigger_depth
                             print(f"  -> {target.workflow_name} (trigger depth {depth}): {target.output}")
-                ledger = trigger_service().fires(trigger_id=BIG_INGEST.id)
+                ledger = harvest.triggers.fires(trigger_id=BIG_INGEST.id)
                 outcomes = sorted(fire.outcome or "fired" for fire in ledger)
                 print(f"page_on_call fires ledger: {', '.join(outcomes)}")
         finally:
-            get_engine(app).close()
+            harvest.close(app)
     print("completion triggers example OK")
     return 0
 

@@ -27,14 +27,7 @@ from flask_sqlalchemy import SQLAlchemy
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-from flask_harvest import (
-    DeliveryState,
-    OutboundWebhookPlugin,
-    WebhookSubscription,
-    generate_secret,
-    get_engine,
-    get_manager,
-)
+from flask_harvest import DeliveryState, Harvest, WebhookSubscription, generate_secret
 from flask_harvest.signing import verify_standard
 from flask_harvest.testing import CapturingReceiver
 from flask_harvest.webhooks.manager import outbox_delivery_id
@@ -47,6 +40,7 @@ class Base(DeclarativeBase):
 
 
 db = SQLAlchemy(model_class=Base)
+harvest = Harvest(db=db)  # the SQL store on db's engine: the outbox shares its transactions
 
 
 class Order(db.Model):  # type: ignore[name-defined,misc]
@@ -62,7 +56,7 @@ def save_orders(items: list[dict[str, Any]]) -> tuple[dict[str, Any], int]:
         events = []
         for item in items:
             db.session.add(Order(reference=item["reference"], total=item["total"]))
-            events.append(get_manager().dispatch_in_tx(db.session, "order.created", item))
+            events.append(harvest.dispatch_in_tx(db.session, "order.created", item))
         db.session.commit()  # the orders and their outbox messages, or neither
     except IntegrityError:
         db.session.rollback()  # the events written so far go with it: nothing is sent
@@ -77,7 +71,7 @@ def create_app(database: Path) -> Flask:
     # unless this is set; never set it in production.
     app.config["HARVEST_WEBHOOKS_ALLOW_PRIVATE_TARGETS"] = True
     db.init_app(app)
-    OutboundWebhookPlugin.sql(db, app)  # the SQL store on db's engine: the outbox shares it
+    harvest.init_app(app)
     with app.app_context():
         db.create_all()
 
@@ -96,7 +90,8 @@ def wait_delivered(app: Flask, delivery_id: str) -> bool:
     """Wait until the delivery's outcome is recorded (just after the receiver answers)."""
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
-        delivery = get_engine(app).store.get_delivery(delivery_id)
+        with app.app_context():
+            delivery = harvest.store.get_delivery(delivery_id)
         if delivery is not None and delivery.state is DeliveryState.DELIVERED:
             return True
         time.sleep(0.05)
@@ -108,7 +103,8 @@ def main() -> int:
     logging.getLogger("werkzeug").setLevel(logging.ERROR)  # no access log from the receiver
     with tempfile.TemporaryDirectory() as folder, CapturingReceiver() as receiver:
         app = create_app(Path(folder) / "outbox.sqlite3")
-        engine = get_engine(app)
+        with app.app_context():
+            engine = harvest.engine
         engine.store.add_subscription(
             WebhookSubscription(receiver.url("/hooks/orders"), ["order.*"], SECRET, id="sub_orders")
         )

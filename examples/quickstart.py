@@ -21,17 +21,14 @@ from flask import Flask, request
 from flask_sqlalchemy import SQLAlchemy
 from werkzeug.serving import make_server
 
-from flask_harvest import (
-    DeliveryState,
-    OutboundWebhookPlugin,
-    WebhookSubscription,
-    generate_secret,
-    get_engine,
-    get_manager,
-)
+from flask_harvest import DeliveryState, Harvest, WebhookSubscription, generate_secret
 from flask_harvest.signing import verify_standard, verify_stripe
 
 SECRET = generate_secret()
+
+# The app factory pattern: the extensions are created once, then registered on the app.
+db = SQLAlchemy()
+harvest = Harvest(db=db)
 
 
 def start_receiver() -> tuple[str, list[str]]:
@@ -66,8 +63,8 @@ def create_app(database: Path) -> Flask:
     # The demo's receiver is on 127.0.0.1. The SSRF guard refuses private and loopback targets
     # unless this is set; never set it in production.
     app.config["HARVEST_WEBHOOKS_ALLOW_PRIVATE_TARGETS"] = True
-    db = SQLAlchemy(app)
-    OutboundWebhookPlugin.sql(db, app)
+    db.init_app(app)
+    harvest.init_app(app)  # the harvest tables in the app's database, and the engine
     return app
 
 
@@ -78,7 +75,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as folder:
         app = create_app(Path(folder) / "quickstart.sqlite3")
         with app.app_context():
-            store = get_engine(app).store
+            store = harvest.store
             store.add_subscription(
                 WebhookSubscription(f"{base_url}/orders", ["order.*"], SECRET, id="sub_orders")
             )
@@ -87,8 +84,8 @@ def main() -> int:
             )
             ids = []
             for number in (1, 2, 3):
-                ids += get_manager().dispatch("order.created", {"order_id": f"ord_{number}", "total": 42})
-            ids += get_manager().dispatch("order.fulfilled", {"order_id": "ord_1"})
+                ids += harvest.dispatch("order.created", {"order_id": f"ord_{number}", "total": 42})
+            ids += harvest.dispatch("order.fulfilled", {"order_id": "ord_1"})
             print(f"dispatched {len(ids)} deliveries")
 
             deadline = time.monotonic() + 30

@@ -118,8 +118,8 @@ def _ops() -> WebhookOperations:
 
 @harvest_cli.command("init-db")
 def init_db_command() -> None:
-    """Create the webhook tables, and the workflow tables if workflows are registered, where they
-    do not exist yet (existing ones are left alone)."""
+    """Create the tables of every part the app runs (webhooks; workflows, completion callbacks and
+    triggers when they are on) where they do not exist yet (existing ones are left alone)."""
     engine = get_engine()
     store = engine.store
     if not store.capabilities.schema:
@@ -127,9 +127,17 @@ def init_db_command() -> None:
     else:
         store.ensure_schema()
         click.echo("the webhook tables are in place")
+    # The release step of an app whose init_app creates no tables (create_tables=False): each
+    # part that is on sweeps its tables, so each must be created here.
     if engine.workflows is not None:
         engine.workflows.store.ensure_schema()
         click.echo("the workflow tables are in place")
+    if engine.callbacks is not None:
+        engine.callbacks.store.ensure_schema()
+        click.echo("the completion callback tables are in place")
+    if engine.triggers is not None:
+        engine.triggers.store.ensure_schema()
+        click.echo("the completion trigger tables are in place")
 
 
 @harvest_cli.command("purge")

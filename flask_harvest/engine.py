@@ -1,7 +1,7 @@
 """The engine: store, job backend, transport, runners, manager and sweeper, wired without Flask.
 
 :func:`build_engine` is the one place that assembles them; the Flask extension
-(:class:`~flask_harvest.extension.OutboundWebhookPlugin`) only reads the configuration, calls
+(:class:`~flask_harvest.extension.Harvest`) only reads the configuration, calls
 it and registers the result on an app. Scripts, tests and other frameworks can call it directly.
 """
 

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import sqlalchemy as sa
 from flask import Flask
 from flask_sqlalchemy import SQLAlchemy
 from sqlalchemy import create_engine
@@ -25,6 +26,7 @@ from flask_harvest import (
     trigger_service,
     workflow_service,
 )
+from flask_harvest.schema import ALL_TABLES
 from flask_harvest.triggers.firing import target_workflow_id
 from flask_harvest.workflows import WorkflowContext
 
@@ -152,3 +154,18 @@ def test_a_sql_store_runs_workflows_when_asked(tmp_path: Path) -> None:
     with app.app_context():
         assert harvest.start("source", 2).result(timeout=30) == {"value": 2}
     sql.dispose()
+
+
+def test_init_db_creates_every_table_of_an_app_whose_migrations_own_the_schema(tmp_path: Path) -> None:
+    # The production layout: create_tables=False, and `flask harvest init-db` as the release step.
+    app = Flask("release_step")
+    app.config["SQLALCHEMY_DATABASE_URI"] = f"sqlite:///{tmp_path / 'app.db'}"
+    db = SQLAlchemy(app)
+    harvest = Harvest(app, db, create_tables=False)
+    close_later(app)
+    with app.app_context():
+        assert sa.inspect(db.engine).get_table_names() == []
+        result = app.test_cli_runner().invoke(args=["harvest", "init-db"])
+        assert result.exit_code == 0, result.output
+        assert set(sa.inspect(db.engine).get_table_names()) == {table.name for table in ALL_TABLES}
+        harvest.engine.sweep()  # every sweep step finds its table

@@ -13,7 +13,7 @@ Everything comes from the environment, as on a platform that runs a ``Procfile``
 
 The processes (see README.md beside this file)::
 
-    flask --app app:create_app harvest init-db    # release: the webhook tables
+    flask --app app:create_app harvest init-db    # release: the flask-harvest tables
     flask --app app:create_app create-tables      # release: the app's own tables
     gunicorn -c gunicorn.conf.py                  # web
     flask --app app:create_app harvest worker     # worker, as many as you need
@@ -34,7 +34,7 @@ from flask import Blueprint, Flask, request
 from flask_sqlalchemy import SQLAlchemy
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-from flask_harvest import OutboundWebhookPlugin, get_manager
+from flask_harvest import Harvest
 
 
 class Base(DeclarativeBase):
@@ -44,7 +44,7 @@ class Base(DeclarativeBase):
 db = SQLAlchemy(model_class=Base)
 # Migrations (or the release step) own the schema: several processes starting at once must not
 # race to create tables.
-webhooks = OutboundWebhookPlugin.sql(db, create_tables=False)
+harvest = Harvest(db=db, create_tables=False)
 orders = Blueprint("orders", __name__)
 
 
@@ -76,7 +76,7 @@ def create_app(config: Mapping[str, Any] | None = None) -> Flask:
     app.config.update({k: v for k, v in os.environ.items() if k.startswith("HARVEST_")})
     app.config.update(config or {})
     db.init_app(app)
-    webhooks.init_app(app)
+    harvest.init_app(app)
     app.register_blueprint(orders)
     app.cli.add_command(create_tables)
     return app
@@ -98,7 +98,7 @@ def create_order() -> tuple[dict[str, Any], int]:
         return {"error": f"order {reference} exists"}, 409
     event = {"order_id": order.id, "reference": reference, "total_cents": total}
     # Written into this transaction: the event is sent if and only if the order commits.
-    event_id = get_manager().dispatch_in_tx(db.session, "order.created", event)
+    event_id = harvest.dispatch_in_tx(db.session, "order.created", event)
     db.session.commit()
     return {"order_id": order.id, "event_id": event_id}, 201
 

@@ -1,7 +1,7 @@
 """The ``/actuator/webhooks`` blueprint: JSON endpoints for on-call operators.
 
 Deny by default: with no ``HARVEST_ACTUATOR_TOKEN`` and no authorizer registered with
-:meth:`~flask_harvest.extension.OutboundWebhookPlugin.actuator_authorizer`, every route
+:meth:`~flask_harvest.extension.Harvest.actuator_authorizer`, every route
 answers 403. Secrets appear only in the responses that create a subscription or rotate its secret.
 """
 

@@ -137,7 +137,7 @@ class OutboundWebhookManager:
         if self.outbox is None:
             raise ConfigurationError(
                 "dispatch_in_tx needs a store that shares your database transaction: use the SQL "
-                "store (OutboundWebhookPlugin.sql(db)); the in-memory store cannot"
+                "store (Harvest(app, db)); the in-memory store cannot"
             )
         validate_topic(topic, pattern=False)
         return self.outbox.write(conn, topic, encode_payload(payload), self._relay_soon)
