@@ -19,7 +19,7 @@ from werkzeug.exceptions import HTTPException, MethodNotAllowed, NotFound
 from werkzeug.routing import PathConverter
 
 from ._app import get_engine
-from ._input import check_json_value, check_text, parse_json, read_limited, text_problem
+from ._input import check_json_value, check_text, id_problem, parse_json, read_limited
 from .errors import (
     DuplicateSubscriptionError,
     HarvestError,
@@ -163,10 +163,12 @@ def _options() -> Response | tuple[Response, int] | None:
 
 
 def _bad_path_id() -> tuple[Response, int] | None:
-    """A path id no object can have (NUL, undecodable) is answered 404 before any store sees it."""
+    """A path id no object can have (NUL, a control character, undecodable) is answered 404
+    before any store sees it."""
     for name, value in (request.view_args or {}).items():
-        if isinstance(value, str) and text_problem(value) is not None:
-            return json_error(404, "not_found", f"no object has this {name}: {text_problem(value)}")
+        problem = id_problem(value) if isinstance(value, str) else None
+        if problem is not None:
+            return json_error(404, "not_found", f"no object has this {name}: {problem}")
     return None
 
 
