@@ -15,7 +15,7 @@ from typing import Any
 
 from flask import Blueprint, Flask, Response, current_app, g, jsonify, request
 from marshmallow import Schema, ValidationError
-from werkzeug.exceptions import HTTPException, MethodNotAllowed, NotFound
+from werkzeug.exceptions import HTTPException, MethodNotAllowed, NotFound, RequestEntityTooLarge
 from werkzeug.routing import PathConverter
 
 from ._app import get_engine
@@ -91,15 +91,19 @@ def authorize_admin(realm: str) -> tuple[Response, int] | None:
     )
 
 
-def _read_limited_body(limit: int) -> bytes:
-    """Return the request body, refusing one over ``limit`` bytes (413) without reading past it.
+def read_body(limit: int) -> bytes:
+    """Return the request body, refusing one over ``limit`` bytes without reading past it.
 
     A declared length is checked up front; a chunked body (no length) is read one byte past the
-    limit at most.
+    limit at most. Every body the admin APIs and the dashboard read comes through here.
+
+    :raises RequestEntityTooLarge: the body is larger (a 413, answered by each blueprint's own
+        error handler: JSON ``request_entity_too_large`` in the admin APIs, a page in the
+        dashboard).
     """
     body = read_limited(request.stream, request.content_length, limit, chunk_size=_CHUNK)
     if body is None:
-        raise ApiError(413, "request_entity_too_large", f"the body is larger than {limit} bytes")
+        raise RequestEntityTooLarge(f"the body is larger than {limit} bytes")
     return body
 
 
@@ -111,7 +115,7 @@ def read_json() -> Any:
         nested past :data:`~flask_harvest._input.MAX_JSON_DEPTH` (400 ``bad_json``).
     """
     try:
-        return parse_json(_read_limited_body(g.get("harvest_body_limit", MAX_BODY_BYTES)))
+        return parse_json(read_body(g.get("harvest_body_limit", MAX_BODY_BYTES)))
     except InvalidFieldError as exc:
         raise ApiError(400, "bad_json", f"the body {exc.message}") from None
 

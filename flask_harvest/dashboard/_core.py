@@ -8,6 +8,7 @@ Page modules (:mod:`.webhooks`, and one per subsystem) add their routes to :data
 
 from __future__ import annotations
 
+import io
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -16,11 +17,13 @@ from urllib.parse import urlsplit
 
 from flask import Blueprint, Flask, Response, current_app, g, redirect, render_template, request, url_for
 from marshmallow import ValidationError
+from werkzeug.datastructures import MultiDict
 from werkzeug.exceptions import BadRequest, HTTPException
 from werkzeug.wrappers import Response as BaseResponse
 
 from .._app import get_engine
 from .._input import text_problem
+from ..admin_http import MAX_BODY_BYTES, read_body
 from ..config import KEYS, Settings
 from ..engine import HarvestEngine
 from ..errors import (
@@ -168,10 +171,34 @@ def safe_next(target: str | None) -> str:
     return prefix
 
 
+def _read_form() -> MultiDict[str, str]:
+    """Parse the request's form from a body of at most :data:`MAX_BODY_BYTES`, read through the
+    admin APIs' own limit (413 before a larger one is read, so no anonymous request makes the
+    server buffer it or spool its files to disk)."""
+    body = read_body(MAX_BODY_BYTES)
+    parser = request.make_form_data_parser()
+    _, fields, files = parser.parse(io.BytesIO(body), request.mimetype, len(body), request.mimetype_params)
+    for _, upload in files.items(multi=True):
+        upload.close()  # no page takes a file
+    return fields
+
+
+def posted_form() -> MultiDict[str, str]:
+    """The submitted form of a request other than ``GET`` or ``HEAD`` (empty for those).
+
+    Pages read this, never ``request.form``: it was parsed within the body limit.
+    """
+    fields: MultiDict[str, str] = g.get("harvest_dashboard_form") or MultiDict()
+    return fields
+
+
 @dashboard.before_request
 def _guard() -> BaseResponse | tuple[str, int] | None:
     session = _session()
-    if request.method not in ("GET", "HEAD") and not csrf_matches(session, request.form.get("csrf_token")):
+    if request.method not in ("GET", "HEAD"):
+        # Read before the access check (the CSRF token is in the form), so within the limit.
+        g.harvest_dashboard_form = _read_form()
+    if request.method not in ("GET", "HEAD") and not csrf_matches(session, posted_form().get("csrf_token")):
         # Checked before anything else: a cross-site form can never reach a route that changes state.
         return render_page(
             "error.html",
@@ -277,7 +304,7 @@ def _shared_context() -> dict[str, Any]:
 def form_text(name: str, *, required: bool = False, max_chars: int = MAX_FIELD_CHARS) -> str:
     """Return a form field's text, stripped; refuse a NUL, a lone surrogate or an over-long value
     (400) before anything reads it."""
-    value = request.form.get(name, "")
+    value = posted_form().get(name, "")
     problem = text_problem(value) if value else None
     if problem is not None or len(value) > max_chars:
         raise BadRequest(f"the field {name!r} {problem or f'is longer than {max_chars} characters'}")
