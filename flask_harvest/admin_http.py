@@ -108,12 +108,18 @@ def read_body(limit: int) -> bytes:
 
 
 def read_json() -> Any:
-    """Return the request body parsed as JSON, whatever its content type.
+    """Return the request body parsed as JSON; every admin write reads its body here.
 
-    :raises ApiError: the body is over the blueprint's limit (default :data:`MAX_BODY_BYTES`;
-        413), or not JSON in UTF-8, or
-        nested past :data:`~flask_harvest._input.MAX_JSON_DEPTH` (400 ``bad_json``).
+    Only a body sent as ``Content-Type: application/json``: a cross-site form or ``text/plain``
+    post (which a browser sends without asking) never reaches a route that changes state.
+
+    :raises ApiError: the content type is not JSON (415), checked first; the body is not JSON in
+        UTF-8, or nested past :data:`~flask_harvest._input.MAX_JSON_DEPTH` (400 ``bad_json``).
+    :raises RequestEntityTooLarge: the body is over the blueprint's limit (default
+        :data:`MAX_BODY_BYTES`; 413).
     """
+    if not request.is_json:
+        raise ApiError(415, "unsupported_media_type", "send a JSON body with Content-Type: application/json")
     try:
         return parse_json(read_body(g.get("harvest_body_limit", MAX_BODY_BYTES)))
     except InvalidFieldError as exc:
@@ -123,15 +129,14 @@ def read_json() -> Any:
 def load_body(schema: Schema) -> dict[str, Any]:
     """Return the request's JSON object loaded through ``schema``.
 
-    The body is refused before the schema sees it when it is over :data:`MAX_BODY_BYTES` (413),
-    not a JSON object in UTF-8 or nested past :data:`~flask_harvest._input.MAX_JSON_DEPTH` (400),
-    or holds a string with a NUL character or a lone surrogate (422 naming the field).
+    The body is refused before the schema sees it when it is not sent as JSON (415), over
+    :data:`MAX_BODY_BYTES` (413), not a JSON object in UTF-8 or nested past
+    :data:`~flask_harvest._input.MAX_JSON_DEPTH` (400), or holds a string with a NUL character or
+    a lone surrogate (422 naming the field).
 
     :raises ApiError: the body is not a JSON object.
     :raises ValidationError: the object does not fit the schema.
     """
-    if not request.is_json:
-        raise ApiError(415, "unsupported_media_type", "send a JSON body with Content-Type: application/json")
     data = read_json()
     if not isinstance(data, dict):
         raise ApiError(400, "bad_json", "the body must be a JSON object")

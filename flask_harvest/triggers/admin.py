@@ -2,9 +2,10 @@
 
 ``GET /admin/completion-triggers``, ``POST /admin/completion-triggers`` (full-replacement upsert,
 201), ``GET`` and ``DELETE /admin/completion-triggers/<id>``, ``GET .../<id>/fires``. Guarded like
-every admin blueprint (:mod:`flask_harvest.admin_http`). The POST body is decoded by
-:func:`~flask_harvest.triggers.definitions.trigger_from_json` itself, whatever its content type, so
-every invalid shape gets the same 400 JSON error naming the field.
+every admin blueprint (:mod:`flask_harvest.admin_http`). The POST body must be sent as
+``application/json`` (415 otherwise, as on every admin write); it is decoded by
+:func:`~flask_harvest.triggers.definitions.trigger_from_json` itself, so every invalid shape gets
+the same 400 JSON error naming the field.
 """
 
 from __future__ import annotations
@@ -61,7 +62,6 @@ def list_triggers() -> Response:
 @trigger_admin.post(_ROOT)
 def register_trigger() -> tuple[Response, int]:
     """Register or replace a trigger (every field: an omitted ``condition`` clears the stored one)."""
-    # Any content type: the seed's clients post JSON without always saying so.
     data = read_json()
     try:
         trigger = trigger_from_json(data)
