@@ -44,8 +44,9 @@ CONTROL_IDS = st.builds(
 )
 #: Anything a caller may pass as an id.
 ANY_IDS = st.one_of(TEXT, CONTROL_IDS, st.text(max_size=8), st.sampled_from(["", "sub_1", "é", "\u202e"]))
-#: What a path segment can hold (an empty one is another path).
-PATH_IDS = ANY_IDS.filter(bool)
+#: What one path segment can carry: not empty, no "/" (an empty segment is another path, which
+#: the router redirects), not a dot segment.
+PATH_IDS = ANY_IDS.filter(lambda text: text not in ("", ".", "..") and "/" not in text)
 
 
 def has_control(text: str) -> bool:
