@@ -6,7 +6,7 @@ import base64
 import binascii
 from datetime import datetime
 
-from ._input import text_problem, to_utc
+from ._input import id_problem, to_utc
 from .errors import InvalidFieldError
 
 #: The longest cursor accepted (a timestamp and an id, encoded).
@@ -34,6 +34,6 @@ def decode_position(
         when = to_utc(datetime.fromisoformat(stamp), "cursor")
     except (binascii.Error, UnicodeError, ValueError):  # InvalidFieldError is a ValueError
         raise InvalidFieldError("cursor", message) from None
-    if not row_id or text_problem(row_id) is not None:
+    if id_problem(row_id) is not None:
         raise InvalidFieldError("cursor", message)
     return when, row_id

@@ -11,11 +11,14 @@ Pure: no Flask, SQL or network. What it refuses, and why:
 - JSON nested deeper than :data:`MAX_JSON_DEPTH`: Python's parser and encoder recurse, so the
   depth is counted first, without recursion.
 - Datetimes that leave the representable range once converted to UTC.
+- Ids (of subscriptions, deliveries, workflow runs, triggers) with a control character: an id is
+  echoed in logs, terminals and headers, where ESC or BEL would act instead of showing.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from datetime import datetime, timezone
 from typing import IO, Any
@@ -29,6 +32,10 @@ MAX_JSON_DEPTH = 128
 NUL_MESSAGE = "must not contain NUL characters"
 SURROGATE_MESSAGE = "must be valid Unicode text (no lone surrogates or undecodable bytes)"
 DEPTH_MESSAGE = f"is nested too deeply (more than {MAX_JSON_DEPTH} levels)"
+CONTROL_MESSAGE = "must not contain control characters"
+
+#: C0 controls, DEL and C1 controls (Unicode category Cc).
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 
 
 def text_problem(value: str, *, nul: bool = False) -> str | None:
@@ -53,6 +60,32 @@ def check_text(value: str, field: str, *, nul: bool = False) -> str:
     problem = text_problem(value, nul=nul)
     if problem is not None:
         raise InvalidFieldError(field, problem)
+    return value
+
+
+def id_problem(value: object, *, max_chars: int | None = None) -> str | None:
+    """Return why ``value`` cannot be an id (of any stored object), or ``None`` if it can be one.
+
+    An id is a non-empty string of at most ``max_chars`` characters, that :func:`text_problem`
+    accepts, with no control character. A lookup by such a value finds nothing without asking the
+    database (whose driver would fail on a NUL or a lone surrogate); creation refuses it.
+    """
+    if not isinstance(value, str) or not value:
+        return "must be a non-empty string"
+    if max_chars is not None and len(value) > max_chars:
+        return f"must be at most {max_chars} characters"
+    if _CONTROL.search(value):
+        # NUL is a control character too: say so in the words text_problem uses.
+        return NUL_MESSAGE if "\x00" in value else CONTROL_MESSAGE
+    return text_problem(value)
+
+
+def check_id(value: object, field: str, *, max_chars: int | None = None) -> str:
+    """Return ``value`` if :func:`id_problem` finds nothing, else raise :class:`InvalidFieldError`
+    naming ``field`` (for creation, where a bad id is the caller's mistake, not an unknown one)."""
+    problem = id_problem(value, max_chars=max_chars)
+    if problem is not None or not isinstance(value, str):  # the second only narrows the type
+        raise InvalidFieldError(field, problem or "must be a string")
     return value
 
 

@@ -21,12 +21,12 @@ from typing import Any
 
 from flask import Blueprint, Flask, Response, current_app, g, jsonify, request
 from marshmallow import Schema, ValidationError
-from werkzeug.exceptions import HTTPException, MethodNotAllowed, NotFound
+from werkzeug.exceptions import HTTPException, MethodNotAllowed, NotFound, RequestEntityTooLarge
 from werkzeug.routing import PathConverter
 from werkzeug.wrappers import Response as BaseResponse
 
 from ._app import get_engine
-from ._input import check_json_value, check_text, parse_json, read_limited, text_problem
+from ._input import check_json_value, check_text, id_problem, parse_json, read_limited
 from .errors import AuthorizerError, HarvestError, InvalidFieldError
 
 log = logging.getLogger(__name__)
@@ -162,27 +162,37 @@ def authorize_admin(realm: str) -> tuple[Response, int] | None:
     )
 
 
-def _read_limited_body(limit: int) -> bytes:
-    """Return the request body, refusing one over ``limit`` bytes (413) without reading past it.
+def read_body(limit: int) -> bytes:
+    """Return the request body, refusing one over ``limit`` bytes without reading past it.
 
     A declared length is checked up front; a chunked body (no length) is read one byte past the
-    limit at most.
+    limit at most. Every body the admin APIs and the dashboard read comes through here.
+
+    :raises RequestEntityTooLarge: the body is larger (a 413, answered by each blueprint's own
+        error handler: JSON ``request_entity_too_large`` in the admin APIs, a page in the
+        dashboard).
     """
     body = read_limited(request.stream, request.content_length, limit, chunk_size=_CHUNK)
     if body is None:
-        raise ApiError(413, "request_entity_too_large", f"the body is larger than {limit} bytes")
+        raise RequestEntityTooLarge(f"the body is larger than {limit} bytes")
     return body
 
 
 def read_json() -> Any:
-    """Return the request body parsed as JSON, whatever its content type.
+    """Return the request body parsed as JSON; every admin write reads its body here.
 
-    :raises ApiError: the body is over the blueprint's limit (default :data:`MAX_BODY_BYTES`;
-        413), or not JSON in UTF-8, or
-        nested past :data:`~flask_harvest._input.MAX_JSON_DEPTH` (400 ``bad_json``).
+    Only a body sent as ``Content-Type: application/json``: a cross-site form or ``text/plain``
+    post (which a browser sends without asking) never reaches a route that changes state.
+
+    :raises ApiError: the content type is not JSON (415), checked first; the body is not JSON in
+        UTF-8, or nested past :data:`~flask_harvest._input.MAX_JSON_DEPTH` (400 ``bad_json``).
+    :raises RequestEntityTooLarge: the body is over the blueprint's limit (default
+        :data:`MAX_BODY_BYTES`; 413).
     """
+    if not request.is_json:
+        raise ApiError(415, "unsupported_media_type", "send a JSON body with Content-Type: application/json")
     try:
-        return parse_json(_read_limited_body(g.get("harvest_body_limit", MAX_BODY_BYTES)))
+        return parse_json(read_body(g.get("harvest_body_limit", MAX_BODY_BYTES)))
     except InvalidFieldError as exc:
         raise ApiError(400, "bad_json", f"the body {exc.message}") from None
 
@@ -190,15 +200,14 @@ def read_json() -> Any:
 def load_body(schema: Schema) -> dict[str, Any]:
     """Return the request's JSON object loaded through ``schema``.
 
-    The body is refused before the schema sees it when it is over :data:`MAX_BODY_BYTES` (413),
-    not a JSON object in UTF-8 or nested past :data:`~flask_harvest._input.MAX_JSON_DEPTH` (400),
-    or holds a string with a NUL character or a lone surrogate (422 naming the field).
+    The body is refused before the schema sees it when it is not sent as JSON (415), over
+    :data:`MAX_BODY_BYTES` (413), not a JSON object in UTF-8 or nested past
+    :data:`~flask_harvest._input.MAX_JSON_DEPTH` (400), or holds a string with a NUL character or
+    a lone surrogate (422 naming the field).
 
     :raises ApiError: the body is not a JSON object.
     :raises ValidationError: the object does not fit the schema.
     """
-    if not request.is_json:
-        raise ApiError(415, "unsupported_media_type", "send a JSON body with Content-Type: application/json")
     data = read_json()
     if not isinstance(data, dict):
         raise ApiError(400, "bad_json", "the body must be a JSON object")
@@ -234,10 +243,12 @@ def _options() -> Response | tuple[Response, int] | None:
 
 
 def _bad_path_id() -> tuple[Response, int] | None:
-    """A path id no object can have (NUL, undecodable) is answered 404 before any store sees it."""
+    """A path id no object can have (NUL, a control character, undecodable) is answered 404
+    before any store sees it."""
     for name, value in (request.view_args or {}).items():
-        if isinstance(value, str) and text_problem(value) is not None:
-            return json_error(404, "not_found", f"no object has this {name}: {text_problem(value)}")
+        problem = id_problem(value) if isinstance(value, str) else None
+        if problem is not None:
+            return json_error(404, "not_found", f"no object has this {name}: {problem}")
     return None
 
 

@@ -64,7 +64,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar, cast
 from flask import Response, make_response, request
 from werkzeug.exceptions import HTTPException
 
-from ._input import parse_json, read_limited, text_problem
+from ._input import id_problem, parse_json, read_limited
 from .errors import (
     ConfigurationError,
     HarvestError,
@@ -370,11 +370,11 @@ def verify_webhook(
             found_id = (
                 signed.msg_id if isinstance(signed, StandardHeaders) else request.headers.get(WEBHOOK_ID)
             )
-            if found_id and text_problem(found_id) is not None:
-                # Unsigned under the Stripe scheme, but handed to the view: never one it cannot store.
-                raise WebhookRejected(
-                    400, "malformed_header", f"the {WEBHOOK_ID} header {text_problem(found_id)}"
-                )
+            problem = id_problem(found_id) if found_id else None
+            if problem is not None:
+                # Unsigned under the Stripe scheme, but handed to the view: never one it cannot
+                # store, nor one that acts on a terminal or a log (ESC, BEL, CR, LF).
+                raise WebhookRejected(400, "malformed_header", f"the {WEBHOOK_ID} header {problem}")
             payload = _parse_json(body)
             call = functools.partial(view, *args, payload=payload, delivery_id=found_id or None, **kwargs)
             if replay_cache is None:

@@ -478,7 +478,16 @@ def test_list_and_redrive_over_the_admin_api(make_app: AppFactory, receiver: Cap
         if r.path == "/hook"
     ]
 
-    response = client.post(f"{base}/{failed}/redrive", headers=AUTH)
+    # A redrive takes a JSON body ({}), so a cross-site form or text/plain post cannot send one.
+    for refused in (
+        {},
+        {"Content-Type": "text/plain"},
+        {"Content-Type": "application/x-www-form-urlencoded"},
+    ):
+        response = client.post(f"{base}/{failed}/redrive", data="{}", headers={**AUTH, **refused})
+        assert response.status_code == 415, response.get_data(as_text=True)
+    assert [r.state.value for r in rows(app, execution_id)] == ["FAILED", "DELIVERED"]
+    response = client.post(f"{base}/{failed}/redrive", json={}, headers=AUTH)
     assert (response.status_code, response.get_json()) == (200, {"outcome": "redriven"})
     [row] = [r for r in settled(app, execution_id, 2, "DELIVERED") if r.delivery_id == failed]
     assert row.attempts == 1
@@ -494,11 +503,11 @@ def test_list_and_redrive_over_the_admin_api(make_app: AppFactory, receiver: Cap
     assert standardwebhooks.Webhook(SECRET.encode()).verify(resent.body, dict(resent.headers))
     assert callbacks_of(app).store.dead_letter(failed) is None
 
-    response = client.post(f"{base}/{delivered}/redrive", headers=AUTH)
+    response = client.post(f"{base}/{delivered}/redrive", json={}, headers=AUTH)
     assert (response.status_code, response.get_json()) == (200, {"outcome": "not_failed"})
-    assert client.post(f"{base}/nope/redrive", headers=AUTH).status_code == 404
+    assert client.post(f"{base}/nope/redrive", json={}, headers=AUTH).status_code == 404
     other = f"/api/harvest/workflows/another-execution/completion-deliveries/{failed}/redrive"
-    assert client.post(other, headers=AUTH).status_code == 404
+    assert client.post(other, json={}, headers=AUTH).status_code == 404
 
 
 # -- the CLI ---------------------------------------------------------------------------------------

@@ -241,13 +241,20 @@ def test_the_cli_refuses_an_unknown_target_unless_allowed(app: Flask) -> None:
     assert [f["outcome"] for f in api] == ["validation_failed"]
 
 
-def test_a_body_that_is_not_json_is_a_400_whatever_its_content_type(client: FlaskClient) -> None:
-    for content_type in ("application/json", "text/plain"):
-        response = client.post(ROOT, data="{not json", headers={**AUTH, "Content-Type": content_type})
-        assert response.status_code == 400
-        assert response.get_json()["error"]["code"] == "bad_json"
-    response = client.post(ROOT, data=json.dumps(seed_body()), headers={**AUTH, "Content-Type": "text/plain"})
-    assert response.status_code == 201
+def test_a_body_that_is_not_json_is_a_400(client: FlaskClient) -> None:
+    response = client.post(ROOT, data="{not json", headers={**AUTH, "Content-Type": "application/json"})
+    assert response.status_code == 400
+    assert response.get_json()["error"]["code"] == "bad_json"
+
+
+def test_a_body_not_sent_as_json_is_a_415_and_registers_nothing(client: FlaskClient) -> None:
+    # A cross-site page can post text/plain or a form without a preflight: never a registration.
+    for content_type in ("text/plain", "application/x-www-form-urlencoded", None):
+        headers = {**AUTH, "Content-Type": content_type} if content_type else AUTH
+        response = client.post(ROOT, data=json.dumps(seed_body()), headers=headers)
+        assert response.status_code == 415, response.get_data(as_text=True)
+        assert response.get_json()["error"]["code"] == "unsupported_media_type"
+    assert client.get(ROOT, headers=AUTH).get_json() == []
 
 
 def test_a_body_nested_too_deeply_is_a_400(client: FlaskClient) -> None:
@@ -495,8 +502,13 @@ HOSTILE_RAW_BODIES = [
 def test_hostile_bodies_are_a_400_json_error_never_a_5xx(client: FlaskClient, body: str) -> None:
     for content_type in ("application/json", "text/plain", "application/x-www-form-urlencoded"):
         response = client.post(ROOT, data=body, headers={**AUTH, "Content-Type": content_type})
-        assert response.status_code == 400, response.get_data(as_text=True)
-        assert response.get_json()["error"]["code"] in ("invalid_trigger", "bad_json")
+        expected = 400 if content_type == "application/json" else 415
+        assert response.status_code == expected, response.get_data(as_text=True)
+        assert response.get_json()["error"]["code"] in (
+            "invalid_trigger",
+            "bad_json",
+            "unsupported_media_type",
+        )
     assert client.get(ROOT, headers=AUTH).get_json() == []
 
 

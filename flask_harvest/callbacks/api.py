@@ -1,16 +1,18 @@
 """The completion-delivery admin routes, under the workflow API prefix (``/api/harvest``).
 
 ``GET /workflows/<execution_id>/completion-deliveries`` lists every delivery by ``callback_index``;
-``POST /workflows/<execution_id>/completion-deliveries/<delivery_id>/redrive`` sends a ``FAILED``
-one again. Admin-guarded by :func:`flask_harvest.admin_http.install_admin_api`.
+``POST /workflows/<execution_id>/completion-deliveries/<delivery_id>/redrive`` (body ``{}``, sent
+as ``application/json`` like every admin write) sends a ``FAILED`` one again. Admin-guarded by
+:func:`flask_harvest.admin_http.install_admin_api`.
 """
 
 from __future__ import annotations
 
 from flask import Blueprint, Response, jsonify
+from marshmallow import Schema
 
 from .._app import get_engine
-from ..admin_http import ApiError, install_admin_api
+from ..admin_http import ApiError, install_admin_api, load_body
 from .service import CompletionCallbacks
 
 __all__ = ["completion_blueprint"]
@@ -37,6 +39,12 @@ def list_deliveries(execution_id: str) -> Response:
     return jsonify(deliveries=[row.to_json() for row in rows])
 
 
+class RedriveSchema(Schema):
+    """A redrive takes no fields; its body is ``{}``."""
+
+
 @_blueprint.post("/workflows/<execution_id>/completion-deliveries/<delivery_id>/redrive")
 def redrive_delivery(execution_id: str, delivery_id: str) -> Response:
+    # A JSON body, though there is nothing in it: a cross-site form cannot send one.
+    load_body(RedriveSchema())
     return jsonify(outcome=_callbacks().redrive(execution_id, delivery_id))

@@ -18,7 +18,7 @@ from urllib.parse import urlsplit
 
 from sqlalchemy import Connection
 
-from .._input import text_problem
+from .._input import id_problem
 from ..config import KEYS, Settings
 from ..errors import ConfigurationError, InvalidFieldError, NotFoundError
 from ..jobs.base import JobBackend, JobBackendError, JobRef
@@ -382,8 +382,10 @@ class CompletionCallbacks:
         :returns: ``"redriven"`` or ``"not_failed"``.
         :raises CompletionDeliveryNotFoundError: the execution has no such delivery.
         """
-        _check_id("execution_id", execution_id)
-        _check_id("delivery_id", delivery_id)
+        for field, value in (("execution_id", execution_id), ("delivery_id", delivery_id)):
+            # An id the database cannot compare (a NUL, a lone surrogate) is refused before a query.
+            if id_problem(value, max_chars=64) is not None:
+                raise InvalidFieldError(field, "is not an id")
         result = self.store.redrive(execution_id, delivery_id, now=utcnow())
         if result is None:
             raise CompletionDeliveryNotFoundError(execution_id, delivery_id)
@@ -403,9 +405,3 @@ class CompletionCallbacks:
             else:
                 self._enqueue([callback_job(row)])
         return rows
-
-
-def _check_id(field: str, value: object) -> None:
-    # An id the database cannot compare (a NUL, a lone surrogate) is refused before a query.
-    if not isinstance(value, str) or not 0 < len(value) <= 64 or text_problem(value) is not None:
-        raise InvalidFieldError(field, "is not an id")

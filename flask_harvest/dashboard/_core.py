@@ -8,20 +8,23 @@ Page modules (:mod:`.webhooks`, and one per subsystem) add their routes to :data
 
 from __future__ import annotations
 
+import io
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import quote, unquote, urlsplit
 
 from flask import Blueprint, Flask, Response, current_app, g, redirect, render_template, request, url_for
 from marshmallow import ValidationError
+from werkzeug.datastructures import MultiDict
 from werkzeug.exceptions import HTTPException
 from werkzeug.http import HTTP_STATUS_CODES
 from werkzeug.wrappers import Response as BaseResponse
 
 from .._app import get_engine
 from .._input import text_problem
-from ..admin_http import authorizer_allows, error_answer
+from ..admin_http import MAX_BODY_BYTES, authorizer_allows, error_answer, read_body
 from ..config import KEYS, Settings
 from ..engine import HarvestEngine
 from ..errors import ConfigurationError, HarvestError, InvalidFieldError
@@ -143,27 +146,85 @@ def token_sign_in_enabled() -> bool:
     return bool(get_engine().settings.actuator_token)
 
 
+#: What a sign-in's ``next`` may not hold anywhere: controls and spaces (a browser drops tabs and
+#: newlines from a URL, so ``/\t/evil.example`` would become ``//evil.example``; CR and LF cannot
+#: go in a header) and backslashes (a browser reads ``\`` as ``/``).
+_UNSAFE_IN_NEXT = re.compile(r"[\x00-\x20\x7f-\x9f\\]")
+#: What its path may not hold once decoded (an encoded space is a character of an id).
+_UNSAFE_IN_PATH = re.compile(r"[\x00-\x1f\x7f-\x9f\\]")
+#: Characters left as they are when ``next`` is quoted for the ``Location`` header.
+_URL_SAFE = "/?#[]@!$&'()*+,;=:%-._~"
+
+
+def confined_next(target: object, index: str) -> str:
+    """Return ``target`` if it is a path under ``index`` (the dashboard's overview, ending in
+    ``/``) as a browser resolves it, quoted for a header; else ``index``. Pure.
+
+    Resolved as a browser does: percent-escapes decoded (``%2e%2e`` is ``..``), so a dot segment,
+    an empty segment (``//``) or an encoded slash or backslash anywhere sends to the index.
+    """
+    if not isinstance(target, str) or not target or len(target) > MAX_FIELD_CHARS:
+        return index
+    if _UNSAFE_IN_NEXT.search(target) or text_problem(target) is not None:
+        return index
+    parts = urlsplit(target)
+    path = unquote(parts.path)
+    segments = path.split("/")[1:]
+    if (
+        parts.scheme
+        or parts.netloc
+        or not parts.path.startswith(index)
+        or not path.startswith(index)
+        or _UNSAFE_IN_PATH.search(path)
+        or any(segment in (".", "..") for segment in segments)
+        or "" in segments[:-1]
+    ):
+        return index
+    return quote(target, safe=_URL_SAFE)
+
+
+def _here() -> str:
+    """The current page as a ``next``: its path percent-encoded as the browser sent it (the
+    decoded ``request.full_path`` would turn an id's ``%20`` into a space, which ``next`` refuses)."""
+    query = request.query_string.decode("latin-1")
+    here = quote(request.script_root + request.path, safe="/!$&'()*+,;=:@-._~")
+    return f"{here}?{query}" if query else here
+
+
 def safe_next(target: str | None) -> str:
     """Return ``target`` if it is a path inside the dashboard, else the overview: a sign-in link
-    must not send the operator to another site."""
-    prefix = url_for("harvest_dashboard.overview")
-    if target and isinstance(target, str) and text_problem(target) is None:
-        parts = urlsplit(target)
-        if (
-            not parts.scheme
-            and not parts.netloc
-            and target.startswith(prefix)
-            and "//" not in target
-            and "\\" not in target
-        ):
-            return target
-    return prefix
+    must not send the operator to another site, nor to another page of the app."""
+    return confined_next(target, url_for("harvest_dashboard.overview"))
+
+
+def _read_form() -> MultiDict[str, str]:
+    """Parse the request's form from a body of at most :data:`MAX_BODY_BYTES`, read through the
+    admin APIs' own limit (413 before a larger one is read, so no anonymous request makes the
+    server buffer it or spool its files to disk)."""
+    body = read_body(MAX_BODY_BYTES)
+    parser = request.make_form_data_parser()
+    _, fields, files = parser.parse(io.BytesIO(body), request.mimetype, len(body), request.mimetype_params)
+    for _, upload in files.items(multi=True):
+        upload.close()  # no page takes a file
+    return fields
+
+
+def posted_form() -> MultiDict[str, str]:
+    """The submitted form of a request other than ``GET`` or ``HEAD`` (empty for those).
+
+    Pages read this, never ``request.form``: it was parsed within the body limit.
+    """
+    fields: MultiDict[str, str] = g.get("harvest_dashboard_form") or MultiDict()
+    return fields
 
 
 @dashboard.before_request
 def _guard() -> BaseResponse | tuple[str, int] | None:
     session = _session()
-    if request.method not in ("GET", "HEAD") and not csrf_matches(session, request.form.get("csrf_token")):
+    if request.method not in ("GET", "HEAD"):
+        # Read before the access check (the CSRF token is in the form), so within the limit.
+        g.harvest_dashboard_form = _read_form()
+    if request.method not in ("GET", "HEAD") and not csrf_matches(session, posted_form().get("csrf_token")):
         # Checked before anything else: a cross-site form can never reach a route that changes state.
         return render_page(
             "error.html",
@@ -181,7 +242,7 @@ def _guard() -> BaseResponse | tuple[str, int] | None:
         return None
     if token_sign_in_enabled():
         if request.method in ("GET", "HEAD"):
-            return redirect(url_for("harvest_dashboard.sign_in", next=request.full_path.rstrip("?")), 303)
+            return redirect(url_for("harvest_dashboard.sign_in", next=_here()), 303)
         return render_page("error.html", status=401, title="Sign in", message="Sign in first.")
     engine = get_engine()
     if engine.access.authorizer is not None:
@@ -269,7 +330,7 @@ def _shared_context() -> dict[str, Any]:
 def form_text(name: str, *, required: bool = False, max_chars: int = MAX_FIELD_CHARS) -> str:
     """Return a form field's text, stripped; refuse a NUL, a lone surrogate or an over-long value
     (422 naming the field) before anything reads it."""
-    value = request.form.get(name, "")
+    value = posted_form().get(name, "")
     problem = text_problem(value) if value else None
     if problem is not None or len(value) > max_chars:
         raise InvalidFieldError(name, problem or f"is longer than {max_chars} characters")

@@ -11,6 +11,7 @@ from .._app import get_engine
 from ._core import (
     dashboard,
     form_text,
+    posted_form,
     render_page,
     replace_session,
     safe_next,
@@ -22,7 +23,7 @@ from ._session import DashboardSession, token_digest
 @dashboard.route("/sign-in", methods=["GET", "POST"])
 def sign_in() -> BaseResponse | tuple[str, int]:
     """The token form; a right token signs the browser in (a new session, a new CSRF token)."""
-    target = safe_next(request.values.get("next"))
+    target = safe_next(request.args.get("next", posted_form().get("next")))
     if not token_sign_in_enabled():
         return render_page(
             "sign_in.html",

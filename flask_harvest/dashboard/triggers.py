@@ -31,6 +31,7 @@ from ._core import (
     Panel,
     dashboard,
     form_text,
+    posted_form,
     query_text,
     render_page,
 )
@@ -163,7 +164,7 @@ def _body(form: Mapping[str, Any], trigger_id: str | None) -> dict[str, Any]:
 
 
 def _form_list(name: str) -> list[str]:
-    values = request.form.getlist(name)
+    values = posted_form().getlist(name)
     if len(values) > len(TERMINAL_STATE_NAMES) * 2:
         raise InvalidFieldError(name, "has too many values")
     for value in values:

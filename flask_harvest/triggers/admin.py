@@ -2,9 +2,10 @@
 
 ``GET /admin/completion-triggers``, ``POST /admin/completion-triggers`` (full-replacement upsert,
 201), ``GET`` and ``DELETE /admin/completion-triggers/<id>``, ``GET .../<id>/fires``. Guarded like
-every admin blueprint (:mod:`flask_harvest.admin_http`). The POST body is decoded by
-:func:`~flask_harvest.triggers.definitions.trigger_from_json` itself, whatever its content type, so
-every invalid shape gets the same 400 JSON error naming the field.
+every admin blueprint (:mod:`flask_harvest.admin_http`). The POST body must be sent as
+``application/json`` (415 otherwise, as on every admin write); it is decoded by
+:func:`~flask_harvest.triggers.definitions.trigger_from_json` itself, so every invalid shape gets
+the same 400 JSON error naming the field.
 """
 
 from __future__ import annotations
@@ -64,7 +65,6 @@ def register_trigger() -> tuple[Response, int]:
     A source or target name that no workflow of this app is registered under is refused, unless
     ``?allow_unknown_workflows=true`` (workflows that only other processes register).
     """
-    # Any content type: the seed's clients post JSON without always saying so.
     data = read_json()
     allow_unknown = _flag("allow_unknown_workflows")
     try:

@@ -12,6 +12,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from .._cursor import decode_position, encode_position
+from .._input import id_problem
 from ..errors import InvalidFieldError, InvalidStateError, NotFoundError
 from ..workflows.errors import ExecutionNotFoundError
 from ..workflows.models import utcnow
@@ -25,6 +26,8 @@ __all__ = ["TriggerNotFoundError", "TriggerService", "fire_to_json", "stored_to_
 
 #: The most rows (fires or triggers) one listing returns.
 MAX_LIST_LIMIT = 500
+#: Longer than any id column: a longer id is unknown without a query.
+_MAX_ID = 64
 
 
 class TriggerNotFoundError(NotFoundError):
@@ -141,7 +144,8 @@ class TriggerService:
 
     def get(self, trigger_id: str) -> StoredTrigger:
         """:raises TriggerNotFoundError: no trigger has this id."""
-        stored = self.store.get(_canonical(trigger_id)) if _plausible(trigger_id) else None
+        known = id_problem(trigger_id, max_chars=_MAX_ID) is None
+        stored = self.store.get(_canonical(trigger_id)) if known else None
         if stored is None:
             raise TriggerNotFoundError(trigger_id)
         return stored
@@ -151,7 +155,8 @@ class TriggerService:
 
         :raises TriggerNotFoundError: no trigger has this id.
         """
-        if not (_plausible(trigger_id) and self.store.delete(_canonical(trigger_id))):
+        known = id_problem(trigger_id, max_chars=_MAX_ID) is None
+        if not (known and self.store.delete(_canonical(trigger_id))):
             raise TriggerNotFoundError(trigger_id)
 
     def fires(
@@ -162,6 +167,8 @@ class TriggerService:
         :raises InvalidFieldError: ``limit`` is not between 1 and 500.
         """
         _check_limit(limit)
+        if any(key is not None and id_problem(key) is not None for key in (trigger_id, source_exec_id)):
+            return []  # no row has such an id, and the database driver would fail on some
         return self.store.fires(trigger_id=trigger_id, source_exec_id=source_exec_id, limit=limit)
 
     def evaluate(self, execution_id: str) -> list[FireEvent]:
@@ -175,7 +182,7 @@ class TriggerService:
         :raises ExecutionNotFoundError: no execution has this id.
         :raises InvalidStateError: the execution has not ended.
         """
-        if not _plausible(execution_id):
+        if id_problem(execution_id, max_chars=_MAX_ID) is not None:
             raise ExecutionNotFoundError(execution_id)
         execution = self.workflows.get(execution_id)
         if not execution.terminal:
@@ -214,14 +221,3 @@ def _canonical(trigger_id: str) -> str:
         return str(uuid.UUID(trigger_id))
     except ValueError:
         return trigger_id
-
-
-def _plausible(ident: object) -> bool:
-    # An id the database cannot even compare (a NUL, a lone surrogate from undecodable command-line
-    # bytes) is simply unknown.
-    return (
-        isinstance(ident, str)
-        and 0 < len(ident) <= 64
-        and "\x00" not in ident
-        and not any("\ud800" <= c <= "\udfff" for c in ident)
-    )

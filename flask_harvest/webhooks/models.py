@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, NamedTuple
 
+from .._input import check_id
 from ..errors import InvalidFieldError, InvalidSecretError
 from ..signing import SECRET_PREFIX, secret_key
 from ..ssrf import MAX_URL_LENGTH as MAX_URL_LENGTH
@@ -199,7 +200,7 @@ def standard_secret(secret: str) -> str:
 
 
 def _validate_id(value: object) -> str:
-    text = validate_text(value, "id", max_length=MAX_ID_LENGTH, empty=False)
+    text = check_id(value, "id", max_chars=MAX_ID_LENGTH)
     if "/" in text:
         # The admin API addresses a subscription as /subscriptions/<id>: a '/' would make it
         # impossible to read, change or delete over HTTP.

@@ -10,7 +10,7 @@ from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
 from .._cursor import decode_position, encode_position
-from .._input import check_number, text_problem, to_utc
+from .._input import check_number, id_problem, text_problem, to_utc
 from ..config import Settings
 from ..errors import (
     ConfigurationError,
@@ -139,9 +139,9 @@ def decode_cursor(cursor: str) -> DlqCursor:
 
 
 def _lookup(value: str, not_found: type[SubscriptionNotFoundError | DeliveryNotFoundError]) -> str:
-    """Return an id to look up, or raise ``not_found`` for one no object can have (a NUL, a lone
-    surrogate, not a string): such an id must not reach a database as if it could be there."""
-    if not isinstance(value, str) or text_problem(value) is not None:
+    """Return an id to look up, or raise ``not_found`` for one no object can have: such an id must
+    not reach a store (a custom one included) as if it could be there."""
+    if id_problem(value) is not None:
         raise not_found(value if isinstance(value, str) else repr(value))
     return value
 

@@ -16,7 +16,7 @@ from typing import Any
 
 from sqlalchemy import Connection, Integer, Select, Text, bindparam, func, literal, or_, select, text, update
 
-from .._input import check_text, text_problem
+from .._input import check_id, check_text, id_problem
 from .._sql import UTCDateTime
 from ..errors import InvalidFieldError, StoreError
 from ._schema import _OPEN, NAME_LENGTH, row_to_execution, row_to_step, steps_table
@@ -93,12 +93,13 @@ class SqlWorkflowStore(_SweepQueries):
         :returns: ``(execution, created)``.
         :raises WorkflowIdReusedError: ``policy`` refuses a new run after a closed one.
         :raises InvalidFieldError: ``input`` is not JSON, or too large (``InputTooLargeError``); the
-            name or ``workflow_id`` is empty or longer than 255 characters; an unknown policy.
+            name or ``workflow_id`` is empty or longer than 255 characters, or ``workflow_id``
+            holds a control character; an unknown policy.
         """
         input_text = encode_json(input, field="input", max_bytes=max_input_bytes)
         _check_key("name", name)
         if workflow_id is not None:
-            _check_key("workflow_id", workflow_id)
+            check_id(workflow_id, "workflow_id", max_chars=NAME_LENGTH)
         try:
             policy = IdReusePolicy(policy)
         except ValueError:
@@ -149,7 +150,7 @@ class SqlWorkflowStore(_SweepQueries):
 
     def get(self, execution_id: str) -> Execution | None:
         """Return the execution with this id, or ``None`` (also for an id no row could have)."""
-        if not _storable_id(execution_id):
+        if id_problem(execution_id) is not None:
             return None
         with self._transaction("read a workflow execution") as conn:
             row = conn.execute(select(_ex).where(_ex.c.execution_id == execution_id)).first()
@@ -157,6 +158,8 @@ class SqlWorkflowStore(_SweepQueries):
 
     def get_by_workflow_id(self, workflow_id: str) -> Execution | None:
         """Return the latest run of ``workflow_id`` (the open one if any), or ``None``."""
+        if id_problem(workflow_id) is not None:
+            return None
         with self._transaction("read a workflow execution") as conn:
             row = conn.execute(
                 select(_ex)
@@ -210,7 +213,7 @@ class SqlWorkflowStore(_SweepQueries):
 
     def list_steps(self, execution_id: str) -> list[StepRecord]:
         """Return the execution's step checkpoints in order."""
-        if not _storable_id(execution_id):
+        if id_problem(execution_id) is not None:
             return []
         with self._transaction("list workflow steps") as conn:
             rows = conn.execute(
@@ -220,7 +223,7 @@ class SqlWorkflowStore(_SweepQueries):
 
     def get_step(self, execution_id: str, seq: int) -> StepRecord | None:
         """Return the checkpoint at position ``seq``, or ``None``."""
-        if not _storable_id(execution_id):
+        if id_problem(execution_id) is not None:
             return None
         with self._transaction("read a workflow step") as conn:
             row = conn.execute(
@@ -457,7 +460,7 @@ class SqlWorkflowStore(_SweepQueries):
         :raises InvalidFieldError: ``reason`` is not storable text.
         """
         check_reason(reason)
-        if not _storable_id(execution_id):
+        if id_problem(execution_id) is not None:
             raise ExecutionNotFoundError(execution_id)
         error = reason or "cancelled"
         with self._transaction("cancel a workflow execution") as conn:
@@ -496,7 +499,7 @@ class SqlWorkflowStore(_SweepQueries):
         :raises InvalidFieldError: ``reason`` is not storable text.
         """
         check_reason(reason)
-        if not _storable_id(execution_id):
+        if id_problem(execution_id) is not None:
             raise ExecutionNotFoundError(execution_id)
         ended = self.finish(execution_id, ExecutionState.TERMINATED, error=reason or "terminated", now=now)
         if ended is not None:
@@ -552,12 +555,6 @@ def _check_key(field: str, value: str) -> None:
     # NUL (PostgreSQL refuses it in text) and lone surrogates (no UTF-8 form) are bad input here,
     # not a driver error later.
     check_text(value, field)
-
-
-def _storable_id(execution_id: object) -> bool:
-    # An id no row can have (not text, a NUL, a lone surrogate) is simply unknown: asking the
-    # database would fail in the driver instead of finding nothing.
-    return isinstance(execution_id, str) and text_problem(execution_id) is None
 
 
 @functools.cache

@@ -42,7 +42,7 @@ from sqlalchemy import (
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.sql import Executable
 
-from ..._input import text_problem
+from ..._input import id_problem
 from ..._sql import SqlDatabase, after_position
 from ...errors import (
     DeliveryNotFoundError,
@@ -155,7 +155,7 @@ def _listing(
 ) -> Select[Any] | None:
     """``query`` (of the deliveries table) narrowed to the delivery listing's page, newest first by
     ``(timestamp, id)``; ``None`` when a filter cannot match a stored row."""
-    if any(key is not None and not _could_be_stored(key) for key in (subscription_id, topic)):
+    if any(key is not None and id_problem(key) is not None for key in (subscription_id, topic)):
         return None
     if state is not None:
         query = query.where(_dels.c.state == state.value)
@@ -253,14 +253,14 @@ class SqlOutboundWebhookStore(OutboundWebhookHandler):
         return subscription
 
     def get_subscription(self, subscription_id: str) -> WebhookSubscription | None:
-        if not _could_be_stored(subscription_id):
+        if id_problem(subscription_id) is not None:
             return None
         with self.db.transaction("read a subscription") as conn:
             row = conn.execute(select(_subs).where(_subs.c.id == subscription_id)).first()
         return row_to_subscription(row) if row is not None else None
 
     def subscriptions_for_topic(self, topic: str) -> list[WebhookSubscription]:
-        if not _could_be_stored(topic):
+        if id_problem(topic) is not None:
             return []
         with self.db.transaction("read the subscriptions of a topic") as conn:
             return self._subscriptions_for_topic(conn, topic)
@@ -268,7 +268,7 @@ class SqlOutboundWebhookStore(OutboundWebhookHandler):
     def subscriptions_for_topics(self, topics: Sequence[str]) -> dict[str, list[WebhookSubscription]]:
         unique = list(dict.fromkeys(topics))
         found: dict[str, list[WebhookSubscription]] = {topic: [] for topic in unique}
-        stored = [topic for topic in unique if _could_be_stored(topic)]
+        stored = [topic for topic in unique if id_problem(topic) is None]
         with self.db.transaction("read the subscriptions of topics") as conn:
             # One lookup for a chunk of topics: the union of their candidate keys.
             for chunk in _chunks(stored, _TOPICS_PER_LOOKUP):
@@ -304,7 +304,7 @@ class SqlOutboundWebhookStore(OutboundWebhookHandler):
         status: WebhookSubscriptionStatus | None = None,
         topic: str | None = None,
     ) -> list[WebhookSubscription]:
-        if topic is not None and not _could_be_stored(topic):
+        if topic is not None and id_problem(topic) is not None:
             return []
         query = select(_subs).order_by(_subs.c.created_at, _subs.c.id).limit(limit)
         if status is not None:
@@ -383,7 +383,7 @@ class SqlOutboundWebhookStore(OutboundWebhookHandler):
         return row_to_subscription(row)
 
     def remove_subscription(self, subscription_id: str) -> bool:
-        if not _could_be_stored(subscription_id):
+        if id_problem(subscription_id) is not None:
             return False
         with self.db.transaction("remove a subscription") as conn:
             row = conn.execute(
@@ -422,14 +422,14 @@ class SqlOutboundWebhookStore(OutboundWebhookHandler):
         return list(result.scalars())
 
     def get_delivery(self, delivery_id: str) -> DeliveryLog | None:
-        if not _could_be_stored(delivery_id):
+        if id_problem(delivery_id) is not None:
             return None
         with self.db.transaction("read a delivery") as conn:
             row = conn.execute(select(_dels).where(_dels.c.id == delivery_id)).first()
         return row_to_delivery(row) if row is not None else None
 
     def get_deliveries(self, delivery_ids: Sequence[str]) -> list[DeliveryLog]:
-        unique = [i for i in dict.fromkeys(delivery_ids) if _could_be_stored(i)]
+        unique = [i for i in dict.fromkeys(delivery_ids) if id_problem(i) is None]
         found: list[DeliveryLog] = []
         with self.db.transaction("read deliveries") as conn:
             for chunk in _chunks(unique):
@@ -438,7 +438,7 @@ class SqlOutboundWebhookStore(OutboundWebhookHandler):
         return found
 
     def get_schedules(self, delivery_ids: Sequence[str]) -> list[DeliverySchedule]:
-        unique = [i for i in dict.fromkeys(delivery_ids) if _could_be_stored(i)]
+        unique = [i for i in dict.fromkeys(delivery_ids) if id_problem(i) is None]
         found: list[DeliverySchedule] = []
         columns = (_dels.c.id, _dels.c.attempt, _dels.c.next_attempt_at)
         with self.db.transaction("read delivery schedules") as conn:
@@ -454,7 +454,7 @@ class SqlOutboundWebhookStore(OutboundWebhookHandler):
         return found
 
     def list_attempts(self, delivery_id: str) -> list[DeliveryAttempt]:
-        if not _could_be_stored(delivery_id):
+        if id_problem(delivery_id) is not None:
             return []
         with self.db.transaction("list a delivery's attempts") as conn:
             rows = conn.execute(
@@ -1147,10 +1147,3 @@ def _finish_many_params(outcomes: Sequence[Outcome]) -> dict[str, list[Any]]:
         columns["a_elapsed"].append(attempt.elapsed_ms if attempt else None)
         columns["a_error"].append(attempt.error if attempt else None)
     return columns
-
-
-def _could_be_stored(key: object) -> bool:
-    """Whether a row could have ``key``: a lookup by a string no row can hold (a NUL, a lone
-    surrogate, not a string) finds nothing, without reaching a driver that would fail on it (an
-    outage signal on PostgreSQL, a ``UnicodeEncodeError`` on SQLite)."""
-    return isinstance(key, str) and text_problem(key) is None
