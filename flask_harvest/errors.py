@@ -2,7 +2,7 @@
 
 Like werkzeug's ``HTTPException.code``, each error class carries the HTTP answer it gets from the
 admin APIs and the dashboard (``http_status``, ``error_code``), so the one mapping,
-:func:`flask_harvest.admin_http.error_answer`, needs no table of classes.
+:func:`flask_harvest.http.admin.error_answer`, needs no table of classes.
 """
 
 from __future__ import annotations

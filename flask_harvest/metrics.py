@@ -41,9 +41,9 @@ from prometheus_client.registry import Collector
 
 from . import signals
 from ._app import METRICS_KEY, get_engine
-from .admin_http import authorize_admin
 from .config import KEYS
 from .errors import ConfigurationError, HarvestError
+from .http.admin import authorize_admin
 from .triggers.firing import FireOutcome
 from .webhooks.models import DeliveryAttempt, utcnow
 from .workflows.models import Execution, ExecutionState

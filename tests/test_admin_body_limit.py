@@ -1,4 +1,4 @@
-"""The admin API's body limit (``flask_harvest.admin_http``), on every Flask release setup.cfg allows.
+"""The admin API's body limit (``flask_harvest.http.admin``), on every Flask release setup.cfg allows.
 
 Before Flask 3.1 ``request.max_content_length`` had no setter, and setting it made every actuator
 request a 500; the lowest-versions environment (``make lowest``) runs these tests on Flask 2.3.
@@ -14,7 +14,7 @@ import requests
 from flask import Flask
 from flask.testing import FlaskClient
 
-from flask_harvest.admin_http import MAX_BODY_BYTES
+from flask_harvest.http.admin import MAX_BODY_BYTES
 from flask_harvest.webhooks.stores import InMemoryOutboundWebhookHandler
 
 from .live_server import LiveServer, live_server

@@ -338,7 +338,7 @@ def test_a_refused_target_refuses_the_start(make_app: AppFactory) -> None:
 def test_admin_routes_answer_a_refused_target_with_422_and_the_rejection(make_app: AppFactory) -> None:
     from flask import Blueprint
 
-    from flask_harvest.admin_http import install_admin_api
+    from flask_harvest.http.admin import install_admin_api
 
     app = make_app()
     probe = Blueprint("probe", __name__)

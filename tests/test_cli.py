@@ -132,7 +132,7 @@ def assert_no_secret(result: Result) -> None:
             (),
             [
                 *("init-db", "subscriptions", "dlq", "deliveries", "purge", "stats", "sweep", "worker"),
-                *("outbox", "completion-delivery", "completion-deliveries", "callbacks", "workflows"),
+                *("outbox", "completion-delivery", "workflows"),
                 "triggers",
             ],
         ),
@@ -146,6 +146,13 @@ def test_help_lists_every_command(cli: Cli, group: tuple[str, ...], commands: li
     text = ok(cli(*group, "--help")).output
     listed = [line.split()[0] for line in text.split("Commands:")[1].strip().splitlines()]
     assert sorted(listed) == sorted(commands), text
+
+
+def test_the_completion_delivery_group_is_listed_once_and_answers_to_its_aliases(cli: Cli) -> None:
+    listed = ok(cli("--help")).output.split("Commands:")[1]
+    assert listed.count("completion-deliver") == 1 and "callbacks " not in listed
+    for name in ("completion-delivery", "completion-deliveries", "callbacks"):
+        assert "list" in ok(cli(name, "--help")).output
 
 
 def test_init_db(cli: Cli, store: OutboundWebhookHandler) -> None:

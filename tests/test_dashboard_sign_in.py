@@ -15,7 +15,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from flask_harvest import InMemoryOutboundWebhookHandler
-from flask_harvest.admin_http import MAX_BODY_BYTES
+from flask_harvest.http.admin import MAX_BODY_BYTES
 
 from .dashboard_client import PREFIX, TOKEN, csrf_of, dashboard_app
 from .properties import BUDGET, TEXT

@@ -23,9 +23,9 @@ from flask_harvest import (
     StoreError,
     get_engine,
 )
-from flask_harvest.admin_http import ApiError
 from flask_harvest.callbacks.targets import CallbackTargetRejected
 from flask_harvest.errors import HarvestError
+from flask_harvest.http.admin import ApiError
 from flask_harvest.workflows.errors import ExecutionEndedError, InputTooLargeError, WorkflowIdReusedError
 
 from .pipeline import close_later

@@ -24,8 +24,8 @@ from flask_harvest import (
     trigger_service,
     workflow_service,
 )
-from flask_harvest._cursor import decode_position, encode_position
 from flask_harvest._input import CONTROL_MESSAGE, check_id, id_problem
+from flask_harvest.http.cursor import decode_position, encode_position
 
 from .pipeline import make_app
 from .properties import BUDGET, TEXT

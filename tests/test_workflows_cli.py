@@ -224,7 +224,7 @@ def test_an_app_without_workflows_says_so(database_url: str) -> None:
     make_workflow_app(database_url)  # the workflows group exists once any app registered them
     plain = make_app(InMemoryOutboundWebhookHandler())
     result = plain.test_cli_runner().invoke(args=["harvest", "workflows", "list"])
-    assert "workflows are not registered on this app" in fails(result)
+    assert "workflows are off on this app" in fails(result)
 
 
 def test_init_db_creates_the_workflow_tables_too(app: Flask, cli: Cli) -> None:

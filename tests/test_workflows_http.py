@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from werkzeug.test import TestResponse
 
 from flask_harvest import HarvestError, get_engine, workflow_service
-from flask_harvest.admin_http import install_admin_api
+from flask_harvest.http.admin import install_admin_api
 from flask_harvest.workflows import ExecutionState
 
 from .properties import BUDGET, TEXT, quoted

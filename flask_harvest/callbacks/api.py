@@ -3,7 +3,7 @@
 ``GET /workflows/<execution_id>/completion-deliveries`` lists every delivery by ``callback_index``;
 ``POST /workflows/<execution_id>/completion-deliveries/<delivery_id>/redrive`` (body ``{}``, sent
 as ``application/json`` like every admin write) sends a ``FAILED`` one again. Admin-guarded by
-:func:`flask_harvest.admin_http.install_admin_api`.
+:func:`flask_harvest.http.admin.install_admin_api`.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from flask import Blueprint, Response, jsonify
 from marshmallow import Schema
 
 from .._app import get_engine
-from ..admin_http import ApiError, install_admin_api, load_body
+from ..http.admin import ApiError, install_admin_api, load_body
 from .service import CompletionCallbacks
 
 __all__ = ["completion_blueprint"]

@@ -24,10 +24,10 @@ from werkzeug.wrappers import Response as BaseResponse
 
 from .._app import get_engine
 from .._input import text_problem
-from ..admin_http import MAX_BODY_BYTES, authorizer_allows, error_answer, read_body
 from ..config import KEYS, Settings
 from ..engine import HarvestEngine
 from ..errors import ConfigurationError, HarvestError, InvalidFieldError
+from ..http.admin import MAX_BODY_BYTES, authorizer_allows, error_answer, read_body
 from ._session import COOKIE_NAME, DashboardSession, csrf_matches, digest_matches, dump_session, load_session
 
 dashboard = Blueprint(

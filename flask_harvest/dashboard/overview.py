@@ -7,7 +7,7 @@ from typing import Any
 from werkzeug.exceptions import NotFound
 
 from .._app import get_engine
-from ..admin_http import AnyPathConverter
+from ..http.admin import AnyPathConverter
 from ._core import NAV, PANELS, NavEntry, always, dashboard, render_page
 
 NAV.append(NavEntry("Overview", "harvest_dashboard.overview", always))

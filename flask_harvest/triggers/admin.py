@@ -2,7 +2,7 @@
 
 ``GET /admin/completion-triggers``, ``POST /admin/completion-triggers`` (full-replacement upsert,
 201), ``GET`` and ``DELETE /admin/completion-triggers/<id>``, ``GET .../<id>/fires``. Guarded like
-every admin blueprint (:mod:`flask_harvest.admin_http`). The POST body must be sent as
+every admin blueprint (:mod:`flask_harvest.http.admin`). The POST body must be sent as
 ``application/json`` (415 otherwise, as on every admin write); it is decoded by
 :func:`~flask_harvest.triggers.definitions.trigger_from_json` itself, so every invalid shape gets
 the same 400 JSON error naming the field.
@@ -16,8 +16,8 @@ from typing import TypeVar
 from flask import Blueprint, Response, jsonify, request
 
 from .._app import trigger_service
-from ..admin_http import ApiError, install_admin_api, read_json
 from ..errors import InvalidFieldError
+from ..http.admin import ApiError, install_admin_api, read_json
 from .definitions import trigger_from_json, trigger_to_json
 from .service import MAX_LIST_LIMIT, TriggerService, fire_to_json, stored_to_json
 

@@ -11,9 +11,9 @@ from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
-from .._cursor import decode_position, encode_position
 from .._input import id_problem
 from ..errors import InvalidFieldError, InvalidStateError, NotFoundError
+from ..http.cursor import decode_position, encode_position
 from ..workflows.errors import ExecutionNotFoundError
 from ..workflows.models import utcnow
 from ..workflows.service import WorkflowService

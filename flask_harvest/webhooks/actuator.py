@@ -12,7 +12,7 @@ import logging
 from flask import Blueprint, Response, jsonify
 
 from .._app import get_engine
-from ..admin_http import install_admin_api, load_body, load_query, no_such_route
+from ..http.admin import install_admin_api, load_body, load_query, no_such_route
 from .models import WebhookSubscriptionStatus
 from .openapi import build_openapi
 from .schemas import (

@@ -9,7 +9,6 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
-from .._cursor import decode_position, encode_position
 from .._input import check_number, id_problem, text_problem, to_utc
 from ..config import Settings
 from ..errors import (
@@ -19,6 +18,7 @@ from ..errors import (
     InvalidStateError,
     SubscriptionNotFoundError,
 )
+from ..http.cursor import decode_position, encode_position
 from ..jobs.base import JobBackend, JobBackendError
 from ..signing import generate_secret
 from ..ssrf import validate_target

@@ -2,7 +2,7 @@
 
 :class:`~flask_harvest.Harvest` registers it under
 ``HARVEST_WORKFLOW_API_PREFIX`` (``/api/harvest``). Access is the actuator's, from
-:mod:`flask_harvest.admin_http`: deny by default, ``Authorization: Bearer <HARVEST_ACTUATOR_TOKEN>``
+:mod:`flask_harvest.http.admin`: deny by default, ``Authorization: Bearer <HARVEST_ACTUATOR_TOKEN>``
 or the registered authorizer; errors are ``{"error": {"code", "message", "fields"}}``.
 
 Statuses: 201 a run was created, 200 an existing open run of the ``workflow_id`` was returned (the
@@ -11,7 +11,7 @@ parameter with a wrong value, or a refused completion callback target; 404 an un
 or execution; 409 the id reuse policy refused, or the execution had already ended (cancel,
 terminate); 413 the input is over ``HARVEST_WORKFLOW_MAX_INPUT_BYTES``; 415 a body that is not
 JSON; 503 the database is unavailable. Each error carries its status, which
-:func:`~flask_harvest.admin_http.error_answer` maps, as on every admin API.
+:func:`~flask_harvest.http.admin.error_answer` maps, as on every admin API.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from typing import Any
 from flask import Blueprint, Response, jsonify, url_for
 
 from .._app import get_engine, workflow_service
-from ..admin_http import MAX_BODY_BYTES, install_admin_api, load_body, load_query, no_such_route
+from ..http.admin import MAX_BODY_BYTES, install_admin_api, load_body, load_query, no_such_route
 from .models import Execution, ExecutionState
 from .schemas import CancelSchema, ListQuerySchema, ResultQuerySchema, StartSchema, TerminateSchema
 from .service import execution_to_dict, step_to_dict

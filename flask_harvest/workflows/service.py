@@ -11,9 +11,9 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
-from .._cursor import decode_position, encode_position
 from .._input import check_text
 from ..errors import HarvestError, InvalidFieldError
+from ..http.cursor import decode_position, encode_position
 from .errors import ExecutionEndedError, ExecutionNotFoundError
 from .hooks import TerminalHooks
 from .models import (

@@ -25,9 +25,9 @@ from werkzeug.exceptions import HTTPException, MethodNotAllowed, NotFound, Reque
 from werkzeug.routing import PathConverter
 from werkzeug.wrappers import Response as BaseResponse
 
-from ._app import get_engine
-from ._input import check_json_value, check_text, id_problem, parse_json, read_limited
-from .errors import AuthorizerError, HarvestError, InvalidFieldError
+from .._app import get_engine
+from .._input import check_json_value, check_text, id_problem, parse_json, read_limited
+from ..errors import AuthorizerError, HarvestError, InvalidFieldError
 
 log = logging.getLogger(__name__)
 

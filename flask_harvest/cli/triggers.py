@@ -12,12 +12,12 @@ from typing import Any
 
 import click
 
-from . import _cli_output as out
-from ._app import trigger_service
-from ._cli_output import HarvestGroup as _Group
-from .errors import InvalidFieldError
-from .triggers.definitions import trigger_from_json, trigger_to_json
-from .triggers.service import TriggerService, fire_to_json, stored_to_json
+from .._app import trigger_service
+from ..errors import InvalidFieldError
+from ..triggers.definitions import trigger_from_json, trigger_to_json
+from ..triggers.service import TriggerService, fire_to_json, stored_to_json
+from . import _common as out
+from ._common import HarvestGroup as _Group
 
 __all__ = ["triggers_cli"]
 

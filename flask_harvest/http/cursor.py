@@ -6,8 +6,8 @@ import base64
 import binascii
 from datetime import datetime
 
-from ._input import id_problem, to_utc
-from .errors import InvalidFieldError
+from .._input import id_problem, to_utc
+from ..errors import InvalidFieldError
 
 #: The longest cursor accepted (a timestamp and an id, encoded).
 MAX_CURSOR_CHARS = 512

@@ -15,12 +15,12 @@ from typing import Any
 
 import click
 
-from . import _cli_output as out
-from ._app import workflow_service
-from .errors import InvalidFieldError
-from .workflows.models import ExecutionState, IdReusePolicy, JsonValue
-from .workflows.schemas import MAX_PAGE
-from .workflows.service import WorkflowService, execution_to_dict, step_to_dict
+from .._app import workflow_service
+from ..errors import InvalidFieldError
+from ..workflows.models import ExecutionState, IdReusePolicy, JsonValue
+from ..workflows.schemas import MAX_PAGE
+from ..workflows.service import WorkflowService, execution_to_dict, step_to_dict
+from . import _common as out
 
 __all__ = ["workflows_cli"]
 

@@ -17,9 +17,12 @@ from typing import Any
 import click
 from flask.cli import AppGroup
 
-from ._input import text_problem, to_utc
-from .errors import HarvestError, InvalidFieldError
-from .webhooks.models import count_text
+from .._app import get_engine
+from .._input import text_problem, to_utc
+from ..engine import HarvestEngine
+from ..errors import HarvestError, InvalidFieldError
+from ..webhooks.models import count_text
+from ..webhooks.operations import WebhookOperations
 
 #: The ``--json`` flag every reporting command takes.
 json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
@@ -110,9 +113,30 @@ class HarvestCommand(click.Command):
 
 
 class HarvestGroup(AppGroup):
-    """The ``harvest`` groups: every command runs in the app context and reports errors in one line."""
+    """The ``harvest`` groups: every command runs in the app context and reports errors in one line.
+
+    :param aliases: other names of a subcommand (``alias -> name``): they run it, and the help
+        lists the command once, under its own name.
+    """
 
     command_class = HarvestCommand
+
+    def __init__(self, *args: Any, aliases: Mapping[str, str] | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.aliases = dict(aliases or {})
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        return super().get_command(ctx, self.aliases.get(cmd_name, cmd_name))
+
+
+def finish_local_jobs(engine: HarvestEngine) -> None:
+    """A backend that runs jobs on this process's threads (the local one): let them finish."""
+    engine.backend.join(timeout=engine.settings.webhooks_deadline_seconds * 2)
+
+
+def operations() -> WebhookOperations:
+    """The current app's :class:`~flask_harvest.webhooks.operations.WebhookOperations`."""
+    return get_engine().operations
 
 
 # -- option types ----------------------------------------------------------------------------------

@@ -1,0 +1,118 @@
+"""``flask harvest subscriptions ...``: who receives which events."""
+
+from __future__ import annotations
+
+import click
+
+from ..webhooks.models import WebhookSubscriptionStatus
+from ..webhooks.operations import NewSecret
+from . import _common as out
+from ._common import HarvestGroup as _Group
+from ._common import operations as _ops
+
+# -- subscriptions ---------------------------------------------------------------------------------
+
+subscriptions_cli = _Group("subscriptions", help="Who receives which events.")
+_secret_option = click.option(
+    "--secret",
+    default=None,
+    help="Signing secret: whsec_<base64>, or any string, stored as whsec_ and its base64 (the same key);"
+    " default: a random one.",
+)
+
+
+def _print_new_secret(created: NewSecret, as_json: bool) -> None:
+    # The only output with a secret in it: every other command prints to_dict(), which leaves it out.
+    out.output({**created.subscription.to_dict(), "secret": created.secret}, as_json, out.with_secret)
+
+
+@subscriptions_cli.command("add")
+@click.argument("url")
+@click.option("--topic", "topics", multiple=True, required=True, help="Topic or pattern (order.*); repeat.")
+@_secret_option
+@click.option("--id", "subscription_id", default=None, help="The subscription's id (default: sub_<random>).")
+@click.option("--description", default="", help="A note for operators.")
+@out.json_option
+def subscriptions_add(
+    url: str,
+    topics: tuple[str, ...],
+    secret: str | None,
+    subscription_id: str | None,
+    description: str,
+    as_json: bool,
+) -> None:
+    """Subscribe URL to events; prints the signing secret, once."""
+    created = _ops().create_subscription(
+        target_url=url,
+        event_topics=topics,
+        secret=secret,
+        subscription_id=subscription_id,
+        description=description,
+    )
+    _print_new_secret(created, as_json)
+
+
+@subscriptions_cli.command("list")
+@out.json_option
+def subscriptions_list(as_json: bool) -> None:
+    """Every subscription, oldest first."""
+    data = [s.to_dict() for s in _ops().list_subscriptions()]
+    out.output(data, as_json, out.subscription_rows)
+
+
+@subscriptions_cli.command("show")
+@click.argument("subscription_id")
+@out.json_option
+def subscriptions_show(subscription_id: str, as_json: bool) -> None:
+    """One subscription (its secret is never shown)."""
+    out.output(_ops().get_subscription(subscription_id).to_dict(), as_json, out.fields)
+
+
+def _set_status(subscription_id: str, status: WebhookSubscriptionStatus, as_json: bool) -> None:
+    updated = _ops().update_subscription(subscription_id, status=status)
+    out.output(updated.to_dict(), as_json, lambda d: f"subscription {d['id']} is now {d['status']}")
+
+
+@subscriptions_cli.command("enable")
+@click.argument("subscription_id")
+@out.json_option
+def subscriptions_enable(subscription_id: str, as_json: bool) -> None:
+    """Deliver to the subscription again (clears its failure count)."""
+    _set_status(subscription_id, WebhookSubscriptionStatus.ACTIVE, as_json)
+
+
+@subscriptions_cli.command("disable")
+@click.argument("subscription_id")
+@out.json_option
+def subscriptions_disable(subscription_id: str, as_json: bool) -> None:
+    """Stop delivering to the subscription; its new deliveries are skipped until enabled."""
+    _set_status(subscription_id, WebhookSubscriptionStatus.DISABLED, as_json)
+
+
+@subscriptions_cli.command("rotate-secret")
+@click.argument("subscription_id")
+@_secret_option
+@click.option(
+    "--grace-seconds",
+    type=out.Seconds(),
+    default=None,
+    help="How long the old secret keeps signing too (default: HARVEST_WEBHOOKS_SECRET_GRACE_SECONDS).",
+)
+@out.json_option
+def subscriptions_rotate_secret(
+    subscription_id: str, secret: str | None, grace_seconds: float | None, as_json: bool
+) -> None:
+    """Give the subscription a new secret; prints it, once."""
+    rotated = _ops().rotate_secret(subscription_id, new_secret=secret, grace_seconds=grace_seconds)
+    _print_new_secret(rotated, as_json)
+
+
+@subscriptions_cli.command("remove")
+@click.argument("subscription_id")
+@out.yes_option
+def subscriptions_remove(subscription_id: str, yes: bool) -> None:
+    """Delete the subscription; its delivery logs stay. Asks first (--yes does not)."""
+    subscription = _ops().get_subscription(subscription_id)
+    out.confirm(f"Remove subscription {subscription.id} ({subscription.target_url})?", yes)
+    _ops().remove_subscription(subscription_id)
+    click.echo(f"removed subscription {subscription_id}; its delivery logs stay")
