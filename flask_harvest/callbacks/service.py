@@ -19,6 +19,7 @@ from urllib.parse import urlsplit
 from sqlalchemy import Connection
 
 from .._input import text_problem
+from .._time import utcnow
 from ..config import KEYS, Settings
 from ..errors import ConfigurationError, InvalidFieldError, NotFoundError
 from ..jobs.base import JobBackend, JobBackendError, JobRef
@@ -27,7 +28,7 @@ from ..ssrf import redact_url
 from ..sweeper import SweepReport, requeue_missing
 from ..transport import Transport
 from ..workflows.hooks import after_commit
-from ..workflows.models import Execution, JsonValue, utcnow
+from ..workflows.models import Execution, JsonValue
 from .envelope import CallbackSecret, build_envelope, headers_for
 from .filters import EventFilter
 from .outcome import AttemptOutcome, DeliveryState, RetryPolicy, classify

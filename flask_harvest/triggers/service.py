@@ -12,9 +12,9 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from .._cursor import decode_position, encode_position
+from .._time import utcnow
 from ..errors import InvalidFieldError, InvalidStateError, NotFoundError
 from ..workflows.errors import ExecutionNotFoundError
-from ..workflows.models import utcnow
 from ..workflows.service import WorkflowService
 from ..workflows.store import SqlWorkflowStore
 from .definitions import CompletionTrigger, trigger_to_json

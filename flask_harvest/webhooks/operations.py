@@ -11,6 +11,7 @@ from typing import Any, TypeVar
 
 from .._cursor import decode_position, encode_position
 from .._input import check_number, text_problem, to_utc
+from .._time import utcnow
 from ..config import Settings
 from ..errors import (
     ConfigurationError,
@@ -32,7 +33,6 @@ from .models import (
     WebhookSubscription,
     WebhookSubscriptionStatus,
     standard_secret,
-    utcnow,
 )
 from .outbox import SqlOutbox
 from .stores.base import DlqCursor, OutboundWebhookHandler

@@ -18,6 +18,7 @@ from datetime import datetime, timedelta
 from sqlalchemy import Connection
 
 from .._threads import PerProcess
+from .._time import utcnow
 from ..errors import HarvestError, InvalidFieldError, InvalidStateError, StoreError
 from ..jobs.base import JobBackend, JobBackendError, JobRef
 from ..jobs.tasks import carrying_job_context
@@ -31,7 +32,6 @@ from .models import (
     describe_error,
     encode_json,
     timeout_message,
-    utcnow,
 )
 from .registry import WorkflowRegistry
 from .store import LeaseView, SqlWorkflowStore

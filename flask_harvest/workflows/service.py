@@ -13,6 +13,7 @@ from typing import Any
 
 from .._cursor import decode_position, encode_position
 from .._input import check_text
+from .._time import utcnow
 from ..errors import HarvestError, InvalidFieldError
 from .errors import ExecutionEndedError, ExecutionNotFoundError
 from .hooks import TerminalHooks
@@ -23,7 +24,6 @@ from .models import (
     JsonValue,
     StepRecord,
     check_reason,
-    utcnow,
 )
 from .registry import WorkflowRegistry
 from .runner import WorkflowRunner
