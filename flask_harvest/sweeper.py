@@ -14,7 +14,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from .errors import HarvestError
-from .jobs.base import JobBackend, JobRef
 
 log = logging.getLogger(__name__)
 
@@ -46,14 +45,6 @@ class SweepReport:
 
 #: One kind of work's part of a sweep.
 SweepStep = Callable[[], SweepReport]
-
-
-def requeue_missing(backend: JobBackend, refs: Sequence[JobRef]) -> list[JobRef]:
-    """Queue the jobs among ``refs`` that the backend does not have; return them."""
-    live = backend.live_jobs(refs)
-    missing = [ref for ref in refs if ref not in live]
-    backend.enqueue(missing)
-    return missing
 
 
 class SweepError(HarvestError):

@@ -21,6 +21,7 @@ from .._threads import PerProcess
 from .._time import utcnow
 from ..errors import HarvestError, InvalidFieldError, InvalidStateError, StoreError
 from ..jobs.base import JobBackend, JobBackendError, JobRef
+from ..jobs.requeue import requeue_missing
 from ..jobs.tasks import carrying_job_context
 from .context import StepRetryPolicy, WorkflowContext, _EngineFailed, _Unwind
 from .errors import UnknownWorkflowError
@@ -451,11 +452,9 @@ class WorkflowRunner:
         timed_out = self.store.enforce_timeouts_once(now=now)
         due = self.store.due_executions(now=now - _DUE_GRACE)
         # A due run's job was queued for now, or (a durable sleep) for its wake time.
-        waiting = {
-            execution_id: (workflow_job(execution_id), workflow_job(execution_id, at))
-            for execution_id, at in due
-        }
-        live = self.backend.live_jobs([ref for refs in waiting.values() for ref in refs])
-        missing = [refs[0] for refs in waiting.values() if not (set(refs) & live)]
-        self.backend.enqueue(missing)
+        missing = requeue_missing(
+            self.backend,
+            [workflow_job(execution_id) for execution_id, _ in due],
+            also={workflow_job(execution_id): [workflow_job(execution_id, at)] for execution_id, at in due},
+        )
         return SweepReport(leases.requeued, leases.failed, timed_out, [ref.id for ref in missing], cancelled)
