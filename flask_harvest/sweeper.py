@@ -20,7 +20,7 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class SweepReport:
-    """What one sweep (or one of its steps) did."""
+    """What one sweep (or one of its steps) did: every step returns one, and a sweep adds them up."""
 
     #: Rows whose expired lease was released.
     released: int = 0
@@ -34,6 +34,9 @@ class SweepReport:
     timed_out: int = 0
     #: Workflow executions failed as poison pills (their workers kept dying).
     poisoned: int = 0
+    #: Workflow executions ended ``Cancelled`` because their worker died after a cancel was
+    #: requested (also counted in ``released``): their code does not run again.
+    cancelled: int = 0
     #: Completion-trigger fires rows deleted by the retention horizon.
     fires_purged: int = 0
 

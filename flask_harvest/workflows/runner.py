@@ -12,7 +12,6 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager, contextmanager, nullcontext
-from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from sqlalchemy import Connection
@@ -23,6 +22,7 @@ from ..errors import HarvestError, InvalidFieldError, InvalidStateError, StoreEr
 from ..jobs.base import JobBackend, JobBackendError, JobRef
 from ..jobs.requeue import requeue_missing
 from ..jobs.tasks import carrying_job_context
+from ..sweeper import SweepReport
 from .context import StepRetryPolicy, WorkflowContext, _EngineFailed, _Unwind
 from .errors import UnknownWorkflowError
 from .models import (
@@ -37,7 +37,7 @@ from .models import (
 from .registry import WorkflowRegistry
 from .store import LeaseView, SqlWorkflowStore
 
-__all__ = ["WORKFLOW_JOB", "SweepReport", "WorkflowRunner", "workflow_job"]
+__all__ = ["WORKFLOW_JOB", "WorkflowRunner", "workflow_job"]
 
 logger = logging.getLogger(__name__)
 
@@ -55,18 +55,6 @@ def workflow_job(execution_id: str, due: datetime | None = None) -> JobRef:
 
 #: The default limit on a workflow input, as JSON (``HARVEST_WORKFLOW_MAX_INPUT_BYTES``).
 DEFAULT_MAX_INPUT_BYTES = 256 * 1024
-
-
-@dataclass(frozen=True)
-class SweepReport:
-    """What one :meth:`WorkflowRunner.sweep_once` did, by execution id."""
-
-    requeued: list[str]
-    poisoned: list[str]
-    timed_out: list[str]
-    rescheduled: list[str]
-    #: Runs whose worker died after a cancel was requested: ended ``Cancelled``, not requeued.
-    cancelled: list[str] = field(default_factory=list)
 
 
 class _Threads:
@@ -437,12 +425,16 @@ class WorkflowRunner:
     # -- sweeping --------------------------------------------------------------------------------
 
     def sweep_once(self) -> SweepReport:
-        """One pass of the worker's periodic sweep over workflow executions.
+        """One pass of the worker's periodic sweep over workflow executions: the sweeper's
+        ``workflows`` step.
 
         Ends ``Cancelled`` the executions whose lease expired with a cancel requested, requeues
         (and queues) the other executions whose lease expired, fails poison pills, ends overdue
         executions ``TimedOut``, and queues ``Pending`` executions that are due but have no live
         job (it was lost, e.g. with a flushed Redis).
+
+        :returns: the counts: ``released`` the expired leases (requeued or cancelled),
+            ``requeued`` the executions queued again, ``cancelled``, ``poisoned``, ``timed_out``.
         """
         now = self.clock()
         cancelled = self.store.cancel_expired(now=now)
@@ -457,4 +449,10 @@ class WorkflowRunner:
             [workflow_job(execution_id) for execution_id, _ in due],
             also={workflow_job(execution_id): [workflow_job(execution_id, at)] for execution_id, at in due},
         )
-        return SweepReport(leases.requeued, leases.failed, timed_out, [ref.id for ref in missing], cancelled)
+        return SweepReport(
+            released=len(leases.requeued) + len(cancelled),
+            requeued=len(leases.requeued) + len(missing),
+            timed_out=len(timed_out),
+            poisoned=len(leases.failed),
+            cancelled=len(cancelled),
+        )
