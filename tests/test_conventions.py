@@ -1,4 +1,4 @@
-"""One of each small mechanism across the package: one clock, one requeue helper."""
+"""One of each small mechanism across the package: one clock, one requeue helper, one enum spelling."""
 
 from __future__ import annotations
 
@@ -16,7 +16,9 @@ from flask_harvest.jobs.base import JobRef
 from flask_harvest.jobs.requeue import requeue_missing
 from flask_harvest.jobs.rq import RqBackend
 from flask_harvest.webhooks import models as webhook_models
+from flask_harvest.webhooks.models import WebhookSubscriptionStatus
 from flask_harvest.workflows import models as workflow_models
+from flask_harvest.workflows.models import ExecutionState, IdReusePolicy
 
 PACKAGE = Path(flask_harvest.__file__).parent
 
@@ -75,3 +77,35 @@ def test_requeue_missing_queues_only_the_rows_no_live_job_runs(redis_conn: redis
     assert requeue_missing(backend, [queued, asleep, lost], also={asleep: [wake]}) == []
     # Without the other job it would wait for, the sleeping run's job counts as missing.
     assert requeue_missing(backend, [asleep]) == [asleep]
+
+
+def _enum_member_names() -> Iterator[tuple[str, str]]:
+    """``(module:class, name)`` for every name assigned in the body of an enum class."""
+    for module, tree in _sources():
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.ClassDef):
+                continue
+            bases = {ast.unparse(base) for base in node.bases}
+            if not bases & {"enum.Enum", "Enum", "enum.StrEnum", "StrEnum", "enum.IntEnum", "IntEnum"}:
+                continue
+            for statement in node.body:
+                targets = statement.targets if isinstance(statement, ast.Assign) else []
+                for target in targets:
+                    if isinstance(target, ast.Name) and not target.id.startswith("_"):
+                        yield f"{module}:{node.name}", target.id
+
+
+def test_every_enum_member_is_spelled_in_upper_case() -> None:
+    members = list(_enum_member_names())
+    assert len(members) > 50  # the scan found the package's enums
+    assert [(where, name) for where, name in members if name != name.upper()] == []
+
+
+def test_the_wire_values_keep_their_spelling() -> None:
+    # The strings stored and sent are data: the members' names do not change them.
+    assert [s.value for s in WebhookSubscriptionStatus] == ["active", "disabled", "failed"]
+    states = ["Pending", "Running", "Completed", "Failed", "Cancelled", "TimedOut", "Terminated"]
+    assert [s.value for s in ExecutionState] == states
+    policies = ["AllowDuplicate", "AllowDuplicateFailedOnly", "RejectDuplicate"]
+    assert [p.value for p in IdReusePolicy] == policies
+    assert WebhookSubscriptionStatus("active") is WebhookSubscriptionStatus.ACTIVE

@@ -91,11 +91,6 @@ class WebhookSubscriptionStatus(str, enum.Enum):
     #: Turned off automatically after too many consecutive failures.
     FAILED = "failed"
 
-    # The seed's spellings.
-    Active = ACTIVE
-    Disabled = DISABLED
-    Failed = FAILED
-
 
 class DeliveryState(str, enum.Enum):
     """Where a delivery is in its life; see the delivery semantics page."""
