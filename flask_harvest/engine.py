@@ -191,7 +191,7 @@ def add_workflows(
         engine.jobs.register(WORKFLOW_JOB, runner.submit_many, take=runner.free_slots)
     else:
         engine.jobs.register(WORKFLOW_JOB, runner.run_many, take=runner.concurrency)
-    engine.sweeper.add_step("workflows", partial(_sweep_workflows, runner))
+    engine.sweeper.add_step("workflows", runner.sweep_once)
     engine.workflows = WorkflowService(store, registry, runner, store.hooks)
     _add_callbacks(engine, store, engine.workflows)
     return engine.workflows
@@ -245,16 +245,6 @@ def _add_callbacks(engine: HarvestEngine, store: SqlWorkflowStore, service: Work
     engine.jobs.register(CALLBACK_JOB, callbacks.run_many)
     engine.sweeper.add_step("completion-callbacks", callbacks.sweep)
     engine.callbacks = callbacks
-
-
-def _sweep_workflows(runner: WorkflowRunner) -> SweepReport:
-    report = runner.sweep_once()
-    return SweepReport(
-        released=len(report.requeued) + len(report.cancelled),
-        requeued=len(report.requeued) + len(report.rescheduled),
-        timed_out=len(report.timed_out),
-        poisoned=len(report.poisoned),
-    )
 
 
 def _build_backend(settings: Settings, jobs: JobKinds, sweeper: Sweeper, context: JobContext) -> JobBackend:

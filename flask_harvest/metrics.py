@@ -41,11 +41,12 @@ from prometheus_client.registry import Collector
 
 from . import signals
 from ._app import METRICS_KEY, get_engine
+from ._time import utcnow
 from .config import KEYS
 from .errors import ConfigurationError, HarvestError
 from .http.admin import authorize_admin
 from .triggers.firing import FireOutcome
-from .webhooks.models import DeliveryAttempt, utcnow
+from .webhooks.models import DeliveryAttempt
 from .workflows.models import Execution, ExecutionState
 
 log = logging.getLogger(__name__)

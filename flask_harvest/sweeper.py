@@ -14,14 +14,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from .errors import HarvestError
-from .jobs.base import JobBackend, JobRef
 
 log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
 class SweepReport:
-    """What one sweep (or one of its steps) did."""
+    """What one sweep (or one of its steps) did: every step returns one, and a sweep adds them up."""
 
     #: Rows whose expired lease was released.
     released: int = 0
@@ -35,6 +34,9 @@ class SweepReport:
     timed_out: int = 0
     #: Workflow executions failed as poison pills (their workers kept dying).
     poisoned: int = 0
+    #: Workflow executions ended ``Cancelled`` because their worker died after a cancel was
+    #: requested (also counted in ``released``): their code does not run again.
+    cancelled: int = 0
     #: Completion-trigger fires rows deleted by the retention horizon.
     fires_purged: int = 0
 
@@ -46,14 +48,6 @@ class SweepReport:
 
 #: One kind of work's part of a sweep.
 SweepStep = Callable[[], SweepReport]
-
-
-def requeue_missing(backend: JobBackend, refs: Sequence[JobRef]) -> list[JobRef]:
-    """Queue the jobs among ``refs`` that the backend does not have; return them."""
-    live = backend.live_jobs(refs)
-    missing = [ref for ref in refs if ref not in live]
-    backend.enqueue(missing)
-    return missing
 
 
 class SweepError(HarvestError):

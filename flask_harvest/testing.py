@@ -32,8 +32,9 @@ from werkzeug.serving import BaseWSGIServer, make_server
 from werkzeug.wrappers import Request, Response
 
 from ._app import get_engine
+from ._time import utcnow
 from .errors import ConfigurationError
-from .webhooks.models import DeliveryState, utcnow
+from .webhooks.models import DeliveryState
 
 if TYPE_CHECKING:
     from _typeshed.wsgi import StartResponse, WSGIEnvironment

@@ -641,7 +641,7 @@ def test_any_method_on_any_path_is_answered_in_json_never_a_5xx(
     assert snapshot(rq_app) == before
 
 
-# -- how admin_http maps errors --------------------------------------------------------------------
+# -- how the admin edge maps errors --------------------------------------------------------------------
 
 
 class _Declared(HarvestError):
@@ -654,7 +654,7 @@ class _Undeclared(HarvestError):
 
 
 def test_an_error_that_declares_its_status_is_answered_with_it(app: Flask) -> None:
-    # What a subsystem's error (a refused completion callback) gets without admin_http knowing it.
+    # What a subsystem's error (a refused completion callback) gets without the admin edge knowing it.
     blueprint = Blueprint("declared_errors", __name__)
     install_admin_api(blueprint, realm="test")
 

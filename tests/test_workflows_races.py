@@ -132,7 +132,7 @@ def test_a_cancel_requested_before_the_worker_died_ends_the_run_cancelled_at_the
     h.clock.advance(seconds=31)  # the worker died: its lease expired
     report = runner.sweep_once()
     # Cancelled, not requeued to run the code again, nor failed as a poison pill.
-    assert report.cancelled == [eid] and report.requeued == [] and report.poisoned == []
+    assert (report.cancelled, report.released, report.requeued, report.poisoned) == (1, 1, 0, 0)
     ended = h.store.get(eid)
     assert ended is not None and ended.state is S.CANCELLED and ended.error == "customer withdrew"
 

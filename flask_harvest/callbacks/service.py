@@ -19,15 +19,17 @@ from urllib.parse import urlsplit
 from sqlalchemy import Connection
 
 from .._input import id_problem
+from .._time import utcnow
 from ..config import KEYS, Settings
 from ..errors import ConfigurationError, InvalidFieldError, NotFoundError
 from ..jobs.base import JobBackend, JobBackendError, JobRef
+from ..jobs.requeue import requeue_missing
 from ..jobs.tasks import in_worker_job
 from ..ssrf import redact_url
-from ..sweeper import SweepReport, requeue_missing
+from ..sweeper import SweepReport
 from ..transport import Transport
 from ..workflows.hooks import after_commit
-from ..workflows.models import Execution, JsonValue, utcnow
+from ..workflows.models import Execution, JsonValue
 from .envelope import CallbackSecret, build_envelope, headers_for
 from .filters import EventFilter
 from .outcome import AttemptOutcome, DeliveryState, RetryPolicy, classify

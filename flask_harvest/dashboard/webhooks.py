@@ -16,6 +16,7 @@ from markupsafe import Markup
 from werkzeug.wrappers import Response as BaseResponse
 
 from .._app import get_engine
+from .._time import utcnow
 from ..engine import HarvestEngine
 from ..errors import InvalidFieldError
 from ..webhooks.models import (
@@ -24,7 +25,6 @@ from ..webhooks.models import (
     WebhookSubscription,
     WebhookSubscriptionStatus,
     count_text,
-    utcnow,
 )
 from ..webhooks.operations import MAX_BULK_REPLAY, MAX_GRACE_SECONDS
 from ._core import (

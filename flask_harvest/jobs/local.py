@@ -15,9 +15,9 @@ import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from datetime import datetime, timezone
 
 from .._threads import PerProcess
+from .._time import utcnow
 from .base import JobBackend, JobBackendError, JobRef
 
 log = logging.getLogger(__name__)
@@ -82,8 +82,8 @@ class LocalBackend(JobBackend):
         self._executor.get().submit(self._work, ref)
 
     def schedule(self, ref: JobRef) -> None:
-        due = ref.due or datetime.now(timezone.utc)
-        delay = max(0.0, (due - datetime.now(timezone.utc)).total_seconds())
+        now = utcnow()
+        delay = max(0.0, ((ref.due or now) - now).total_seconds())
         with self._lock:
             self._check_open()
             self._waiting[ref] += 1

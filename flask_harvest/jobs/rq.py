@@ -16,6 +16,7 @@ from rq import Queue
 from rq.job import Job, JobStatus
 from rq.utils import utcparse
 
+from .._time import utcnow
 from .base import JobBackend, JobBackendError, JobRef, kind_prefix, row_id_of
 
 #: The task of a job that carries one row; its arguments are the kind and the row id.
@@ -111,7 +112,7 @@ def forget_batch(queue: Queue, batch_id: str, members: Sequence[str]) -> None:
 def _due_second(when: datetime | None) -> datetime:
     # RQ's scheduler keeps whole seconds and truncates; round up so the job is never early.
     if when is None:
-        return datetime.now(timezone.utc)
+        return utcnow()
     return datetime.fromtimestamp(math.ceil(when.timestamp()), timezone.utc)
 
 
@@ -248,7 +249,7 @@ class RqBackend(JobBackend):
                 pipe.hmget(Job.key_for(identifier), "status", "started_at")
                 pipe.lpos(self.queue.key, identifier)
             answers = pipe.execute()
-        now = datetime.now(timezone.utc)
+        now = utcnow()
         return [
             self._alive(status, started, position is not None, now)
             for (status, started), position in zip(answers[::2], answers[1::2], strict=True)

@@ -12,10 +12,10 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from .._input import id_problem
+from .._time import utcnow
 from ..errors import InvalidFieldError, InvalidStateError, NotFoundError
 from ..http.cursor import decode_position, encode_position
 from ..workflows.errors import ExecutionNotFoundError
-from ..workflows.models import utcnow
 from ..workflows.service import WorkflowService
 from ..workflows.store import SqlWorkflowStore
 from .definitions import CompletionTrigger, trigger_to_json

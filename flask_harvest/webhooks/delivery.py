@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 from datetime import timedelta
 
 from .._threads import GroupCommit
+from .._time import utcnow
 from .._version import __version__
 from ..config import Settings
 from ..errors import InvalidStateError
@@ -26,7 +27,6 @@ from .models import (
     DeliveryLog,
     DeliveryState,
     WebhookSubscriptionStatus,
-    utcnow,
 )
 from .stores.base import DeliverySchedule, OutboundWebhookHandler, Outcome, Recorded
 

@@ -11,6 +11,7 @@ from datetime import datetime
 from typing import Any
 
 from .._threads import PerProcess
+from .._time import utcnow
 from ..config import Settings
 from ..errors import ConfigurationError, EnqueueError, HarvestError
 from ..jobs.base import JobBackend, JobBackendError
@@ -20,7 +21,6 @@ from .models import (
     DeliveryState,
     WebhookSubscription,
     new_id,
-    utcnow,
 )
 from .outbox import OutboxMessage, SqlOutbox, TransactionTarget
 from .payload import encode_payload

@@ -16,6 +16,7 @@ from datetime import datetime, timezone
 from typing import Any, NamedTuple
 
 from .._input import check_id
+from .._time import utcnow as utcnow  # re-exported: callers that imported it from here keep working
 from ..errors import InvalidFieldError, InvalidSecretError
 from ..signing import SECRET_PREFIX, secret_key
 from ..ssrf import MAX_URL_LENGTH as MAX_URL_LENGTH
@@ -30,11 +31,6 @@ MAX_DESCRIPTION_LENGTH = 2048
 _MAX_COUNT = 2**31 - 1
 # Room for the API's 1,024-character secrets in their whsec_ form (standard_secret).
 _MAX_SECRET_LENGTH = 8192
-
-
-def utcnow() -> datetime:
-    """Return the current time as an aware UTC datetime."""
-    return datetime.now(timezone.utc)
 
 
 def new_id(prefix: str) -> str:
@@ -95,11 +91,6 @@ class WebhookSubscriptionStatus(str, enum.Enum):
     DISABLED = "disabled"
     #: Turned off automatically after too many consecutive failures.
     FAILED = "failed"
-
-    # The seed's spellings.
-    Active = ACTIVE
-    Disabled = DISABLED
-    Failed = FAILED
 
 
 class DeliveryState(str, enum.Enum):

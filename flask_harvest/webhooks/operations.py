@@ -10,6 +10,7 @@ from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
 from .._input import check_number, id_problem, text_problem, to_utc
+from .._time import utcnow
 from ..config import Settings
 from ..errors import (
     ConfigurationError,
@@ -32,7 +33,6 @@ from .models import (
     WebhookSubscription,
     WebhookSubscriptionStatus,
     standard_secret,
-    utcnow,
 )
 from .outbox import SqlOutbox
 from .stores.base import DlqCursor, OutboundWebhookHandler

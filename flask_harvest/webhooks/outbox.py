@@ -18,8 +18,9 @@ from sqlalchemy import Connection, Engine, delete, event, func, insert, select, 
 from sqlalchemy.orm import Session, SessionTransaction, scoped_session
 
 from .._sql import SqlDatabase
+from .._time import utcnow
 from ..errors import InvalidFieldError
-from .models import new_id, utcnow
+from .models import new_id
 from .stores._schema import outbox_table
 
 _box = outbox_table

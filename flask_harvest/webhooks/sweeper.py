@@ -11,12 +11,13 @@ from __future__ import annotations
 import logging
 from datetime import timedelta
 
+from .._time import utcnow
 from ..errors import HarvestError
 from ..jobs.base import JobBackend
-from ..sweeper import SweepReport, requeue_missing
+from ..jobs.requeue import requeue_missing
+from ..sweeper import SweepReport
 from .delivery import delivery_job
 from .manager import OutboundWebhookManager
-from .models import utcnow
 from .stores.base import OutboundWebhookHandler
 
 log = logging.getLogger(__name__)

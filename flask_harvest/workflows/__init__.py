@@ -22,7 +22,7 @@ from .errors import (
 from .hooks import TerminalHook, TerminalHooks
 from .models import Execution, ExecutionState, IdReusePolicy, StepRecord
 from .registry import WorkflowDefinition, WorkflowRegistry
-from .runner import SweepReport, WorkflowRunner
+from .runner import WorkflowRunner
 from .store import ExecutionCursor, LeaseSweep, SqlWorkflowStore
 
 __all__ = [
@@ -39,7 +39,6 @@ __all__ = [
     "StepFailedError",
     "StepRecord",
     "StepRetryPolicy",
-    "SweepReport",
     "TerminalHook",
     "TerminalHooks",
     "UnknownWorkflowError",

@@ -10,10 +10,11 @@ from __future__ import annotations
 import enum
 import json
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import datetime
 from typing import Any
 
 from .._input import check_json_value, check_text, text_problem
+from .._time import utcnow as utcnow  # re-exported: callers that imported it from here keep working
 from ..errors import InvalidFieldError
 from .errors import InputTooLargeError
 
@@ -29,7 +30,6 @@ __all__ = [
     "encode_json",
     "storable_text",
     "timeout_message",
-    "utcnow",
 ]
 
 #: A JSON value: ``None``, ``bool``, ``int``, ``float``, ``str``, ``list`` or ``dict`` with ``str`` keys.
@@ -211,8 +211,3 @@ def decode_json(text: str | None) -> JsonValue:
 def timeout_message(deadline: datetime) -> str:
     """The error of a run that ended ``TimedOut``."""
     return f"timed out: the workflow's deadline {deadline.isoformat()} passed"
-
-
-def utcnow() -> datetime:
-    """Return the current time as an aware UTC datetime."""
-    return datetime.now(timezone.utc)

@@ -12,15 +12,17 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager, contextmanager, nullcontext
-from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from sqlalchemy import Connection
 
 from .._threads import PerProcess
+from .._time import utcnow
 from ..errors import HarvestError, InvalidFieldError, InvalidStateError, StoreError
 from ..jobs.base import JobBackend, JobBackendError, JobRef
+from ..jobs.requeue import requeue_missing
 from ..jobs.tasks import carrying_job_context
+from ..sweeper import SweepReport
 from .context import StepRetryPolicy, WorkflowContext, _EngineFailed, _Unwind
 from .errors import UnknownWorkflowError
 from .models import (
@@ -31,12 +33,11 @@ from .models import (
     describe_error,
     encode_json,
     timeout_message,
-    utcnow,
 )
 from .registry import WorkflowRegistry
 from .store import LeaseView, SqlWorkflowStore
 
-__all__ = ["WORKFLOW_JOB", "SweepReport", "WorkflowRunner", "workflow_job"]
+__all__ = ["WORKFLOW_JOB", "WorkflowRunner", "workflow_job"]
 
 logger = logging.getLogger(__name__)
 
@@ -54,18 +55,6 @@ def workflow_job(execution_id: str, due: datetime | None = None) -> JobRef:
 
 #: The default limit on a workflow input, as JSON (``HARVEST_WORKFLOW_MAX_INPUT_BYTES``).
 DEFAULT_MAX_INPUT_BYTES = 256 * 1024
-
-
-@dataclass(frozen=True)
-class SweepReport:
-    """What one :meth:`WorkflowRunner.sweep_once` did, by execution id."""
-
-    requeued: list[str]
-    poisoned: list[str]
-    timed_out: list[str]
-    rescheduled: list[str]
-    #: Runs whose worker died after a cancel was requested: ended ``Cancelled``, not requeued.
-    cancelled: list[str] = field(default_factory=list)
 
 
 class _Threads:
@@ -436,12 +425,16 @@ class WorkflowRunner:
     # -- sweeping --------------------------------------------------------------------------------
 
     def sweep_once(self) -> SweepReport:
-        """One pass of the worker's periodic sweep over workflow executions.
+        """One pass of the worker's periodic sweep over workflow executions: the sweeper's
+        ``workflows`` step.
 
         Ends ``Cancelled`` the executions whose lease expired with a cancel requested, requeues
         (and queues) the other executions whose lease expired, fails poison pills, ends overdue
         executions ``TimedOut``, and queues ``Pending`` executions that are due but have no live
         job (it was lost, e.g. with a flushed Redis).
+
+        :returns: the counts: ``released`` the expired leases (requeued or cancelled),
+            ``requeued`` the executions queued again, ``cancelled``, ``poisoned``, ``timed_out``.
         """
         now = self.clock()
         cancelled = self.store.cancel_expired(now=now)
@@ -451,11 +444,15 @@ class WorkflowRunner:
         timed_out = self.store.enforce_timeouts_once(now=now)
         due = self.store.due_executions(now=now - _DUE_GRACE)
         # A due run's job was queued for now, or (a durable sleep) for its wake time.
-        waiting = {
-            execution_id: (workflow_job(execution_id), workflow_job(execution_id, at))
-            for execution_id, at in due
-        }
-        live = self.backend.live_jobs([ref for refs in waiting.values() for ref in refs])
-        missing = [refs[0] for refs in waiting.values() if not (set(refs) & live)]
-        self.backend.enqueue(missing)
-        return SweepReport(leases.requeued, leases.failed, timed_out, [ref.id for ref in missing], cancelled)
+        missing = requeue_missing(
+            self.backend,
+            [workflow_job(execution_id) for execution_id, _ in due],
+            also={workflow_job(execution_id): [workflow_job(execution_id, at)] for execution_id, at in due},
+        )
+        return SweepReport(
+            released=len(leases.requeued) + len(cancelled),
+            requeued=len(leases.requeued) + len(missing),
+            timed_out=len(timed_out),
+            poisoned=len(leases.failed),
+            cancelled=len(cancelled),
+        )

@@ -12,6 +12,7 @@ from datetime import datetime
 from typing import Any
 
 from .._input import check_text
+from .._time import utcnow
 from ..errors import HarvestError, InvalidFieldError
 from ..http.cursor import decode_position, encode_position
 from .errors import ExecutionEndedError, ExecutionNotFoundError
@@ -23,7 +24,6 @@ from .models import (
     JsonValue,
     StepRecord,
     check_reason,
-    utcnow,
 )
 from .registry import WorkflowRegistry
 from .runner import WorkflowRunner

@@ -124,7 +124,8 @@ def test_a_worker_killed_in_the_terminal_transaction_leaves_exactly_one_target_a
         assert triggers.fires() == []
 
         # Recovery: the lease expires, the sweeper requeues the run, a live worker completes it.
-        wait_until(lambda: execution.execution_id in runner.sweep_once().requeued, 30, "the lease to expire")
+        wait_until(lambda: runner.sweep_once().released == 1, 30, "the lease to expire")
+        assert store.get(execution.execution_id).state is ExecutionState.PENDING  # type: ignore[union-attr]
         ended = runner.run(execution.execution_id)
         assert ended is not None and ended.state is ExecutionState.COMPLETED
         [started] = store.list_executions(name="target")

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
+from ..._time import utcnow
 from ...errors import (
     DeliveryNotFoundError,
     DuplicateSubscriptionError,
@@ -25,7 +26,6 @@ from ..models import (
     SubscriptionEffect,
     WebhookSubscription,
     WebhookSubscriptionStatus,
-    utcnow,
 )
 from ..topic_index import pattern_key, topic_keys
 from .base import DlqCursor, OutboundWebhookHandler, capped_groups, fold_stats, minute_buckets
