@@ -10,7 +10,8 @@ from flask import current_app
 from flask.cli import with_appcontext
 
 from .._app import METRICS_KEY, get_engine
-from ..webhooks.models import isoformat, utcnow
+from .._time import utcnow
+from ..webhooks.models import isoformat
 from ..worker import serve
 from . import _common as out
 from ._common import operations as _ops
