@@ -16,7 +16,7 @@ from .models import Execution, ExecutionState, StepRecord
 
 _steps = steps_table
 
-#: A listing position: the ``(created_at, execution_id)`` of the last execution of a page.
+#: A listing position (:data:`flask_harvest.workflows.store.ExecutionCursor`).
 ExecutionCursor = tuple[datetime, str]
 
 

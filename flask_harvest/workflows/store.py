@@ -15,8 +15,9 @@ from datetime import datetime
 
 from sqlalchemy import Connection, Engine
 
+from . import _reads
 from ._leases import Leases, LeaseView
-from ._reads import ExecutionCursor, ExecutionReads
+from ._reads import ExecutionReads
 from ._runs import Runs
 from ._store_core import OnStarted, StoreCore, TerminalTransition
 from ._sweep import LeaseSweep, _SweepQueries
@@ -24,6 +25,9 @@ from .hooks import TerminalHooks
 from .models import Execution, ExecutionState, IdReusePolicy, JsonValue, StepRecord
 
 __all__ = ["ExecutionCursor", "LeaseSweep", "LeaseView", "SqlWorkflowStore"]
+
+#: A listing position: the ``(created_at, execution_id)`` of the last execution of a page.
+ExecutionCursor = _reads.ExecutionCursor
 
 
 class SqlWorkflowStore:

@@ -209,8 +209,6 @@ class DeliveryPipeline:
             return self._apply_effect(conn, row.subscription_id, row.failures, result)
 
     def finish_attempts(self, outcomes: Sequence[Outcome]) -> list[Recorded]:
-        """Record the outcomes in one transaction; on PostgreSQL in one statement for the batch
-        (:data:`FINISH_MANY`), so a worker pays one round trip and one commit per batch."""
         if not outcomes:
             return []
         with self.db.transaction("record delivery attempts") as conn:

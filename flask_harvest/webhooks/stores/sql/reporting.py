@@ -30,8 +30,8 @@ _STATES = {state.value: state for state in DeliveryState}
 
 @dataclass(frozen=True)
 class DeliveryPage:
-    """A page of the delivery listing: :meth:`~..base.OutboundWebhookHandler.list_deliveries`'
-    parameters, in one value."""
+    """A page of the delivery listing, in one value: the parameters of
+    :meth:`~flask_harvest.webhooks.stores.base.OutboundWebhookHandler.list_deliveries`."""
 
     limit: int
     before: DlqCursor | None
