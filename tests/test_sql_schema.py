@@ -31,7 +31,6 @@ from flask_harvest.webhooks.models import (
 )
 from flask_harvest.webhooks.stores._schema import RETIRED_INDEXES, WEBHOOK_TABLES
 from flask_harvest.webhooks.stores.sql import (
-    _CLAIM_MANY_SQL,
     WEBHOOK_SCHEMA_SQL,
     SqlOutboundWebhookStore,
     attempts_table,
@@ -40,6 +39,7 @@ from flask_harvest.webhooks.stores.sql import (
     schema_sql,
     subscriptions_table,
 )
+from flask_harvest.webhooks.stores.sql._statements import CLAIM_MANY_SQL
 
 SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
 PASSWORD = "pw-do-not-print-9f2c"
@@ -408,7 +408,7 @@ def test_a_batch_claim_probes_the_primary_key_even_with_statistics_from_before_a
     }
 
     with postgres_engine.begin() as conn:
-        plan = "\n".join(conn.execute(sa.text("EXPLAIN " + _CLAIM_MANY_SQL), params).scalars())
+        plan = "\n".join(conn.execute(sa.text("EXPLAIN " + CLAIM_MANY_SQL), params).scalars())
         conn.rollback()
 
     assert "pk_harvest_webhook_deliveries" in plan

@@ -7,7 +7,7 @@ from typing import NamedTuple
 
 from sqlalchemy import select, update
 
-from ._store_base import _OPEN_VALUES, _ex, _StoreBase
+from ._store_core import _OPEN_VALUES, StoreCore, TerminalTransition, _ex
 from .models import ExecutionState, timeout_message
 
 _PENDING = ExecutionState.PENDING.value
@@ -21,8 +21,13 @@ class LeaseSweep(NamedTuple):
     failed: list[str]
 
 
-class _SweepQueries(_StoreBase):
+class _SweepQueries:
     """What the worker's periodic sweep asks the store."""
+
+    def __init__(self, core: StoreCore, terminal: TerminalTransition) -> None:
+        # The two things the queries below use, by the names they use them under.
+        self._transaction = core.transaction
+        self._sweep_finish = terminal.sweep_finish
 
     def due_executions(self, *, now: datetime, limit: int = 500) -> list[tuple[str, datetime]]:
         """Return the ids and due times of ``Pending`` executions due at ``now``, oldest due first."""

@@ -1,68 +1,89 @@
 """Workflow executions and step checkpoints in SQL (SQLAlchemy 2 Core, PostgreSQL or SQLite).
 
-Start-or-load, reads, the lease of a running execution, its step checkpoints, cancel and terminate.
-The terminal transition and the transactions live in :mod:`._store_base`, the sweeper's queries in
-:mod:`._sweep`.
+:class:`SqlWorkflowStore` is what the runner, the service, completion callbacks, triggers and the
+dashboard use. It is composed of parts that share one :class:`~._store_core.StoreCore` (the
+database, the terminal hooks, the transactions): THE terminal transition
+(:class:`~._store_core.TerminalTransition`), starts and ends from outside a run (:mod:`._runs`),
+reads (:mod:`._reads`), claims, leases and step checkpoints (:mod:`._leases`) and the sweeper's
+queries (:mod:`._sweep`).
 """
 
 from __future__ import annotations
 
-import functools
-import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass
-from datetime import datetime, timedelta
-from typing import Any
+from datetime import datetime
 
-from sqlalchemy import Connection, Integer, Select, Text, bindparam, func, literal, or_, select, text, update
+from sqlalchemy import Connection, Engine
 
-from .._input import check_id, check_text, id_problem
-from .._sql import UTCDateTime
-from ..errors import InvalidFieldError, StoreError
-from ._schema import _OPEN, NAME_LENGTH, row_to_execution, row_to_step, steps_table
-from ._store_base import _coalesce_time, _ex, _open
+from . import _reads
+from ._leases import Leases, LeaseView
+from ._reads import ExecutionReads
+from ._runs import Runs
+from ._store_core import OnStarted, StoreCore, TerminalTransition
 from ._sweep import LeaseSweep, _SweepQueries
-from .errors import ExecutionNotFoundError, WorkflowIdReusedError
-from .models import (
-    Execution,
-    ExecutionState,
-    IdReusePolicy,
-    JsonValue,
-    StepRecord,
-    check_reason,
-    encode_json,
-    storable_text,
-)
+from .hooks import TerminalHooks
+from .models import Execution, ExecutionState, IdReusePolicy, JsonValue, StepRecord
 
 __all__ = ["ExecutionCursor", "LeaseSweep", "LeaseView", "SqlWorkflowStore"]
 
-_steps = steps_table
-_PENDING = ExecutionState.PENDING.value
-_RUNNING = ExecutionState.RUNNING.value
-_OPEN_STATES = frozenset((_PENDING, _RUNNING))
-# A start that keeps losing the race between "the open run closed" and "ours conflicts" gives up.
-_START_ROUNDS = 5
-
 #: A listing position: the ``(created_at, execution_id)`` of the last execution of a page.
-ExecutionCursor = tuple[datetime, str]
+ExecutionCursor = _reads.ExecutionCursor
 
 
-@dataclass(frozen=True)
-class LeaseView:
-    """What a running execution's code must act on, as its lease renewal read it."""
-
-    cancel_requested: bool
-    cancel_reason: str | None
-    deadline: datetime | None
-
-
-class SqlWorkflowStore(_SweepQueries):
+class SqlWorkflowStore:
     """Executions and their step checkpoints, shared by every process through the database.
 
     :param engine: a SQLAlchemy engine on PostgreSQL or SQLite (a file database, so that threads
         and processes share it).
     :param hooks: the terminal hooks :meth:`finish` runs; a fresh empty registry if not given.
+    :param on_started: called after commit with the ids of the executions that terminal hooks
+        started inside a transaction the store owns (bind it to the job backend's schedule); errors
+        are logged, and the sweeper's due scan queues those executions anyway.
     """
+
+    def __init__(
+        self, engine: Engine, *, hooks: TerminalHooks | None = None, on_started: OnStarted | None = None
+    ) -> None:
+        self._core = StoreCore(engine, hooks=hooks, on_started=on_started)
+        self.db = self._core.db
+        self.engine = engine
+        self._terminal = TerminalTransition(self._core)
+        self._reads = ExecutionReads(self._core)
+        self._runs = Runs(self._core, self._terminal, self._reads)
+        self._leases = Leases(self._core)
+        self._sweeps = _SweepQueries(self._core, self._terminal)
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.engine.url.render_as_string(hide_password=True)}>"
+
+    @property
+    def hooks(self) -> TerminalHooks:
+        """The terminal hooks :meth:`finish` runs in the transaction that ends an execution."""
+        return self._core.hooks
+
+    @hooks.setter
+    def hooks(self, hooks: TerminalHooks) -> None:
+        self._core.hooks = hooks
+
+    @property
+    def on_started(self) -> OnStarted | None:
+        """Called after commit with the ids of the executions started in a transaction the store
+        owns (see the class's parameters)."""
+        return self._core.on_started
+
+    @on_started.setter
+    def on_started(self, on_started: OnStarted | None) -> None:
+        self._core.on_started = on_started
+
+    @staticmethod
+    def started_in(conn: Connection) -> list[str]:
+        """Return (and forget) the ids of the executions ``start(conn=conn)`` created in ``conn``'s
+        transaction: schedule them once it has committed."""
+        return StoreCore.started_in(conn)
+
+    def ensure_schema(self) -> None:
+        """Create the workflow tables and indexes where they do not exist yet."""
+        self._core.ensure_schema()
 
     # -- starting ------------------------------------------------------------------------------
 
@@ -96,78 +117,28 @@ class SqlWorkflowStore(_SweepQueries):
             name or ``workflow_id`` is empty or longer than 255 characters, or ``workflow_id``
             holds a control character; an unknown policy.
         """
-        input_text = encode_json(input, field="input", max_bytes=max_input_bytes)
-        _check_key("name", name)
-        if workflow_id is not None:
-            check_id(workflow_id, "workflow_id", max_chars=NAME_LENGTH)
-        try:
-            policy = IdReusePolicy(policy)
-        except ValueError:
-            choices = ", ".join(p.value for p in IdReusePolicy)
-            raise InvalidFieldError("policy", f"must be one of {choices}, not {policy!r}") from None
-        if isinstance(trigger_depth, bool) or not isinstance(trigger_depth, int) or trigger_depth < 0:
-            raise InvalidFieldError("trigger_depth", f"must be an integer, 0 or more, not {trigger_depth!r}")
-        key = workflow_id if workflow_id is not None else str(uuid.uuid4())
-        with self._transaction("start a workflow execution", conn) as c:
-            for _ in range(_START_ROUNDS):
-                found = c.execute(_open_or_last_run(key, policy)).first()
-                if found is not None and found.state in _OPEN_STATES:
-                    return row_to_execution(found), False
-                if found is not None:
-                    _check_reuse(key, policy, found.execution_id, found.state)
-                execution_id = str(uuid.uuid4())
-                values = {
-                    "execution_id": execution_id,
-                    "workflow_name": name,
-                    "workflow_id": key,
-                    "input": input_text,
-                    "state": _PENDING,
-                    "created_at": now,
-                    "next_run_at": now,
-                    "deadline": deadline,
-                    "attempt": 0,
-                    "recovery_count": 0,
-                    "cancel_requested": False,
-                    "trigger_depth": trigger_depth,
-                    "completion_callbacks": completion_callbacks,
-                }
-                # DO NOTHING rather than catching IntegrityError: an error would abort the caller's
-                # PostgreSQL transaction. PostgreSQL waits here for a concurrent inserter to commit.
-                stmt = (
-                    self.db.insert(_ex)
-                    .values(values)
-                    .on_conflict_do_nothing(index_elements=[_ex.c.workflow_id], index_where=text(_OPEN))
-                    .returning(*_ex.c)
-                )
-                row = c.execute(stmt).first()
-                if row is not None:
-                    if conn is not None:
-                        self._note_started(conn, execution_id)
-                    return row_to_execution(row), True
-        raise StoreError(f"could not start workflow_id {key!r}: its open run kept changing; try again")
+        return self._runs.start(
+            name,
+            input,
+            workflow_id,
+            policy,
+            now=now,
+            deadline=deadline,
+            trigger_depth=trigger_depth,
+            completion_callbacks=completion_callbacks,
+            max_input_bytes=max_input_bytes,
+            conn=conn,
+        )
 
     # -- reading -------------------------------------------------------------------------------
 
     def get(self, execution_id: str) -> Execution | None:
         """Return the execution with this id, or ``None`` (also for an id no row could have)."""
-        if id_problem(execution_id) is not None:
-            return None
-        with self._transaction("read a workflow execution") as conn:
-            row = conn.execute(select(_ex).where(_ex.c.execution_id == execution_id)).first()
-        return row_to_execution(row) if row is not None else None
+        return self._reads.get(execution_id)
 
     def get_by_workflow_id(self, workflow_id: str) -> Execution | None:
         """Return the latest run of ``workflow_id`` (the open one if any), or ``None``."""
-        if id_problem(workflow_id) is not None:
-            return None
-        with self._transaction("read a workflow execution") as conn:
-            row = conn.execute(
-                select(_ex)
-                .where(_ex.c.workflow_id == workflow_id)
-                .order_by(_ex.c.created_at.desc(), _ex.c.execution_id.desc())
-                .limit(1)
-            ).first()
-        return row_to_execution(row) if row is not None else None
+        return self._reads.get_by_workflow_id(workflow_id)
 
     def list_executions(
         self,
@@ -183,22 +154,7 @@ class SqlWorkflowStore(_SweepQueries):
             page: ``(execution.created_at, execution.execution_id)``).
         :raises InvalidFieldError: ``name`` is not text a workflow name could be.
         """
-        query = select(_ex)
-        if name is not None:
-            _check_key("name", name)
-            query = query.where(_ex.c.workflow_name == name)
-        if state is not None:
-            query = query.where(_ex.c.state == ExecutionState(state).value)
-        if cursor is not None:
-            created, last_id = cursor
-            query = query.where(
-                or_(
-                    _ex.c.created_at < created, (_ex.c.created_at == created) & (_ex.c.execution_id < last_id)
-                )
-            )
-        query = query.order_by(_ex.c.created_at.desc(), _ex.c.execution_id.desc()).limit(max(0, limit))
-        with self._transaction("list workflow executions") as conn:
-            return [row_to_execution(row) for row in conn.execute(query).all()]
+        return self._reads.list_executions(name=name, state=state, cursor=cursor, limit=limit)
 
     def count_states(self, *, cap: int) -> dict[ExecutionState, int]:
         """Return how many executions are in each state, counting at most ``cap`` of each.
@@ -207,29 +163,15 @@ class SqlWorkflowStore(_SweepQueries):
         whole table (a page view must stay fast at millions of rows): a count equal to ``cap``
         means "at least".
         """
-        with self.db.read("count workflow executions by state") as conn:
-            row = conn.execute(_state_counts(), {"cap": max(0, cap)}).one()
-        return {state: int(count) for state, count in zip(ExecutionState, row, strict=True)}
+        return self._reads.count_states(cap=cap)
 
     def list_steps(self, execution_id: str) -> list[StepRecord]:
         """Return the execution's step checkpoints in order."""
-        if id_problem(execution_id) is not None:
-            return []
-        with self._transaction("list workflow steps") as conn:
-            rows = conn.execute(
-                select(_steps).where(_steps.c.execution_id == execution_id).order_by(_steps.c.seq)
-            ).all()
-        return [row_to_step(row) for row in rows]
+        return self._reads.list_steps(execution_id)
 
     def get_step(self, execution_id: str, seq: int) -> StepRecord | None:
         """Return the checkpoint at position ``seq``, or ``None``."""
-        if id_problem(execution_id) is not None:
-            return None
-        with self._transaction("read a workflow step") as conn:
-            row = conn.execute(
-                select(_steps).where(_steps.c.execution_id == execution_id, _steps.c.seq == seq)
-            ).first()
-        return row_to_step(row) if row is not None else None
+        return self._reads.get_step(execution_id, seq)
 
     # -- running -------------------------------------------------------------------------------
 
@@ -239,15 +181,7 @@ class SqlWorkflowStore(_SweepQueries):
         :returns: the claimed execution (its ``lease_token`` is the caller's), or ``None`` when it
             is not due, already running, terminal or absent.
         """
-        stmt = (
-            update(_ex)
-            .where(_ex.c.execution_id == execution_id, *_due(now))
-            .values(**_claim_values(now, lease_seconds))
-            .returning(*_ex.c)
-        )
-        with self._transaction("claim a workflow execution") as conn:
-            row = conn.execute(stmt).first()
-        return row_to_execution(row) if row is not None else None
+        return self._leases.claim(execution_id, now=now, lease_seconds=lease_seconds)
 
     def claim_many(
         self, execution_ids: Sequence[str], *, now: datetime, lease_seconds: float
@@ -261,25 +195,7 @@ class SqlWorkflowStore(_SweepQueries):
         :returns: the executions claimed, in id order (those not due, running, ended or absent are
             left out).
         """
-        unique = sorted(set(execution_ids))
-        if not unique:
-            return []
-        due = _due(now)
-        locked = (
-            select(_ex.c.execution_id)
-            .where(_ex.c.execution_id.in_(unique), *due)
-            .order_by(_ex.c.execution_id)
-            .with_for_update()
-        )
-        stmt = (
-            update(_ex)
-            .where(_ex.c.execution_id.in_(locked), *due)
-            .values(**_claim_values(now, lease_seconds))
-            .returning(*_ex.c)
-        )
-        with self._transaction("claim workflow executions") as conn:
-            rows = conn.execute(stmt).all()
-        return sorted((row_to_execution(row) for row in rows), key=lambda e: e.execution_id)
+        return self._leases.claim_many(execution_ids, now=now, lease_seconds=lease_seconds)
 
     def renew(
         self, execution_id: str, token: str, *, now: datetime, lease_seconds: float
@@ -289,15 +205,7 @@ class SqlWorkflowStore(_SweepQueries):
         :returns: ``None`` when the lease is lost: the execution ended (terminated, timed out) or
             another worker holds it.
         """
-        stmt = (
-            update(_ex)
-            .where(_ex.c.execution_id == execution_id, _ex.c.state == _RUNNING, _ex.c.lease_token == token)
-            .values(lease_expires_at=now + timedelta(seconds=lease_seconds))
-            .returning(*_ex.c)
-        )
-        with self._transaction("renew a workflow lease") as conn:
-            row = conn.execute(stmt).first()
-        return row_to_execution(row) if row is not None else None
+        return self._leases.renew(execution_id, token, now=now, lease_seconds=lease_seconds)
 
     def heartbeat(self, execution_id: str, token: str, *, now: datetime, lease_seconds: float) -> bool:
         """Extend the caller's lease; ``False`` when it is lost (see :meth:`renew`)."""
@@ -322,51 +230,7 @@ class SqlWorkflowStore(_SweepQueries):
         :returns: whether the checkpoint was written.
         :raises InvalidFieldError: ``output`` is not a JSON value.
         """
-        _check_key("name", name)
-        if error is not None:
-            error = storable_text(error)
-        output_text = None if error is not None else encode_json(output, field=f"step {name!r} result")
-        with self._transaction("record a workflow step") as conn:
-            return (
-                conn.execute(
-                    self._guarded_step(execution_id, token, seq, name, output_text, error, now)
-                ).first()
-                is not None
-            )
-
-    def _guarded_step(
-        self,
-        execution_id: str,
-        token: str,
-        seq: int,
-        name: str,
-        output_text: str | None,
-        error: str | None,
-        now: datetime,
-    ) -> Any:
-        """The INSERT of a checkpoint that lands only while the execution runs under ``token``."""
-        guard = (
-            select(
-                literal(execution_id),
-                literal(seq),
-                literal(name),
-                literal(output_text, Text()),
-                literal(error, Text()),
-                literal(now, UTCDateTime()),
-            )
-            .select_from(_ex)
-            .where(_ex.c.execution_id == execution_id, _ex.c.state == _RUNNING, _ex.c.lease_token == token)
-        )
-        if self.db.postgres:
-            # Waits for a concurrent terminal UPDATE, then sees its result: no checkpoint after it.
-            guard = guard.with_for_update(read=True)
-        columns = ["execution_id", "seq", "name", "output", "error", "created_at"]
-        return (
-            self.db.insert(_steps)
-            .from_select(columns, guard)
-            .on_conflict_do_nothing(index_elements=[_steps.c.execution_id, _steps.c.seq])
-            .returning(_steps.c.seq)
-        )
+        return self._leases.record_step(execution_id, token, seq, name, output=output, error=error, now=now)
 
     def checkpoint(
         self,
@@ -393,31 +257,9 @@ class SqlWorkflowStore(_SweepQueries):
             taken over) or position ``seq`` has a checkpoint already.
         :raises InvalidFieldError: ``output`` is not a JSON value.
         """
-        output_text = None if error is not None else encode_json(output, field=f"step {name!r} result")
-        flags = (_ex.c.cancel_requested, _ex.c.cancel_reason, _ex.c.deadline)
-        with self._transaction("record a workflow step") as conn:
-            if lease_seconds is not None:
-                row = conn.execute(
-                    update(_ex)
-                    .where(
-                        _ex.c.execution_id == execution_id,
-                        _ex.c.state == _RUNNING,
-                        _ex.c.lease_token == token,
-                    )
-                    .values(lease_expires_at=now + timedelta(seconds=lease_seconds))
-                    .returning(*flags)
-                ).first()
-                if row is None:
-                    return None
-            step = self._guarded_step(execution_id, token, seq, name, output_text, error, now)
-            if conn.execute(step).first() is None:
-                return None
-            if lease_seconds is None:
-                # The guard holds the row (or SQLite's write lock): it is still ours as read here.
-                row = conn.execute(select(*flags).where(_ex.c.execution_id == execution_id)).first()
-        if row is None:  # the guarded step above holds the row: it cannot have gone
-            raise StoreError(f"workflow execution {execution_id} vanished during its checkpoint")
-        return LeaseView(bool(row.cancel_requested), row.cancel_reason, row.deadline)
+        return self._leases.checkpoint(
+            execution_id, token, seq, name, output=output, error=error, now=now, lease_seconds=lease_seconds
+        )
 
     def suspend(
         self, execution_id: str, token: str, *, wake_at: datetime, now: datetime | None = None
@@ -430,22 +272,7 @@ class SqlWorkflowStore(_SweepQueries):
 
         :returns: whether the execution went to sleep (else nothing changed).
         """
-        guard = [
-            _ex.c.execution_id == execution_id,
-            _ex.c.state == _RUNNING,
-            _ex.c.lease_token == token,
-            _ex.c.cancel_requested.is_(False),
-        ]
-        if now is not None:
-            guard.append(or_(_ex.c.deadline.is_(None), _ex.c.deadline >= now))
-        stmt = (
-            update(_ex)
-            .where(*guard)
-            .values(state=_PENDING, next_run_at=wake_at, lease_token=None, lease_expires_at=None)
-            .returning(_ex.c.execution_id)
-        )
-        with self._transaction("suspend a workflow execution") as conn:
-            return conn.execute(stmt).first() is not None
+        return self._leases.suspend(execution_id, token, wake_at=wake_at, now=now)
 
     # -- ending --------------------------------------------------------------------------------
 
@@ -459,37 +286,7 @@ class SqlWorkflowStore(_SweepQueries):
         :raises ExecutionNotFoundError: no execution has this id.
         :raises InvalidFieldError: ``reason`` is not storable text.
         """
-        check_reason(reason)
-        if id_problem(execution_id) is not None:
-            raise ExecutionNotFoundError(execution_id)
-        error = reason or "cancelled"
-        with self._transaction("cancel a workflow execution") as conn:
-            for _ in range(_START_ROUNDS):
-                done = self._finish(
-                    conn,
-                    execution_id,
-                    ExecutionState.CANCELLED,
-                    None,
-                    error,
-                    now,
-                    [_ex.c.state == _PENDING],
-                    cancel_reason=reason,
-                )
-                if done is not None:
-                    return done
-                row = conn.execute(
-                    update(_ex)
-                    .where(_ex.c.execution_id == execution_id, _ex.c.state == _RUNNING)
-                    .values(cancel_requested=True, cancel_reason=reason)
-                    .returning(*_ex.c)
-                ).first()
-                if row is None:
-                    row = conn.execute(select(_ex).where(_ex.c.execution_id == execution_id)).first()
-                if row is None:
-                    raise ExecutionNotFoundError(execution_id)
-                if row.state != _PENDING:
-                    return row_to_execution(row)
-        raise StoreError(f"could not cancel execution {execution_id}: its state kept changing; try again")
+        return self._runs.request_cancel(execution_id, reason, now=now)
 
     def terminate(self, execution_id: str, reason: str | None = None, *, now: datetime) -> Execution:
         """End an open execution ``Terminated`` at once; its running code can record nothing more.
@@ -498,73 +295,50 @@ class SqlWorkflowStore(_SweepQueries):
         :raises ExecutionNotFoundError: no execution has this id.
         :raises InvalidFieldError: ``reason`` is not storable text.
         """
-        check_reason(reason)
-        if id_problem(execution_id) is not None:
-            raise ExecutionNotFoundError(execution_id)
-        ended = self.finish(execution_id, ExecutionState.TERMINATED, error=reason or "terminated", now=now)
-        if ended is not None:
-            return ended
-        current = self.get(execution_id)
-        if current is None:
-            raise ExecutionNotFoundError(execution_id)
-        return current
+        return self._runs.terminate(execution_id, reason, now=now)
 
+    def finish(
+        self,
+        execution_id: str,
+        state: ExecutionState,
+        *,
+        output: JsonValue = None,
+        error: str | None = None,
+        now: datetime,
+        token: str | None = None,
+        conn: Connection | None = None,
+    ) -> Execution | None:
+        """THE terminal transition: move an open execution to terminal ``state``, once.
 
-def _due(now: datetime) -> tuple[Any, Any]:
-    # What makes an execution claimable: pending, with no wait or a wait that has passed.
-    return (_ex.c.state == _PENDING, or_(_ex.c.next_run_at.is_(None), _ex.c.next_run_at <= now))
+        Only a ``Pending`` or ``Running`` row moves (and, with ``token``, only under that lease).
+        When it lands, the terminal hooks run in the same transaction: what they write commits with
+        the state change, and an exception from a hook rolls both back and propagates.
 
-
-def _claim_values(now: datetime, lease_seconds: float) -> dict[str, Any]:
-    # One claim's writes, shared by claim and claim_many so the two cannot drift: running, a
-    # fresh lease token, one more attempt, the first start kept.
-    return {
-        "state": _RUNNING,
-        "lease_token": uuid.uuid4().hex,
-        "lease_expires_at": now + timedelta(seconds=lease_seconds),
-        "started_at": _coalesce_time(_ex.c.started_at, now),
-        "attempt": _ex.c.attempt + 1,
-        "next_run_at": None,
-    }
-
-
-def _open_or_last_run(key: str, policy: IdReusePolicy) -> Select[Any]:
-    """The open run of ``key``; under a reuse policy, else its last closed run.
-
-    One statement, so one snapshot: with two reads, a run that a concurrent start committed in
-    between looked like a closed earlier run, and the policy refused it while it was open.
-    """
-    query = select(_ex).where(_ex.c.workflow_id == key)
-    if policy is IdReusePolicy.ALLOW_DUPLICATE:
-        return query.where(_open())
-    # The open run first (true sorts after false on both dialects), then the latest closed one.
-    return query.order_by(_open().desc(), _ex.c.created_at.desc(), _ex.c.execution_id.desc()).limit(1)
-
-
-def _check_reuse(key: str, policy: IdReusePolicy, last_id: str, last_state: str) -> None:
-    """Refuse a new run after the closed run ``last_id`` if ``policy`` says so."""
-    if policy is IdReusePolicy.REJECT_DUPLICATE or last_state == ExecutionState.COMPLETED.value:
-        raise WorkflowIdReusedError(key, policy.value, last_id, last_state)
-
-
-def _check_key(field: str, value: str) -> None:
-    if not isinstance(value, str) or not value or len(value) > NAME_LENGTH:
-        raise InvalidFieldError(
-            field, f"must be a string of 1 to {NAME_LENGTH} characters, not {value!r:.80}"
+        :param output: the result, for ``Completed`` only.
+        :param error: the error message, reason or cause, for the other terminal states.
+        :returns: the execution after the transition, or ``None`` if it did not land.
+        """
+        return self._terminal.finish(
+            execution_id, state, output=output, error=error, now=now, token=token, conn=conn
         )
-    # NUL (PostgreSQL refuses it in text) and lone surrogates (no UTF-8 form) are bad input here,
-    # not a driver error later.
-    check_text(value, field)
 
+    # -- the sweeper ---------------------------------------------------------------------------
 
-@functools.cache
-def _state_counts() -> Select[Any]:
-    """count_states' statement, built once: one row of one bounded count per state, each a walk of
-    at most ``cap`` entries of the index that leads with ``state`` (one round trip, not one per
-    state)."""
-    cap = bindparam("cap", type_=Integer)
-    counts = []
-    for state in ExecutionState:
-        bounded = select(literal(1)).where(_ex.c.state == state.value).limit(cap).subquery()
-        counts.append(select(func.count()).select_from(bounded).scalar_subquery().label(state.value))
-    return select(*counts)
+    def due_executions(self, *, now: datetime, limit: int = 500) -> list[tuple[str, datetime]]:
+        """Return the ids and due times of ``Pending`` executions due at ``now``, oldest due first."""
+        return self._sweeps.due_executions(now=now, limit=limit)
+
+    def cancel_expired(self, *, now: datetime, limit: int = 500) -> list[str]:
+        """End ``Cancelled`` the ``Running`` executions whose lease expired with a cancel requested
+        (their worker died before their next boundary); return their ids."""
+        return self._sweeps.cancel_expired(now=now, limit=limit)
+
+    def expired_leases(self, *, now: datetime, max_recovery_attempts: int) -> LeaseSweep:
+        """Requeue ``Running`` executions whose lease expired (their worker died): each is back to
+        ``Pending`` (due now) with ``recovery_count`` plus one, unless it has been recovered
+        ``max_recovery_attempts`` times already: then it ends ``Failed`` as a poison pill."""
+        return self._sweeps.expired_leases(now=now, max_recovery_attempts=max_recovery_attempts)
+
+    def enforce_timeouts_once(self, *, now: datetime, limit: int = 500) -> list[str]:
+        """End open executions whose deadline has passed as ``TimedOut``; return their ids."""
+        return self._sweeps.enforce_timeouts_once(now=now, limit=limit)

@@ -1,9 +1,11 @@
-"""The SQL plumbing of the workflow store: its engine, transactions, and THE terminal transition.
+"""The core of the workflow store: its transactions (:class:`StoreCore`) and THE terminal
+transition (:class:`TerminalTransition`), which every other part of the store is handed.
 
 Every move of an execution is one short transaction around a guarded ``UPDATE ... RETURNING``
 (only a row in the expected state, under the expected lease, moves), so concurrent workers, sweepers
-and API calls never both win. Every place an execution ends goes through :meth:`_StoreBase.finish`,
-which runs the :class:`~flask_harvest.workflows.hooks.TerminalHooks` in the same transaction.
+and API calls never both win. Every place an execution ends goes through
+:meth:`TerminalTransition.finish_in`, which runs the
+:class:`~flask_harvest.workflows.hooks.TerminalHooks` in the same transaction.
 """
 
 from __future__ import annotations
@@ -16,9 +18,10 @@ from typing import Any
 
 from sqlalchemy import ColumnElement, Connection, Engine, func, literal, update
 
+from .._input import check_text
 from .._sql import SqlDatabase, UTCDateTime
-from ..errors import InvalidStateError
-from ._schema import WORKFLOW_TABLES, executions_table, row_to_execution
+from ..errors import InvalidFieldError, InvalidStateError
+from ._schema import NAME_LENGTH, WORKFLOW_TABLES, executions_table, row_to_execution
 from .hooks import TerminalHooks, pop_after_commit
 from .models import OPEN_STATES, Execution, ExecutionState, JsonValue, encode_json, storable_text
 
@@ -35,12 +38,13 @@ _STARTED = "harvest_workflows_started"
 OnStarted = Callable[[list[str]], None]
 
 
-class _StoreBase:
-    """The engine, its transactions and the terminal transition, shared by the store's parts.
+class StoreCore:
+    """The database, the terminal hooks and the transactions that every part of the store uses.
 
     :param engine: a SQLAlchemy engine on PostgreSQL or SQLite (a file database, so that threads
         and processes share it).
-    :param hooks: the terminal hooks :meth:`finish` runs; a fresh empty registry if not given.
+    :param hooks: the terminal hooks :class:`TerminalTransition` runs; a fresh empty registry if
+        not given.
     :param on_started: called after commit with the ids of the executions that terminal hooks
         started inside a transaction the store owns (bind it to the job backend's schedule); errors
         are logged, and the sweeper's due scan queues those executions anyway.
@@ -54,11 +58,8 @@ class _StoreBase:
         self.hooks = hooks if hooks is not None else TerminalHooks()
         self.on_started = on_started
 
-    def __repr__(self) -> str:
-        return f"<{type(self).__name__} {self.engine.url.render_as_string(hide_password=True)}>"
-
     @contextmanager
-    def _transaction(self, action: str, conn: Connection | None = None) -> Iterator[Connection]:
+    def transaction(self, action: str, conn: Connection | None = None) -> Iterator[Connection]:
         """Yield ``conn`` (the caller's transaction) or a new one (:meth:`SqlDatabase.transaction`).
 
         A transaction of its own runs the after-commit actions its statements registered, and
@@ -99,14 +100,19 @@ class _StoreBase:
         return started
 
     @staticmethod
-    def _note_started(conn: Connection, execution_id: str) -> None:
+    def note_started(conn: Connection, execution_id: str) -> None:
         conn.info.setdefault(_STARTED, []).append(execution_id)
 
     def ensure_schema(self) -> None:
         """Create the workflow tables and indexes where they do not exist yet."""
         self.db.create_tables(WORKFLOW_TABLES, what="the workflow tables")
 
-    # -- the terminal transition ---------------------------------------------------------------
+
+class TerminalTransition:
+    """THE terminal transition: the one place an open execution ends, with its terminal hooks."""
+
+    def __init__(self, core: StoreCore) -> None:
+        self.core = core
 
     def finish(
         self,
@@ -119,25 +125,17 @@ class _StoreBase:
         token: str | None = None,
         conn: Connection | None = None,
     ) -> Execution | None:
-        """THE terminal transition: move an open execution to terminal ``state``, once.
-
-        Only a ``Pending`` or ``Running`` row moves (and, with ``token``, only under that lease).
-        When it lands, the terminal hooks run in the same transaction: what they write commits with
-        the state change, and an exception from a hook rolls both back and propagates.
-
-        :param output: the result, for ``Completed`` only.
-        :param error: the error message, reason or cause, for the other terminal states.
-        :returns: the execution after the transition, or ``None`` if it did not land.
-        """
+        """Move an open execution to terminal ``state``, once, in ``conn`` or a transaction of its
+        own (:meth:`SqlWorkflowStore.finish <flask_harvest.workflows.store.SqlWorkflowStore.finish>`)."""
         state = ExecutionState(state)
         if not state.terminal:
             raise InvalidStateError(f"finish() moves to a terminal state, not {state.value}")
         output_text = encode_json(output, field="output") if state is ExecutionState.COMPLETED else None
         extra = [_ex.c.lease_token == token] if token is not None else []
-        with self._transaction(f"end a workflow execution as {state.value}", conn) as c:
-            return self._finish(c, execution_id, state, output_text, error, now, extra)
+        with self.core.transaction(f"end a workflow execution as {state.value}", conn) as c:
+            return self.finish_in(c, execution_id, state, output_text, error, now, extra)
 
-    def _finish(
+    def finish_in(
         self,
         conn: Connection,
         execution_id: str,
@@ -148,6 +146,8 @@ class _StoreBase:
         extra: Sequence[ColumnElement[bool]] = (),
         cancel_reason: str | None = None,
     ) -> Execution | None:
+        """The guarded UPDATE and the terminal hooks, on ``conn``: :meth:`finish`'s work, for a
+        caller that already holds the transaction and has encoded the output."""
         stmt = (
             update(_ex)
             .where(_ex.c.execution_id == execution_id, _open(), *extra)
@@ -169,10 +169,10 @@ class _StoreBase:
         if row is None:
             return None
         execution = row_to_execution(row)
-        self.hooks.run(conn, execution)
+        self.core.hooks.run(conn, execution)
         return execution
 
-    def _sweep_finish(
+    def sweep_finish(
         self,
         execution_id: str,
         state: ExecutionState,
@@ -183,8 +183,8 @@ class _StoreBase:
         # One transaction per execution: a failing terminal hook leaves that execution open (to be
         # tried again next sweep) without stopping the sweep of the others.
         try:
-            with self._transaction(f"end a workflow execution as {state.value}") as conn:
-                return self._finish(conn, execution_id, state, None, error, now, extra) is not None
+            with self.core.transaction(f"end a workflow execution as {state.value}") as conn:
+                return self.finish_in(conn, execution_id, state, None, error, now, extra) is not None
         except Exception:
             logger.exception("could not end workflow execution %s as %s", execution_id, state.value)
             return False
@@ -197,3 +197,14 @@ def _open() -> ColumnElement[bool]:
 def _coalesce_time(column: Any, value: datetime) -> Any:
     # Typed literal: a bare datetime would bind as a plain DateTime and keep its time zone.
     return func.coalesce(column, literal(value, UTCDateTime()))
+
+
+def check_key(field: str, value: str) -> None:
+    """Refuse a workflow or step name that is not 1 to 255 characters of storable text."""
+    if not isinstance(value, str) or not value or len(value) > NAME_LENGTH:
+        raise InvalidFieldError(
+            field, f"must be a string of 1 to {NAME_LENGTH} characters, not {value!r:.80}"
+        )
+    # NUL (PostgreSQL refuses it in text) and lone surrogates (no UTF-8 form) are bad input here,
+    # not a driver error later.
+    check_text(value, field)
