@@ -19,6 +19,7 @@ from sqlalchemy.sql import Executable
 
 from ...._input import id_problem
 from ...._sql import SqlDatabase
+from ...._time import utcnow
 from ....errors import DeliveryNotFoundError, InvalidStateError
 from ...models import (
     AttemptResult,
@@ -28,7 +29,6 @@ from ...models import (
     SubscriptionEffect,
     WebhookSubscription,
     WebhookSubscriptionStatus,
-    utcnow,
 )
 from .._schema import (
     INFLIGHT_ROWS,

@@ -14,12 +14,12 @@ from sqlalchemy import Connection, delete, insert, select, update
 
 from ...._input import id_problem
 from ...._sql import SqlDatabase, after_position
+from ...._time import utcnow
 from ....errors import DuplicateSubscriptionError, SubscriptionNotFoundError
 from ...models import (
     SubscriptionChanges,
     WebhookSubscription,
     WebhookSubscriptionStatus,
-    utcnow,
     validate_datetime,
     validate_secret,
 )
