@@ -8,9 +8,10 @@ retries, dead-lettering and redrive. See ``docs/callbacks.rst``.
 
 from __future__ import annotations
 
+from ..attempt import DeliveryState
 from .envelope import SIGNATURE_HEADER, TIMESTAMP_HEADER, CallbackSecret, build_envelope
 from .filters import ANY_TERMINAL, COMPLETED_ONLY, EventFilter
-from .outcome import DEFAULT_RETRY_POLICY, DeliveryState, callback_retry_policy
+from .outcome import DEFAULT_RETRY_POLICY, callback_retry_policy
 from .policy import CallbackPolicy, HostPattern, Rejection, RejectionType, parse_allowlist
 from .service import CALLBACK_JOB, CompletionCallbacks, CompletionDeliveryNotFoundError, policy_from_settings
 from .store import CompletionDelivery, SqlCallbackStore

@@ -20,13 +20,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..attempt import DeliveryState
+# The one lifecycle of every outbound delivery, importable from here as it was.
+from ..attempt import DeliveryState as DeliveryState
 from ..backoff import RetryPolicy
 
 __all__ = [
     "DEFAULT_RETRY_POLICY",
     "RETRY_AFTER_CAP_SECONDS",
-    "DeliveryState",
     "callback_retry_policy",
     "dead_letter_reason",
 ]
