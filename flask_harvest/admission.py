@@ -101,6 +101,25 @@ class AdmissionPolicy:
         return self.floor == self.ceiling
 
 
+@dataclass(frozen=True)
+class Ticket:
+    """What admission needs to know of one claimed delivery, whatever its kind.
+
+    :param endpoint: the key of the endpoint whose limit it counts against (a webhook's
+        subscription, a completion callback's scheme, host and port).
+    :param sendable: whether it can be sent at all (a webhook whose subscription was removed
+        cannot: it never waits for a turn).
+    :param failing: its row says the endpoint's last attempt failed (used until this process has
+        seen an attempt of the endpoint).
+    :param label: its id, for logs.
+    """
+
+    endpoint: str
+    sendable: bool
+    failing: bool
+    label: str
+
+
 # How much each new success weighs in the recent-latency average.
 _EWMA_WEIGHT = 0.2
 

@@ -1,10 +1,15 @@
-"""Retry delays: exponential backoff with full jitter, and ``Retry-After`` parsing. Pure."""
+"""Retry delays: exponential backoff with full jitter, ``Retry-After`` parsing, and the one
+:class:`RetryPolicy` type of outbound deliveries. Pure."""
 
 from __future__ import annotations
 
 import random
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from email.utils import parsedate_to_datetime
+
+#: The 4xx statuses worth retrying under a policy whose other 4xx are permanent.
+TRANSIENT_4XX = frozenset({408, 421, 425, 429})
 
 
 def backoff_ceiling_ms(attempt: int, initial_ms: int, max_ms: int) -> int:
@@ -67,3 +72,45 @@ def retry_delay_ms(
     if retry_after_seconds is not None:
         delay = max(delay, int(min(max_ms, retry_after_seconds * 1000)))
     return delay
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """How an outbound delivery is retried: data, one type for webhooks and completion callbacks.
+
+    :param max_attempts: attempts in all; the last failure dead-letters the delivery.
+    :param initial_backoff_ms: the first retry's delay (its ceiling, with ``jitter``)...
+    :param max_backoff_ms: ...doubling each attempt up to this.
+    :param jitter: spread each delay uniformly over ``[0, ceiling]`` (full jitter), so that
+        deliveries that failed together do not retry together.
+    :param retry_after_cap_ms: the most a ``Retry-After`` hint may hold a delivery back;
+        ``None``: ``max_backoff_ms``. A hint shorter than the delay changes nothing.
+    :param permanent_4xx: a 4xx other than :data:`TRANSIENT_4XX` (and 413 with ``Retry-After``)
+        dead-letters at once, since retrying cannot fix it.
+    """
+
+    max_attempts: int
+    initial_backoff_ms: int
+    max_backoff_ms: int
+    jitter: bool = False
+    retry_after_cap_ms: int | None = None
+    permanent_4xx: bool = False
+
+    def delay_ms(
+        self, attempt: int, retry_after_seconds: float | None = None, rng: random.Random | None = None
+    ) -> int:
+        """The wait after failed attempt ``attempt`` (1-based), floored by a capped ``Retry-After``."""
+        if self.jitter:
+            delay = full_jitter_ms(attempt, self.initial_backoff_ms, self.max_backoff_ms, rng)
+        else:
+            delay = backoff_ceiling_ms(attempt, self.initial_backoff_ms, self.max_backoff_ms)
+        if retry_after_seconds is not None:
+            cap = self.max_backoff_ms if self.retry_after_cap_ms is None else self.retry_after_cap_ms
+            delay = max(delay, int(min(cap, retry_after_seconds * 1000)))
+        return delay
+
+    def is_permanent(self, status: int, retry_after: str | None) -> bool:
+        """Whether a non-2xx ``status`` (with its ``Retry-After``, if any) ends the delivery at once."""
+        if not self.permanent_4xx or not 400 <= status < 500 or status in TRANSIENT_4XX:
+            return False
+        return not (status == 413 and retry_after is not None)

@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from .backoff import RetryPolicy
 from .errors import ConfigurationError
 from .signing import DEFAULT_SIGNATURE_HEADER
 from .ssrf import SsrfPolicy, parse_cidrs
@@ -127,8 +128,8 @@ class Settings:
     completion_callback_max_backoff_ms: int = 600_000
     #: Seconds a claimed completion delivery stays leased; after that it is due again.
     completion_callback_lease_seconds: float = 30.0
-    #: Completion callbacks in flight at once to one endpoint (scheme, host, port) in one process;
-    #: past it, deliveries are given back for a second without using an attempt.
+    #: The most completion callbacks in flight at once to one endpoint (scheme, host, port) in one
+    #: worker process: the ceiling of its adaptive limit in the worker's delivery pool.
     completion_callback_max_inflight_per_endpoint: int = 8
     #: Serve the operator dashboard (needs ``app.secret_key``; opened like the actuator).
     dashboard: bool = False
@@ -154,6 +155,17 @@ class Settings:
     @property
     def backoff(self) -> tuple[int, int]:
         return self.webhooks_initial_backoff_ms, self.webhooks_max_backoff_ms
+
+    @property
+    def webhook_retry_policy(self) -> RetryPolicy:
+        """How webhook deliveries are retried: full jitter, every status but 410 retried, a
+        ``Retry-After`` capped by the longest backoff."""
+        return RetryPolicy(
+            self.webhooks_max_attempts,
+            self.webhooks_initial_backoff_ms,
+            self.webhooks_max_backoff_ms,
+            jitter=True,
+        )
 
     @property
     def ssrf_policy(self) -> SsrfPolicy:

@@ -23,9 +23,8 @@ from sqlalchemy import Engine as SqlEngine
 
 from . import signals
 from ._app import EXTENSION_KEY, get_engine, trigger_service, workflow_service
+from .attempt import Verdict
 from .callbacks.api import completion_blueprint
-from .callbacks.outcome import AttemptOutcome
-from .callbacks.outcome import DeliveryState as CallbackState
 from .callbacks.service import CallbackListener
 from .callbacks.store import CompletionDelivery
 from .cli import harvest_cli
@@ -463,12 +462,12 @@ def _finished_signal(app: Flask) -> TerminalHook:
 
 def _callback_signals(app: Flask) -> CallbackListener:
     by_state = {
-        CallbackState.DELIVERED: signals.completion_callback_delivered,
-        CallbackState.PENDING: signals.completion_callback_failed,
-        CallbackState.FAILED: signals.completion_callback_dead_lettered,
+        DeliveryState.DELIVERED: signals.completion_callback_delivered,
+        DeliveryState.PENDING: signals.completion_callback_failed,
+        DeliveryState.DLQ: signals.completion_callback_dead_lettered,
     }
 
-    def listener(delivery: CompletionDelivery, outcome: AttemptOutcome) -> None:
+    def listener(delivery: CompletionDelivery, outcome: Verdict) -> None:
         signal = by_state.get(outcome.state)
         if signal is not None:
             signal.send(app, delivery=delivery)

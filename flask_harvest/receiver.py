@@ -79,6 +79,7 @@ from .signing import (
     HeaderLookup,
     StandardHeaders,
     StripeHeader,
+    body_signature,
     secret_key,
     verify_standard,
 )
@@ -472,7 +473,7 @@ def verify_completion_callback(
         signature = headers.get(_CALLBACK_SIGNATURE)
     if not isinstance(signature, str) or not isinstance(body, bytes | bytearray):
         return False
-    expected = "sha256=" + hmac.new(key, bytes(body), hashlib.sha256).hexdigest()
+    expected = body_signature(key, bytes(body))
     if not hmac.compare_digest(expected.encode("ascii"), signature.strip().encode("utf-8", "replace")):
         return False
     if tolerance_seconds is None or headers is None:

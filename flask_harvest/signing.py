@@ -81,6 +81,12 @@ def standard_signature(secret: str | bytes, msg_id: str, timestamp: int, body: b
     return "v1," + base64.b64encode(_hmac_sha256(key, signed)).decode("ascii")
 
 
+def body_signature(key: bytes, body: bytes) -> str:
+    """Return ``sha256=<lowercase hex HMAC-SHA256 of body>``, the completion callbacks'
+    ``X-Harvest-Signature``: the body alone, so it is the same on every attempt and redrive."""
+    return "sha256=" + _hmac_sha256(key, body).hex()
+
+
 def stripe_signature(secret: str, timestamp: int, body: bytes) -> str:
     """Return the lowercase hex HMAC-SHA256 of ``{timestamp}.{body}`` keyed by ``secret``."""
     if not secret:

@@ -3,13 +3,22 @@
 from __future__ import annotations
 
 import random
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 
 import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from flask_harvest.backoff import backoff_ceiling_ms, full_jitter_ms, parse_retry_after, retry_delay_ms
+from flask_harvest.attempt import DeliveryState, HttpResponse, Verdict, judge
+from flask_harvest.backoff import (
+    RetryPolicy,
+    backoff_ceiling_ms,
+    full_jitter_ms,
+    parse_retry_after,
+    retry_delay_ms,
+)
+from flask_harvest.callbacks import callback_retry_policy
+from flask_harvest.config import Settings
 
 INITIAL_MS = 1000  # the seed's default base
 MAX_MS = 3_600_000  # the seed's default cap: 1 h
@@ -205,3 +214,31 @@ def test_none_is_none() -> None:
 def test_parse_never_raises_and_is_never_negative(value: str) -> None:
     seconds = parse_retry_after(value, NOW)
     assert seconds is None or seconds >= 0
+
+
+# -- one retry policy type, two instances ----------------------------------------------------------
+
+
+def test_webhooks_and_callbacks_are_two_instances_of_one_retry_policy_judged_by_one_rule() -> None:
+    webhook = Settings().webhook_retry_policy
+    callback = callback_retry_policy()
+    assert type(webhook) is type(callback) is RetryPolicy
+    assert (callback.max_attempts, callback.initial_backoff_ms, callback.max_backoff_ms) == (
+        10,
+        30_000,
+        600_000,
+    )
+
+    def verdict(policy: RetryPolicy, status: int, retry_after: str | None = None) -> Verdict:
+        answer = HttpResponse(status, retry_after, "", 5)
+        return judge(answer, attempt=1, policy=policy, now=NOW, rng=random.Random(0))
+
+    # The data differ, the rule is one: a 404 retries a webhook and dead-letters a callback...
+    assert verdict(webhook, 404).state is DeliveryState.PENDING
+    assert verdict(callback, 404).state is DeliveryState.DLQ
+    # ...a 410 ends both, and a day's Retry-After is capped by each policy's own ceiling.
+    assert verdict(webhook, 410).state is verdict(callback, 410).state is DeliveryState.DLQ
+    day = str(24 * 3600)
+    assert verdict(webhook, 503, day).next_attempt_at == NOW + timedelta(milliseconds=MAX_MS)
+    assert verdict(callback, 503, day).next_attempt_at == NOW + timedelta(minutes=15)
+    assert verdict(webhook, 500).error == verdict(callback, 500).error == "server returned status: 500"

@@ -13,7 +13,7 @@ import standardwebhooks
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from flask_harvest.attempt import FailureKind, HttpResponse, TransportError
+from flask_harvest.attempt import FailureKind, HttpResponse, TransportError, judge
 from flask_harvest.callbacks import (
     CallbackPolicy,
     CallbackSecret,
@@ -22,9 +22,8 @@ from flask_harvest.callbacks import (
     DeliveryState,
     EventFilter,
     RejectionType,
-    RetryPolicy,
     build_envelope,
-    classify,
+    callback_retry_policy,
     normalise_targets,
     parse_allowlist,
     parse_targets,
@@ -491,7 +490,7 @@ def test_secret_never_shows() -> None:
 
 # -- outcome ---------------------------------------------------------------------------------------
 
-POLICY_10 = RetryPolicy()
+POLICY_10 = callback_retry_policy()
 
 
 def _response(status: int, retry_after: str | None = None) -> HttpResponse:
@@ -500,8 +499,8 @@ def _response(status: int, retry_after: str | None = None) -> HttpResponse:
 
 @pytest.mark.parametrize("status", [400, 401, 403, 404, 405, 409, 410, 413, 422, 451])
 def test_permanent_4xx_fails_at_once(status: int) -> None:
-    outcome = classify(_response(status), attempt=1, policy=POLICY_10, now=NOW)
-    assert outcome.state is DeliveryState.FAILED and outcome.last_status == status
+    outcome = judge(_response(status), attempt=1, policy=POLICY_10, now=NOW)
+    assert outcome.state is DeliveryState.DLQ and outcome.status == status
 
 
 @pytest.mark.parametrize(
@@ -509,37 +508,37 @@ def test_permanent_4xx_fails_at_once(status: int) -> None:
     [(408, None), (421, None), (425, None), (429, None), (413, "5"), (500, None), (503, None), (302, None)],
 )
 def test_transient_statuses_retry(status: int, retry_after: str | None) -> None:
-    outcome = classify(_response(status, retry_after), attempt=1, policy=POLICY_10, now=NOW)
+    outcome = judge(_response(status, retry_after), attempt=1, policy=POLICY_10, now=NOW)
     assert outcome.state is DeliveryState.PENDING
 
 
 def test_backoff_schedule_doubles_and_caps() -> None:
     delays = [POLICY_10.delay_ms(n) for n in range(1, 10)]
     assert delays == [30_000, 60_000, 120_000, 240_000, 480_000, 600_000, 600_000, 600_000, 600_000]
-    outcome = classify(_response(500), attempt=3, policy=POLICY_10, now=NOW)
+    outcome = judge(_response(500), attempt=3, policy=POLICY_10, now=NOW)
     assert outcome.next_attempt_at == NOW + timedelta(seconds=120)
 
 
 def test_retry_after_floors_the_delay_in_both_forms_and_is_capped() -> None:
-    assert classify(
+    assert judge(
         _response(429, "90"), attempt=1, policy=POLICY_10, now=NOW
     ).next_attempt_at == NOW + timedelta(seconds=90)
-    assert classify(
+    assert judge(
         _response(429, "5"), attempt=1, policy=POLICY_10, now=NOW
     ).next_attempt_at == NOW + timedelta(seconds=30)
     date = (NOW + timedelta(seconds=200)).strftime("%a, %d %b %Y %H:%M:%S GMT")
-    at = classify(_response(503, date), attempt=1, policy=POLICY_10, now=NOW).next_attempt_at
+    at = judge(_response(503, date), attempt=1, policy=POLICY_10, now=NOW).next_attempt_at
     assert at is not None and timedelta(seconds=199) <= at - NOW <= timedelta(seconds=200)
-    capped = classify(_response(503, "86400"), attempt=1, policy=POLICY_10, now=NOW).next_attempt_at
+    capped = judge(_response(503, "86400"), attempt=1, policy=POLICY_10, now=NOW).next_attempt_at
     assert capped == NOW + timedelta(minutes=15)
 
 
 def test_exhaustion_and_ssrf_refusal_fail() -> None:
-    assert classify(_response(503, "10"), attempt=10, policy=POLICY_10, now=NOW).state is DeliveryState.FAILED
+    assert judge(_response(503, "10"), attempt=10, policy=POLICY_10, now=NOW).state is DeliveryState.DLQ
     refused = TransportError(FailureKind.SSRF, "refused", 0)
-    assert classify(refused, attempt=1, policy=POLICY_10, now=NOW).state is DeliveryState.FAILED
+    assert judge(refused, attempt=1, policy=POLICY_10, now=NOW).state is DeliveryState.DLQ
     timeout = TransportError(FailureKind.TIMEOUT, "read timed out", 10)
-    assert classify(timeout, attempt=1, policy=POLICY_10, now=NOW).state is DeliveryState.PENDING
+    assert judge(timeout, attempt=1, policy=POLICY_10, now=NOW).state is DeliveryState.PENDING
 
 
 JSON = st.recursive(

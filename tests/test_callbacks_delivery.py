@@ -27,7 +27,9 @@ from hypothesis import strategies as st
 from werkzeug import Request, Response
 
 from flask_harvest import Harvest, get_engine, signals
+from flask_harvest.admission import INITIAL_LIMIT
 from flask_harvest.callbacks import (
+    CALLBACK_JOB,
     CallbackPolicy,
     CallbackTargetRejected,
     CompletionCallbacks,
@@ -36,12 +38,13 @@ from flask_harvest.callbacks import (
     parse_allowlist,
 )
 from flask_harvest.callbacks._schema import CALLBACK_TABLES
+from flask_harvest.callbacks.service import endpoint_of
 from flask_harvest.errors import ConfigurationError
 from flask_harvest.jobs.rq import RqBackend
 from flask_harvest.receiver import verify_completion_callback
 from flask_harvest.testing import CapturingReceiver
 from flask_harvest.transport import Transport
-from flask_harvest.worker import HarvestWorker
+from flask_harvest.worker import DeliveryPool, HarvestWorker, delivery_pool
 from flask_harvest.workflows.context import WorkflowContext
 from flask_harvest.workflows.models import TERMINAL_STATES, ExecutionState, utcnow
 from flask_harvest.workflows.service import WorkflowService
@@ -142,7 +145,7 @@ def settled(
 
     def look() -> list[CompletionDelivery] | None:
         found = rows(app, execution_id)
-        ok = len(found) == count and all(r.state.value in states and r.attempts >= attempts for r in found)
+        ok = len(found) == count and all(r.wire_state in states and r.attempts >= attempts for r in found)
         return found if ok else None
 
     result: list[CompletionDelivery] = wait(look, f"{count} deliveries in {states}")
@@ -440,6 +443,8 @@ def test_exhaustion_leaves_the_row_failed_and_dead_lettered(
     try:
         handle, _ = service_of(app).start("echo", 1, completion_callbacks=[target(receiver, "/hook")])
         [row] = settled(app, handle.execution_id, 1, "FAILED")
+        # The signal follows the record's commit, on the attempt's thread: the row shows first.
+        wait(lambda: dead, "the dead-letter signal")
     finally:
         signals.completion_callback_dead_lettered.receivers.clear()
     assert (row.attempts, row.last_status) == (3, 500)
@@ -461,7 +466,7 @@ def test_list_and_redrive_over_the_admin_api(make_app: AppFactory, receiver: Cap
     )
     execution_id = handle.execution_id
     wait(
-        lambda: {r.state.value for r in rows(app, execution_id)} == {"FAILED", "DELIVERED"},
+        lambda: {r.wire_state for r in rows(app, execution_id)} == {"FAILED", "DELIVERED"},
         "one failed, one delivered",
     )
     client = app.test_client()
@@ -580,7 +585,7 @@ def test_the_secret_is_in_no_table_log_or_error(
             "echo", 1, completion_callbacks=[target(receiver, "/hook"), target(receiver, "/bad")]
         )
         wait(
-            lambda: {r.state.value for r in rows(app, handle.execution_id)} == {"PENDING", "FAILED"},
+            lambda: {r.wire_state for r in rows(app, handle.execution_id)} == {"PENDING", "FAILED"},
             "attempts",
         )
         with pytest.raises(CallbackTargetRejected) as caught:
@@ -609,10 +614,19 @@ def test_redirects_are_not_followed(make_app: AppFactory, receiver: CapturingRec
     assert [r.path for r in receiver.requests] == ["/moved"]
 
 
+def pool_worker(app: Flask, pool: DeliveryPool) -> HarvestWorker:
+    """A burst-ready ``flask harvest worker`` of ``app`` with ``pool`` (webhooks and callbacks)."""
+    backend = get_engine(app).backend
+    assert isinstance(backend, RqBackend)
+    return HarvestWorker([backend.queue], connection=backend.connection, app=app, pool=pool)
+
+
+@pytest.mark.redis
 def test_the_per_endpoint_cap_holds_and_gives_back_without_using_attempts(
-    make_app: AppFactory, receiver: CapturingReceiver
+    make_app: AppFactory, receiver: CapturingReceiver, redis_url: str, redis_conn: redis.Redis
 ) -> None:
-    app = make_app(completion_callback_max_inflight_per_endpoint=1)
+    """Callbacks run on the worker's pool, under its per-endpoint admission: a ceiling of one."""
+    app = make_app(completion_callback_max_inflight_per_endpoint=1, jobs_backend="rq", redis_url=redis_url)
     lock = threading.Lock()
     state = {"now": 0, "peak": 0}
 
@@ -626,11 +640,50 @@ def test_the_per_endpoint_cap_holds_and_gives_back_without_using_attempts(
         return Response("", status=200)
 
     receiver.handle("/capped", slow)
-    execution_id = napping(app, [target(receiver, f"/capped?n={n}") for n in range(4)])
-    service_of(app).store.finish(execution_id, ExecutionState.COMPLETED, output=1, now=utcnow())
-    found = settled(app, execution_id, 4, "DELIVERED")
+    # A run that never ran (its job waits in the queue), ended here: its four deliveries are jobs.
+    handle, _ = service_of(app).start(
+        "nap", None, completion_callbacks=[target(receiver, f"/capped?n={n}") for n in range(4)]
+    )
+    service_of(app).store.finish(handle.execution_id, ExecutionState.COMPLETED, output=1, now=utcnow())
+    for _ in range(20):  # a delivery given back comes round again as a scheduled job
+        with app.app_context():  # a worker stops its pool as it ends: each gets its own
+            pool_worker(app, delivery_pool(app, concurrency=8)).work(burst=True, with_scheduler=True)
+        if all(r.wire_state == "DELIVERED" for r in rows(app, handle.execution_id)):
+            break
+        time.sleep(1.0)  # RQ's scheduler works in whole seconds
+    found = settled(app, handle.execution_id, 4, "DELIVERED")
     assert state["peak"] == 1
     assert [r.attempts for r in found] == [1, 1, 1, 1]  # a give-back uses no attempt
+
+
+@pytest.mark.redis
+def test_the_fast_path_in_a_pool_worker_goes_through_the_pools_admission(
+    make_app: AppFactory, receiver: CapturingReceiver, redis_url: str, redis_conn: redis.Redis
+) -> None:
+    """The worker thread that ends a run makes the first attempt itself, admitted by the pool
+    like any delivery: the receiver's "overloaded" cuts that endpoint's limit, as for webhooks."""
+    app = make_app(jobs_backend="rq", redis_url=redis_url)
+    receiver.respond("/busy", 503)
+    ended_on: list[int] = []
+    attempted_on: list[int] = []
+    service_of(app).store.hooks.register(lambda conn, execution: ended_on.append(threading.get_ident()))
+
+    def failed(sender: Flask, delivery: CompletionDelivery, **extra: Any) -> None:
+        attempted_on.append(threading.get_ident())
+
+    signals.completion_callback_failed.connect(failed, app)
+    pool = delivery_pool(app, concurrency=8)
+    try:
+        with app.app_context():
+            handle, _ = service_of(app).start("echo", 1, completion_callbacks=[target(receiver, "/busy")])
+            pool_worker(app, pool).work(burst=True)
+            handle.result(timeout=30)
+        [row] = settled(app, handle.execution_id, 1, "PENDING")
+    finally:
+        signals.completion_callback_failed.disconnect(failed, app)
+    assert (row.attempts, row.last_status) == (1, 503)
+    assert attempted_on == ended_on and len(ended_on) == 1  # the same thread
+    assert pool.limit(endpoint_of(row.target_url), CALLBACK_JOB) < INITIAL_LIMIT
 
 
 # -- the connect-time guard (DNS rebinding) ------------------------------------------------------
@@ -765,7 +818,7 @@ def test_hostile_admin_requests_get_json_and_no_5xx_and_a_refusal_changes_no_row
     )
     execution_id = handle.execution_id
     wait(
-        lambda: {r.state.value for r in rows(seeding, execution_id)} == {"FAILED", "DELIVERED"},
+        lambda: {r.wire_state for r in rows(seeding, execution_id)} == {"FAILED", "DELIVERED"},
         "one failed, one delivered",
     )
     failed, delivered = (r.delivery_id for r in rows(seeding, execution_id))

@@ -272,14 +272,14 @@ def test_redrive_a_failed_completion_callback(
             [row] = callbacks.deliveries(execution_id)
             return row.state
 
-        wait_until(lambda: delivery_state() is DeliveryState.FAILED)
+        wait_until(lambda: delivery_state() is DeliveryState.DLQ)
         [row] = callbacks.deliveries(execution_id)
     page = text(client.get(f"{PREFIX}/workflows/{execution_id}"))
     assert 'class="redrive"' in page and row.delivery_id in page
     url = f"{PREFIX}/workflows/{execution_id}/completion-deliveries/{row.delivery_id}/redrive"
     assert client.post(url).status_code == 403
     with app.app_context():
-        assert delivery_state() is DeliveryState.FAILED
+        assert delivery_state() is DeliveryState.DLQ
     done = client.post(url, data={"csrf_token": csrf})
     assert done.status_code == 303
     assert "redriven" in text(client.get(done.headers["Location"]))

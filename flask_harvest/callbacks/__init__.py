@@ -8,9 +8,10 @@ retries, dead-lettering and redrive. See ``docs/callbacks.rst``.
 
 from __future__ import annotations
 
-from .envelope import SIGNATURE_HEADER, TIMESTAMP_HEADER, CallbackSecret, build_envelope, sign
+from ..attempt import DeliveryState
+from .envelope import SIGNATURE_HEADER, TIMESTAMP_HEADER, CallbackSecret, build_envelope
 from .filters import ANY_TERMINAL, COMPLETED_ONLY, EventFilter
-from .outcome import AttemptOutcome, DeliveryState, RetryPolicy, classify
+from .outcome import DEFAULT_RETRY_POLICY, callback_retry_policy
 from .policy import CallbackPolicy, HostPattern, Rejection, RejectionType, parse_allowlist
 from .service import CALLBACK_JOB, CompletionCallbacks, CompletionDeliveryNotFoundError, policy_from_settings
 from .store import CompletionDelivery, SqlCallbackStore
@@ -20,9 +21,9 @@ __all__ = [
     "ANY_TERMINAL",
     "CALLBACK_JOB",
     "COMPLETED_ONLY",
+    "DEFAULT_RETRY_POLICY",
     "SIGNATURE_HEADER",
     "TIMESTAMP_HEADER",
-    "AttemptOutcome",
     "CallbackPolicy",
     "CallbackSecret",
     "CallbackTarget",
@@ -35,13 +36,11 @@ __all__ = [
     "HostPattern",
     "Rejection",
     "RejectionType",
-    "RetryPolicy",
     "SqlCallbackStore",
     "build_envelope",
-    "classify",
+    "callback_retry_policy",
     "normalise_targets",
     "parse_allowlist",
     "parse_targets",
     "policy_from_settings",
-    "sign",
 ]

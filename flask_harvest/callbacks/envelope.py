@@ -13,14 +13,19 @@ the timestamp a receiver checks for freshness is that signed one.
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import json
 from datetime import datetime, timezone
 from typing import Any
 
 from ..errors import InvalidSecretError
-from ..signing import WEBHOOK_ID, WEBHOOK_SIGNATURE, WEBHOOK_TIMESTAMP, secret_key, standard_signature
+from ..signing import (
+    WEBHOOK_ID,
+    WEBHOOK_SIGNATURE,
+    WEBHOOK_TIMESTAMP,
+    body_signature,
+    secret_key,
+    standard_signature,
+)
 from ..workflows.models import Execution, ExecutionState
 
 __all__ = [
@@ -29,7 +34,6 @@ __all__ = [
     "CallbackSecret",
     "build_envelope",
     "rfc3339_ms",
-    "sign",
 ]
 
 SIGNATURE_HEADER = "X-Harvest-Signature"
@@ -65,7 +69,7 @@ class CallbackSecret:
 
     def sign(self, body: bytes) -> str:
         """Return ``sha256=<lowercase hex HMAC-SHA256 of body>``."""
-        return sign(self._key, body)
+        return body_signature(self._key, body)
 
     def standard_sign(self, msg_id: str, timestamp: int, body: bytes) -> str:
         """Return the ``webhook-signature`` of ``msg_id.timestamp.body`` (``v1,<base64>``)."""
@@ -74,11 +78,6 @@ class CallbackSecret:
     def masks(self) -> tuple[str, ...]:
         """The secret's text forms, for masking error messages."""
         return (self._key.decode("utf-8", errors="replace"),)
-
-
-def sign(key: bytes, body: bytes) -> str:
-    """Return the ``X-Harvest-Signature`` value of ``body`` under ``key``."""
-    return "sha256=" + hmac.new(key, body, hashlib.sha256).hexdigest()
 
 
 def rfc3339_ms(when: datetime) -> str:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import logging
-import threading
 from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 from typing import Any
@@ -20,11 +19,13 @@ from sqlalchemy import Connection
 
 from .._input import id_problem
 from .._time import utcnow
+from ..admission import Ticket
+from ..attempt import DeliveryState, ResultObserver, Verdict, judge
 from ..config import KEYS, Settings
 from ..errors import ConfigurationError, InvalidFieldError, NotFoundError
 from ..jobs.base import JobBackend, JobBackendError, JobRef
 from ..jobs.requeue import requeue_missing
-from ..jobs.tasks import in_worker_job
+from ..jobs.tasks import run_here
 from ..ssrf import redact_url
 from ..sweeper import SweepReport
 from ..transport import Transport
@@ -32,7 +33,7 @@ from ..workflows.hooks import after_commit
 from ..workflows.models import Execution, JsonValue
 from .envelope import CallbackSecret, build_envelope, headers_for
 from .filters import EventFilter
-from .outcome import AttemptOutcome, DeliveryState, RetryPolicy, classify
+from .outcome import callback_retry_policy
 from .policy import CallbackPolicy, parse_allowlist
 from .store import CompletionDelivery, NewDelivery, SqlCallbackStore, new_delivery_id
 from .targets import CallbackTarget, CallbackTargetRejected, normalise_targets, parse_targets, stored_targets
@@ -43,13 +44,11 @@ log = logging.getLogger(__name__)
 
 #: The job seam's kind for completion-callback deliveries.
 CALLBACK_JOB = "callback"
-#: How long a delivery given back at its endpoint's in-flight cap waits.
-_CAP_DEFER_SECONDS = 1.0
 # The sweeper leaves rows due for less than this alone: their after-commit job is on its way.
 _SWEEP_GRACE = timedelta(seconds=2)
 
 #: Told about every recorded attempt: ``(delivery as recorded, outcome)``.
-CallbackListener = Callable[[CompletionDelivery, AttemptOutcome], None]
+CallbackListener = Callable[[CompletionDelivery, Verdict], None]
 
 
 class CompletionDeliveryNotFoundError(NotFoundError):
@@ -64,7 +63,8 @@ def callback_job(delivery: CompletionDelivery) -> JobRef:
     return JobRef(CALLBACK_JOB, delivery.delivery_id, delivery.attempts, delivery.next_attempt_at)
 
 
-def _origin(url: str) -> str:
+def endpoint_of(url: str) -> str:
+    """The endpoint a callback URL counts against in the worker's admission: scheme, host, port."""
     try:
         parts = urlsplit(url)
         return f"{parts.scheme.lower()}://{(parts.hostname or '').lower()}:{parts.port or ''}"
@@ -91,7 +91,9 @@ class CompletionCallbacks:
     :param settings: the ``HARVEST_COMPLETION_CALLBACK_*`` keys are read from it.
     :param store: the delivery rows, in the workflows' database.
     :param backend: the one job seam (kind ``"callback"``).
-    :param transport: the one transport; each POST runs under the callback policy.
+    :param transport: the one transport; each POST runs under the callback policy. In
+        ``flask harvest worker`` the attempts run on the worker's pool, under the same per-endpoint
+        admission as webhooks.
     :raises ConfigurationError: a bad allowlist entry, or a default target that is malformed or
         refused by the policy (the message names ``HARVEST_COMPLETION_CALLBACK_DEFAULTS``).
     """
@@ -111,7 +113,7 @@ class CompletionCallbacks:
         self.transport = transport
         self.listener = listener
         self.policy = policy_from_settings(settings)
-        self.retry_policy = RetryPolicy(
+        self.retry_policy = callback_retry_policy(
             settings.completion_callback_max_attempts,
             settings.completion_callback_initial_backoff_ms,
             settings.completion_callback_max_backoff_ms,
@@ -124,9 +126,6 @@ class CompletionCallbacks:
             )
         except ValueError as exc:  # a malformed whsec_ secret; the message does not quote it
             raise ConfigurationError(f"{KEYS['completion_callback_secret']}: {exc}") from None
-        self._cap = settings.completion_callback_max_inflight_per_endpoint
-        self._inflight: dict[str, int] = {}
-        self._lock = threading.Lock()
         self.defaults: list[CallbackTarget] = []
         if settings.completion_callback_defaults:
             self._load_defaults(settings.completion_callback_defaults)
@@ -237,16 +236,14 @@ class CompletionCallbacks:
 
     def _after_commit(self, delivery_ids: list[str], due: datetime) -> None:
         """Start the new deliveries: at once on this thread when it is a worker's (the worker that
-        ended the run makes the first attempt, without a round trip through the queue), else as
-        jobs. Either way the rows are durable: a crash leaves them to the sweeper."""
-        if in_worker_job():
-            try:
-                self.run_many(delivery_ids)
+        ended the run makes the first attempt, without a round trip through the queue, under
+        its pool's admission), else as jobs. Either way the rows are durable: a crash leaves them
+        to the sweeper."""
+        try:
+            if run_here(CALLBACK_JOB, delivery_ids):
                 return
-            except Exception:
-                log.warning(
-                    "harvest: first completion-callback attempt failed here; queueing it", exc_info=True
-                )
+        except Exception:
+            log.warning("harvest: first completion-callback attempt failed here; queueing it", exc_info=True)
         # The job names the row's attempt and due time, as the sweeper's look for a live job does.
         self._enqueue([JobRef(CALLBACK_JOB, delivery_id, 0, due) for delivery_id in delivery_ids])
 
@@ -258,12 +255,34 @@ class CompletionCallbacks:
 
     # -- delivery ------------------------------------------------------------------------------
 
-    def run_many(self, delivery_ids: Sequence[str]) -> None:
-        """Claim the due ones among ``delivery_ids`` in one batch and make one attempt of each."""
-        claimed = self.store.claim(
-            list(delivery_ids), now=utcnow(), lease_seconds=self.settings.completion_callback_lease_seconds
+    @property
+    def lease_seconds(self) -> float:
+        """How long a claimed delivery stays leased."""
+        return self.settings.completion_callback_lease_seconds
+
+    @property
+    def deadline_seconds(self) -> float:
+        """The longest one attempt takes (the shared transport's deadline)."""
+        return self.transport.deadline
+
+    @staticmethod
+    def ticket(delivery: CompletionDelivery) -> Ticket:
+        """What the worker's admission needs of a claimed delivery: its endpoint is the URL's
+        scheme, host and port, failing when its last attempt was not delivered."""
+        return Ticket(
+            endpoint=endpoint_of(delivery.target_url),
+            sendable=True,
+            failing=delivery.attempts > 1 and delivery.last_error is not None,
+            label=delivery.delivery_id,
         )
-        for delivery in claimed:
+
+    def claim_many(self, delivery_ids: Sequence[str]) -> list[CompletionDelivery]:
+        """Lease the due ones among ``delivery_ids`` to the caller, in one round trip."""
+        return self.store.claim(list(delivery_ids), now=utcnow(), lease_seconds=self.lease_seconds)
+
+    def run_many(self, delivery_ids: Sequence[str]) -> None:
+        """Claim the due ones among ``delivery_ids`` in one batch and make one attempt of each here."""
+        for delivery in self.claim_many(delivery_ids):
             self.attempt(delivery)
 
     def run_due(self, limit: int = 100) -> int:
@@ -275,18 +294,15 @@ class CompletionCallbacks:
             self.attempt(delivery)
         return len(claimed)
 
-    def attempt(self, delivery: CompletionDelivery) -> DeliveryState | None:
-        """Send one claimed delivery and record the outcome; ``None`` if it was given back or lost."""
-        origin = _origin(delivery.target_url)
-        if not self._acquire(origin):
-            due = utcnow() + timedelta(seconds=_CAP_DEFER_SECONDS)
-            if self.store.give_back(delivery, due=due, now=utcnow()):
-                self._schedule(delivery.delivery_id, delivery.attempts - 1, due)
-            return None
-        try:
-            outcome = self._send(delivery)
-        finally:
-            self._release(origin)
+    def attempt(
+        self, delivery: CompletionDelivery, observe: ResultObserver | None = None
+    ) -> DeliveryState | None:
+        """Send one claimed delivery and record the outcome; ``None`` if the lease was lost.
+
+        :param observe: called with what the transport returned, before the outcome is recorded
+            (the worker's pool adapts the endpoint's limit to it); not called when nothing was sent.
+        """
+        outcome = self._send(delivery, observe)
         recorded = self.store.record(delivery, outcome, now=utcnow())
         if recorded is None:
             log.warning(
@@ -301,37 +317,28 @@ class CompletionCallbacks:
             self.listener(recorded, outcome)
         return outcome.state
 
-    def _send(self, delivery: CompletionDelivery) -> AttemptOutcome:
+    def defer(self, delivery: CompletionDelivery, seconds: float) -> None:
+        """Give a claimed delivery back, unsent and without using an attempt, due in ``seconds``
+        (the worker's pool does, when its endpoint has as many attempts in flight as it may)."""
+        due = utcnow() + timedelta(seconds=seconds)
+        if self.store.give_back(delivery, due=due, now=utcnow()):
+            self._schedule(delivery.delivery_id, delivery.attempts - 1, due)
+
+    def _send(self, delivery: CompletionDelivery, observe: ResultObserver | None) -> Verdict:
         now = utcnow()
         rejection = self.policy.check(delivery.target_url)
         if rejection is not None:  # the policy was tightened after the enqueue
-            return AttemptOutcome(
-                DeliveryState.FAILED, None, f"refused by the callback policy: {rejection.message}"
-            )
+            return Verdict(DeliveryState.DLQ, None, f"refused by the callback policy: {rejection.message}")
         if self._secret is None:
-            return AttemptOutcome(DeliveryState.FAILED, None, "no completion-callback secret is configured")
+            return Verdict(DeliveryState.DLQ, None, "no completion-callback secret is configured")
         body = delivery.body.encode("utf-8")
         headers = headers_for(self._secret, delivery.delivery_id, body, now)
         result = self.transport.post_or_error(
             delivery.target_url, body, headers, policy=self.policy.ssrf_policy
         )
-        return classify(result, attempt=delivery.attempts, policy=delivery.retry_policy, now=utcnow())
-
-    def _acquire(self, origin: str) -> bool:
-        with self._lock:
-            count = self._inflight.get(origin, 0)
-            if count >= self._cap:
-                return False
-            self._inflight[origin] = count + 1
-            return True
-
-    def _release(self, origin: str) -> None:
-        with self._lock:
-            count = self._inflight.get(origin, 1) - 1
-            if count <= 0:
-                self._inflight.pop(origin, None)
-            else:
-                self._inflight[origin] = count
+        if observe is not None:
+            observe(result)
+        return judge(result, attempt=delivery.attempts, policy=delivery.retry_policy, now=utcnow())
 
     def _schedule(self, delivery_id: str, attempts: int, due: datetime) -> None:
         try:
@@ -342,7 +349,7 @@ class CompletionCallbacks:
             )
 
     @staticmethod
-    def _log(delivery: CompletionDelivery, outcome: AttemptOutcome) -> None:
+    def _log(delivery: CompletionDelivery, outcome: Verdict) -> None:
         level = logging.INFO if outcome.state is DeliveryState.DELIVERED else logging.WARNING
         log.log(
             level,
@@ -350,9 +357,9 @@ class CompletionCallbacks:
             delivery.delivery_id,
             delivery.execution_id,
             delivery.attempts,
-            outcome.state.value,
-            f" ({outcome.last_error})" if outcome.last_error else "",
-            extra={"harvest": {"delivery_id": delivery.delivery_id, "state": outcome.state.value}},
+            delivery.wire_state,
+            f" ({outcome.error})" if outcome.error else "",
+            extra={"harvest": {"delivery_id": delivery.delivery_id, "state": delivery.wire_state}},
         )
 
     # -- the sweeper's step --------------------------------------------------------------------

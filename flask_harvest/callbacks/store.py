@@ -18,14 +18,30 @@ from sqlalchemy import Connection, Engine, Update, and_, delete, or_, select, up
 from sqlalchemy.engine import Row
 
 from .._sql import SqlDatabase
+from ..attempt import DeliveryState, Verdict
+from ..backoff import RetryPolicy
 from ..ssrf import redact_url
 from ._schema import CALLBACK_TABLES, dead_letters_table, deliveries_table
-from .outcome import AttemptOutcome, DeliveryState, RetryPolicy, dead_letter_reason
+from .outcome import callback_retry_policy, dead_letter_reason
 
-__all__ = ["CompletionDelivery", "SqlCallbackStore"]
+__all__ = ["WIRE_STATES", "CompletionDelivery", "SqlCallbackStore"]
 
 _d = deliveries_table
 _dl = dead_letters_table
+
+#: How the completion-callback tables, management API and CLI spell each state: one lifecycle
+#: with the webhooks' (:class:`~flask_harvest.attempt.DeliveryState`), its own wire values.
+#: A callback is never skipped.
+WIRE_STATES: dict[DeliveryState, str] = {
+    DeliveryState.PENDING: "PENDING",
+    DeliveryState.INFLIGHT: "INFLIGHT",
+    DeliveryState.DELIVERED: "DELIVERED",
+    DeliveryState.DLQ: "FAILED",
+}
+_STATE_OF = {wire: state for state, wire in WIRE_STATES.items()}
+_PENDING = WIRE_STATES[DeliveryState.PENDING]
+_INFLIGHT = WIRE_STATES[DeliveryState.INFLIGHT]
+_FAILED = WIRE_STATES[DeliveryState.DLQ]
 
 
 @dataclass(frozen=True)
@@ -54,8 +70,13 @@ class CompletionDelivery:
         # Short, and without the body or the URL's credentials: a signal receiver may log it.
         return (
             f"<CompletionDelivery {self.delivery_id} of {self.execution_id} #{self.callback_index} "
-            f"{self.state.value} attempts={self.attempts} target={self.display_url}>"
+            f"{self.wire_state} attempts={self.attempts} target={self.display_url}>"
         )
+
+    @property
+    def wire_state(self) -> str:
+        """The state as the table, the management API and the CLI spell it (``FAILED``...)."""
+        return WIRE_STATES[self.state]
 
     @property
     def display_url(self) -> str:
@@ -74,7 +95,7 @@ class CompletionDelivery:
             "callback_index": self.callback_index,
             "target_url": self.display_url,
             "filter": self.filter,
-            "state": self.state.value,
+            "state": self.wire_state,
             "attempts": self.attempts,
             "max_attempts": self.retry_policy.max_attempts,
             "next_attempt_at": iso(self.next_attempt_at),
@@ -93,9 +114,9 @@ def _row(row: Row[Any]) -> CompletionDelivery:
         callback_index=row.callback_index,
         target_url=row.target_url,
         filter=json.loads(row.filter),
-        state=DeliveryState(row.state),
+        state=_STATE_OF[row.state],
         attempts=row.attempts,
-        retry_policy=RetryPolicy(row.max_attempts, row.initial_backoff_ms, row.max_backoff_ms),
+        retry_policy=callback_retry_policy(row.max_attempts, row.initial_backoff_ms, row.max_backoff_ms),
         body=row.body,
         next_attempt_at=row.next_attempt_at,
         lease_token=row.lease_token,
@@ -125,7 +146,7 @@ def _update_held(delivery: CompletionDelivery) -> Update:
     # flight under the same token): record and give_back write nothing once the lease is lost.
     return update(_d).where(
         _d.c.delivery_id == delivery.delivery_id,
-        _d.c.state == DeliveryState.INFLIGHT.value,
+        _d.c.state == _INFLIGHT,
         _d.c.lease_token == delivery.lease_token,
     )
 
@@ -167,7 +188,7 @@ class SqlCallbackStore:
                     callback_index=new.callback_index,
                     target_url=new.target_url,
                     filter=json.dumps(new.filter, sort_keys=True),
-                    state=DeliveryState.PENDING.value,
+                    state=_PENDING,
                     attempts=0,
                     max_attempts=policy.max_attempts,
                     initial_backoff_ms=policy.initial_backoff_ms,
@@ -189,8 +210,8 @@ class SqlCallbackStore:
     @staticmethod
     def _due(now: datetime) -> Any:
         return or_(
-            and_(_d.c.state == DeliveryState.PENDING.value, _d.c.next_attempt_at <= now),
-            and_(_d.c.state == DeliveryState.INFLIGHT.value, _d.c.lease_expires_at <= now),
+            and_(_d.c.state == _PENDING, _d.c.next_attempt_at <= now),
+            and_(_d.c.state == _INFLIGHT, _d.c.lease_expires_at <= now),
         )
 
     def claim(
@@ -210,7 +231,7 @@ class SqlCallbackStore:
             update(_d)
             .where(_d.c.delivery_id.in_(pick.scalar_subquery()), self._due(now))
             .values(
-                state=DeliveryState.INFLIGHT.value,
+                state=_INFLIGHT,
                 attempts=_d.c.attempts + 1,
                 lease_token=token,
                 lease_expires_at=now + timedelta(seconds=lease_seconds),
@@ -222,18 +243,18 @@ class SqlCallbackStore:
             return [_row(r) for r in conn.execute(stmt).all()]
 
     def record(
-        self, delivery: CompletionDelivery, outcome: AttemptOutcome, *, now: datetime
+        self, delivery: CompletionDelivery, outcome: Verdict, *, now: datetime
     ) -> CompletionDelivery | None:
         """Write an attempt's outcome if the caller still holds the lease; ``None`` if it lost it.
 
-        A ``FAILED`` outcome adds the dead-letter entry in the same transaction.
+        A dead-lettered outcome (``FAILED``) adds the dead-letter entry in the same transaction.
         """
         stmt = (
             _update_held(delivery)
             .values(
-                state=outcome.state.value,
-                last_status=outcome.last_status,
-                last_error=outcome.last_error,
+                state=WIRE_STATES[outcome.state],
+                last_status=outcome.status,
+                last_error=outcome.error,
                 next_attempt_at=outcome.next_attempt_at,
                 lease_token=None,
                 lease_expires_at=None,
@@ -246,7 +267,7 @@ class SqlCallbackStore:
             row = conn.execute(stmt).first()
             if row is None:
                 return None
-            if outcome.state is DeliveryState.FAILED:
+            if outcome.state is DeliveryState.DLQ:
                 reason = dead_letter_reason(row.delivery_id, row.attempts, row.last_status, row.target_url)
                 conn.execute(delete(_dl).where(_dl.c.delivery_id == row.delivery_id))
                 conn.execute(
@@ -265,7 +286,7 @@ class SqlCallbackStore:
         stmt = (
             _update_held(delivery)
             .values(
-                state=DeliveryState.PENDING.value,
+                state=_PENDING,
                 attempts=_d.c.attempts - 1,
                 next_attempt_at=due,
                 lease_token=None,
@@ -331,7 +352,7 @@ class SqlCallbackStore:
     def _redrive(
         self, where: list[Any], *, now: datetime, window: float, limit: int
     ) -> list[CompletionDelivery]:
-        failed = _d.c.state == DeliveryState.FAILED.value
+        failed = _d.c.state == _FAILED
         with self.db.transaction("redrive completion deliveries") as conn:
             pick = (
                 select(_d.c.delivery_id)
@@ -349,7 +370,7 @@ class SqlCallbackStore:
                     update(_d)
                     .where(_d.c.delivery_id == delivery_id, failed)
                     .values(
-                        state=DeliveryState.PENDING.value,
+                        state=_PENDING,
                         attempts=0,
                         next_attempt_at=due,
                         last_error=None,

@@ -67,10 +67,14 @@ class JobKinds:
     """The kinds of work the seam carries, each with the function that runs its rows."""
 
     def __init__(
-        self, handlers: Mapping[str, RunJobs] | None = None, takes: Mapping[str, Take] | None = None
+        self,
+        handlers: Mapping[str, RunJobs] | None = None,
+        takes: Mapping[str, Take] | None = None,
+        here: Mapping[str, RunJobs] | None = None,
     ) -> None:
         self._handlers: dict[str, RunJobs] = dict(handlers or {})
         self._takes: dict[str, Take] = dict(takes or {})
+        self._here: dict[str, RunJobs] = dict(here or {})
 
     def __repr__(self) -> str:
         return f"<JobKinds {sorted(self._handlers)}>"
@@ -99,9 +103,16 @@ class JobKinds:
         take = self._takes.get(kind, 1)
         return max(1, take() if callable(take) else take)
 
-    def with_handler(self, kind: str, run: RunJobs) -> JobKinds:
-        """Return a copy whose ``kind`` is run by ``run`` (a worker routes webhooks to its pool)."""
-        return JobKinds({**self._handlers, kind: run}, self._takes)
+    def with_handler(self, kind: str, run: RunJobs, *, here: RunJobs | None = None) -> JobKinds:
+        """Return a copy whose ``kind`` is run by ``run`` (a worker routes deliveries to its pool).
+
+        :param here: runs the rows on the calling thread instead (:meth:`run_here`); default: ``run``.
+        """
+        handlers = {**self._handlers, kind: run}
+        inline = {name: fn for name, fn in self._here.items() if name != kind}
+        if here is not None:
+            inline[kind] = here
+        return JobKinds(handlers, self._takes, inline)
 
     def run(self, kind: str, ids: Sequence[str]) -> None:
         """Run the rows ``ids`` of ``kind``.
@@ -113,6 +124,18 @@ class JobKinds:
         except KeyError:
             raise JobBackendError(f"no job kind {kind!r} is registered in this app") from None
         handler(ids)
+
+    def run_here(self, kind: str, ids: Sequence[str]) -> None:
+        """Run the rows ``ids`` of ``kind`` starting on the calling thread: a thread that has just
+        made the work (a run that ended, with callbacks to send) saves the queue's round trip.
+
+        :raises JobBackendError: no such kind is registered.
+        """
+        handler = self._here.get(kind)
+        if handler is None:
+            self.run(kind, ids)
+        else:
+            handler(ids)
 
 
 class JobBackend(abc.ABC):

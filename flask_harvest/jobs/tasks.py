@@ -7,7 +7,7 @@ job (:func:`running_kinds`), which is how a worker process routes each kind of w
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import ParamSpec, TypeVar
@@ -32,10 +32,14 @@ def running_kinds(kinds: JobKinds) -> Iterator[None]:
         _kinds.reset(token)
 
 
-def in_worker_job() -> bool:
-    """Whether this thread is running a job in ``flask harvest worker`` right now (or work such a
-    job handed over with :func:`carrying_job_context`)."""
-    return _kinds.get() is not None
+def run_here(kind: str, row_ids: Sequence[str]) -> bool:
+    """Run rows of ``kind`` from this thread if it runs a worker's job (see :meth:`JobKinds.run_here`:
+    under a worker's pool, with its admission); return ``False`` (nothing run) anywhere else."""
+    kinds = _kinds.get()
+    if kinds is None:
+        return False
+    kinds.run_here(kind, row_ids)
+    return True
 
 
 def carrying_job_context(fn: Callable[_P, _R]) -> Callable[_P, _R]:

@@ -15,11 +15,13 @@ from datetime import timedelta
 from .._threads import GroupCommit
 from .._time import utcnow
 from .._version import __version__
+from ..admission import Ticket
+from ..attempt import ResultObserver
 from ..config import Settings
 from ..errors import InvalidStateError
 from ..jobs.base import JobBackend, JobBackendError, JobRef
 from ..signing import sign_headers
-from ..transport import HttpResponse, Transport, TransportError
+from ..transport import Transport
 from . import outcome
 from .models import (
     AttemptResult,
@@ -46,8 +48,6 @@ def delivery_job(delivery: DeliveryLog | DeliverySchedule) -> JobRef:
 
 #: Called after an attempt is recorded: (claim, result, subscription status change or None).
 AttemptListener = Callable[[Claim, AttemptResult, WebhookSubscriptionStatus | None], None]
-#: Called with what the transport returned for an attempt, before it is recorded.
-ResultObserver = Callable[[HttpResponse | TransportError], None]
 
 
 class DeliveryRunner:
@@ -71,6 +71,28 @@ class DeliveryRunner:
         # Attempts ending at once on many threads share one statement and one commit.
         self._records: GroupCommit[Outcome, Recorded] = GroupCommit(
             store.finish_attempts, limit=_RECORD_BATCH
+        )
+
+    @property
+    def lease_seconds(self) -> float:
+        """How long a claimed delivery stays leased."""
+        return self.settings.webhooks_lease_seconds
+
+    @property
+    def deadline_seconds(self) -> float:
+        """The longest one attempt takes."""
+        return self.settings.webhooks_deadline_seconds
+
+    @staticmethod
+    def ticket(claim: Claim) -> Ticket:
+        """What the worker's admission needs of a claimed delivery: its subscription is its
+        endpoint, whose failure count says whether it is failing."""
+        subscription = claim.subscription
+        return Ticket(
+            endpoint=claim.delivery.subscription_id,
+            sendable=subscription is not None,
+            failing=subscription is not None and subscription.consecutive_failures > 0,
+            label=claim.delivery.id,
         )
 
     def run(self, delivery_id: str) -> DeliveryState | None:

@@ -17,6 +17,7 @@ from typing import Any, NamedTuple
 
 from .._input import check_id
 from .._time import utcnow as utcnow  # re-exported: callers that imported it from here keep working
+from ..attempt import DeliveryState as DeliveryState
 from ..errors import InvalidFieldError, InvalidSecretError
 from ..signing import SECRET_PREFIX, secret_key
 from ..ssrf import MAX_URL_LENGTH as MAX_URL_LENGTH
@@ -91,21 +92,6 @@ class WebhookSubscriptionStatus(str, enum.Enum):
     DISABLED = "disabled"
     #: Turned off automatically after too many consecutive failures.
     FAILED = "failed"
-
-
-class DeliveryState(str, enum.Enum):
-    """Where a delivery is in its life; see the delivery semantics page."""
-
-    #: Logged and waiting for an attempt (first, retry or replay) at ``next_attempt_at``.
-    PENDING = "pending"
-    #: Claimed by a worker, whose lease runs until ``lease_expires_at``.
-    INFLIGHT = "inflight"
-    #: The receiver answered 2xx.
-    DELIVERED = "delivered"
-    #: Dead-lettered: attempts exhausted, a permanent failure, or the enqueue failed.
-    DLQ = "dlq"
-    #: Not sent: the subscription was disabled, failed or removed.
-    SKIPPED = "skipped"
 
 
 #: States a delivery never leaves except by an operator's replay.

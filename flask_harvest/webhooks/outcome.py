@@ -9,16 +9,19 @@
 * Any other status (3xx included: redirects are never followed), a timeout or a connection error:
   a counted failure. With attempts left the delivery waits ``full jitter`` (floored by
   ``Retry-After``); without, it is dead-lettered.
+
+The delivery's new state is the one outbound rule's (:func:`flask_harvest.attempt.judge`, under
+:attr:`Settings.webhook_retry_policy <flask_harvest.config.Settings.webhook_retry_policy>`); this
+module adds what it does to the subscription.
 """
 
 from __future__ import annotations
 
 import random
-from datetime import datetime, timedelta
+from datetime import datetime
 
 from .._input import text_problem
-from ..attempt import FailureKind, HttpResponse, TransportError
-from ..backoff import parse_retry_after, retry_delay_ms
+from ..attempt import HttpResponse, TransportError, judge
 from ..config import Settings
 from .models import (
     AttemptResult,
@@ -73,53 +76,32 @@ def after_response(
 ) -> AttemptResult:
     """Return what to record for an attempt that was sent and answered (or failed in transit)."""
     delivery = claim.delivery
-    if isinstance(result, HttpResponse):
-        status: int | None = result.status
-        error = None if 200 <= result.status < 300 else f"server returned status: {result.status}"
-        retry_after = result.retry_after
-    else:
-        status, error, retry_after = None, str(result), None
+    verdict = judge(result, attempt=delivery.attempt, policy=settings.webhook_retry_policy, now=now, rng=rng)
     attempt = DeliveryAttempt(
         delivery_id=delivery.id,
         attempt=delivery.attempt,
         started_at=started_at,
-        response_status=status,
+        response_status=verdict.status,
         response_body=result.body if isinstance(result, HttpResponse) else None,
         elapsed_ms=result.elapsed_ms,
-        error=error,
+        error=verdict.error,
     )
-
-    def finish(
-        state: DeliveryState, effect: SubscriptionEffect, *, number: int, next_at: datetime | None
-    ) -> AttemptResult:
-        return AttemptResult(
-            state=state,
-            attempt_number=number,
-            next_attempt_at=next_at,
-            last_error=error,
-            timestamp=now,
-            request_headers=request_headers,
-            attempt=attempt,
-            effect=effect,
-            failure_threshold=settings.webhooks_failure_threshold,
-        )
-
-    if status is not None and 200 <= status < 300:
-        return finish(
-            DeliveryState.DELIVERED, SubscriptionEffect.RESET_FAILURES, number=delivery.attempt, next_at=None
-        )
-    if status == 410:
-        return finish(DeliveryState.DLQ, SubscriptionEffect.DISABLE, number=delivery.attempt, next_at=None)
-    refused = isinstance(result, TransportError) and result.kind is FailureKind.SSRF
-    if refused or delivery.attempt >= settings.webhooks_max_attempts:
-        return finish(
-            DeliveryState.DLQ, SubscriptionEffect.COUNT_FAILURE, number=delivery.attempt, next_at=None
-        )
-    initial_ms, max_ms = settings.backoff
-    delay_ms = retry_delay_ms(delivery.attempt, initial_ms, max_ms, parse_retry_after(retry_after, now), rng)
-    return finish(
-        DeliveryState.PENDING,
-        SubscriptionEffect.COUNT_FAILURE,
-        number=delivery.attempt + 1,
-        next_at=now + timedelta(milliseconds=delay_ms),
+    if verdict.state is DeliveryState.DELIVERED:
+        effect = SubscriptionEffect.RESET_FAILURES
+    elif verdict.status == 410:  # the receiver asked us to stop
+        effect = SubscriptionEffect.DISABLE
+    else:
+        effect = SubscriptionEffect.COUNT_FAILURE
+    # A retry's row counts the attempt it waits for.
+    number = delivery.attempt + 1 if verdict.state is DeliveryState.PENDING else delivery.attempt
+    return AttemptResult(
+        state=verdict.state,
+        attempt_number=number,
+        next_attempt_at=verdict.next_attempt_at,
+        last_error=verdict.error,
+        timestamp=now,
+        request_headers=request_headers,
+        attempt=attempt,
+        effect=effect,
+        failure_threshold=settings.webhooks_failure_threshold,
     )

@@ -10,9 +10,10 @@ import redis
 from flask import Flask
 
 from .._app import get_engine
+from ..callbacks.service import CALLBACK_JOB
 from ..errors import ConfigurationError, HarvestError
 from ..jobs.rq import RqBackend
-from .pool import DeliveryPool
+from .pool import DeliveryPool, OutboundRunner
 from .process import HarvestWorker
 
 log = logging.getLogger(__name__)
@@ -52,26 +53,37 @@ def serve(
             say(f"harvest: startup sweep failed ({exc}); the worker will retry")
 
     def make_worker(on_stop: Callable[[], object]) -> HarvestWorker:
-        pool = DeliveryPool(
-            engine.runner,
-            size=concurrency or settings.worker_concurrency,
-            per_subscription=settings.webhooks_max_inflight_per_subscription,
-            min_per_subscription=settings.webhooks_min_inflight_per_subscription,
-            latency_tolerance=settings.webhooks_latency_tolerance,
-            context=app.app_context,
-        )
         return HarvestWorker(
             [backend.queue],
             connection=backend.connection,
             name=name,
             app=app,
-            pool=pool,
+            pool=delivery_pool(app, concurrency),
             periodic=engine.sweep,
             interval=settings.sweep_interval_seconds,
             on_stop=on_stop,
         )
 
     run_worker(app, make_worker, burst=burst, recover=engine.sweep)
+
+
+def delivery_pool(app: Flask, concurrency: int | None = None) -> DeliveryPool:
+    """The worker's pool for ``app``: webhooks, and completion callbacks when the app has them,
+    under one admission."""
+    engine = get_engine(app)
+    settings = engine.settings
+    lanes: dict[str, tuple[OutboundRunner, int]] = {}
+    if engine.callbacks is not None:
+        lanes[CALLBACK_JOB] = (engine.callbacks, settings.completion_callback_max_inflight_per_endpoint)
+    return DeliveryPool(
+        engine.runner,
+        size=concurrency or settings.worker_concurrency,
+        per_subscription=settings.webhooks_max_inflight_per_subscription,
+        min_per_subscription=settings.webhooks_min_inflight_per_subscription,
+        latency_tolerance=settings.webhooks_latency_tolerance,
+        context=app.app_context,
+        lanes=lanes,
+    )
 
 
 def run_worker(

@@ -4,7 +4,13 @@ A worker takes delivery jobs off the queue in batches (a quarter of its slots at
 their rows in one statement, and runs the attempts on this pool, so one process keeps many
 receivers in flight at once and pays the queue's per-job cost once per batch.
 
-Each subscription's endpoint may have at most its limit in flight (:mod:`flask_harvest.admission`:
+The pool runs every kind of outbound delivery through the same admission: webhooks, and each
+other kind given as a *lane* (completion callbacks), whose runner has the same shape
+(:class:`OutboundRunner`) and whose endpoints have limits of their own, within that lane's
+ceiling. The slots, the failing endpoints' share and the limits' rules are the same for all.
+
+Each endpoint (a webhook's subscription, a callback's scheme, host and port) may have at most its
+limit in flight (:mod:`flask_harvest.admission`:
 it grows while the endpoint answers fast and well, and is cut at once on timeouts, 429/503 and
 rising latency, within the configured floor and ceiling and never past the pool's slots). A
 claimed delivery over its endpoint's limit waits in the process for that endpoint's next free
@@ -26,15 +32,15 @@ import random
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
+from typing import Any, Protocol
 
-from ..admission import INITIAL_LIMIT, AdmissionPolicy, EndpointLimit, Signal, signal_of
-from ..attempt import HttpResponse, TransportError
-from ..webhooks.delivery import DeliveryRunner
-from ..webhooks.models import Claim, DeliveryState
+from ..admission import INITIAL_LIMIT, AdmissionPolicy, EndpointLimit, Signal, Ticket, signal_of
+from ..attempt import DeliveryState, HttpResponse, ResultObserver, TransportError
+from ..webhooks.delivery import WEBHOOK_JOB
 
 log = logging.getLogger(__name__)
 # How often a worker waiting for slots looks for endpoints that turned slow with deliveries
@@ -55,13 +61,57 @@ _BATCH_PATIENCE_SECONDS = 0.1
 _FORGET_SECONDS = 300.0
 
 
+class OutboundRunner(Protocol):
+    """What the pool needs of a kind's runner (:class:`~flask_harvest.webhooks.delivery.DeliveryRunner`,
+    :class:`~flask_harvest.callbacks.service.CompletionCallbacks`). Claims are the runner's own."""
+
+    @property
+    def lease_seconds(self) -> float:
+        """How long a claim stays leased."""
+
+    @property
+    def deadline_seconds(self) -> float:
+        """The longest one attempt takes."""
+
+    def claim_many(self, ids: Sequence[str]) -> Sequence[Any]:
+        """Lease the due ones among ``ids``, in one round trip."""
+
+    def ticket(self, claim: Any) -> Ticket:
+        """What admission needs to know of ``claim``."""
+
+    def attempt(self, claim: Any, observe: ResultObserver | None = None) -> object:
+        """Send ``claim``, telling ``observe`` what the transport returned, and record it."""
+
+    def defer(self, claim: Any, seconds: float) -> None:
+        """Give ``claim`` back unsent, without using an attempt, due in ``seconds``."""
+
+
+@dataclass(frozen=True)
+class _Lane:
+    """One kind of delivery in the pool: its runner and its endpoints' limits."""
+
+    kind: str
+    runner: OutboundRunner
+    policy: AdmissionPolicy
+    max_wait: float  # the longest a claim may wait for its turn: its lease must cover the attempt
+
+
+@dataclass(frozen=True)
+class _Work:
+    """One claimed delivery in the pool."""
+
+    lane: _Lane
+    claim: Any
+    ticket: Ticket
+
+
 @dataclass
 class _Endpoint:
-    """One subscription's attempts in this process, and its adaptive limit."""
+    """One endpoint's attempts in this process, and its adaptive limit."""
 
     limit: EndpointLimit
     started: list[float] = field(default_factory=list)  # monotonic start of each attempt in flight
-    waiting: deque[tuple[Claim, float]] = field(default_factory=deque)  # (claim, since)
+    waiting: deque[tuple[_Work, float]] = field(default_factory=deque)  # (work, since)
     idle_since: float = 0.0
     last: Signal | None = None  # what its last attempt in this process came to
     failing: bool = False  # its last attempt timed out (or, before any, its subscription failed)
@@ -74,7 +124,7 @@ class _Endpoint:
 class DeliveryPool:
     """A bounded thread pool for delivery attempts.
 
-    :param runner: makes the attempts.
+    :param runner: makes the webhook attempts.
     :param size: deliveries this process holds at once (in flight or waiting their turn).
     :param per_subscription: the most attempts in flight at once for one subscription in this
         process (the ceiling of its adaptive limit; the pool's size bounds it too).
@@ -84,11 +134,13 @@ class DeliveryPool:
         rise to before its limit is cut.
     :param context: wraps each attempt (the worker pushes the Flask app context with it).
     :param slow_after: seconds after which an attempt in flight marks its endpoint as slow.
+    :param lanes: other kinds of delivery, each with its runner and the most attempts in flight at
+        once to one of its endpoints (the ceiling of that endpoint's limit).
     """
 
     def __init__(
         self,
-        runner: DeliveryRunner,
+        runner: OutboundRunner,
         *,
         size: int,
         per_subscription: int,
@@ -96,17 +148,28 @@ class DeliveryPool:
         latency_tolerance: float = 3.0,
         context: Callable[[], AbstractContextManager[object]] | None = None,
         slow_after: float = 1.0,
+        lanes: Mapping[str, tuple[OutboundRunner, int]] | None = None,
     ) -> None:
         self.runner = runner
         self.size = size
         self.per_subscription = per_subscription
-        ceiling = max(1, min(per_subscription, size))
-        #: How every endpoint's limit moves; its ceiling never exceeds the pool's slots.
-        self.policy = AdmissionPolicy(
-            floor=max(1, min(min_per_subscription, ceiling)),
-            ceiling=ceiling,
-            latency_tolerance=latency_tolerance,
-        )
+
+        def lane(kind: str, runner: OutboundRunner, per_endpoint: int) -> _Lane:
+            ceiling = max(1, min(per_endpoint, size))
+            # A limit's ceiling never exceeds the pool's slots.
+            policy = AdmissionPolicy(
+                floor=max(1, min(min_per_subscription, ceiling)),
+                ceiling=ceiling,
+                latency_tolerance=latency_tolerance,
+            )
+            wait = max(0.0, runner.lease_seconds - runner.deadline_seconds - _LEASE_MARGIN_SECONDS)
+            return _Lane(kind, runner, policy, wait)
+
+        self._lanes = {WEBHOOK_JOB: lane(WEBHOOK_JOB, runner, per_subscription)}
+        for kind, (other, per_endpoint) in (lanes or {}).items():
+            self._lanes[kind] = lane(kind, other, per_endpoint)
+        #: How every webhook endpoint's limit moves.
+        self.policy = self._lanes[WEBHOOK_JOB].policy
         self.slow_after = slow_after
         #: Slots the worker waits for before it takes more jobs: taking them in batches spreads
         #: the queue's per-job cost and the claim's round trip over many deliveries.
@@ -120,22 +183,23 @@ class DeliveryPool:
         self._busy = 0  # slots held: attempts in flight and deliveries waiting their turn
         self._wake_at = -1  # wake the waiting job loop once _busy is down to this (-1: none waits)
         self._closing = False
-        self._endpoints: dict[str, _Endpoint] = {}
+        self._endpoints: dict[tuple[str, str], _Endpoint] = {}  # by (kind, endpoint)
         self._forgot_at = time.monotonic()
         self._executor = ThreadPoolExecutor(max_workers=size, thread_name_prefix="harvest-attempt")
-        settings = runner.settings
-        self._max_wait = max(
-            0.0,
-            settings.webhooks_lease_seconds - settings.webhooks_deadline_seconds - _LEASE_MARGIN_SECONDS,
-        )
 
-    def limit(self, subscription_id: str) -> int:
-        """Return the attempts ``subscription_id`` may have in flight in this process now."""
+    @property
+    def kinds(self) -> frozenset[str]:
+        """The kinds of delivery this pool runs."""
+        return frozenset(self._lanes)
+
+    def limit(self, endpoint: str, kind: str = WEBHOOK_JOB) -> int:
+        """Return the attempts ``endpoint`` (a webhook's subscription id, or the endpoint of a
+        ``kind``'s ticket) may have in flight in this process now."""
         with self._cond:
-            endpoint = self._endpoints.get(subscription_id)
-            if endpoint is None:
-                return EndpointLimit(self.policy, time.monotonic()).limit
-            return endpoint.limit.limit
+            found = self._endpoints.get((kind, endpoint))
+            if found is None:
+                return EndpointLimit(self._lanes[kind].policy, time.monotonic()).limit
+            return found.limit.limit
 
     def free_slots(self) -> int:
         """Return how many more deliveries this process can hold now."""
@@ -174,37 +238,66 @@ class DeliveryPool:
                 self._give_back_stale()
                 check_at = time.monotonic() + _CHECK_SECONDS
 
-    def deliver(self, delivery_id: str) -> DeliveryState | None:
+    def deliver(self, delivery_id: str, kind: str = WEBHOOK_JOB) -> DeliveryState | None:
         """Claim ``delivery_id`` and start its attempt on the pool; return at once.
 
         Returns ``INFLIGHT`` if the attempt started or waits its turn, ``PENDING`` if the delivery
-        was given back for its subscription's cap, ``None`` if there was nothing to do.
+        was given back for its endpoint's limit, ``None`` if there was nothing to do.
         """
-        states = self.deliver_many([delivery_id])
+        states = self.deliver_many([delivery_id], kind)
         return states[0] if states else None
 
-    def deliver_many(self, delivery_ids: Sequence[str]) -> list[DeliveryState]:
+    def deliver_many(self, delivery_ids: Sequence[str], kind: str = WEBHOOK_JOB) -> list[DeliveryState]:
         """Claim the due ones among ``delivery_ids``, as many at a time as there are free slots,
         and start their attempts.
 
         Slots are taken *before* claiming, so a claim's lease never ticks while it queues for one.
         Returns the state of each delivery claimed, as :meth:`deliver` does.
         """
+        lane = self._lanes[kind]
         states: list[DeliveryState] = []
         for chunk, taken in self._reserve(delivery_ids):
-            states.extend(self._claim_and_start(chunk, taken))
+            states.extend(self._claim_and_start(lane, chunk, taken))
         return states
 
-    def submit_many(self, delivery_ids: Sequence[str]) -> None:
+    def run_here(self, kind: str, delivery_ids: Sequence[str]) -> None:
+        """Claim the due ones among ``delivery_ids`` and make their attempts on the calling thread
+        as far as their endpoints' limits admit them; the others go to the pool as claimed
+        deliveries do (they wait their turn, or are given back).
+
+        The fast path of a thread that has just made the work (the workflow run that ended and
+        queued its callbacks): no round trip through the queue, the same admission. It takes its
+        slots without waiting for them, so the pool may hold a few more than its size meanwhile.
+        """
+        lane = self._lanes[kind]
+        ids = list(dict.fromkeys(delivery_ids))
+        with self._cond:
+            self._busy += len(ids)
+        claims: Sequence[Any] = []
+        try:
+            with self._entered():
+                claims = lane.runner.claim_many(ids)
+        finally:
+            self._release(len(ids) - len(claims))
+        for claim in claims:
+            work = _Work(lane, claim, lane.runner.ticket(claim))
+            now = time.monotonic()
+            if self._admit(work, now) == "run":
+                self._attempt(work, now)
+            else:
+                self._place(work, now)
+
+    def submit_many(self, delivery_ids: Sequence[str], kind: str = WEBHOOK_JOB) -> None:
         """As :meth:`deliver_many`, but the claims run on the pool's threads: return as soon as
         slots are reserved for every delivery (the worker's job loop, which calls it, goes on
         taking jobs while a pool thread claims, instead of waiting for the claim's round trip).
 
         A failed claim is logged; its rows stay due with no job, and the sweeper queues them again.
         """
+        lane = self._lanes[kind]
         for chunk, taken in self._reserve(delivery_ids):
             try:
-                self._executor.submit(self._claim_and_start_logged, chunk, taken)
+                self._executor.submit(self._claim_and_start_logged, lane, chunk, taken)
             except RuntimeError:  # the pool is shutting down: the rows stay due for later
                 self._release(taken)
 
@@ -222,55 +315,63 @@ class DeliveryPool:
             chunk, waiting = waiting[:taken], waiting[taken:]
             yield chunk, taken
 
-    def _claim_and_start(self, chunk: list[str], taken: int) -> list[DeliveryState]:
-        claims: list[Claim] = []
+    def _entered(self) -> AbstractContextManager[object]:
+        return self._context() if self._context is not None else nullcontext()
+
+    def _claim_and_start(self, lane: _Lane, chunk: list[str], taken: int) -> list[DeliveryState]:
+        claims: Sequence[Any] = []
         try:
-            if self._context is None:
-                claims = self.runner.claim_many(chunk)
-            else:
-                with self._context():
-                    claims = self.runner.claim_many(chunk)
+            with self._entered():
+                claims = lane.runner.claim_many(chunk)
         finally:
             self._release(taken - len(claims))
-        return [self._start(claim) for claim in claims]
+        return [self._start(_Work(lane, claim, lane.runner.ticket(claim))) for claim in claims]
 
-    def _claim_and_start_logged(self, chunk: list[str], taken: int) -> None:
+    def _claim_and_start_logged(self, lane: _Lane, chunk: list[str], taken: int) -> None:
         try:
-            self._claim_and_start(chunk, taken)
+            self._claim_and_start(lane, chunk, taken)
         except Exception:  # the rows stay PENDING with no job: the sweeper queues them again
-            log.exception("harvest: could not claim deliveries %s", chunk)
+            log.exception("harvest: could not claim %s deliveries %s", lane.kind, chunk)
 
-    def _start(self, claim: Claim) -> DeliveryState:
-        endpoint_id = claim.delivery.subscription_id
+    def _start(self, work: _Work) -> DeliveryState:
         now = time.monotonic()
+        if self._admit(work, now) == "run":
+            self._executor.submit(self._attempt, work, now)
+            return DeliveryState.INFLIGHT
+        return self._place(work, now)
+
+    def _admit(self, work: _Work, now: float) -> str:
+        """Count ``work`` as started on its endpoint if its limit has room (``"run"``: the caller
+        runs it), else ``"over"``."""
+        key = (work.lane.kind, work.ticket.endpoint)
         with self._cond:
-            endpoint = self._endpoints.get(endpoint_id)
+            endpoint = self._endpoints.get(key)
             if endpoint is None:
                 self._forget_idle(now)
-                endpoint = self._endpoints[endpoint_id] = _Endpoint(EndpointLimit(self.policy, now))
-            if endpoint.last is None:  # nothing seen in this process yet: ask the subscription's row
-                endpoint.failing = (
-                    claim.subscription is not None and claim.subscription.consecutive_failures > 0
-                )
+                endpoint = self._endpoints[key] = _Endpoint(EndpointLimit(work.lane.policy, now))
+            if endpoint.last is None:  # nothing seen in this process yet: ask the row
+                endpoint.failing = work.ticket.failing
             if len(endpoint.started) < endpoint.limit.limit and not self._crowded(endpoint):
                 endpoint.started.append(now)
-                run = True
-            elif not self._closing and self._healthy(claim, endpoint, now):
-                endpoint.waiting.append((claim, now))
+                return "run"
+            return "over"
+
+    def _place(self, work: _Work, now: float) -> DeliveryState:
+        """A delivery over its endpoint's limit waits its turn in the process while the endpoint
+        is healthy (``INFLIGHT``), else is given back unsent (``PENDING``)."""
+        with self._cond:
+            endpoint = self._endpoints[(work.lane.kind, work.ticket.endpoint)]
+            if not self._closing and self._healthy(work, endpoint, now):
+                endpoint.waiting.append((work, now))
                 return DeliveryState.INFLIGHT
-            else:
-                run = False
-        if run:
-            self._executor.submit(self._attempt, claim, now)
-            return DeliveryState.INFLIGHT
-        self._give_back([claim])
+        self._give_back([work])
         return DeliveryState.PENDING
 
-    def _healthy(self, claim: Claim, endpoint: _Endpoint, now: float) -> bool:
-        if claim.subscription is None or self._slow(endpoint, now):
+    def _healthy(self, work: _Work, endpoint: _Endpoint, now: float) -> bool:
+        if not work.ticket.sendable or self._slow(endpoint, now):
             return False
-        if endpoint.last is None:  # nothing seen in this process yet: ask the subscription's row
-            return claim.subscription.consecutive_failures == 0
+        if endpoint.last is None:  # nothing seen in this process yet: ask the row
+            return not work.ticket.failing
         # An endpoint that answers "too busy" is alive: its limit already eases the load, and
         # waiting here for a turn under it is the relief (giving the delivery back would only
         # bring it round again later). One that fails otherwise or times out is not healthy.
@@ -287,59 +388,57 @@ class DeliveryPool:
     def _slow(self, endpoint: _Endpoint, now: float) -> bool:
         return bool(endpoint.started) and now - min(endpoint.started) > self.slow_after
 
-    def _attempt(self, claim: Claim, started: float) -> None:
-        endpoint_id = claim.delivery.subscription_id
+    def _attempt(self, work: _Work, started: float) -> None:
         answered = False
 
         def observe(result: HttpResponse | TransportError) -> None:
             nonlocal answered
             answered = True
-            self._answered(endpoint_id, started, result)
+            self._answered(work, started, result)
 
         try:
-            if self._context is None:
-                self.runner.attempt(claim, observe)
-            else:
-                with self._context():
-                    self.runner.attempt(claim, observe)
+            with self._entered():
+                work.lane.runner.attempt(work.claim, observe)
         except Exception:
             # The lease runs out and the sweeper hands the delivery to another attempt.
-            log.exception("harvest: attempt of delivery %s failed", claim.delivery.id)
+            log.exception("harvest: attempt of %s delivery %s failed", work.lane.kind, work.ticket.label)
         finally:
             if not answered:  # nothing was sent, or the attempt failed before its answer
-                self._answered(endpoint_id, started, None)
+                self._answered(work, started, None)
             self._release(1)
 
-    def _answered(
-        self, endpoint_id: str, started: float, result: HttpResponse | TransportError | None
-    ) -> None:
+    def _answered(self, work: _Work, started: float, result: HttpResponse | TransportError | None) -> None:
         """An attempt's request is over (its outcome is yet to be recorded, on this thread): let
         its outcome move the endpoint's limit, and start as many of the endpoint's waiting
         deliveries (each holding a slot of its own) as the limit allows. Starting them before
         the record keeps the endpoint as busy as its limit says."""
-        stale: list[Claim] = []
-        successors: list[Claim] = []
+        stale: list[_Work] = []
+        successors: list[_Work] = []
         with self._cond:
-            endpoint = self._endpoints[endpoint_id]
+            endpoint = self._endpoints[(work.lane.kind, work.ticket.endpoint)]
             now = time.monotonic()
             if result is not None:
-                self._learn(endpoint_id, endpoint, result, now)
+                self._learn(work.ticket.endpoint, endpoint, result, now)
             endpoint.started.remove(started)
             # An attempt that took longer than slow_after shows the endpoint slow: its waiting
             # deliveries go back rather than each holding a slot for another slow attempt.
             slow = now - started > self.slow_after or self._slow(endpoint, now)
             room = endpoint.limit.limit - len(endpoint.started)
             while endpoint.waiting and len(successors) < room:
-                claim, since = endpoint.waiting.popleft()
-                if self._closing or slow or now - since > self._max_wait:
-                    stale.append(claim)
+                waiting, since = endpoint.waiting.popleft()
+                if self._closing or slow or now - since > waiting.lane.max_wait:
+                    stale.append(waiting)
                 else:
-                    successors.append(claim)
+                    successors.append(waiting)
                     endpoint.started.append(now)
             if endpoint.idle:
                 endpoint.idle_since = now
-        for successor in successors:
-            self._executor.submit(self._attempt, successor, now)
+        for position, successor in enumerate(successors):
+            try:
+                self._executor.submit(self._attempt, successor, now)
+            except RuntimeError:  # stopped meanwhile (a fast path outlived the worker): for later
+                stale.extend(successors[position:])
+                break
         self._give_back(stale)
 
     @staticmethod
@@ -356,7 +455,7 @@ class DeliveryPool:
         endpoint.limit.record(endpoint.last, result.elapsed_ms / 1000, now, saturated=saturated)
         if endpoint.limit.limit < before:
             log.info(
-                "harvest: subscription %s: in-flight limit %d -> %d (%s after %d ms)",
+                "harvest: endpoint %s: in-flight limit %d -> %d (%s after %d ms)",
                 endpoint_id,
                 before,
                 endpoint.limit.limit,
@@ -379,35 +478,37 @@ class DeliveryPool:
 
     def _give_back_stale(self) -> None:
         """Give back the deliveries waiting for an endpoint that turned slow, or for too long."""
-        stale: list[Claim] = []
+        stale: list[_Work] = []
         now = time.monotonic()
         with self._cond:
             for endpoint in self._endpoints.values():
                 slow = self._closing or self._slow(endpoint, now)
-                keep: deque[tuple[Claim, float]] = deque()
-                for claim, since in endpoint.waiting:
-                    if slow or now - since > self._max_wait:
-                        stale.append(claim)
+                keep: deque[tuple[_Work, float]] = deque()
+                for work, since in endpoint.waiting:
+                    if slow or now - since > work.lane.max_wait:
+                        stale.append(work)
                     else:
-                        keep.append((claim, since))
+                        keep.append((work, since))
                 endpoint.waiting = keep
         self._give_back(stale)
 
-    def _give_back(self, claims: Sequence[Claim]) -> None:
+    def _give_back(self, works: Sequence[_Work]) -> None:
         """Return claimed deliveries unsent, without using an attempt, and free their slots."""
-        for claim in claims:
+        for work in works:
             try:
-                self.runner.defer(claim, self._defer_seconds(claim))
+                work.lane.runner.defer(work.claim, self._defer_seconds(work))
             except Exception:  # the lease runs out and the sweeper queues it again
-                log.exception("harvest: could not give back delivery %s", claim.delivery.id)
+                log.exception(
+                    "harvest: could not give back %s delivery %s", work.lane.kind, work.ticket.label
+                )
             finally:
                 self._release(1)
 
-    def _defer_seconds(self, claim: Claim) -> float:
+    @staticmethod
+    def _defer_seconds(work: _Work) -> float:
         # A failing endpoint frees its slots about once per deadline; a healthy busy one within a
         # second. Jitter keeps deferred deliveries from coming back together.
-        failing = claim.subscription is not None and claim.subscription.consecutive_failures > 0
-        base = self.runner.settings.webhooks_deadline_seconds if failing else 1.0
+        base = work.lane.runner.deadline_seconds if work.ticket.failing else 1.0
         return base * random.uniform(0.5, 1.5)  # noqa: S311 (spreading load, not security)
 
     def _release(self, slots: int) -> None:

@@ -6,6 +6,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import redis
@@ -98,7 +99,13 @@ class HarvestWorker(SimpleWorker):
         self.app = app
         self.pool = pool
         kinds = get_engine(app).jobs
-        self._kinds = kinds.with_handler(WEBHOOK_JOB, pool.submit_many) if pool is not None else kinds
+        if pool is not None:
+            # Every kind of outbound delivery goes to the pool, and so does a callback's fast path.
+            for kind in sorted(pool.kinds):
+                kinds = kinds.with_handler(
+                    kind, partial(pool.submit_many, kind=kind), here=partial(pool.run_here, kind)
+                )
+        self._kinds = kinds
         self._periodic = periodic
         self._interval = interval
         self._on_stop = on_stop

@@ -152,7 +152,7 @@ def test_redrive_a_failed_completion_callback_and_see_it_delivered(
         completion_callbacks=[{"url": live.receiver.url("/workflow-done")}],
     )
     wait_until(
-        lambda: callback_state(live.app, execution_id) is DeliveryState.FAILED, 30, "the callback to fail"
+        lambda: callback_state(live.app, execution_id) is DeliveryState.DLQ, 30, "the callback to fail"
     )
     sign_in(browser, live)
     browser.get(live.page(f"{PREFIX}/workflows/{execution_id}"))
