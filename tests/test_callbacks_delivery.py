@@ -491,7 +491,7 @@ def test_list_and_redrive_over_the_admin_api(make_app: AppFactory, receiver: Cap
     ):
         response = client.post(f"{base}/{failed}/redrive", data="{}", headers={**AUTH, **refused})
         assert response.status_code == 415, response.get_data(as_text=True)
-    assert [r.state.value for r in rows(app, execution_id)] == ["FAILED", "DELIVERED"]
+    assert [r.wire_state for r in rows(app, execution_id)] == ["FAILED", "DELIVERED"]
     response = client.post(f"{base}/{failed}/redrive", json={}, headers=AUTH)
     assert (response.status_code, response.get_json()) == (200, {"outcome": "redriven"})
     [row] = [r for r in settled(app, execution_id, 2, "DELIVERED") if r.delivery_id == failed]
