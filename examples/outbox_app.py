@@ -28,7 +28,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 from flask_harvest import DeliveryState, Harvest, WebhookSubscription, generate_secret
-from flask_harvest.signing import verify_standard
+from flask_harvest.outbound.signing import verify_standard
 from flask_harvest.testing import CapturingReceiver
 from flask_harvest.webhooks.manager import outbox_delivery_id
 

@@ -22,7 +22,7 @@ from flask_sqlalchemy import SQLAlchemy
 from werkzeug.serving import make_server
 
 from flask_harvest import DeliveryState, Harvest, WebhookSubscription, generate_secret
-from flask_harvest.signing import verify_standard, verify_stripe
+from flask_harvest.outbound.signing import verify_standard, verify_stripe
 
 SECRET = generate_secret()
 

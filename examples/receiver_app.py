@@ -23,8 +23,8 @@ from typing import Any
 from flask import Flask
 
 from flask_harvest import generate_secret
+from flask_harvest.outbound.signing import sign_headers
 from flask_harvest.receiver import MemoryReplayCache, verify_webhook
-from flask_harvest.signing import sign_headers
 
 # A real receiver reads its secret from the environment (or a secrets manager); the demo makes one.
 SECRET = os.environ.get("WEBHOOK_SECRET") or generate_secret()

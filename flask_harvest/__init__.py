@@ -1,7 +1,7 @@
 """flask-harvest: reliable outbound webhooks for Flask.
 
 The public names below are imported on first use (:pep:`562`), so that importing one pure module
-(``flask_harvest.signing``, ``flask_harvest.webhooks.outcome``) does not load Flask, SQLAlchemy,
+(``flask_harvest.outbound.signing``, ``flask_harvest.webhooks.outcome``) does not load Flask, SQLAlchemy,
 Redis and the HTTP client through this package.
 """
 
@@ -32,9 +32,9 @@ if TYPE_CHECKING:
     )
     from .extension import Harvest, OutboundWebhookPlugin, get_manager
     from .jobs.base import JobBackendError
+    from .outbound.signing import generate_secret
+    from .outbound.ssrf import SsrfError, SsrfPolicy, SsrfRejection
     from .receiver import MemoryReplayCache, RedisReplayCache, ReplayCache, WebhookRejected, verify_webhook
-    from .signing import generate_secret
-    from .ssrf import SsrfError, SsrfPolicy, SsrfRejection
     from .triggers.definitions import CompletionTrigger
     from .webhooks.manager import OutboundWebhookManager
     from .webhooks.manager import OutboundWebhookManager as WebhookOutboundManager
@@ -82,8 +82,8 @@ _SOURCES: dict[str, tuple[str, ...]] = {
         "WebhookRejected",
         "verify_webhook",
     ),
-    ".signing": ("generate_secret",),
-    ".ssrf": ("SsrfError", "SsrfPolicy", "SsrfRejection"),
+    ".outbound.signing": ("generate_secret",),
+    ".outbound.ssrf": ("SsrfError", "SsrfPolicy", "SsrfRejection"),
     ".webhooks.manager": ("OutboundWebhookManager",),
     ".webhooks.models": (
         "DeliveryAttempt",

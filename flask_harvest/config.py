@@ -14,10 +14,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .backoff import RetryPolicy
 from .errors import ConfigurationError
-from .signing import DEFAULT_SIGNATURE_HEADER
-from .ssrf import SsrfPolicy, parse_cidrs
+from .outbound.backoff import RetryPolicy
+from .outbound.signing import DEFAULT_SIGNATURE_HEADER
+from .outbound.ssrf import SsrfPolicy, parse_cidrs
 
 
 @dataclass(frozen=True)
@@ -66,7 +66,7 @@ class Settings:
     #: for its next free attempt.
     worker_concurrency: int = 64
     #: The most attempts in flight at once for one subscription in one worker process: the
-    #: ceiling of its adaptive limit (see :mod:`flask_harvest.admission`), which grows while the
+    #: ceiling of its adaptive limit (see :mod:`flask_harvest.outbound.admission`), which grows while the
     #: endpoint answers fast and well and is cut on timeouts, 429/503 and rising latency. Past the
     #: limit, deliveries wait their turn (or, for a failing or slow endpoint, are given back).
     webhooks_max_inflight_per_subscription: int = 32

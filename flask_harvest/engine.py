@@ -23,8 +23,8 @@ from .errors import ConfigurationError
 from .jobs.base import JobBackend, JobKinds, JobRef
 from .jobs.local import LocalBackend
 from .jobs.rq import RqBackend, job_timeout_for
+from .outbound.transport import Transport
 from .sweeper import Sweeper, SweepReport
-from .transport import Transport
 from .triggers.firing import FireListener, TriggerFiring
 from .triggers.service import TriggerService
 from .triggers.store import SqlTriggerStore

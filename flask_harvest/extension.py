@@ -23,7 +23,6 @@ from sqlalchemy import Engine as SqlEngine
 
 from . import signals
 from ._app import EXTENSION_KEY, get_engine, trigger_service, workflow_service
-from .attempt import Verdict
 from .callbacks.api import completion_blueprint
 from .callbacks.service import CallbackListener
 from .callbacks.store import CompletionDelivery
@@ -33,6 +32,7 @@ from .dashboard import install_dashboard
 from .dashboard._core import check_dashboard_config
 from .engine import AdminAccess, Authorizer, HarvestEngine, add_triggers, add_workflows, build_engine
 from .errors import ConfigurationError
+from .outbound.attempt import Verdict
 from .triggers.admin import trigger_admin
 from .triggers.definitions import CompletionTrigger
 from .triggers.firing import FireEvent, FireListener

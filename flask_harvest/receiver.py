@@ -72,7 +72,7 @@ from .errors import (
     SignatureVerificationError,
     VerificationFailure,
 )
-from .signing import (
+from .outbound.signing import (
     DEFAULT_SIGNATURE_HEADER,
     DEFAULT_TOLERANCE_SECONDS,
     WEBHOOK_ID,

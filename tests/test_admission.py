@@ -9,14 +9,14 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from flask_harvest import InMemoryOutboundWebhookStore, get_engine
-from flask_harvest.admission import (
+from flask_harvest.outbound.admission import (
     INITIAL_LIMIT,
     AdmissionPolicy,
     EndpointLimit,
     Signal,
     signal_of,
 )
-from flask_harvest.attempt import FailureKind, HttpResponse, TransportError
+from flask_harvest.outbound.attempt import FailureKind, HttpResponse, TransportError
 from flask_harvest.worker import DeliveryPool
 
 from .pipeline import close_apps, make_app

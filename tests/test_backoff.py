@@ -9,16 +9,16 @@ import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from flask_harvest.attempt import DeliveryState, HttpResponse, Verdict, judge
-from flask_harvest.backoff import (
+from flask_harvest.callbacks import callback_retry_policy
+from flask_harvest.config import Settings
+from flask_harvest.outbound.attempt import DeliveryState, HttpResponse, Verdict, judge
+from flask_harvest.outbound.backoff import (
     RetryPolicy,
     backoff_ceiling_ms,
     full_jitter_ms,
     parse_retry_after,
     retry_delay_ms,
 )
-from flask_harvest.callbacks import callback_retry_policy
-from flask_harvest.config import Settings
 
 INITIAL_MS = 1000  # the seed's default base
 MAX_MS = 3_600_000  # the seed's default cap: 1 h

@@ -13,7 +13,6 @@ import standardwebhooks
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from flask_harvest.attempt import FailureKind, HttpResponse, TransportError, judge
 from flask_harvest.callbacks import (
     CallbackPolicy,
     CallbackSecret,
@@ -30,8 +29,9 @@ from flask_harvest.callbacks import (
 )
 from flask_harvest.callbacks.envelope import headers_for, rfc3339_ms
 from flask_harvest.errors import ConfigurationError, InvalidFieldError
+from flask_harvest.outbound.attempt import FailureKind, HttpResponse, TransportError, judge
+from flask_harvest.outbound.signing import generate_secret
 from flask_harvest.receiver import verify_completion_callback
-from flask_harvest.signing import generate_secret
 from flask_harvest.workflows.models import TERMINAL_STATES, Execution, ExecutionState, utcnow
 
 NOW = datetime(2026, 7, 5, 12, 34, 56, 789000, tzinfo=timezone.utc)

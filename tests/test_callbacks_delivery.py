@@ -27,7 +27,6 @@ from hypothesis import strategies as st
 from werkzeug import Request, Response
 
 from flask_harvest import Harvest, get_engine, signals
-from flask_harvest.admission import INITIAL_LIMIT
 from flask_harvest.callbacks import (
     CALLBACK_JOB,
     CallbackPolicy,
@@ -41,9 +40,10 @@ from flask_harvest.callbacks._schema import CALLBACK_TABLES
 from flask_harvest.callbacks.service import endpoint_of
 from flask_harvest.errors import ConfigurationError
 from flask_harvest.jobs.rq import RqBackend
+from flask_harvest.outbound.admission import INITIAL_LIMIT
+from flask_harvest.outbound.transport import Transport
 from flask_harvest.receiver import verify_completion_callback
 from flask_harvest.testing import CapturingReceiver
-from flask_harvest.transport import Transport
 from flask_harvest.worker import DeliveryPool, HarvestWorker, delivery_pool
 from flask_harvest.workflows.context import WorkflowContext
 from flask_harvest.workflows.models import TERMINAL_STATES, ExecutionState, utcnow

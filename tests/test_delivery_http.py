@@ -23,7 +23,7 @@ from flask_harvest import (
     get_engine,
     signals,
 )
-from flask_harvest.signing import verify_standard, verify_stripe
+from flask_harvest.outbound.signing import verify_standard, verify_stripe
 from flask_harvest.testing import CapturingReceiver
 
 from .pipeline import make_app, wait_final

@@ -25,8 +25,8 @@ from flask_harvest import (
     get_engine,
 )
 from flask_harvest.errors import StoreError
+from flask_harvest.outbound.signing import sign_headers
 from flask_harvest.receiver import MemoryReplayCache, verify_completion_callback, verify_webhook
-from flask_harvest.signing import sign_headers
 from flask_harvest.webhooks.stores.sql import SqlOutboundWebhookStore
 
 from .pipeline import make_app

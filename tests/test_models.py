@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from flask_harvest.errors import InvalidFieldError, InvalidSecretError
-from flask_harvest.signing import secret_key
+from flask_harvest.outbound.signing import secret_key
 from flask_harvest.webhooks.models import (
     MAX_DESCRIPTION_LENGTH,
     MAX_URL_LENGTH,

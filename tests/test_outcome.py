@@ -11,9 +11,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from flask_harvest.attempt import FailureKind, HttpResponse, TransportError
 from flask_harvest.config import Settings
-from flask_harvest.ssrf import SsrfRejection, describe
+from flask_harvest.outbound.attempt import FailureKind, HttpResponse, TransportError
+from flask_harvest.outbound.ssrf import SsrfRejection, describe
 from flask_harvest.webhooks import outcome
 from flask_harvest.webhooks.models import (
     Claim,
@@ -153,10 +153,10 @@ def test_other_transport_errors_still_retry() -> None:
 
 PURE_MODULES = [
     "flask_harvest.webhooks.outcome",
-    "flask_harvest.attempt",
-    "flask_harvest.signing",
-    "flask_harvest.ssrf",
-    "flask_harvest.backoff",
+    "flask_harvest.outbound.attempt",
+    "flask_harvest.outbound.signing",
+    "flask_harvest.outbound.ssrf",
+    "flask_harvest.outbound.backoff",
     "flask_harvest.config",
 ]
 #: What a pure core must not pull in, even through flask_harvest/__init__.py.

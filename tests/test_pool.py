@@ -20,8 +20,8 @@ from flask_harvest import (
     generate_secret,
     get_engine,
 )
-from flask_harvest.admission import INITIAL_LIMIT
 from flask_harvest.jobs.rq import TASK, take_jobs
+from flask_harvest.outbound.admission import INITIAL_LIMIT
 from flask_harvest.testing import CapturingReceiver
 from flask_harvest.webhooks.delivery import WEBHOOK_JOB
 from flask_harvest.worker import DeliveryPool, HarvestWorker

@@ -35,6 +35,7 @@ from flask_harvest import (
 )
 from flask_harvest import receiver as receiver_module
 from flask_harvest.errors import VerificationFailure
+from flask_harvest.outbound.signing import DEFAULT_SIGNATURE_HEADER, sign_headers
 from flask_harvest.receiver import (
     MemoryReplayCache,
     RedisReplayCache,
@@ -42,7 +43,6 @@ from flask_harvest.receiver import (
     WebhookRejected,
     verify_webhook,
 )
-from flask_harvest.signing import DEFAULT_SIGNATURE_HEADER, sign_headers
 
 from .live_server import LiveServer, live_server
 from .pipeline import make_app, wait_final

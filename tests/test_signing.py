@@ -22,7 +22,7 @@ from werkzeug.datastructures import Headers
 
 from flask_harvest import generate_secret
 from flask_harvest.errors import InvalidSecretError, SignatureVerificationError, VerificationFailure
-from flask_harvest.signing import (
+from flask_harvest.outbound.signing import (
     DEFAULT_SIGNATURE_HEADER,
     StandardHeaders,
     StripeHeader,

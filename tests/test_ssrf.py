@@ -26,7 +26,7 @@ from flask_harvest import (
 )
 from flask_harvest.config import load_settings
 from flask_harvest.errors import ConfigurationError, InvalidFieldError
-from flask_harvest.ssrf import (
+from flask_harvest.outbound.ssrf import (
     IPNetwork,
     SsrfError,
     SsrfPolicy,
@@ -37,8 +37,8 @@ from flask_harvest.ssrf import (
     redact_url,
     validate_target,
 )
+from flask_harvest.outbound.transport import FailureKind, HttpResponse, Transport, TransportError, resolve
 from flask_harvest.testing import CapturingReceiver
-from flask_harvest.transport import FailureKind, HttpResponse, Transport, TransportError, resolve
 
 from .conftest import IN_CI
 from .pipeline import make_app, wait_final

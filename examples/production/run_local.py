@@ -41,8 +41,8 @@ from flask import Flask
 from rq import Worker
 from werkzeug.serving import make_server
 
+from flask_harvest.outbound.signing import verify_stripe
 from flask_harvest.receiver import MemoryReplayCache, verify_webhook
-from flask_harvest.signing import verify_stripe
 from flask_harvest.webhooks.manager import outbox_delivery_id
 
 HERE = Path(__file__).resolve().parent

@@ -8,7 +8,7 @@ retries, dead-lettering and redrive. See ``docs/callbacks.rst``.
 
 from __future__ import annotations
 
-from ..attempt import DeliveryState
+from ..outbound.attempt import DeliveryState
 from .envelope import SIGNATURE_HEADER, TIMESTAMP_HEADER, CallbackSecret, build_envelope
 from .filters import ANY_TERMINAL, COMPLETED_ONLY, EventFilter
 from .outcome import DEFAULT_RETRY_POLICY, callback_retry_policy

@@ -18,7 +18,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from ..errors import InvalidSecretError
-from ..signing import (
+from ..outbound.signing import (
     WEBHOOK_ID,
     WEBHOOK_SIGNATURE,
     WEBHOOK_TIMESTAMP,

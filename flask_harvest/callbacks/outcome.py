@@ -1,7 +1,7 @@
 """What is the completion callbacks' own in the outbound rules: their retry policy and their
 dead-letter reason. Pure.
 
-An attempt is judged by the one outbound rule, :func:`flask_harvest.attempt.judge`, under the
+An attempt is judged by the one outbound rule, :func:`flask_harvest.outbound.attempt.judge`, under the
 callback retry policy (:func:`callback_retry_policy`):
 
 * 2xx: ``DELIVERED``.
@@ -21,8 +21,8 @@ from __future__ import annotations
 from typing import Any
 
 # The one lifecycle of every outbound delivery, importable from here as it was.
-from ..attempt import DeliveryState as DeliveryState
-from ..backoff import RetryPolicy
+from ..outbound.attempt import DeliveryState as DeliveryState
+from ..outbound.backoff import RetryPolicy
 
 __all__ = [
     "DEFAULT_RETRY_POLICY",

@@ -1,7 +1,7 @@
 """The completion-callback SSRF policy: HTTPS only, an allowlist, no IP literals. Pure.
 
-Built on :func:`flask_harvest.ssrf.parse_target`, the one parser of target URLs, and on
-:func:`flask_harvest.ssrf.check_address` for literal addresses. No DNS is resolved here: a name is
+Built on :func:`flask_harvest.outbound.ssrf.parse_target`, the one parser of target URLs, and on
+:func:`flask_harvest.outbound.ssrf.check_address` for literal addresses. No DNS is resolved here: a name is
 judged by its spelling, and the transport's connect-time guard checks every address it resolves to.
 
 A rejection is a :class:`Rejection`, a typed value with a JSON form (``{"type": "HostNotAllowed",
@@ -20,7 +20,7 @@ from urllib3.exceptions import LocationParseError
 from urllib3.util import parse_url
 
 from ..errors import ConfigurationError
-from ..ssrf import IPAddress, SsrfPolicy, SsrfRejection, check_address, parse_target
+from ..outbound.ssrf import IPAddress, SsrfPolicy, SsrfRejection, check_address, parse_target
 
 __all__ = ["CallbackPolicy", "HostPattern", "Rejection", "RejectionType", "parse_allowlist"]
 
@@ -142,7 +142,7 @@ def _sent_host(url: str) -> str | None:
     """The host name the transport connects to for ``url``, or ``None`` if it cannot send there.
 
     requests reads a URL with urllib3, whose IDNA (2008) differs from the IDNA 2003 of
-    :func:`flask_harvest.ssrf.parse_target` for some names (``faß`` is ``xn--fa-hia``, not
+    :func:`flask_harvest.outbound.ssrf.parse_target` for some names (``faß`` is ``xn--fa-hia``, not
     ``fass``) and which refuses others outright (``ⓗooks``, ideographic full stops). The policy
     allows a name only when both read it alike, so the host judged is the host the POST goes to.
     """

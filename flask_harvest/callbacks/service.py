@@ -19,16 +19,16 @@ from sqlalchemy import Connection
 
 from .._input import id_problem
 from .._time import utcnow
-from ..admission import Ticket
-from ..attempt import DeliveryState, ResultObserver, Verdict, judge
 from ..config import KEYS, Settings
 from ..errors import ConfigurationError, InvalidFieldError, NotFoundError
 from ..jobs.base import JobBackend, JobBackendError, JobRef
 from ..jobs.requeue import requeue_missing
 from ..jobs.tasks import run_here
-from ..ssrf import redact_url
+from ..outbound.admission import Ticket
+from ..outbound.attempt import DeliveryState, ResultObserver, Verdict, judge
+from ..outbound.ssrf import redact_url
+from ..outbound.transport import Transport
 from ..sweeper import SweepReport
-from ..transport import Transport
 from ..workflows.hooks import after_commit
 from ..workflows.models import Execution, JsonValue
 from .envelope import CallbackSecret, build_envelope, headers_for

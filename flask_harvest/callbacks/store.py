@@ -18,9 +18,9 @@ from sqlalchemy import Connection, Engine, Update, and_, delete, or_, select, up
 from sqlalchemy.engine import Row
 
 from .._sql import SqlDatabase
-from ..attempt import DeliveryState, Verdict
-from ..backoff import RetryPolicy
-from ..ssrf import redact_url
+from ..outbound.attempt import DeliveryState, Verdict
+from ..outbound.backoff import RetryPolicy
+from ..outbound.ssrf import redact_url
 from ._schema import CALLBACK_TABLES, dead_letters_table, deliveries_table
 from .outcome import callback_retry_policy, dead_letter_reason
 
@@ -30,7 +30,7 @@ _d = deliveries_table
 _dl = dead_letters_table
 
 #: How the completion-callback tables, management API and CLI spell each state: one lifecycle
-#: with the webhooks' (:class:`~flask_harvest.attempt.DeliveryState`), its own wire values.
+#: with the webhooks' (:class:`~flask_harvest.outbound.attempt.DeliveryState`), its own wire values.
 #: A callback is never skipped.
 WIRE_STATES: dict[DeliveryState, str] = {
     DeliveryState.PENDING: "PENDING",
@@ -80,7 +80,7 @@ class CompletionDelivery:
 
     @property
     def display_url(self) -> str:
-        """The target URL as it may be shown or logged (:func:`~flask_harvest.ssrf.redact_url`)."""
+        """The target URL as it may be shown or logged (:func:`~flask_harvest.outbound.ssrf.redact_url`)."""
         return redact_url(self.target_url)
 
     def to_json(self) -> dict[str, Any]:

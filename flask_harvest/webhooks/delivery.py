@@ -15,13 +15,13 @@ from datetime import timedelta
 from .._threads import GroupCommit
 from .._time import utcnow
 from .._version import __version__
-from ..admission import Ticket
-from ..attempt import ResultObserver
 from ..config import Settings
 from ..errors import InvalidStateError
 from ..jobs.base import JobBackend, JobBackendError, JobRef
-from ..signing import sign_headers
-from ..transport import Transport
+from ..outbound.admission import Ticket
+from ..outbound.attempt import ResultObserver
+from ..outbound.signing import sign_headers
+from ..outbound.transport import Transport
 from . import outcome
 from .models import (
     AttemptResult,

@@ -17,11 +17,11 @@ from typing import Any, NamedTuple
 
 from .._input import check_id
 from .._time import utcnow as utcnow  # re-exported: callers that imported it from here keep working
-from ..attempt import DeliveryState as DeliveryState
 from ..errors import InvalidFieldError, InvalidSecretError
-from ..signing import SECRET_PREFIX, secret_key
-from ..ssrf import MAX_URL_LENGTH as MAX_URL_LENGTH
-from ..ssrf import SsrfRejection, parse_url
+from ..outbound.attempt import DeliveryState as DeliveryState
+from ..outbound.signing import SECRET_PREFIX, secret_key
+from ..outbound.ssrf import MAX_URL_LENGTH as MAX_URL_LENGTH
+from ..outbound.ssrf import SsrfRejection, parse_url
 from .topics import topic_matches, validate_topic
 
 #: The longest subscription (and delivery) id.
@@ -101,7 +101,7 @@ FINAL_STATES = frozenset({DeliveryState.DELIVERED, DeliveryState.DLQ, DeliverySt
 def validate_url(url: str, field_name: str = "target_url") -> str:
     """Return ``url`` if it is an absolute http(s) URL with a host, else raise.
 
-    This is the syntax check only (:func:`flask_harvest.ssrf.parse_url`, which the SSRF policy
+    This is the syntax check only (:func:`flask_harvest.outbound.ssrf.parse_url`, which the SSRF policy
     applies too); the policy itself is applied separately.
     """
     parsed = parse_url(url)

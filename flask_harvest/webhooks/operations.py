@@ -21,8 +21,8 @@ from ..errors import (
 )
 from ..http.cursor import decode_position, encode_position
 from ..jobs.base import JobBackend, JobBackendError
-from ..signing import generate_secret
-from ..ssrf import validate_target
+from ..outbound.signing import generate_secret
+from ..outbound.ssrf import validate_target
 from .delivery import delivery_job
 from .manager import OutboundWebhookManager
 from .models import (

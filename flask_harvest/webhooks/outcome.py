@@ -10,7 +10,7 @@
   a counted failure. With attempts left the delivery waits ``full jitter`` (floored by
   ``Retry-After``); without, it is dead-lettered.
 
-The delivery's new state is the one outbound rule's (:func:`flask_harvest.attempt.judge`, under
+The delivery's new state is the one outbound rule's (:func:`flask_harvest.outbound.attempt.judge`, under
 :attr:`Settings.webhook_retry_policy <flask_harvest.config.Settings.webhook_retry_policy>`); this
 module adds what it does to the subscription.
 """
@@ -21,8 +21,8 @@ import random
 from datetime import datetime
 
 from .._input import text_problem
-from ..attempt import HttpResponse, TransportError, judge
 from ..config import Settings
+from ..outbound.attempt import HttpResponse, TransportError, judge
 from .models import (
     AttemptResult,
     Claim,

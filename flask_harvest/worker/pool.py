@@ -10,7 +10,7 @@ other kind given as a *lane* (completion callbacks), whose runner has the same s
 ceiling. The slots, the failing endpoints' share and the limits' rules are the same for all.
 
 Each endpoint (a webhook's subscription, a callback's scheme, host and port) may have at most its
-limit in flight (:mod:`flask_harvest.admission`:
+limit in flight (:mod:`flask_harvest.outbound.admission`:
 it grows while the endpoint answers fast and well, and is cut at once on timeouts, 429/503 and
 rising latency, within the configured floor and ceiling and never past the pool's slots). A
 claimed delivery over its endpoint's limit waits in the process for that endpoint's next free
@@ -38,8 +38,8 @@ from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from ..admission import INITIAL_LIMIT, AdmissionPolicy, EndpointLimit, Signal, Ticket, signal_of
-from ..attempt import DeliveryState, HttpResponse, ResultObserver, TransportError
+from ..outbound.admission import INITIAL_LIMIT, AdmissionPolicy, EndpointLimit, Signal, Ticket, signal_of
+from ..outbound.attempt import DeliveryState, HttpResponse, ResultObserver, TransportError
 from ..webhooks.delivery import WEBHOOK_JOB
 
 log = logging.getLogger(__name__)

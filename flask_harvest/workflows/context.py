@@ -25,8 +25,8 @@ from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
 from .._input import text_problem
-from ..backoff import retry_delay_ms
 from ..errors import InvalidFieldError, InvalidStateError
+from ..outbound.backoff import retry_delay_ms
 from .errors import NonDeterminismError, StepFailedError
 from .models import (
     Execution,

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
-from flask_harvest.transport import MAX_RESPONSE_BYTES
+from flask_harvest.outbound.transport import MAX_RESPONSE_BYTES
 
 from .conftest import BASE_CONFIG, FaultEnv, check_invariants, rss_kib, wait_until
 

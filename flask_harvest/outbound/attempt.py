@@ -1,8 +1,8 @@
 """One outbound attempt, for webhooks and completion callbacks alike: what it came to (a response,
 or a failure in transit), the one lifecycle of a delivery, and the outcome rule that judges an
-attempt under a :class:`~flask_harvest.backoff.RetryPolicy`. Pure.
+attempt under a :class:`~flask_harvest.outbound.backoff.RetryPolicy`. Pure.
 
-The transport (:mod:`flask_harvest.transport`) produces the results and :func:`judge` decides what
+The transport (:mod:`flask_harvest.outbound.transport`) produces the results and :func:`judge` decides what
 they mean; each feature adds only its own consequences (a webhook subscription's failure count, a
 callback's dead-letter reason). Keeping this here keeps the rules free of the HTTP client.
 """

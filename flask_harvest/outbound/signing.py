@@ -17,8 +17,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from ._input import text_problem
-from .errors import InvalidSecretError, SignatureVerificationError, VerificationFailure
+from .._input import text_problem
+from ..errors import InvalidSecretError, SignatureVerificationError, VerificationFailure
 
 SECRET_PREFIX = "whsec_"  # noqa: S105 (a prefix, not a secret)
 DEFAULT_TOLERANCE_SECONDS = 300

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import TypeAlias
 from urllib.parse import SplitResult, urlsplit
 
-from .errors import InvalidFieldError
+from ..errors import InvalidFieldError
 
 IPAddress: TypeAlias = "ipaddress.IPv4Address | ipaddress.IPv6Address"
 IPNetwork: TypeAlias = "ipaddress.IPv4Network | ipaddress.IPv6Network"

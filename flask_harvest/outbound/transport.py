@@ -5,7 +5,7 @@ total deadline enforced by a watchdog thread that shuts the socket down, so a re
 one byte a second cannot hold a worker. Redirects are never followed, proxies from the environment
 are ignored, and at most ``MAX_RESPONSE_BYTES`` of the response body are read.
 
-With an :class:`~flask_harvest.ssrf.SsrfPolicy`, the URL is checked before each attempt, and the
+With an :class:`~flask_harvest.outbound.ssrf.SsrfPolicy`, the URL is checked before each attempt, and the
 connection resolves the host itself, refuses unless every address passes the policy, and connects
 to a checked address. TLS still sends and verifies the host name: only the socket is ours.
 """
