@@ -276,7 +276,7 @@ def workflow_subject(
         service.terminate(ended.execution_id, SCRIPT)
         [delivery] = callbacks.deliveries(ended.execution_id)
         callbacks.run_many([delivery.delivery_id])  # the receiver answers 500: one attempt, FAILED
-        assert callbacks.deliveries(ended.execution_id)[0].state.value == "FAILED"
+        assert callbacks.deliveries(ended.execution_id)[0].wire_state == "FAILED"
         ids = [pending.execution_id, ended.execution_id, delivery.delivery_id]
         ids += [t.id for t in triggers.list_triggers()]
     return WorkflowSubject(app, ids)
