@@ -177,12 +177,13 @@ def refused_without_sign_in(
         response = client.get(fill(rule, path), query_string=encoded(form))
     # 308: werkzeug's routing merged a doubled slash (``%2F`` in a path id) before any page ran;
     # werkzeug 2.3 (the lowest allowed) instead matches the merged path to a route without this
-    # method: 405, also before any page ran.
-    refusals = (303, 308, 401, 403, 405) if "%2F" in fill(rule, path) else (303, 308, 401, 403)
+    # method (405) or to none (404 for ``/harvest///``), also before any page ran.
+    routed = (308, 404, 405) if "//" in response.request.path else ()
+    refusals = (303, 308, 401, 403, *routed)
     assert response.status_code in refusals, (method, rule, response.status_code)
     if response.status_code == 303:
         assert response.headers["Location"].startswith(f"{PREFIX}/sign-in")
-    if response.status_code == 308:
+    if response.status_code in (308, 404, 405):
         assert "Sign in" not in response.get_data(as_text=True) and "<table" not in response.get_data(
             as_text=True
         )
@@ -216,9 +217,12 @@ def never_fails(
     assert "Traceback" not in body
     # No page has a script of its own: one in the body would be input rendered as markup.
     assert "<script" not in body.lower()
-    if response.status_code != 308:  # werkzeug's slash-merging redirect comes before any page
+    # Routing answers a doubled slash before any page: a 308 to the merged path, or a 405 when the
+    # merged path does not take the method (DELETE /harvest//); neither runs a dashboard view.
+    routed = response.status_code in (308, 405) and "//" in response.request.path
+    if not routed:
         assert response.headers["Content-Security-Policy"].startswith("default-src 'none'")
-    if method != "GET" and not with_csrf and response.status_code != 308:
+    if method != "GET" and not with_csrf and not routed:
         assert response.status_code == 403
     if response.status_code >= 400:
         assert state() == before
