@@ -75,10 +75,6 @@ class CallbackSecret:
         """Return the ``webhook-signature`` of ``msg_id.timestamp.body`` (``v1,<base64>``)."""
         return standard_signature(self._standard_key, msg_id, timestamp, body)
 
-    def masks(self) -> tuple[str, ...]:
-        """The secret's text forms, for masking error messages."""
-        return (self._key.decode("utf-8", errors="replace"),)
-
 
 def rfc3339_ms(when: datetime) -> str:
     """Return ``when`` in UTC as ``YYYY-MM-DDTHH:MM:SS.mmmZ``."""

@@ -285,15 +285,6 @@ class CompletionCallbacks:
         for delivery in self.claim_many(delivery_ids):
             self.attempt(delivery)
 
-    def run_due(self, limit: int = 100) -> int:
-        """Claim any due deliveries (up to ``limit``) and attempt them here; return how many."""
-        claimed = self.store.claim(
-            None, now=utcnow(), lease_seconds=self.settings.completion_callback_lease_seconds, limit=limit
-        )
-        for delivery in claimed:
-            self.attempt(delivery)
-        return len(claimed)
-
     def attempt(
         self, delivery: CompletionDelivery, observe: ResultObserver | None = None
     ) -> DeliveryState | None:
