@@ -12,6 +12,8 @@ import pytest
 import sqlalchemy as sa
 from flask import Flask
 from flask_sqlalchemy import SQLAlchemy
+from hypothesis import given
+from hypothesis import strategies as st
 from sqlalchemy import create_engine
 
 from flask_harvest import (
@@ -26,11 +28,13 @@ from flask_harvest import (
     trigger_service,
     workflow_service,
 )
+from flask_harvest.config import KEYS
 from flask_harvest.schema import ALL_TABLES
 from flask_harvest.triggers.firing import target_workflow_id
 from flask_harvest.workflows import WorkflowContext
 
 from .pipeline import close_later
+from .properties import BUDGET, TEXT
 
 ROUTE = "/api/harvest/workflows"
 
@@ -169,3 +173,38 @@ def test_init_db_creates_every_table_of_an_app_whose_migrations_own_the_schema(t
         assert result.exit_code == 0, result.output
         assert set(sa.inspect(db.engine).get_table_names()) == {table.name for table in ALL_TABLES}
         harvest.engine.sweep()  # every sweep step finds its table
+
+
+HOSTILE_VALUES = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(min_value=-(2**70), max_value=2**70),
+    st.floats(allow_nan=True, allow_infinity=True),
+    TEXT,
+    st.recursive(st.integers(), lambda inner: st.lists(inner, max_size=3), max_leaves=50),
+)
+
+
+@BUDGET
+@given(
+    options=st.dictionaries(st.one_of(st.sampled_from(sorted(KEYS)), TEXT), HOSTILE_VALUES, max_size=3),
+    workflows=st.sampled_from([None, True, False]),
+    triggers=st.sampled_from([None, True, False]),
+)
+def test_any_options_either_register_or_fail_with_a_configuration_error(
+    options: dict[str, Any], workflows: bool | None, triggers: bool | None
+) -> None:
+    app = Flask("hostile_options")
+    try:
+        Harvest(
+            app,
+            store=InMemoryOutboundWebhookHandler(),
+            workflows=workflows,
+            triggers=triggers,
+            **options,
+        )
+    except ConfigurationError:
+        assert "harvest" not in app.extensions  # a refused registration leaves nothing behind
+    else:
+        close_later(app)
+        assert get_engine(app).workflows is None  # a memory store alone runs no workflows
