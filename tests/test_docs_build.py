@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+# Without the docs extra (``make lowest`` leaves this file out; ``make test`` installs it).
 pytest.importorskip("sphinx", reason="the docs extra (sphinx) is not installed")
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
