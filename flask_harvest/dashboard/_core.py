@@ -107,6 +107,11 @@ def install_dashboard(app: Flask, settings: Settings) -> None:
     app.register_blueprint(dashboard, url_prefix=settings.dashboard_url_prefix)
 
 
+def _under_prefix(path: str) -> bool:
+    prefix = get_engine().settings.dashboard_url_prefix.rstrip("/")
+    return path == prefix or path.startswith(prefix + "/")
+
+
 # -- the session -----------------------------------------------------------------------------------
 
 
@@ -262,8 +267,12 @@ def _guard() -> BaseResponse | tuple[str, int] | None:
     )
 
 
-@dashboard.after_request
+@dashboard.after_app_request
 def _headers(response: Response) -> Response:
+    # Every answer under the prefix, including routing's own (a 308 for a doubled slash, a 404 or
+    # 405 no view ran for), not only the blueprint's views.
+    if request.blueprint != dashboard.name and not _under_prefix(request.path):
+        return response
     for name, value in SECURITY_HEADERS.items():
         response.headers[name] = value
     if request.endpoint != "harvest_dashboard.static":
