@@ -52,7 +52,7 @@ if TYPE_CHECKING:
     )
     from .webhooks.stores import InMemoryOutboundWebhookHandler as InMemoryOutboundWebhookStore
     from .webhooks.stores import OutboundWebhookHandler as OutboundWebhookStore
-    from .workflows.models import ExecutionState, IdReusePolicy
+    from .workflows.models import ExecutionState, ForkMode, IdReusePolicy, ParentClosePolicy
     from .workflows.service import WorkflowFailedError, WorkflowHandle
 
 #: Where each public name lives, by module; imported on first use by :func:`__getattr__`.
@@ -98,7 +98,7 @@ _SOURCES: dict[str, tuple[str, ...]] = {
         "SqlOutboundWebhookStore",
     ),
     ".triggers.definitions": ("CompletionTrigger",),
-    ".workflows.models": ("ExecutionState", "IdReusePolicy"),
+    ".workflows.models": ("ExecutionState", "ForkMode", "IdReusePolicy", "ParentClosePolicy"),
     ".workflows.service": ("WorkflowFailedError", "WorkflowHandle"),
 }
 #: The compatibility names, all in one place: each is another name for the same object, kept
@@ -144,6 +144,7 @@ __all__ = [
     "DuplicateSubscriptionError",
     "EnqueueError",
     "ExecutionState",
+    "ForkMode",
     "Harvest",
     "HarvestEngine",
     "HarvestError",
@@ -160,6 +161,7 @@ __all__ = [
     "OutboundWebhookManager",
     "OutboundWebhookPlugin",
     "OutboundWebhookStore",
+    "ParentClosePolicy",
     "RedisReplayCache",
     "ReplayCache",
     "SignatureVerificationError",

@@ -33,7 +33,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import URL
 from sqlalchemy.exc import SQLAlchemyError, StatementError
 from sqlalchemy.pool import SingletonThreadPool, StaticPool
-from sqlalchemy.schema import CreateIndex, CreateTable
+from sqlalchemy.schema import CreateColumn, CreateIndex, CreateTable
 
 from ._fork import in_each_child
 from .errors import ConfigurationError, StoreError
@@ -149,17 +149,37 @@ def drop_indexes_sql(names: Sequence[str]) -> str:
 def create_tables(engine: Engine, tables: Sequence[Table], *, what: str, hint: str = "") -> None:
     """Create ``tables`` and their indexes where they do not exist yet (existing ones are left alone).
 
-    An index that a newer version declares on a table that already exists is created too (by
-    name), so an upgrade gets it without a migration of its own.
+    A column or an index that a newer version declares on a table that already exists is added
+    too (by name), so an upgrade gets it without a migration of its own: new columns are always
+    nullable or have a server default, so adding one never rewrites or refuses existing rows.
 
     :param what: names the tables in the error (``the webhook tables``).
     :raises StoreError: the database refused.
     """
     try:
         metadata.create_all(engine, tables=list(tables), checkfirst=True)
+        _add_missing_columns(engine, tables)
         _create_missing_indexes(engine, tables)
     except SQLAlchemyError as exc:
         raise store_error(f"create {what}", exc, engine, hint=hint) from exc
+
+
+def _add_missing_columns(engine: Engine, tables: Sequence[Table]) -> None:
+    # One catalogue read per table; ADD COLUMN of a nullable column (or one with a server
+    # default) is instant on PostgreSQL and SQLite alike.
+    inspector = inspect(engine)
+    preparer = engine.dialect.identifier_preparer
+    statements = []
+    for table in tables:
+        present = {found["name"] for found in inspector.get_columns(table.name)}
+        for column in table.columns:
+            if column.name not in present:
+                spec = CreateColumn(column).compile(dialect=engine.dialect)
+                statements.append(f"ALTER TABLE {preparer.format_table(table)} ADD COLUMN {spec}")
+    if statements:
+        with engine.begin() as conn:
+            for statement in statements:
+                conn.exec_driver_sql(statement)
 
 
 def _create_missing_indexes(engine: Engine, tables: Sequence[Table]) -> None:

@@ -115,6 +115,46 @@ def test_ensure_schema_adds_the_indexes_a_newer_version_declares(sql_store: SqlO
     assert sql_store.list_subscriptions() == [subscription]
 
 
+def test_ensure_schema_adds_the_columns_a_newer_version_declares(tmp_path: Path) -> None:
+    """An upgrade: the executions table exists from a version before chains, children, forks and
+    queues; its rows stay and read back with the new columns empty."""
+    from flask_harvest.workflows import SqlWorkflowStore
+    from flask_harvest.workflows._schema import executions_table
+
+    engine = sa.create_engine(f"sqlite:///{tmp_path / 'old.db'}")
+    try:
+        old = [c.name for c in executions_table.columns][
+            : list(executions_table.c.keys()).index("continued_from")
+        ]
+        with engine.begin() as conn:
+            conn.exec_driver_sql(
+                "CREATE TABLE harvest_workflow_executions (execution_id VARCHAR(36) PRIMARY KEY, "
+                "workflow_name VARCHAR(255) NOT NULL, workflow_id VARCHAR(255) NOT NULL, "
+                "input TEXT NOT NULL, "
+                "output TEXT, error TEXT, state VARCHAR(16) NOT NULL, created_at DATETIME NOT NULL, "
+                "started_at DATETIME, completed_at DATETIME, deadline DATETIME, attempt INTEGER NOT NULL, "
+                "recovery_count INTEGER NOT NULL, lease_token VARCHAR(32), lease_expires_at DATETIME, "
+                "next_run_at DATETIME, cancel_requested BOOLEAN NOT NULL, cancel_reason TEXT, "
+                "trigger_depth INTEGER NOT NULL, completion_callbacks JSON)"
+            )
+            conn.exec_driver_sql(
+                "INSERT INTO harvest_workflow_executions VALUES "
+                "('e1', 'n', 'w', '1', NULL, NULL, 'Completed', "
+                "'2026-01-01 00:00:00', NULL, NULL, NULL, 1, 0, NULL, NULL, NULL, 0, NULL, 0, NULL)"
+            )
+        assert [c["name"] for c in sa.inspect(engine).get_columns("harvest_workflow_executions")] == old
+
+        store = SqlWorkflowStore(engine)
+        store.ensure_schema()
+
+        columns = [c["name"] for c in sa.inspect(engine).get_columns("harvest_workflow_executions")]
+        assert columns == list(executions_table.c.keys())
+        execution = store.get("e1")
+        assert execution is not None and execution.priority == 0 and execution.continued_to is None
+    finally:
+        engine.dispose()
+
+
 def test_schema_sql_names_every_table_and_index() -> None:
     assert schema_sql("postgresql") == WEBHOOK_SCHEMA_SQL
     for sql in (WEBHOOK_SCHEMA_SQL, schema_sql("sqlite"), full_schema.schema_sql("sqlite")):

@@ -19,7 +19,7 @@ from flask_harvest.workflows import (
     WorkflowContext,
     WorkflowRegistry,
 )
-from flask_harvest.workflows.models import decode_json, encode_json
+from flask_harvest.workflows.models import Execution, decode_json, encode_json, utcnow
 
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False) | st.text(),
@@ -37,14 +37,11 @@ not_json = st.one_of(
 
 
 def test_terminal_states() -> None:
-    assert [s.value for s in ExecutionState if s.terminal] == [
-        "Completed",
-        "Failed",
-        "Cancelled",
-        "TimedOut",
-        "Terminated",
-    ]
-    assert not ExecutionState.PENDING.terminal and not ExecutionState.RUNNING.terminal
+    outcomes = ["Completed", "Failed", "Cancelled", "TimedOut", "Terminated"]
+    assert [s.value for s in ExecutionState if s.outcome] == outcomes
+    # ContinuedAsNew closes the row but is not how the logical run ended.
+    assert [s.value for s in ExecutionState if s.terminal] == [*outcomes, "ContinuedAsNew"]
+    assert not ExecutionState.PENDING.terminal and not ExecutionState.RUNNING.outcome
 
 
 @given(json_values)
@@ -108,3 +105,22 @@ def test_a_name_cannot_be_taken_twice() -> None:
     registry.workflow("refund")(lambda ctx, value: 1)
     with pytest.raises(ConfigurationError, match="already registered"):
         registry.workflow("refund")(lambda ctx, value: 2)
+
+
+@pytest.mark.parametrize(
+    ("state", "fork_mode", "notifies"),
+    [
+        (ExecutionState.COMPLETED, None, True),
+        (ExecutionState.FAILED, None, True),
+        (ExecutionState.CONTINUED_AS_NEW, None, False),
+        (ExecutionState.RUNNING, None, False),
+        (ExecutionState.COMPLETED, "live", True),
+        (ExecutionState.COMPLETED, "recorded", False),
+        (ExecutionState.TERMINATED, "live_quiet", False),
+    ],
+)
+def test_which_ends_notify_callbacks_and_triggers(
+    state: ExecutionState, fork_mode: str | None, notifies: bool
+) -> None:
+    execution = Execution("e", "w", "k", None, state, created_at=utcnow(), fork_mode=fork_mode)
+    assert execution.notifies is notifies

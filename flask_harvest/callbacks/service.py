@@ -197,6 +197,8 @@ class CompletionCallbacks:
         A target the live policy no longer allows is skipped with a warning: the terminal
         transition is never blocked by a callback.
         """
+        if not execution.notifies:  # ContinuedAsNew, or a fork that notifies no one
+            return
         targets = stored_targets(execution.completion_callbacks)
         if not targets:
             return

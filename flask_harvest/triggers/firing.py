@@ -175,7 +175,7 @@ class TriggerFiring:
 
         :returns: what each matching trigger did (also reported to the listener after commit).
         """
-        if not execution.terminal:
+        if not execution.notifies:  # open, ContinuedAsNew, or a fork that notifies no one
             return []
         events = []
         for stored in self.store.for_source(conn, execution.workflow_name):

@@ -20,7 +20,7 @@ from .errors import (
     WorkflowIdReusedError,
 )
 from .hooks import TerminalHook, TerminalHooks
-from .models import Execution, ExecutionState, IdReusePolicy, StepRecord
+from .models import Execution, ExecutionState, ForkMode, IdReusePolicy, ParentClosePolicy, StepRecord
 from .registry import WorkflowDefinition, WorkflowRegistry
 from .runner import WorkflowRunner
 from .store import ExecutionCursor, LeaseSweep, SqlWorkflowStore
@@ -31,10 +31,12 @@ __all__ = [
     "ExecutionEndedError",
     "ExecutionNotFoundError",
     "ExecutionState",
+    "ForkMode",
     "IdReusePolicy",
     "InputTooLargeError",
     "LeaseSweep",
     "NonDeterminismError",
+    "ParentClosePolicy",
     "SqlWorkflowStore",
     "StepFailedError",
     "StepRecord",

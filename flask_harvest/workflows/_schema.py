@@ -44,6 +44,23 @@ executions_table = Table(
     Column("cancel_reason", Text, nullable=True),
     Column("trigger_depth", Integer, nullable=False, default=0),
     Column("completion_callbacks", JSON(none_as_null=True), nullable=True),
+    # Continue-as-new: the chain of runs of one workflow_id, linked both ways.
+    Column("continued_from", String(EXECUTION_ID_LENGTH), nullable=True),
+    Column("continued_to", String(EXECUTION_ID_LENGTH), nullable=True),
+    # Child runs: the parent, what the child does when the parent closes, and (on a parent that
+    # sleeps until a child ends) the workflow_id of the child it waits for.
+    Column("parent_execution_id", String(EXECUTION_ID_LENGTH), nullable=True),
+    Column("parent_close_policy", String(16), nullable=True),
+    Column("waiting_on", String(NAME_LENGTH), nullable=True),
+    # Forks: the source run, the fork point and the mode.
+    Column("forked_from", String(EXECUTION_ID_LENGTH), nullable=True),
+    Column("fork_from_step", Integer, nullable=True),
+    Column("fork_mode", String(16), nullable=True),
+    # Queues: where the run is claimed, its concurrency key and limit, and its priority.
+    Column("queue_name", String(NAME_LENGTH), nullable=True),
+    Column("concurrency_key", String(NAME_LENGTH), nullable=True),
+    Column("concurrency_limit", Integer, nullable=True),
+    Column("priority", Integer, nullable=False, default=0, server_default=text("0")),
     # At most one open run per workflow_id: what makes concurrent starts collapse into one.
     Index(
         "ux_harvest_workflow_executions_open_workflow_id",
@@ -64,6 +81,8 @@ executions_table = Table(
     # The dashboard's list filtered by state alone (a rare state is not found by walking every
     # row of the created index), and its bounded counts by state.
     Index("ix_harvest_workflow_executions_state_created", "state", "created_at", "execution_id"),
+    # A parent's children: the parent-close cascade, waking a waiting parent, the dashboard.
+    Index("ix_harvest_workflow_executions_parent", "parent_execution_id"),
 )
 
 # One checkpoint per (execution, position). No foreign key: the sweeper may purge executions and
@@ -107,6 +126,18 @@ def row_to_execution(row: Row[Any]) -> Execution:
         cancel_reason=row.cancel_reason,
         trigger_depth=row.trigger_depth,
         completion_callbacks=row.completion_callbacks,
+        continued_from=row.continued_from,
+        continued_to=row.continued_to,
+        parent_execution_id=row.parent_execution_id,
+        parent_close_policy=row.parent_close_policy,
+        waiting_on=row.waiting_on,
+        forked_from=row.forked_from,
+        fork_from_step=row.fork_from_step,
+        fork_mode=row.fork_mode,
+        queue_name=row.queue_name,
+        concurrency_key=row.concurrency_key,
+        concurrency_limit=row.concurrency_limit,
+        priority=row.priority,
     )
 
 

@@ -21,8 +21,10 @@ from .errors import InputTooLargeError
 __all__ = [
     "Execution",
     "ExecutionState",
+    "ForkMode",
     "IdReusePolicy",
     "JsonValue",
+    "ParentClosePolicy",
     "StepRecord",
     "check_reason",
     "decode_json",
@@ -46,16 +48,56 @@ class ExecutionState(str, enum.Enum):
     CANCELLED = "Cancelled"
     TIMED_OUT = "TimedOut"
     TERMINATED = "Terminated"
+    #: The run handed over to the next run of its ``workflow_id`` (``ctx.continue_as_new``). The
+    #: row is closed, but the logical run goes on: it is not an outcome, so no completion callback
+    #: and no completion trigger ever matches it.
+    CONTINUED_AS_NEW = "ContinuedAsNew"
 
     @property
     def terminal(self) -> bool:
         """Whether an execution in this state has ended (it never changes state again)."""
         return self not in (ExecutionState.PENDING, ExecutionState.RUNNING)
 
+    @property
+    def outcome(self) -> bool:
+        """Whether this state is how a logical run ended: terminal, and not ``ContinuedAsNew``."""
+        return self.terminal and self is not ExecutionState.CONTINUED_AS_NEW
+
 
 #: The states an execution can leave; a terminal transition only moves a row in one of these.
 OPEN_STATES = (ExecutionState.PENDING, ExecutionState.RUNNING)
-TERMINAL_STATES = tuple(s for s in ExecutionState if s.terminal)
+#: The outcomes a logical run can end with: what completion callbacks and triggers match.
+TERMINAL_STATES = tuple(s for s in ExecutionState if s.outcome)
+#: Every state a row can close in: the outcomes, and ``ContinuedAsNew``.
+CLOSED_STATES = tuple(s for s in ExecutionState if s.terminal)
+
+
+class ForkMode(str, enum.Enum):
+    """How a fork runs the steps from its fork point on (see :doc:`forks`)."""
+
+    #: Steps at or after the fork point return the source run's recorded results; the fork
+    #: enqueues no completion callback and fires no completion trigger.
+    RECORDED = "recorded"
+    #: Steps at or after the fork point run for real; callbacks and triggers as for any run.
+    LIVE = "live"
+    #: Steps run for real, but the fork notifies no one: no completion trigger, no callback.
+    LIVE_QUIET = "live_quiet"
+
+    @property
+    def notifies(self) -> bool:
+        """Whether a fork in this mode enqueues completion callbacks and fires triggers."""
+        return self is ForkMode.LIVE
+
+
+class ParentClosePolicy(str, enum.Enum):
+    """What happens to a child run that is still open when its parent closes (Temporal's)."""
+
+    #: The child ends ``Terminated`` in the parent's terminal transaction.
+    TERMINATE = "Terminate"
+    #: The child is asked to cancel, as :meth:`WorkflowService.cancel` would.
+    REQUEST_CANCEL = "RequestCancel"
+    #: The child runs on, on its own.
+    ABANDON = "Abandon"
 
 
 class IdReusePolicy(str, enum.Enum):
@@ -84,6 +126,19 @@ class Execution:
     :param next_run_at: when a ``Pending`` run is due (its start, or its wake time after a sleep).
     :param trigger_depth: how many completion triggers led to this run (0 when started directly).
     :param completion_callbacks: the completion-callback targets registered with the run, if any.
+    :param continued_from: the run of the same ``workflow_id`` that continued as this one.
+    :param continued_to: the run this one continued as (set when it closed ``ContinuedAsNew``).
+    :param parent_execution_id: the run that started this one as its child.
+    :param parent_close_policy: what this child does when its parent closes (a
+        :class:`ParentClosePolicy` value).
+    :param waiting_on: the ``workflow_id`` of the child this ``Pending`` run waits for.
+    :param forked_from: the run this one is a fork of.
+    :param fork_from_step: the position from which the fork's steps are new (or, recorded, replayed).
+    :param fork_mode: how a fork runs its new steps (a :class:`ForkMode` value).
+    :param queue_name: the queue the run is claimed through (``None``: no queue, no limits).
+    :param concurrency_key: runs sharing this key in the queue are limited to ``concurrency_limit``.
+    :param concurrency_limit: how many running runs may share ``concurrency_key``.
+    :param priority: lower runs first among due runs of its queue.
     """
 
     execution_id: str
@@ -106,11 +161,34 @@ class Execution:
     cancel_reason: str | None = None
     trigger_depth: int = 0
     completion_callbacks: JsonValue = None
+    continued_from: str | None = None
+    continued_to: str | None = None
+    parent_execution_id: str | None = None
+    parent_close_policy: str | None = None
+    waiting_on: str | None = None
+    forked_from: str | None = None
+    fork_from_step: int | None = None
+    fork_mode: str | None = None
+    queue_name: str | None = None
+    concurrency_key: str | None = None
+    concurrency_limit: int | None = None
+    priority: int = 0
 
     @property
     def terminal(self) -> bool:
-        """Whether the run has ended."""
+        """Whether the run has ended (``ContinuedAsNew`` included: the row never moves again)."""
         return self.state.terminal
+
+    @property
+    def notifies(self) -> bool:
+        """Whether this run's end enqueues completion callbacks and fires completion triggers.
+
+        Only an outcome does (never ``ContinuedAsNew``: the chain's last run notifies), and a fork
+        only in :attr:`ForkMode.LIVE`.
+        """
+        if not self.state.outcome:
+            return False
+        return self.fork_mode is None or ForkMode(self.fork_mode).notifies
 
 
 @dataclass(frozen=True)
