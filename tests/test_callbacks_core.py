@@ -253,6 +253,13 @@ def test_filters_against_every_terminal_state(state: ExecutionState) -> None:
         assert not EventFilter.any_terminal().matches(open_state)
 
 
+def test_any_terminal_never_matches_continued_as_new() -> None:
+    """The rule: AnyTerminal fires on the five terminal states, never on ContinuedAsNew, which is
+    not a terminal outcome for the logical run."""
+    assert ExecutionState.CONTINUED_AS_NEW not in TERMINAL_STATES
+    assert not EventFilter.any_terminal().matches(ExecutionState.CONTINUED_AS_NEW)
+
+
 def test_filter_json_shapes_round_trip() -> None:
     for shape in (
         {"type": "CompletedOnly"},
@@ -271,6 +278,7 @@ def test_filter_json_shapes_round_trip() -> None:
     [
         {"type": "States", "data": []},
         {"type": "States", "data": ["Running"]},
+        {"type": "States", "data": ["ContinuedAsNew"]},
         {"type": "States", "data": "Failed"},
         {"type": "States"},
         {"type": "Whatever"},

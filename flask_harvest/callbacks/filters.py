@@ -54,7 +54,7 @@ class EventFilter:
                 state = ExecutionState(item)
             except (ValueError, TypeError):
                 state = None
-            if state is None or not state.terminal:
+            if state is None or not state.outcome:  # ContinuedAsNew is no outcome
                 raise InvalidFieldError(
                     "filter.data", f"{item!r:.60} is not a terminal state; use {_TERMINAL_NAMES}"
                 )
