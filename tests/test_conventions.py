@@ -104,7 +104,16 @@ def test_every_enum_member_is_spelled_in_upper_case() -> None:
 def test_the_wire_values_keep_their_spelling() -> None:
     # The strings stored and sent are data: the members' names do not change them.
     assert [s.value for s in WebhookSubscriptionStatus] == ["active", "disabled", "failed"]
-    states = ["Pending", "Running", "Completed", "Failed", "Cancelled", "TimedOut", "Terminated"]
+    states = [
+        "Pending",
+        "Running",
+        "Completed",
+        "Failed",
+        "Cancelled",
+        "TimedOut",
+        "Terminated",
+        "ContinuedAsNew",
+    ]
     assert [s.value for s in ExecutionState] == states
     policies = ["AllowDuplicate", "AllowDuplicateFailedOnly", "RejectDuplicate"]
     assert [p.value for p in IdReusePolicy] == policies
