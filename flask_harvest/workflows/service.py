@@ -80,6 +80,10 @@ def execution_to_dict(execution: Execution, *, with_io: bool = True) -> dict[str
         "cancel_requested": execution.cancel_requested,
         "trigger_depth": execution.trigger_depth,
     }
+    if execution.forked_from is not None:
+        data["forked_from"] = execution.forked_from
+        data["fork_from_step"] = execution.fork_from_step
+        data["fork_mode"] = execution.fork_mode
     if with_io:
         data["input"] = execution.input
         if execution.state is ExecutionState.COMPLETED:
