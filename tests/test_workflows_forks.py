@@ -3,6 +3,7 @@ recorded results and side effects, sleeps, non-determinism, completion triggers,
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Iterator
 from datetime import timedelta
 from typing import Any
@@ -355,3 +356,26 @@ def test_a_fork_of_a_fork_of_a_long_workflow_id_still_fits(h: Harness) -> None:
     second = h.fork(first, 3, M.RECORDED)
     assert len(first.workflow_id) <= NAME_LENGTH and len(second.workflow_id) <= NAME_LENGTH
     assert second.forked_from == first.execution_id and second.state is S.COMPLETED
+
+
+def test_concurrent_forks_of_one_run_are_distinct_runs_each_with_its_copies(h: Harness) -> None:
+    source = h.run("counted")
+    results: list[str] = []
+    errors: list[BaseException] = []
+
+    def fork_once() -> None:
+        try:
+            results.append(h.service.fork(source.execution_id, 2, M.LIVE).execution_id)
+        except BaseException as exc:  # reported below, with the others
+            errors.append(exc)
+
+    threads = [threading.Thread(target=fork_once) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == [] and len(set(results)) == 4
+    for fork_id in results:
+        assert h.steps(fork_id) == h.steps(source.execution_id)[:2]
+        fork = h.store.get(fork_id)
+        assert fork is not None and fork.workflow_id.endswith(fork_id)

@@ -15,7 +15,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from flask_harvest import CompletionTrigger, get_engine, workflow_service
+from flask_harvest.jobs.rq import RqBackend
 from flask_harvest.testing import CapturingReceiver
+from flask_harvest.worker import HarvestWorker
 from flask_harvest.workflows import ExecutionState, ForkMode
 
 from .properties import BUDGET
@@ -267,3 +269,23 @@ def test_hostile_fork_requests_never_get_a_5xx_and_change_nothing_when_refused(
         assert response.is_json and response.get_json()["error"]["message"]
     # Refused (or, for an empty id, redirected to the path with one slash): nothing changed.
     assert snapshot(rq_app) == before
+
+
+@pytest.mark.redis
+def test_an_rq_worker_runs_a_live_fork(database_url: str, redis_url: str, redis_conn: redis.Redis) -> None:
+    app = make_workflow_app(database_url, HARVEST_JOBS_BACKEND="rq", HARVEST_REDIS_URL=redis_url)
+    backend = get_engine(app).backend
+    assert isinstance(backend, RqBackend)
+
+    def work() -> None:
+        HarvestWorker([backend.queue], connection=backend.connection, app=app).work(burst=True)
+
+    with app.app_context():
+        service = workflow_service()
+        source, _ = service.start("three_steps", None)
+        work()
+        assert source.result(timeout=30) == [10, 20, 30]
+        fork = service.fork(source.execution_id, 1, ForkMode.LIVE)
+        work()
+        assert fork.result(timeout=30) == [10, 20, 30]
+        assert [s.name for s in service.steps(fork.execution_id)] == ["step_1", "step_2", "step_3"]
