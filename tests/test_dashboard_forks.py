@@ -58,7 +58,15 @@ def test_bad_fork_requests_are_refused_and_create_nothing(app: Flask, client: Fl
     finished(app, source)
     before = executions(app)
     url = f"{PREFIX}/workflows/{source}/fork"
-    for query in ("", "?from_step=", "?from_step=x", "?from_step=-1", "?from_step=4", "?from_step=1.5"):
+    for query in (
+        "",
+        "?from_step=",
+        "?from_step=x",
+        "?from_step=-1",
+        "?from_step=4",
+        "?from_step=1.5",
+        "?from_step=%C2%B2",
+    ):
         assert client.get(url + query).status_code == 422, query
     for form in ({"from_step": "9"}, {"from_step": "a"}, {"from_step": "1", "mode": "Replay"}, {}):
         assert client.post(url, data={**form, "csrf_token": csrf}).status_code == 422, form

@@ -7,6 +7,8 @@ dashboard form does (the blueprint checks it).
 
 from __future__ import annotations
 
+import re
+
 from flask import redirect, request, url_for
 from werkzeug.wrappers import Response as BaseResponse
 
@@ -28,9 +30,11 @@ MODES = {
 
 
 def _from_step(text: str | None) -> int:
-    if text is None or not text.strip().isdigit():
+    # ASCII digits only: str.isdigit() also takes "²", which int() refuses.
+    value = (text or "").strip()
+    if not re.fullmatch(r"[0-9]{1,9}", value):
         raise InvalidFieldError("from_step", f"must be a step position, 0 or more, not {text!r:.40}")
-    return check_from_step(int(text.strip()))
+    return check_from_step(int(value))
 
 
 @dashboard.route("/workflows/<execution_id>/fork", methods=["GET", "POST"])
