@@ -10,6 +10,8 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
+from hypothesis import given
+from hypothesis import strategies as st
 
 from flask_harvest.errors import InvalidFieldError
 from flask_harvest.triggers import CompletionTrigger
@@ -27,10 +29,11 @@ from flask_harvest.workflows import (
     WorkflowRunner,
 )
 from flask_harvest.workflows._schema import NAME_LENGTH, executions_table, steps_table
-from flask_harvest.workflows.forks import FORK_SEPARATOR, fork_workflow_id
+from flask_harvest.workflows.forks import FORK_SEPARATOR, check_from_step, fork_workflow_id
 from flask_harvest.workflows.forks import NAME_LENGTH as FORK_NAME_LENGTH
 from flask_harvest.workflows.service import WorkflowService
 
+from .properties import BUDGET
 from .workflow_support import SQL_KINDS, Clock, Scheduled, record_run, run_counts, workflow_store
 
 S = ExecutionState
@@ -379,3 +382,31 @@ def test_concurrent_forks_of_one_run_are_distinct_runs_each_with_its_copies(h: H
         assert h.steps(fork_id) == h.steps(source.execution_id)[:2]
         fork = h.store.get(fork_id)
         assert fork is not None and fork.workflow_id.endswith(fork_id)
+
+
+@BUDGET
+@given(source=st.text(min_size=1, max_size=300), execution_id=st.uuids().map(str))
+def test_any_source_workflow_id_gives_a_fork_workflow_id_that_fits_and_ends_with_the_fork(
+    source: str, execution_id: str
+) -> None:
+    derived = fork_workflow_id(source, execution_id)
+    assert len(derived) <= NAME_LENGTH and derived == fork_workflow_id(source, execution_id)
+    assert derived.endswith(f"{FORK_SEPARATOR}{execution_id}")
+    if len(source) + len(FORK_SEPARATOR) + len(execution_id) <= NAME_LENGTH:
+        assert derived == f"{source}{FORK_SEPARATOR}{execution_id}"
+    else:
+        assert derived.startswith(source[:100])
+
+
+@BUDGET
+@given(value=st.one_of(st.integers(), st.floats(), st.text(max_size=5), st.booleans(), st.none()))
+def test_a_fork_point_is_a_non_negative_integer_and_anything_else_is_refused(value: Any) -> None:
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        assert check_from_step(value) == value
+        assert check_from_step(value, value) == value
+        if value > 3:
+            with pytest.raises(InvalidFieldError):
+                check_from_step(value, 3)
+    else:
+        with pytest.raises(InvalidFieldError):
+            check_from_step(value)
