@@ -24,6 +24,7 @@ from flask_harvest.workflows import (
     ExecutionState,
     ForkMode,
     SqlWorkflowStore,
+    UnknownWorkflowError,
     WorkflowContext,
     WorkflowRegistry,
     WorkflowRunner,
@@ -410,3 +411,11 @@ def test_a_fork_point_is_a_non_negative_integer_and_anything_else_is_refused(val
     else:
         with pytest.raises(InvalidFieldError):
             check_from_step(value)
+
+
+def test_a_source_whose_workflow_this_process_does_not_know_is_not_forked(h: Harness) -> None:
+    ghost, _ = h.store.start("ghost", None, now=h.clock())
+    before = h.rows()
+    with pytest.raises(UnknownWorkflowError):
+        h.service.fork(ghost.execution_id, 0, M.LIVE)
+    assert h.rows() == before
