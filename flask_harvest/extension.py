@@ -47,7 +47,7 @@ from .webhooks.stores.base import OutboundWebhookHandler
 from .webhooks.stores.sql import SqlOutboundWebhookStore
 from .workflows.hooks import TerminalHook, after_commit
 from .workflows.http import workflows_api
-from .workflows.models import Execution, ExecutionState, IdReusePolicy, JsonValue
+from .workflows.models import Execution, ExecutionState, ForkMode, IdReusePolicy, JsonValue
 from .workflows.registry import WorkflowFunction, WorkflowRegistry
 from .workflows.service import WorkflowHandle, WorkflowService
 from .workflows.store import SqlWorkflowStore
@@ -356,6 +356,13 @@ class Harvest:
             name, input, workflow_id=workflow_id, policy=policy, completion_callbacks=completion_callbacks
         )
         return handle
+
+    def fork(
+        self, execution_id: str, from_step: int, mode: ForkMode | str = ForkMode.RECORDED
+    ) -> WorkflowHandle:
+        """Retry a run from step ``from_step`` as a new run (see :meth:`WorkflowService.fork`);
+        return the fork's handle."""
+        return workflow_service().fork(execution_id, from_step, mode)
 
     def get(self, execution_id: str) -> Execution:
         """Return an execution (see :meth:`WorkflowService.get`)."""

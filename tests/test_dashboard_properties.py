@@ -45,7 +45,7 @@ FIELDS = [
 ]  # fmt: skip
 WORKFLOW_FIELDS = [
     "name", "state", "cursor", "reason", "confirm", "done", "id", "source_workflow_name",
-    "target_workflow_name", "terminal_states", "input_mapping", "condition",
+    "target_workflow_name", "terminal_states", "input_mapping", "condition", "from_step", "mode",
 ]  # fmt: skip
 #: Values that mean something to some route, mixed with hostile text.
 VALUES = st.one_of(

@@ -17,7 +17,7 @@ import click
 
 from .._app import workflow_service
 from ..errors import InvalidFieldError
-from ..workflows.models import ExecutionState, IdReusePolicy, JsonValue
+from ..workflows.models import ExecutionState, ForkMode, IdReusePolicy, JsonValue
 from ..workflows.schemas import MAX_PAGE
 from ..workflows.service import WorkflowService, execution_to_dict, step_to_dict
 from . import _common as out
@@ -25,7 +25,7 @@ from . import _common as out
 __all__ = ["workflows_cli"]
 
 workflows_cli = out.HarvestGroup(
-    "workflows", help="Durable workflow executions: start, inspect, cancel, terminate."
+    "workflows", help="Durable workflow executions: start, inspect, cancel, terminate, fork."
 )
 
 EXECUTION_FIELDS = (
@@ -41,6 +41,9 @@ EXECUTION_FIELDS = (
     "recovery_count",
     "cancel_requested",
     "trigger_depth",
+    "forked_from",
+    "fork_from_step",
+    "fork_mode",
     "input",
     "output",
     "error",
@@ -263,4 +266,36 @@ def workflows_terminate(execution_id: str, reason: str | None, yes: bool, as_jso
         execution_to_dict(execution),
         as_json,
         lambda d: f"execution {d['execution_id']} is {d['state']}",
+    )
+
+
+@workflows_cli.command("fork")
+@click.argument("execution_id")
+@click.option(
+    "--from-step",
+    type=click.IntRange(min=0),
+    required=True,
+    help="The first position the fork does not copy (0: copy no step).",
+)
+@click.option(
+    "--mode",
+    type=click.Choice([m.value for m in ForkMode]),
+    default=ForkMode.RECORDED.value,
+    show_default=True,
+    help="recorded: the source's results, nothing runs, no one is notified; live: the steps run "
+    "for real, callbacks and triggers as usual; live_quiet: the steps run, no one is notified.",
+)
+@out.json_option
+def workflows_fork(execution_id: str, from_step: int, mode: str, as_json: bool) -> None:
+    """Retry a run from step --from-step: a new run whose earlier steps are the source's results.
+    The source is not changed."""
+    handle = _service().fork(execution_id, from_step, mode)
+    out.output(execution_to_dict(handle.execution(), with_io=False), as_json, _forked)
+
+
+def _forked(data: Mapping[str, Any]) -> str:
+    return (
+        f"forked execution {data['forked_from']} from step {data['fork_from_step']} as "
+        f"{data['execution_id']} (workflow_id {data['workflow_id']}, mode {data['fork_mode']}, "
+        f"{data['state']})"
     )

@@ -8,7 +8,7 @@ here.
 
 from __future__ import annotations
 
-from . import access, overview, triggers, webhooks, workflows
+from . import access, forks, overview, triggers, webhooks, workflows
 from ._core import CONTENT_SECURITY_POLICY, NAV, PANELS, NavEntry, Panel, dashboard, install_dashboard
 
 __all__ = [
@@ -19,6 +19,7 @@ __all__ = [
     "Panel",
     "access",
     "dashboard",
+    "forks",
     "install_dashboard",
     "overview",
     "triggers",

@@ -41,6 +41,7 @@ ACTIONS = {
 NOTICES = {
     "cancel": "Cancel requested.",
     "terminate": "Terminated.",
+    "forked": "The fork was created: this new run started from a copy of its source's steps.",
     "redriven": "The completion delivery was redriven: it is due now, with the same id.",
     "not_failed": "That completion delivery has not failed: nothing was changed.",
 }

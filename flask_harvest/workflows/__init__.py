@@ -12,6 +12,7 @@ from .context import StepRetryPolicy, WorkflowContext
 from .errors import (
     ExecutionEndedError,
     ExecutionNotFoundError,
+    ForkNotRecordedError,
     InputTooLargeError,
     NonDeterminismError,
     StepFailedError,
@@ -32,6 +33,7 @@ __all__ = [
     "ExecutionNotFoundError",
     "ExecutionState",
     "ForkMode",
+    "ForkNotRecordedError",
     "IdReusePolicy",
     "InputTooLargeError",
     "LeaseSweep",

@@ -27,7 +27,7 @@ from typing import Any, TypeVar
 from .._input import text_problem
 from ..errors import InvalidFieldError, InvalidStateError
 from ..outbound.backoff import retry_delay_ms
-from .errors import NonDeterminismError, StepFailedError
+from .errors import ForkNotRecordedError, NonDeterminismError, StepFailedError, WorkflowError
 from .models import (
     Execution,
     ExecutionState,
@@ -113,11 +113,16 @@ class WorkflowContext:
         schedule: Callable[[str, datetime | None], None],
         wait: Callable[[float], None],
         lease: LeaseView | None = None,
+        recorded: dict[int, StepRecord] | None = None,
     ) -> None:
         self._execution = execution
         self._token = token
         self._store = store
         self._steps = steps
+        # A fork in mode recorded: the source run's checkpoints from the fork point on, which the
+        # positions this run has not checkpointed yet return instead of running (any step name:
+        # steps, sleeps, and whatever else the engine checkpoints).
+        self._recorded = recorded
         self._clock = clock
         self._lease_seconds = lease_seconds
         self._retry = retry
@@ -130,8 +135,9 @@ class WorkflowContext:
         self._lease_read_at = time.monotonic()
         # When this run last extended its lease (the claim did, at the run's start).
         self._renewed_at = clock()
-        #: A non-determinism error, kept even if the workflow code catches it.
-        self.fatal: NonDeterminismError | None = None
+        #: A non-determinism error (or a recorded fork's missing position), kept even if the
+        #: workflow code catches it.
+        self.fatal: WorkflowError | None = None
 
     def __repr__(self) -> str:
         return f"<WorkflowContext {self.workflow_name} {self.execution_id}>"
@@ -296,10 +302,27 @@ class WorkflowContext:
 
     def _replay(self, seq: int, name: str) -> StepRecord | None:
         recorded = self._steps.get(seq)
+        if recorded is None and self._recorded is not None:
+            return self._replay_source(seq, name, self._recorded)
         if recorded is not None and recorded.name != name:
             self.fatal = NonDeterminismError(self.execution_id, seq, recorded.name, name)
             raise self.fatal
         return recorded
+
+    def _replay_source(self, seq: int, name: str, recorded: dict[int, StepRecord]) -> StepRecord:
+        """A recorded fork's new position: the source's checkpoint there, checkpointed as this run's."""
+        source_id = self._execution.forked_from or ""
+        found = recorded.get(seq)
+        if found is None:
+            self.fatal = ForkNotRecordedError(self.execution_id, source_id, seq, name)
+            raise self.fatal
+        if found.name != name:
+            self.fatal = NonDeterminismError(source_id, seq, found.name, name)
+            raise self.fatal
+        # A boundary, as a step that runs has: a cancel or the deadline stops a long replay too.
+        self._boundary()
+        self._record(seq, name, output=found.output, error=found.error)
+        return self._steps[seq]
 
     def _record(self, seq: int, name: str, *, output: JsonValue = None, error: str | None = None) -> None:
         now = self._clock()

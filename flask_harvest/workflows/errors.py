@@ -119,3 +119,21 @@ class StepFailedError(WorkflowError):
         super().__init__(f"step {step!r} failed: {message}")
         self.step = step
         self.message = message
+
+
+class ForkNotRecordedError(WorkflowError):
+    """A fork with recorded effects reached a position its source run never recorded.
+
+    Such a fork never runs a step for real, so it cannot go on: it ends ``Failed`` with this error.
+    """
+
+    def __init__(self, execution_id: str, source_execution_id: str, seq: int, name: str) -> None:
+        super().__init__(
+            f"fork {execution_id} reached position {seq} ({name!r}), which its source run "
+            f"{source_execution_id} never recorded; a fork in mode recorded runs no step for real: "
+            "fork again in mode live or live_quiet to run the steps from there"
+        )
+        self.execution_id = execution_id
+        self.source_execution_id = source_execution_id
+        self.seq = seq
+        self.name = name

@@ -23,7 +23,14 @@ from flask import Blueprint, Response, jsonify, url_for
 from .._app import get_engine, workflow_service
 from ..http.admin import MAX_BODY_BYTES, install_admin_api, load_body, load_query, no_such_route
 from .models import Execution, ExecutionState
-from .schemas import CancelSchema, ListQuerySchema, ResultQuerySchema, StartSchema, TerminateSchema
+from .schemas import (
+    CancelSchema,
+    ForkSchema,
+    ListQuerySchema,
+    ResultQuerySchema,
+    StartSchema,
+    TerminateSchema,
+)
 from .service import execution_to_dict, step_to_dict
 
 __all__ = ["workflows_api"]
@@ -120,6 +127,16 @@ def terminate(execution_id: str) -> Response:
     """Terminate: the execution ends ``Terminated`` now."""
     body = load_body(TerminateSchema())
     return jsonify(execution_to_dict(workflow_service().terminate(execution_id, body.get("reason"))))
+
+
+@workflows_api.post("/workflows/<execution_id>/fork")
+def fork(execution_id: str) -> tuple[Response, int]:
+    """Retry from step ``from_step``: 201 with the new run (a fork of this one), ``Location`` on it."""
+    body = load_body(ForkSchema())
+    handle = workflow_service().fork(execution_id, body["from_step"], body["mode"])
+    response = jsonify(execution_to_dict(handle.execution()))
+    response.headers["Location"] = url_for(".show", execution_id=handle.execution_id)
+    return response, 201
 
 
 _ALL = ["GET", "POST", "PUT", "PATCH", "DELETE"]

@@ -24,12 +24,15 @@ from ..jobs.requeue import requeue_missing
 from ..jobs.tasks import carrying_job_context
 from ..sweeper import SweepReport
 from .context import StepRetryPolicy, WorkflowContext, _EngineFailed, _Unwind
-from .errors import UnknownWorkflowError
+from .errors import ExecutionNotFoundError, UnknownWorkflowError
+from .forks import check_from_step, parse_fork_mode
 from .models import (
     Execution,
     ExecutionState,
+    ForkMode,
     IdReusePolicy,
     JsonValue,
+    StepRecord,
     describe_error,
     encode_json,
     timeout_message,
@@ -176,6 +179,26 @@ class WorkflowRunner:
             self._schedule(execution.execution_id, None)
         return execution, created
 
+    def fork(self, source_id: str, from_step: int, mode: ForkMode = ForkMode.RECORDED) -> Execution:
+        """Create a fork of ``source_id`` from position ``from_step`` (see
+        :meth:`SqlWorkflowStore.fork`) and queue it; its deadline is counted from now.
+
+        :raises ExecutionNotFoundError: no execution has the id ``source_id``.
+        :raises UnknownWorkflowError: the source's workflow is not registered in this process.
+        :raises InvalidFieldError: ``from_step`` or ``mode`` is not valid.
+        """
+        mode = parse_fork_mode(mode)
+        check_from_step(from_step)
+        source = self.store.get(source_id)
+        if source is None:
+            raise ExecutionNotFoundError(source_id)
+        definition = self.registry.get(source.workflow_name)
+        now = self.clock()
+        deadline = now + definition.timeout if definition.timeout is not None else None
+        fork = self.store.fork(source_id, from_step, mode, now=now, deadline=deadline)
+        self._schedule(fork.execution_id, None)
+        return fork
+
     # -- running ---------------------------------------------------------------------------------
 
     def run_many(self, execution_ids: Sequence[str]) -> None:
@@ -307,10 +330,12 @@ class WorkflowRunner:
             claimed,
             token,
             self.store,
-            # The first claim of a run has no checkpoints: only a claim's holder writes them.
+            # The first claim of a run has no checkpoints (only a claim's holder writes them),
+            # except a fork's, which starts with copies of its source's.
             steps={}
-            if claimed.attempt == 1
+            if claimed.attempt == 1 and claimed.forked_from is None
             else {step.seq: step for step in self.store.list_steps(execution_id)},
+            recorded=self._recorded_steps(claimed),
             clock=self.clock,
             lease_seconds=self.lease_seconds,
             retry=self.step_retry,
@@ -350,6 +375,14 @@ class WorkflowRunner:
                 claimed, token, ExecutionState.TIMED_OUT, error=timeout_message(claimed.deadline)
             )
         return self._end(claimed, token, ExecutionState.COMPLETED, output=output)
+
+    def _recorded_steps(self, claimed: Execution) -> dict[int, StepRecord] | None:
+        """A fork in mode recorded: its source's checkpoints from the fork point on, read at each
+        claim (an open source may have recorded more since); ``None`` for any other run."""
+        if claimed.forked_from is None or claimed.fork_mode != ForkMode.RECORDED.value:
+            return None
+        start = claimed.fork_from_step or 0
+        return {s.seq: s for s in self.store.list_steps(claimed.forked_from) if s.seq >= start}
 
     def _end(
         self,

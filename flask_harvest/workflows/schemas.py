@@ -16,10 +16,11 @@ from marshmallow import Schema, ValidationError, fields, validate
 from .._input import text_problem
 from ..errors import InvalidFieldError
 from ._schema import NAME_LENGTH
-from .models import ExecutionState, IdReusePolicy, encode_json
+from .models import ExecutionState, ForkMode, IdReusePolicy, encode_json
 
 __all__ = [
     "CancelSchema",
+    "ForkSchema",
     "ListQuerySchema",
     "ResultQuerySchema",
     "StartSchema",
@@ -95,3 +96,13 @@ class ResultQuerySchema(Schema):
     ``HARVEST_WORKFLOW_RESULT_MAX_WAIT_SECONDS`` (a longer wait is cut to it)."""
 
     wait = fields.Float(load_default=0.0, allow_nan=False, validate=validate.Range(min=0))
+
+
+class ForkSchema(Schema):
+    """``POST /workflows/<execution_id>/fork``: the fork point and the mode (``recorded`` unless
+    given). Whether ``from_step`` is past the source's recorded steps is the service's check."""
+
+    from_step = fields.Integer(required=True, strict=True, validate=validate.Range(min=0))
+    mode = fields.String(
+        load_default=ForkMode.RECORDED.value, validate=validate.OneOf([m.value for m in ForkMode])
+    )

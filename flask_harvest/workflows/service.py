@@ -16,10 +16,12 @@ from .._time import utcnow
 from ..errors import HarvestError, InvalidFieldError
 from ..http.cursor import decode_position, encode_position
 from .errors import ExecutionEndedError, ExecutionNotFoundError
+from .forks import parse_fork_mode
 from .hooks import TerminalHooks
 from .models import (
     Execution,
     ExecutionState,
+    ForkMode,
     IdReusePolicy,
     JsonValue,
     StepRecord,
@@ -78,6 +80,10 @@ def execution_to_dict(execution: Execution, *, with_io: bool = True) -> dict[str
         "cancel_requested": execution.cancel_requested,
         "trigger_depth": execution.trigger_depth,
     }
+    if execution.forked_from is not None:
+        data["forked_from"] = execution.forked_from
+        data["fork_from_step"] = execution.fork_from_step
+        data["fork_mode"] = execution.fork_mode
     if with_io:
         data["input"] = execution.input
         if execution.state is ExecutionState.COMPLETED:
@@ -172,6 +178,24 @@ class WorkflowService:
             name, input, workflow_id=workflow_id, policy=chosen, completion_callbacks=completion_callbacks
         )
         return WorkflowHandle(self, execution.execution_id, execution.workflow_id), created
+
+    def fork(
+        self, execution_id: str, from_step: int, mode: ForkMode | str = ForkMode.RECORDED
+    ) -> WorkflowHandle:
+        """Retry from step ``from_step``: start a fork of the run ``execution_id`` and queue it.
+
+        The fork is a new run of the same workflow with the same input, whose checkpoints before
+        ``from_step`` are copies of the source's; ``mode`` decides what the steps from there do
+        (:class:`ForkMode`). The source is not changed. See :doc:`forks`.
+
+        :returns: a handle on the fork.
+        :raises ExecutionNotFoundError: no execution has this id.
+        :raises InvalidFieldError: ``from_step`` is not an integer from 0 to the number of the
+            source's checkpoints, or ``mode`` is not a fork mode.
+        :raises UnknownWorkflowError: the source's workflow is not registered in this process.
+        """
+        fork = self.runner.fork(execution_id, from_step, parse_fork_mode(mode))
+        return WorkflowHandle(self, fork.execution_id, fork.workflow_id)
 
     def get(self, execution_id: str) -> Execution:
         """Return the execution.

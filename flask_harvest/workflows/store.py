@@ -16,13 +16,14 @@ from datetime import datetime
 from sqlalchemy import Connection, Engine
 
 from . import _reads
+from ._forks import Forks
 from ._leases import Leases, LeaseView
 from ._reads import ExecutionReads
 from ._runs import Runs
 from ._store_core import OnStarted, StoreCore, TerminalTransition
 from ._sweep import LeaseSweep, _SweepQueries
 from .hooks import TerminalHooks
-from .models import Execution, ExecutionState, IdReusePolicy, JsonValue, StepRecord
+from .models import Execution, ExecutionState, ForkMode, IdReusePolicy, JsonValue, StepRecord
 
 __all__ = ["ExecutionCursor", "LeaseSweep", "LeaseView", "SqlWorkflowStore"]
 
@@ -52,6 +53,7 @@ class SqlWorkflowStore:
         self._runs = Runs(self._core, self._terminal, self._reads)
         self._leases = Leases(self._core)
         self._sweeps = _SweepQueries(self._core, self._terminal)
+        self._forks = Forks(self._core)
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.engine.url.render_as_string(hide_password=True)}>"
@@ -172,6 +174,30 @@ class SqlWorkflowStore:
     def get_step(self, execution_id: str, seq: int) -> StepRecord | None:
         """Return the checkpoint at position ``seq``, or ``None``."""
         return self._reads.get_step(execution_id, seq)
+
+    # -- forking -------------------------------------------------------------------------------
+
+    def fork(
+        self,
+        source_id: str,
+        from_step: int,
+        mode: ForkMode = ForkMode.RECORDED,
+        *,
+        now: datetime,
+        deadline: datetime | None = None,
+    ) -> Execution:
+        """Create a ``Pending`` fork of ``source_id``: a new run of its workflow with its input, its
+        completion callbacks and trigger depth, whose checkpoints at positions below ``from_step``
+        are copies of the source's, written in the transaction that inserts it. The source is not
+        changed; an open source is forked as it is checkpointed now.
+
+        The caller schedules the fork after this returns (as after :meth:`start`).
+
+        :raises ExecutionNotFoundError: no execution has the id ``source_id``.
+        :raises InvalidFieldError: ``from_step`` is not an integer from 0 to the source's number of
+            checkpoints, or ``mode`` is not a :class:`ForkMode`.
+        """
+        return self._forks.fork(source_id, from_step, mode, now=now, deadline=deadline)
 
     # -- running -------------------------------------------------------------------------------
 
