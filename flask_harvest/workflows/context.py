@@ -1,4 +1,5 @@
-"""What a workflow function gets: ``ctx.step`` (checkpointed, replayed) and ``ctx.sleep`` (durable).
+"""What a workflow function gets: ``ctx.step`` (checkpointed, replayed), ``ctx.sleep`` (durable) and
+``ctx.continue_as_new`` (hand over to a fresh run of the same ``workflow_id``).
 
 A run replays the function from the top: each ``ctx.step`` takes the next position; a position with
 a checkpoint returns it (or raises its error again) without running the step, a fresh position runs
@@ -22,7 +23,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 from .._input import text_problem
 from ..errors import InvalidFieldError, InvalidStateError
@@ -66,6 +67,10 @@ class _Suspended(_Unwind):
 
 class _Stopped(_Unwind):
     """The run must stop: it ended (cancelled, timed out, terminated) or its lease is lost."""
+
+
+class _ContinuedAsNew(_Unwind):
+    """The run closed ``ContinuedAsNew``; its successor is stored and queued."""
 
 
 class _EngineFailed(_Unwind):
@@ -113,8 +118,10 @@ class WorkflowContext:
         schedule: Callable[[str, datetime | None], None],
         wait: Callable[[float], None],
         lease: LeaseView | None = None,
+        max_input_bytes: int | None = None,
     ) -> None:
         self._execution = execution
+        self._max_input_bytes = max_input_bytes
         self._token = token
         self._store = store
         self._steps = steps
@@ -258,6 +265,45 @@ class WorkflowContext:
                 "could not schedule workflow execution %s at %s", self.execution_id, wake_at, exc_info=True
             )
         raise _Suspended
+
+    def continue_as_new(self, input: JsonValue) -> NoReturn:
+        """End this run ``ContinuedAsNew`` and start the next run of its ``workflow_id`` with
+        ``input``: a fresh history (no checkpoints), the same deadline and completion callbacks.
+
+        Never returns: the workflow function stops here. As at any boundary, a cancel request ends
+        the run ``Cancelled`` instead, and a passed deadline ``TimedOut``.
+
+        :raises InvalidFieldError: ``input`` is not a JSON value, or is larger than
+            ``HARVEST_WORKFLOW_MAX_INPUT_BYTES`` (``InputTooLargeError``); nothing changed.
+        :raises InvalidStateError: called inside a step.
+        """
+        self._refuse_inside_step("ctx.continue_as_new")
+        if self.fatal is not None:
+            raise self.fatal
+        # Checked here, outside the engine's own calls, so that bad input is the workflow code's
+        # error (the run fails with it, or the code catches it), never an engine failure.
+        encode_json(input, field="input", max_bytes=self._max_input_bytes)
+        self._boundary()
+        with _engine_call():
+            moved = self._store.continue_as_new(
+                self.execution_id,
+                self._token,
+                input,
+                now=self._clock(),
+                max_input_bytes=self._max_input_bytes,
+            )
+        if moved is None:
+            # A cancel request, the deadline or a lost lease since the boundary: the boundary,
+            # reading the row afresh, ends the run as any boundary would.
+            self._boundary(renew=True)
+            raise _Stopped
+        successor = moved[1]
+        try:
+            self._schedule(successor.execution_id, None)
+        except Exception:
+            # The successor is Pending and due: the sweeper's due scan queues it anyway.
+            logger.warning("could not schedule workflow execution %s", successor.execution_id, exc_info=True)
+        raise _ContinuedAsNew
 
     # -- internals -------------------------------------------------------------------------------
 
