@@ -2,7 +2,7 @@
 just before that transaction commits (both writes made), and just after it committed (before the
 successor's job was queued). Whatever the point, the chain ends up with exactly one next run, and
 after recovery (the sweeper, another worker) it completes with no duplicate successor. On SQLite and
-PostgreSQL."""
+PostgreSQL with a runner process, and with real ``flask harvest worker`` processes (RQ, PostgreSQL)."""
 
 from __future__ import annotations
 
@@ -28,7 +28,10 @@ from flask_harvest.workflows import (
 )
 
 from ..workflow_support import SQL_KINDS, Scheduled
+from . import workflow_app
 from .conftest import wait_until
+from .test_workflow_faults import RECOVERY_WAIT, WorkflowFaults
+from .test_workflow_faults import wf as wf  # the fixture
 
 pytestmark = [pytest.mark.faults]
 
@@ -179,3 +182,44 @@ def test_a_worker_killed_inside_continue_as_new_leaves_exactly_one_next_run(
     assert len(runs_of(store, "chain")) == 3
     # The first run's step was checkpointed before the kill: no run has more than its one tick.
     assert all([s.name for s in store.list_steps(e.execution_id)] == ["tick"] for e in chain)
+
+
+@pytest.mark.postgres
+@pytest.mark.redis
+@pytest.mark.slow
+def test_an_rq_worker_killed_inside_continue_as_new_is_recovered_with_one_successor(
+    wf: WorkflowFaults,
+) -> None:
+    """SIGKILL of a ``flask harvest worker`` inside the continue-as-new transaction: the other worker
+    recovers the run once its lease expires, and the chain completes with exactly one run per link."""
+    with wf.env.inspector.begin() as conn:
+        conn.execute(workflow_app.flags_table.insert().values(name=workflow_app.KILL_IN_CONTINUE))
+    workers = [wf.worker(), wf.worker()]
+    with wf.app.app_context():
+        handle, _ = wf.service.start("relay", {"n": 0, "until": 3}, workflow_id="relay-kill")
+    first = handle.execution_id
+    doomed = wait_until(lambda: next((w for w in workers if not w.alive()), None), RECOVERY_WAIT, "a kill")
+    # Lower the flag at once, so that the worker recovering the run does not die too.
+    with wf.env.inspector.begin() as conn:
+        conn.execute(
+            workflow_app.flags_table.delete().where(
+                workflow_app.flags_table.c.name == workflow_app.KILL_IN_CONTINUE
+            )
+        )
+    assert "inside the continue-as-new of " + first in doomed.log()
+    # What a process manager does with a dead worker: its whole group goes (RQ's scheduler child,
+    # which holds copies of the dead worker's database sockets, so the database would keep its
+    # transaction, and the run's row lock, open for as long as that child lives).
+    doomed.kill()
+
+    last = wf.service.wait(first, RECOVERY_WAIT)
+    assert last.state is S.COMPLETED and last.output == 3, last
+    chain = wf.service.chain(first)
+    assert [e.state for e in chain] == [S.CONTINUED_AS_NEW] * 3 + [S.COMPLETED]
+    assert chain[0].recovery_count == 1 and chain[-1].execution_id == last.execution_id
+    rows = [e for e in wf.service.list_executions(limit=500)[0] if e.workflow_id == "relay-kill"]
+    assert len(rows) == 4
+    # Each run ticked once: the first run's checkpoint survived the kill, and no link ran twice.
+    for run in chain:
+        assert wf.effects(run.execution_id) == {"tick": 1}
+        assert [s.name for s in wf.steps(run.execution_id)] == ["tick"]
