@@ -4,6 +4,7 @@ in one transaction; the chain, its links, what carries over, and what stops it."
 from __future__ import annotations
 
 import itertools
+import threading
 from datetime import timedelta
 from typing import Any
 
@@ -14,6 +15,7 @@ from sqlalchemy import Connection
 from flask_harvest.errors import InvalidFieldError, InvalidStateError
 from flask_harvest.workflows import Execution, ExecutionState, WorkflowContext
 from flask_harvest.workflows._schema import executions_table
+from flask_harvest.workflows.service import WorkflowService
 
 from .test_workflows_runner import Harness
 from .workflow_support import SQL_KINDS, SimulatedCrash, run_counts, workflow_store
@@ -48,9 +50,9 @@ def open_count(h: Harness, workflow_id: str) -> int:
         )
 
 
-def drain(h: Harness, workflow_id: str, *, max_runs: int = 50) -> Execution:
-    """Run what is scheduled until the chain of ``workflow_id`` has no open run; check at each run
-    that at most one run of it is open. Returns its last run."""
+def drain(h: Harness, workflow_id: str, *, max_runs: int = 50, ended: bool = True) -> Execution:
+    """Run what is scheduled (due now) until the chain of ``workflow_id`` has no open run (with
+    ``ended``); check at each run that at most one run of it is open. Returns its last run."""
     done = 0
     while h.scheduled.calls and done < max_runs:
         execution_id, _ = h.scheduled.calls.pop(0)
@@ -58,7 +60,8 @@ def drain(h: Harness, workflow_id: str, *, max_runs: int = 50) -> Execution:
         h.clock.advance(seconds=1)  # each run created later than the one before it
         h.runner.run(execution_id)
         done += 1
-    assert open_count(h, workflow_id) == 0
+    if ended:
+        assert open_count(h, workflow_id) == 0
     last = rows_of(h, workflow_id)[-1]
     return last
 
@@ -288,3 +291,69 @@ def test_a_replay_after_a_crash_before_the_hand_over_continues_once(h: Harness) 
     last = drain(h, "r")
     assert [r.state for r in rows_of(h, "r")] == [S.CONTINUED_AS_NEW, S.COMPLETED]
     assert last.output == 1 and run_counts(h.store.engine) == {"s0": 1, "s1": 1}
+
+
+def test_a_terminate_landing_after_the_boundary_continues_nothing(h: Harness) -> None:
+    """The closing UPDATE is guarded by the lease: a run terminated between its boundary and its
+    hand-over stays Terminated, with no successor."""
+
+    @h.registry.workflow("loop")
+    def loop(ctx: WorkflowContext, value: Any) -> Any:
+        ctx.step("s", lambda: 1)
+        h.store.terminate(ctx.execution_id, "now", now=h.clock())
+        ctx.continue_as_new(value + 1)
+
+    h.runner.start("loop", 0, workflow_id="l")
+    last = drain(h, "l")
+    assert len(rows_of(h, "l")) == 1 and last.state is S.TERMINATED and last.continued_to is None
+
+
+def test_the_sweeper_times_out_the_open_run_at_the_chains_deadline(h: Harness) -> None:
+    """A timeout applies to the chain's open run: its inherited deadline, enforced by the sweeper
+    while it sleeps."""
+
+    @h.registry.workflow("nap", timeout=timedelta(minutes=10))
+    def nap(ctx: WorkflowContext, value: Any) -> Any:
+        if value < 2:
+            ctx.continue_as_new(value + 1)
+        ctx.sleep(timedelta(hours=1))
+
+    first, _ = h.runner.start("nap", 0, workflow_id="z")
+    drain(h, "z", max_runs=3, ended=False)
+    runs = h.store.chain(first.execution_id)
+    assert [r.state for r in runs] == [S.CONTINUED_AS_NEW, S.CONTINUED_AS_NEW, S.PENDING]
+    h.clock.advance(minutes=11)
+    h.runner.sweep_once()
+    ended = h.store.get(runs[-1].execution_id)
+    assert ended is not None and ended.state is S.TIMED_OUT and ended.deadline == first.deadline
+
+
+def test_a_cancel_racing_the_hand_over_through_the_first_id_always_ends_the_chain(h: Harness) -> None:
+    """A cancel given the first run's id, racing the run's continue-as-new on another thread, ends
+    the chain Cancelled whichever lands first, with never two open runs."""
+    service = WorkflowService(h.store, h.registry, h.runner, h.store.hooks)
+    gates: dict[str, threading.Barrier] = {}
+
+    @h.registry.workflow("racer")
+    def racer(ctx: WorkflowContext, value: Any) -> Any:
+        if value["n"] == 0:
+            ctx.step("meet", lambda: gates[value["key"]].wait(timeout=20))
+            ctx.continue_as_new({"n": 1, "key": value["key"]})
+        ctx.sleep(timedelta(hours=1))
+
+    for round_ in range(8):
+        key = f"race-{round_}"
+        gates[key] = threading.Barrier(2)
+        first, _ = h.runner.start("racer", {"n": 0, "key": key}, workflow_id=key)
+        h.scheduled.calls.clear()
+        worker = threading.Thread(target=h.runner.run, args=(first.execution_id,))
+        worker.start()
+        gates[key].wait(timeout=20)
+        ended = service.cancel(first.execution_id, "race")
+        worker.join(timeout=20)
+        for execution_id, _ in list(h.scheduled.calls):
+            h.runner.run(execution_id)  # a successor, if the hand-over won: Cancelled at its claim
+        runs = h.store.chain(first.execution_id)
+        assert open_count(h, key) == 0 and len(rows_of(h, key)) == len(runs)
+        assert runs[-1].state is S.CANCELLED and ended.execution_id == runs[-1].execution_id
+        assert [r.state for r in runs] in ([S.CANCELLED], [S.CONTINUED_AS_NEW, S.CANCELLED])
