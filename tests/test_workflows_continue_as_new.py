@@ -357,3 +357,61 @@ def test_a_cancel_racing_the_hand_over_through_the_first_id_always_ends_the_chai
         assert open_count(h, key) == 0 and len(rows_of(h, key)) == len(runs)
         assert runs[-1].state is S.CANCELLED and ended.execution_id == runs[-1].execution_id
         assert [r.state for r in runs] in ([S.CANCELLED], [S.CONTINUED_AS_NEW, S.CANCELLED])
+
+
+def make_fork(h: Harness, execution_id: str, **columns: Any) -> None:
+    """Mark a run as a fork (the columns a fork is created with)."""
+    with h.store.engine.begin() as conn:
+        conn.execute(
+            executions_table.update().where(executions_table.c.execution_id == execution_id).values(columns)
+        )
+
+
+def test_a_quiet_fork_stays_quiet_across_the_chain(h: Harness) -> None:
+    """The successor inherits the fork mode: a live_quiet fork's chain notifies no one."""
+    register_counter(h, until=2)
+    fork, _ = h.runner.start("counter", {"n": 0, "seen": []}, workflow_id="q")
+    make_fork(h, fork.execution_id, forked_from="s" * 36, fork_from_step=0, fork_mode="live_quiet")
+    last = drain(h, "q")
+    chain = h.store.chain(fork.execution_id)
+    assert [r.fork_mode for r in chain] == ["live_quiet"] * 3 and last.state is S.COMPLETED
+    assert [r.forked_from for r in chain[1:]] == [None, None] and not last.notifies
+
+
+def test_a_recorded_fork_continues_as_a_recorded_fork_of_its_sources_next_run(h: Harness) -> None:
+    """A recorded fork continues as new only where its source did: its next run replays the
+    source's next run from the start."""
+    register_counter(h, until=1)
+    source, _ = h.runner.start("counter", {"n": 0, "seen": []}, workflow_id="src")
+    drain(h, "src")
+    source_chain = h.store.chain(source.execution_id)
+    fork, _ = h.runner.start("counter", {"n": 0, "seen": []}, workflow_id="fork")
+    make_fork(h, fork.execution_id, forked_from=source.execution_id, fork_from_step=1, fork_mode="recorded")
+    h.runner.run(fork.execution_id)
+    closed, successor = h.store.chain(fork.execution_id)
+    assert closed.state is S.CONTINUED_AS_NEW
+    assert (successor.fork_mode, successor.forked_from, successor.fork_from_step) == (
+        "recorded",
+        source_chain[1].execution_id,
+        0,
+    )
+
+
+def test_a_recorded_fork_whose_source_did_not_continue_cannot_continue(h: Harness) -> None:
+    """A recorded fork does no new work: where its source did not continue as new, its
+    continue_as_new fails the run with a clear error and starts nothing."""
+    register_counter(h, until=0)
+    source, _ = h.runner.start("counter", {"n": 0, "seen": []}, workflow_id="src")
+    drain(h, "src")
+
+    @h.registry.workflow("diverges")
+    def diverges(ctx: WorkflowContext, value: Any) -> Any:
+        ctx.continue_as_new(value)
+
+    fork, _ = h.runner.start("diverges", 1, workflow_id="fork")
+    make_fork(h, fork.execution_id, forked_from=source.execution_id, fork_from_step=0, fork_mode="recorded")
+    failed = h.runner.run(fork.execution_id)
+    assert (
+        failed is not None and failed.state is S.FAILED and "cannot continue as new" in (failed.error or "")
+    )
+    assert rows_of(h, "fork") == [failed]

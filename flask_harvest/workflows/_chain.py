@@ -18,7 +18,7 @@ from sqlalchemy import Integer, literal, or_, select
 from .._input import id_problem
 from ._schema import row_to_execution
 from ._store_core import StoreCore, TerminalTransition, _ex
-from .models import Execution, ExecutionState
+from .models import Execution, ExecutionState, ForkMode
 
 __all__ = ["MAX_CHAIN", "Chains"]
 
@@ -83,6 +83,13 @@ class Chains:
             if closed is None:
                 return None
             values: dict[str, Any] = {name: getattr(closed, name) for name in INHERITED}
+            if closed.fork_mode == ForkMode.RECORDED.value and closed.forked_from is not None:
+                # A recorded fork replays its source's results: its next run replays the source's
+                # next run, from the start (the caller checked that the source continued).
+                source_next = conn.execute(
+                    select(_ex.c.continued_to).where(_ex.c.execution_id == closed.forked_from)
+                ).scalar()
+                values.update(forked_from=source_next, fork_from_step=0)
             values.update(
                 execution_id=successor_id,
                 workflow_name=closed.workflow_name,

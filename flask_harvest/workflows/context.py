@@ -32,6 +32,7 @@ from .errors import NonDeterminismError, StepFailedError
 from .models import (
     Execution,
     ExecutionState,
+    ForkMode,
     JsonValue,
     StepRecord,
     decode_json,
@@ -283,6 +284,7 @@ class WorkflowContext:
         # Checked here, outside the engine's own calls, so that bad input is the workflow code's
         # error (the run fails with it, or the code catches it), never an engine failure.
         encode_json(input, field="input", max_bytes=self._max_input_bytes)
+        self._refuse_unrecorded_continue()
         self._boundary()
         with _engine_call():
             moved = self._store.continue_as_new(
@@ -306,6 +308,20 @@ class WorkflowContext:
         raise _ContinuedAsNew
 
     # -- internals -------------------------------------------------------------------------------
+
+    def _refuse_unrecorded_continue(self) -> None:
+        # A recorded fork does no new work: it may continue as new only where its source did, and
+        # its next run then replays the source's next run.
+        execution = self._execution
+        if execution.fork_mode != ForkMode.RECORDED.value or execution.forked_from is None:
+            return
+        with _engine_call():
+            source = self._store.get(execution.forked_from)
+        if source is None or source.continued_to is None:
+            raise InvalidStateError(
+                f"this recorded fork cannot continue as new: its source {execution.forked_from} "
+                "did not continue as new, so there is no recorded run to replay next"
+            )
 
     def _sleep_delta(self, duration: object) -> timedelta:
         if isinstance(duration, timedelta):
