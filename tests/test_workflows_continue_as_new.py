@@ -386,7 +386,7 @@ def test_a_recorded_fork_continues_as_a_recorded_fork_of_its_sources_next_run(h:
     drain(h, "src")
     source_chain = h.store.chain(source.execution_id)
     fork, _ = h.runner.start("counter", {"n": 0, "seen": []}, workflow_id="fork")
-    make_fork(h, fork.execution_id, forked_from=source.execution_id, fork_from_step=1, fork_mode="recorded")
+    make_fork(h, fork.execution_id, forked_from=source.execution_id, fork_from_step=0, fork_mode="recorded")
     h.runner.run(fork.execution_id)
     closed, successor = h.store.chain(fork.execution_id)
     assert closed.state is S.CONTINUED_AS_NEW
@@ -415,3 +415,22 @@ def test_a_recorded_fork_whose_source_did_not_continue_cannot_continue(h: Harnes
         failed is not None and failed.state is S.FAILED and "cannot continue as new" in (failed.error or "")
     )
     assert rows_of(h, "fork") == [failed]
+
+
+@pytest.mark.skipif(not hasattr(WorkflowService, "fork"), reason="needs forks (WorkflowService.fork)")
+def test_a_recorded_fork_of_a_chain_replays_the_whole_chain(h: Harness) -> None:
+    """A recorded fork of a chain's first run replays every run of the chain, with no side effect
+    run again, ends with the chain's outcome, and notifies no one."""
+    register_counter(h, until=2)
+    service = WorkflowService(h.store, h.registry, h.runner, h.store.hooks)
+    first, _ = h.runner.start("counter", {"n": 0, "seen": []}, workflow_id="c")
+    last = drain(h, "c")
+    before = run_counts(h.store.engine)
+    fork = getattr(service, "fork")(first.execution_id, 0, "recorded")  # noqa: B009 (not on every branch)
+    h.scheduled.calls[:] = [(fork.execution_id, None)]
+    end = drain(h, fork.workflow_id)
+    chain = h.store.chain(fork.execution_id)
+    assert [r.fork_mode for r in chain] == ["recorded"] * 3
+    assert [r.forked_from for r in chain] == [r.execution_id for r in h.store.chain(first.execution_id)]
+    assert end.state is S.COMPLETED and end.output == last.output and not end.notifies
+    assert run_counts(h.store.engine) == before
