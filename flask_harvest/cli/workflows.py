@@ -44,6 +44,8 @@ EXECUTION_FIELDS = (
     "forked_from",
     "fork_from_step",
     "fork_mode",
+    "continued_from",
+    "continued_to",
     "input",
     "output",
     "error",
@@ -193,13 +195,37 @@ def workflows_steps(execution_id: str, as_json: bool) -> None:
     out.output(data, as_json, _step_rows)
 
 
+@workflows_cli.command("chain")
+@click.argument("execution_id")
+@out.json_option
+def workflows_chain(execution_id: str, as_json: bool) -> None:
+    """The runs of the execution's continue-as-new chain, first to last (the 1000 most recent)."""
+    runs = _service().chain(execution_id)
+    data = {"execution_id": execution_id, "executions": [execution_to_dict(e, with_io=False) for e in runs]}
+    out.output(data, as_json, _chain_rows)
+
+
+def _chain_rows(data: Mapping[str, Any]) -> str:
+    rows = [
+        (e["execution_id"], e["state"], e["created_at"], e["completed_at"], e["continued_to"] or "")
+        for e in data["executions"]
+    ]
+    return out.table(rows, ("execution_id", "state", "created", "completed", "continued as"))
+
+
 @workflows_cli.command("result")
 @click.argument("execution_id")
 @click.option("--wait", type=out.Seconds(), default=0.0, help="Seconds to wait for the run to end.")
+@click.option(
+    "--follow/--no-follow",
+    default=True,
+    show_default=True,
+    help="Follow a continue-as-new chain to its last run (--no-follow: this run only).",
+)
 @out.json_option
-def workflows_result(execution_id: str, wait: float, as_json: bool) -> None:
+def workflows_result(execution_id: str, wait: float, follow: bool, as_json: bool) -> None:
     """Print the run's result; exit status 1 if it ended otherwise than Completed, or is still open."""
-    execution = _service().wait(execution_id, wait)
+    execution = _service().wait(execution_id, wait, follow=follow)
     data: dict[str, Any] = {
         "execution_id": execution.execution_id,
         "workflow_id": execution.workflow_id,
@@ -209,7 +235,13 @@ def workflows_result(execution_id: str, wait: float, as_json: bool) -> None:
         data["result"] = execution.output
         out.output(data, as_json, lambda d: json.dumps(d["result"], indent=2, ensure_ascii=False))
         return
-    if execution.terminal:
+    if execution.state is ExecutionState.CONTINUED_AS_NEW:
+        data["continued_to"] = execution.continued_to
+        reason = (
+            f"execution {execution.execution_id} continued as another run, {execution.continued_to}; "
+            "drop --no-follow for the workflow's outcome"
+        )
+    elif execution.terminal:
         data["error"] = execution.error
         reason = f"execution {execution.execution_id} ended {execution.state.value}: {execution.error}"
     else:
@@ -228,9 +260,9 @@ def workflows_result(execution_id: str, wait: float, as_json: bool) -> None:
 @out.json_option
 def workflows_cancel(execution_id: str, reason: str | None, yes: bool, as_json: bool) -> None:
     """Cancel cooperatively: a pending run ends now, a running one at its next step or sleep.
-    Asks first (--yes does not)."""
+    Given a run that continued as new, its chain's open run. Asks first (--yes does not)."""
     service = _service()
-    current = service.get(execution_id)
+    current = service.last_run(execution_id)
     if not current.terminal:
         out.confirm(
             f"Cancel {current.workflow_name} execution {current.execution_id} ({current.state.value})?", yes
@@ -253,9 +285,10 @@ def _cancelled(data: Mapping[str, Any]) -> str:
 @out.yes_option
 @out.json_option
 def workflows_terminate(execution_id: str, reason: str | None, yes: bool, as_json: bool) -> None:
-    """End the run Terminated at once: its code records nothing more. Asks first (--yes does not)."""
+    """End the run Terminated at once: its code records nothing more. Given a run that continued
+    as new, its chain's open run. Asks first (--yes does not)."""
     service = _service()
-    current = service.get(execution_id)
+    current = service.last_run(execution_id)
     if not current.terminal:
         out.confirm(
             f"Terminate {current.workflow_name} execution {current.execution_id} ({current.state.value})?",

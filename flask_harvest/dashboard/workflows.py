@@ -125,9 +125,10 @@ def execution(execution_id: str) -> tuple[str, int]:
     "/workflows/<execution_id>/terminate", methods=["GET", "POST"], defaults={"action": "terminate"}
 )
 def end_execution(execution_id: str, action: str) -> BaseResponse | tuple[str, int]:
-    """Cancel or terminate, on a confirmation page: the POST acts only with its box ticked."""
+    """Cancel or terminate, on a confirmation page: the POST acts only with its box ticked. Given a
+    run that continued as new, the action is on its chain's last run."""
     service = workflows_service()
-    found = service.get(execution_id)
+    found = service.last_run(execution_id)
     if request.method == "GET":
         return render_page("workflows/confirm.html", execution=found, action=action, explain=ACTIONS[action])
     reason = form_text("reason", max_chars=1000) or None

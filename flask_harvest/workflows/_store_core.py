@@ -11,7 +11,7 @@ and API calls never both win. Every place an execution ends goes through
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import datetime
 from typing import Any
@@ -145,9 +145,14 @@ class TerminalTransition:
         now: datetime,
         extra: Sequence[ColumnElement[bool]] = (),
         cancel_reason: str | None = None,
+        values: Mapping[str, Any] | None = None,
     ) -> Execution | None:
         """The guarded UPDATE and the terminal hooks, on ``conn``: :meth:`finish`'s work, for a
-        caller that already holds the transaction and has encoded the output."""
+        caller that already holds the transaction and has encoded the output.
+
+        :param values: more columns to set in the same UPDATE (continue-as-new's ``continued_to``),
+            so the hooks see the row as it ends.
+        """
         stmt = (
             update(_ex)
             .where(_ex.c.execution_id == execution_id, _open(), *extra)
@@ -162,6 +167,7 @@ class TerminalTransition:
                 lease_expires_at=None,
                 next_run_at=None,
                 **({"cancel_reason": cancel_reason} if cancel_reason is not None else {}),
+                **(values or {}),
             )
             .returning(*_ex.c)
         )

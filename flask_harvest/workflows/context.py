@@ -1,4 +1,5 @@
-"""What a workflow function gets: ``ctx.step`` (checkpointed, replayed) and ``ctx.sleep`` (durable).
+"""What a workflow function gets: ``ctx.step`` (checkpointed, replayed), ``ctx.sleep`` (durable) and
+``ctx.continue_as_new`` (hand over to a fresh run of the same ``workflow_id``).
 
 A run replays the function from the top: each ``ctx.step`` takes the next position; a position with
 a checkpoint returns it (or raises its error again) without running the step, a fresh position runs
@@ -22,7 +23,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 from .._input import text_problem
 from ..errors import InvalidFieldError, InvalidStateError
@@ -31,6 +32,7 @@ from .errors import ForkNotRecordedError, NonDeterminismError, StepFailedError, 
 from .models import (
     Execution,
     ExecutionState,
+    ForkMode,
     JsonValue,
     StepRecord,
     decode_json,
@@ -66,6 +68,10 @@ class _Suspended(_Unwind):
 
 class _Stopped(_Unwind):
     """The run must stop: it ended (cancelled, timed out, terminated) or its lease is lost."""
+
+
+class _ContinuedAsNew(_Unwind):
+    """The run closed ``ContinuedAsNew``; its successor is stored and queued."""
 
 
 class _EngineFailed(_Unwind):
@@ -114,8 +120,10 @@ class WorkflowContext:
         wait: Callable[[float], None],
         lease: LeaseView | None = None,
         recorded: dict[int, StepRecord] | None = None,
+        max_input_bytes: int | None = None,
     ) -> None:
         self._execution = execution
+        self._max_input_bytes = max_input_bytes
         self._token = token
         self._store = store
         self._steps = steps
@@ -265,7 +273,61 @@ class WorkflowContext:
             )
         raise _Suspended
 
+    def continue_as_new(self, input: JsonValue) -> NoReturn:
+        """End this run ``ContinuedAsNew`` and start the next run of its ``workflow_id`` with
+        ``input``: a fresh history (no checkpoints), the same deadline and completion callbacks.
+
+        Never returns: the workflow function stops here. As at any boundary, a cancel request ends
+        the run ``Cancelled`` instead, and a passed deadline ``TimedOut``.
+
+        :raises InvalidFieldError: ``input`` is not a JSON value, or is larger than
+            ``HARVEST_WORKFLOW_MAX_INPUT_BYTES`` (``InputTooLargeError``); nothing changed.
+        :raises InvalidStateError: called inside a step.
+        """
+        self._refuse_inside_step("ctx.continue_as_new")
+        if self.fatal is not None:
+            raise self.fatal
+        # Checked here, outside the engine's own calls, so that bad input is the workflow code's
+        # error (the run fails with it, or the code catches it), never an engine failure.
+        encode_json(input, field="input", max_bytes=self._max_input_bytes)
+        self._refuse_unrecorded_continue()
+        self._boundary()
+        with _engine_call():
+            moved = self._store.continue_as_new(
+                self.execution_id,
+                self._token,
+                input,
+                now=self._clock(),
+                max_input_bytes=self._max_input_bytes,
+            )
+        if moved is None:
+            # A cancel request, the deadline or a lost lease since the boundary: the boundary,
+            # reading the row afresh, ends the run as any boundary would.
+            self._boundary(renew=True)
+            raise _Stopped
+        successor = moved[1]
+        try:
+            self._schedule(successor.execution_id, None)
+        except Exception:
+            # The successor is Pending and due: the sweeper's due scan queues it anyway.
+            logger.warning("could not schedule workflow execution %s", successor.execution_id, exc_info=True)
+        raise _ContinuedAsNew
+
     # -- internals -------------------------------------------------------------------------------
+
+    def _refuse_unrecorded_continue(self) -> None:
+        # A recorded fork does no new work: it may continue as new only where its source did, and
+        # its next run then replays the source's next run.
+        execution = self._execution
+        if execution.fork_mode != ForkMode.RECORDED.value or execution.forked_from is None:
+            return
+        with _engine_call():
+            source = self._store.get(execution.forked_from)
+        if source is None or source.continued_to is None:
+            raise InvalidStateError(
+                f"this recorded fork cannot continue as new: its source {execution.forked_from} "
+                "did not continue as new, so there is no recorded run to replay next"
+            )
 
     def _sleep_delta(self, duration: object) -> timedelta:
         if isinstance(duration, timedelta):

@@ -22,6 +22,7 @@ from flask import Blueprint, Response, jsonify, url_for
 
 from .._app import get_engine, workflow_service
 from ..http.admin import MAX_BODY_BYTES, install_admin_api, load_body, load_query, no_such_route
+from ._chain import MAX_CHAIN
 from .models import Execution, ExecutionState
 from .schemas import (
     CancelSchema,
@@ -95,10 +96,14 @@ def steps(execution_id: str) -> Response:
 
 @workflows_api.get("/workflows/<execution_id>/result")
 def result(execution_id: str) -> tuple[Response, int]:
-    """200 with ``result`` (or ``error``) once ended; 202 while open, after waiting up to ``wait`` s."""
+    """200 with ``result`` (or ``error``) once ended; 202 while open, after waiting up to ``wait`` s.
+
+    ``follow`` (default true) answers for the last run of a continue-as-new chain; with
+    ``follow=false`` a run that continued as new answers ``ContinuedAsNew`` with ``continued_to``.
+    """
     query = load_query(ResultQuerySchema())
     cap = get_engine().settings.workflow_result_max_wait_seconds
-    execution = workflow_service().wait(execution_id, min(query["wait"], cap))
+    execution = workflow_service().wait(execution_id, min(query["wait"], cap), follow=query["follow"])
     body: dict[str, Any] = {
         "execution_id": execution.execution_id,
         "workflow_id": execution.workflow_id,
@@ -108,9 +113,26 @@ def result(execution_id: str) -> tuple[Response, int]:
         return jsonify(body), 202
     if execution.state is ExecutionState.COMPLETED:
         body["result"] = execution.output
+    elif execution.state is ExecutionState.CONTINUED_AS_NEW:
+        body["continued_to"] = execution.continued_to
     else:
         body["error"] = execution.error
     return jsonify(body), 200
+
+
+@workflows_api.get("/workflows/<execution_id>/chain")
+def chain(execution_id: str) -> Response:
+    """The runs of the execution's continue-as-new chain, first to last (at most ``max_runs``, the
+    most recent; ``complete`` says whether the first run of the chain is among them)."""
+    runs = workflow_service().chain(execution_id)
+    return jsonify(
+        {
+            "execution_id": execution_id,
+            "runs": [_summary(run) for run in runs],
+            "max_runs": MAX_CHAIN,
+            "complete": runs[0].continued_from is None,
+        }
+    )
 
 
 @workflows_api.post("/workflows/<execution_id>/cancel")

@@ -342,6 +342,7 @@ class WorkflowRunner:
             schedule=self._schedule,
             wait=self.wait,
             lease=LeaseView(claimed.cancel_requested, claimed.cancel_reason, claimed.deadline),
+            max_input_bytes=self.max_input_bytes,
         )
         with self._heartbeat(execution_id, token):
             try:

@@ -92,10 +92,12 @@ class ListQuerySchema(Schema):
 
 
 class ResultQuerySchema(Schema):
-    """``GET /workflows/<execution_id>/result?wait=N``: seconds to wait for the end, at most
-    ``HARVEST_WORKFLOW_RESULT_MAX_WAIT_SECONDS`` (a longer wait is cut to it)."""
+    """``GET /workflows/<execution_id>/result?wait=N&follow=true``: seconds to wait for the end, at
+    most ``HARVEST_WORKFLOW_RESULT_MAX_WAIT_SECONDS`` (a longer wait is cut to it); ``follow``
+    (default true) follows a continue-as-new chain to its last run."""
 
     wait = fields.Float(load_default=0.0, allow_nan=False, validate=validate.Range(min=0))
+    follow = fields.Boolean(load_default=True)
 
 
 class ForkSchema(Schema):

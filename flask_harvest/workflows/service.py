@@ -48,16 +48,29 @@ StartPreparer = Callable[[JsonValue], JsonValue]
 # How often waiting for a result looks at the row: starts small, since most runs end quickly.
 _POLL_START = 0.01
 _POLL_MAX = 0.25
+# Cancel and terminate follow a chain whose open run keeps continuing as new at most this often.
+_CHAIN_ROUNDS = 5
 
 
 class WorkflowFailedError(HarvestError):
-    """The execution ended in a state other than ``Completed``; ``execution`` says which and why."""
+    """The execution ended in a state other than ``Completed``; ``execution`` says which and why.
+
+    For a run that continued as new (``result(follow=False)``), the message names the run it
+    continued as: the logical workflow has no outcome in that run.
+    """
 
     def __init__(self, execution: Execution) -> None:
         self.execution = execution
-        super().__init__(
-            f"workflow execution {execution.execution_id} ended {execution.state.value}: {execution.error}"
-        )
+        if execution.state is ExecutionState.CONTINUED_AS_NEW:
+            message = (
+                f"workflow execution {execution.execution_id} continued as another run, "
+                f"{execution.continued_to}: it has no result of its own; follow the chain for the "
+                "workflow's outcome"
+            )
+        else:
+            ended = f"ended {execution.state.value}: {execution.error}"
+            message = f"workflow execution {execution.execution_id} {ended}"
+        super().__init__(message)
 
 
 def _iso(when: datetime | None) -> str | None:
@@ -79,6 +92,8 @@ def execution_to_dict(execution: Execution, *, with_io: bool = True) -> dict[str
         "recovery_count": execution.recovery_count,
         "cancel_requested": execution.cancel_requested,
         "trigger_depth": execution.trigger_depth,
+        "continued_from": execution.continued_from,
+        "continued_to": execution.continued_to,
     }
     if execution.forked_from is not None:
         data["forked_from"] = execution.forked_from
@@ -255,44 +270,87 @@ class WorkflowService:
 
     def cancel(self, execution_id: str, reason: str | None = None) -> Execution:
         """Cancel cooperatively: a pending run ends ``Cancelled`` now, a running one at its next
-        step or sleep boundary.
+        step or sleep boundary. Given a run that continued as new, the chain's open run is the one
+        cancelled.
 
         :returns: the execution after the request (still ``Running``, with ``cancel_requested``,
             until its code reaches a boundary).
         :raises ExecutionNotFoundError: no execution has this id.
-        :raises ExecutionEndedError: it had already ended; nothing was changed.
+        :raises ExecutionEndedError: it (its chain) had already ended; nothing was changed.
         """
         check_reason(reason)
-        self._require_open(execution_id, "cancel")
-        return self.store.request_cancel(execution_id, reason, now=utcnow())
+        return self._end_chain(
+            execution_id, "cancel", lambda i: self.store.request_cancel(i, reason, now=utcnow())
+        )
 
     def terminate(self, execution_id: str, reason: str | None = None) -> Execution:
-        """End an open run ``Terminated`` at once; its code can record nothing more.
+        """End an open run ``Terminated`` at once; its code can record nothing more. Given a run
+        that continued as new, the chain's open run is the one terminated.
 
         :raises ExecutionNotFoundError: no execution has this id.
-        :raises ExecutionEndedError: it had already ended; nothing was changed.
+        :raises ExecutionEndedError: it (its chain) had already ended; nothing was changed.
         """
         check_reason(reason)
-        self._require_open(execution_id, "terminate")
-        return self.store.terminate(execution_id, reason, now=utcnow())
+        return self._end_chain(
+            execution_id, "terminate", lambda i: self.store.terminate(i, reason, now=utcnow())
+        )
 
-    def _require_open(self, execution_id: str, action: str) -> None:
+    def _end_chain(self, execution_id: str, action: str, act: Callable[[str], Execution]) -> Execution:
+        # The chain's open run may itself continue as new between our read and the store's guarded
+        # UPDATE (which then moves nothing): follow it again, a bounded number of times.
+        for _ in range(_CHAIN_ROUNDS):
+            target = self._require_open(execution_id, action)
+            ended = act(target.execution_id)
+            if ended.state is not ExecutionState.CONTINUED_AS_NEW:
+                return ended
+            execution_id = ended.execution_id
+        return ended
+
+    def _require_open(self, execution_id: str, action: str) -> Execution:
         # An execution that ends between this read and the store's guarded UPDATE is left as it
         # ended (the UPDATE only moves an open row): the caller then sees its real terminal state.
-        execution = self.get(execution_id)
+        execution = self.last_run(execution_id)
         if execution.terminal:
             raise ExecutionEndedError(execution.execution_id, execution.state.value, action)
+        return execution
 
-    def wait(self, execution_id: str, timeout: float | None) -> Execution:
+    def last_run(self, execution_id: str) -> Execution:
+        """Return the last run of the chain from ``execution_id`` on (following ``continued_to``):
+        the execution itself unless it continued as new.
+
+        :raises ExecutionNotFoundError: no execution has this id.
+        """
+        execution = self.store.last_run(execution_id)
+        if execution is None:
+            raise ExecutionNotFoundError(execution_id)
+        return execution
+
+    def chain(self, execution_id: str) -> list[Execution]:
+        """Return the runs of ``execution_id``'s continue-as-new chain, first to last (a single
+        run when it never continued): at most the :data:`~flask_harvest.workflows._chain.MAX_CHAIN`
+        most recent runs of a longer chain.
+
+        :raises ExecutionNotFoundError: no execution has this id.
+        """
+        runs = self.store.chain(execution_id)
+        if not runs:
+            raise ExecutionNotFoundError(execution_id)
+        return runs
+
+    def wait(self, execution_id: str, timeout: float | None, *, follow: bool = True) -> Execution:
         """Return the execution once it has ended, or as it is after ``timeout`` seconds.
 
         :param timeout: seconds to wait at most; ``None`` to wait until it ends.
+        :param follow: follow ``continued_to`` to the chain's last run and wait for that one (a run
+            that continued as new is not the workflow's outcome); ``False`` returns the run itself,
+            ``ContinuedAsNew`` if it continued.
         :raises ExecutionNotFoundError: no execution has this id.
         """
         deadline = None if timeout is None else time.monotonic() + max(0.0, timeout)
         delay = _POLL_START
         while True:
-            execution = self.get(execution_id)
+            execution = self.last_run(execution_id) if follow else self.get(execution_id)
+            execution_id = execution.execution_id
             remaining = _POLL_MAX if deadline is None else deadline - time.monotonic()
             if execution.terminal or remaining <= 0:
                 return execution
@@ -319,16 +377,21 @@ class WorkflowHandle:
         """Return the execution as stored now."""
         return self._service.get(self.execution_id)
 
-    def result(self, timeout: float | None = 60.0) -> JsonValue:
+    def result(self, timeout: float | None = 60.0, *, follow: bool = True) -> JsonValue:
         """Wait up to ``timeout`` seconds (``None``: as long as it takes) for the execution to end;
         return its output.
 
-        :raises WorkflowFailedError: it ended ``Failed``, ``Cancelled``, ``TimedOut`` or ``Terminated``.
+        :param follow: follow the continue-as-new chain to its last run and return that run's
+            outcome (the default); ``False`` looks at this run only.
+        :raises WorkflowFailedError: it ended ``Failed``, ``Cancelled``, ``TimedOut`` or
+            ``Terminated``, or (``follow=False``) continued as another run, which the error names.
         :raises TimeoutError: it was still open after ``timeout`` seconds.
         """
-        execution = self._service.wait(self.execution_id, timeout)
+        execution = self._service.wait(self.execution_id, timeout, follow=follow)
         if not execution.terminal:
-            raise TimeoutError(f"workflow execution {self.execution_id} is still {execution.state.value}")
+            raise TimeoutError(
+                f"workflow execution {execution.execution_id} is still {execution.state.value}"
+            )
         if execution.state is not ExecutionState.COMPLETED:
             raise WorkflowFailedError(execution)
         return execution.output

@@ -4,8 +4,8 @@
 dashboard use. It is composed of parts that share one :class:`~._store_core.StoreCore` (the
 database, the terminal hooks, the transactions): THE terminal transition
 (:class:`~._store_core.TerminalTransition`), starts and ends from outside a run (:mod:`._runs`),
-reads (:mod:`._reads`), claims, leases and step checkpoints (:mod:`._leases`) and the sweeper's
-queries (:mod:`._sweep`).
+reads (:mod:`._reads`), claims, leases and step checkpoints (:mod:`._leases`), the sweeper's
+queries (:mod:`._sweep`) and continue-as-new with its chains (:mod:`._chain`).
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from datetime import datetime
 from sqlalchemy import Connection, Engine
 
 from . import _reads
+from ._chain import MAX_CHAIN, Chains
 from ._forks import Forks
 from ._leases import Leases, LeaseView
 from ._reads import ExecutionReads
@@ -23,7 +24,7 @@ from ._runs import Runs
 from ._store_core import OnStarted, StoreCore, TerminalTransition
 from ._sweep import LeaseSweep, _SweepQueries
 from .hooks import TerminalHooks
-from .models import Execution, ExecutionState, ForkMode, IdReusePolicy, JsonValue, StepRecord
+from .models import Execution, ExecutionState, ForkMode, IdReusePolicy, JsonValue, StepRecord, encode_json
 
 __all__ = ["ExecutionCursor", "LeaseSweep", "LeaseView", "SqlWorkflowStore"]
 
@@ -54,6 +55,7 @@ class SqlWorkflowStore:
         self._leases = Leases(self._core)
         self._sweeps = _SweepQueries(self._core, self._terminal)
         self._forks = Forks(self._core)
+        self._chains = Chains(self._core, self._terminal)
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.engine.url.render_as_string(hide_password=True)}>"
@@ -368,3 +370,40 @@ class SqlWorkflowStore:
     def enforce_timeouts_once(self, *, now: datetime, limit: int = 500) -> list[str]:
         """End open executions whose deadline has passed as ``TimedOut``; return their ids."""
         return self._sweeps.enforce_timeouts_once(now=now, limit=limit)
+
+    # -- continue-as-new -----------------------------------------------------------------------
+
+    def continue_as_new(
+        self,
+        execution_id: str,
+        token: str,
+        input: JsonValue,
+        *,
+        now: datetime,
+        max_input_bytes: int | None = None,
+    ) -> tuple[Execution, Execution] | None:
+        """End the run ``ContinuedAsNew`` and start the next run of its ``workflow_id``, at once.
+
+        One transaction: the guarded UPDATE through THE terminal transition (only a ``Running`` run
+        under ``token``, with no cancel requested and its deadline not passed; the terminal hooks
+        run and see ``ContinuedAsNew``), then the INSERT of the successor: ``Pending``, due now,
+        with ``input``, no checkpoints, and the run's deadline, completion callbacks, trigger depth,
+        parent, queue, concurrency, priority and fork mode. ``continued_to`` and
+        ``continued_from`` link the two. The caller schedules the successor after the call.
+
+        :returns: ``(closed run, successor)``, or ``None`` if the guard refused: nothing changed.
+        :raises InvalidFieldError: ``input`` is not a JSON value, or is larger than
+            ``max_input_bytes`` (``InputTooLargeError``); nothing changed.
+        """
+        input_text = encode_json(input, field="input", max_bytes=max_input_bytes)
+        return self._chains.continue_as_new(execution_id, token, input_text, now=now)
+
+    def last_run(self, execution_id: str) -> Execution | None:
+        """Return the last run of the chain from ``execution_id`` on, following ``continued_to``
+        (the run itself if it did not continue as new), or ``None`` if there is no such run."""
+        return self._chains.last_run(execution_id)
+
+    def chain(self, execution_id: str, *, limit: int = MAX_CHAIN) -> list[Execution]:
+        """Return the runs of ``execution_id``'s continue-as-new chain, first to last; of a chain
+        longer than ``limit``, the ``limit`` most recent runs. Empty if there is no such run."""
+        return self._chains.chain(execution_id, limit=limit)

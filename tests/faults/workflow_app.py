@@ -22,8 +22,8 @@ import sqlalchemy as sa
 from flask import Flask
 from flask_sqlalchemy import SQLAlchemy
 
-from flask_harvest import Harvest
-from flask_harvest.workflows import WorkflowContext
+from flask_harvest import Harvest, get_engine
+from flask_harvest.workflows import Execution, ExecutionState, WorkflowContext
 
 #: The tables of the side effects, outside the harvest metadata.
 fault_metadata = sa.MetaData()
@@ -116,6 +116,29 @@ def busy_past_deadline(ctx: WorkflowContext, value: Any) -> Any:
     return ctx.step("after", effect, ctx.execution_id, "after")
 
 
+@workflows.workflow("relay")
+def relay(ctx: WorkflowContext, value: Any) -> Any:
+    """A step, then continue as new with ``n`` plus one until ``n`` reaches ``until``."""
+    ctx.step("tick", effect, ctx.execution_id, "tick")
+    if value["n"] < value["until"]:
+        ctx.continue_as_new({"n": value["n"] + 1, "until": value["until"]})
+    return value["n"]
+
+
+#: While this flag is raised, a worker that continues a run as new kills itself in the transaction.
+KILL_IN_CONTINUE = "kill-in-continue"
+
+
+def kill_in_continue(conn: sa.Connection, execution: Execution) -> None:
+    """A terminal hook: SIGKILL this process inside the transaction that closes a run
+    ``ContinuedAsNew``, while the test's flag is raised (read in that same transaction)."""
+    if execution.state is not ExecutionState.CONTINUED_AS_NEW:
+        return
+    if conn.execute(sa.select(flags_table.c.name).where(flags_table.c.name == KILL_IN_CONTINUE)).first():
+        print(f"killing {os.getpid()} inside the continue-as-new of {execution.execution_id}", flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
 @workflows.workflow("poison")
 def poison(ctx: WorkflowContext, value: Any) -> Any:
     """Kills the worker running it, every time (a poison pill)."""
@@ -150,4 +173,9 @@ def create_app() -> Flask:
         level="WARNING", format="%(asctime)s %(process)d %(threadName)s %(name)s %(levelname)s %(message)s"
     )
     logging.getLogger("flask_harvest").setLevel(level)
-    return make_app(json.loads(os.environ["FAULTS_CONFIG"]), os.environ["FAULTS_DATABASE_URL"])
+    app = make_app(json.loads(os.environ["FAULTS_CONFIG"]), os.environ["FAULTS_DATABASE_URL"])
+    # Only in workers: the test process never runs a workflow.
+    service = get_engine(app).workflows
+    if service is not None:
+        service.hooks.register(kill_in_continue)
+    return app
