@@ -159,14 +159,17 @@ def state_of(app: Flask, execution_id: str) -> ExecutionState:
 
 
 def wait_for(app: Flask, execution_id: str, done: Callable[[ExecutionState, int], bool]) -> None:
-    """Wait until ``done(state, number of steps)`` holds for the execution (at most 20 s)."""
+    """Wait until ``done(state, number of steps)`` holds for the execution (at most 60 s: a loaded
+    CI machine can take seconds to run a thread that is due)."""
+    deadline = time.monotonic() + 60
     with app.app_context():
         service = workflow_service()
-        for _ in range(2000):
-            if done(service.get(execution_id).state, len(service.steps(execution_id))):
+        while time.monotonic() < deadline:
+            execution = service.get(execution_id)
+            if done(execution.state, len(service.steps(execution_id))):
                 return
             time.sleep(0.01)
-    raise AssertionError(f"execution {execution_id} never got there")
+    raise AssertionError(f"execution {execution_id} never got there: {execution}")
 
 
 def wait_asleep(app: Flask, execution_id: str) -> None:
