@@ -95,6 +95,9 @@ class Settings:
     #: that kills its process (a poison pill) takes the runs beside it down, and each counts that
     #: crash as one of its recovery attempts.
     workflow_concurrency: int = 1
+    #: Missed ticks a workflow schedule starts at most after its workers were down (the most
+    #: recent ones; the older ones are skipped and logged); ``0`` starts none of them.
+    workflow_schedule_catchup: int = 1
     #: URL prefix of the workflow HTTP API blueprint.
     workflow_api_prefix: str = "/api/harvest"
     #: The longest ``?wait=N`` the result route holds a request open for, in seconds.
@@ -189,7 +192,7 @@ PREFIX = "HARVEST_"
 KEYS = {f.name: PREFIX + f.name.upper() for f in dataclasses.fields(Settings)}
 JOBS_BACKENDS = ("local", "rq")
 #: Settings whose ``0`` means "never" rather than being refused.
-_ZERO_MEANS_NEVER = frozenset({"trigger_fires_retention_seconds"})
+_ZERO_MEANS_NEVER = frozenset({"trigger_fires_retention_seconds", "workflow_schedule_catchup"})
 
 
 def _coerce(name: str, value: Any, default: Any) -> Any:
