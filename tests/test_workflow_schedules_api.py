@@ -14,9 +14,10 @@ from hypothesis import strategies as st
 
 from flask_harvest import get_engine
 
+from .dashboard_client import SECRET_KEY, signed_in, text
 from .pipeline import close_later
 from .properties import BODY_TEXTS, BUDGET, JSON, TEXT, quoted
-from .schedule_app import AUTH, EVERY_SECOND, make_app
+from .schedule_app import AUTH, EVERY_SECOND, TOKEN, make_app
 from .test_cli import fails, ok
 from .workflow_app import database_url_fixture  # noqa: F401 (a fixture)
 
@@ -145,3 +146,48 @@ def test_the_cli_refuses_an_unknown_schedule_in_one_line(app: Flask) -> None:
     assert "no workflow schedule named 'nope'" in fails(cli(app, "pause", "nope"))
     assert "NUL" in fails(cli(app, "resume", urllib.parse.unquote("%00")))
     assert table(app) == before
+
+
+# -- the dashboard -------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def dashboard(database_url: str) -> Flask:
+    return close_later(make_app(database_url, HARVEST_DASHBOARD=True, SECRET_KEY=SECRET_KEY))
+
+
+def test_the_dashboard_lists_schedules_and_pauses_and_resumes_them(dashboard: Flask) -> None:
+    client = dashboard.test_client()
+    csrf = signed_in(client, token=TOKEN)
+    page = text(client.get("/harvest/workflow-schedules"))
+    assert 'id="schedules"' in page and "heartbeat" in page and EVERY_SECOND in page
+    assert 'href="/harvest/workflow-schedules"' in page  # in the navigation
+    pause = "/harvest/workflow-schedules/heartbeat/pause"
+    assert f'action="{pause}"' in page
+    answer = client.post(pause, data={"csrf_token": csrf})
+    assert answer.status_code == 303
+    page = text(client.get(answer.headers["Location"]))
+    assert "Paused" in page and 'action="/harvest/workflow-schedules/heartbeat/resume"' in page
+    assert [r[2] for r in table(dashboard) if r[0] == "heartbeat"] == [True]
+    client.post("/harvest/workflow-schedules/heartbeat/resume", data={"csrf_token": csrf})
+    assert [r[2] for r in table(dashboard) if r[0] == "heartbeat"] == [False]
+
+
+def test_a_dashboard_action_without_its_csrf_token_changes_nothing(dashboard: Flask) -> None:
+    client = dashboard.test_client()
+    signed_in(client, token=TOKEN)
+    before = table(dashboard)
+    assert client.post("/harvest/workflow-schedules/heartbeat/pause", data={}).status_code in (400, 403)
+    assert client.post("/harvest/workflow-schedules/nope/pause", data={}).status_code in (400, 403, 404)
+    assert table(dashboard) == before
+    signed_out = dashboard.test_client()
+    assert signed_out.post("/harvest/workflow-schedules/heartbeat/pause").status_code in (302, 303, 401, 403)
+    assert table(dashboard) == before
+
+
+def test_the_dashboard_answers_an_unknown_schedule_with_a_404_page(dashboard: Flask) -> None:
+    client = dashboard.test_client()
+    csrf = signed_in(client, token=TOKEN)
+    before = table(dashboard)
+    assert client.post("/harvest/workflow-schedules/nope/pause", data={"csrf_token": csrf}).status_code == 404
+    assert table(dashboard) == before
