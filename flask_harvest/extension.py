@@ -236,7 +236,11 @@ class Harvest:
             app.register_blueprint(completion_blueprint(), url_prefix=settings.workflow_api_prefix)
         if engine.schedules is not None:
             install_schedules(
-                app, engine.schedules, prefix=settings.workflow_api_prefix, create_tables=self._create_tables
+                app,
+                engine.schedules,
+                engine.backend,
+                prefix=settings.workflow_api_prefix,
+                create_tables=self._create_tables,
             )
         if self._want_triggers is False:
             return

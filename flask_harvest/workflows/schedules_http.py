@@ -16,6 +16,7 @@ from werkzeug.exceptions import NotFound
 from .._app import get_engine
 from ..errors import InvalidFieldError
 from ..http.admin import ApiError, install_admin_api, no_such_route, read_json
+from ..jobs.base import JobBackend
 from .schedules import WorkflowSchedules, schedule_to_dict
 
 __all__ = ["install_schedules", "schedules_api"]
@@ -26,13 +27,17 @@ install_admin_api(schedules_api, realm="harvest-workflow-schedules")
 _ROOT = "/workflow-schedules"
 
 
-def install_schedules(app: Flask, schedules: WorkflowSchedules, *, prefix: str, create_tables: bool) -> None:
+def install_schedules(
+    app: Flask, schedules: WorkflowSchedules, backend: JobBackend, *, prefix: str, create_tables: bool
+) -> None:
     """Create the schedules table (unless migrations own the schema), write the declared schedules
-    into it, and register the HTTP API under the workflow API prefix."""
+    into it, start the sweeps where this process runs them (the local backend), and register the
+    HTTP API under the workflow API prefix."""
     if create_tables:
         schedules.store.ensure_schema()
     if schedules.declared():
         schedules.sync()
+        backend.start_sweeping()
     app.register_blueprint(schedules_api, url_prefix=prefix)
 
 
