@@ -268,6 +268,14 @@ def load_settings(config: Mapping[str, Any], overrides: Mapping[str, Any]) -> Se
             f"{KEYS['actuator_token']} must be at least {MIN_ACTUATOR_TOKEN_LENGTH} characters "
             "without leading or trailing whitespace (or empty, for no token)"
         )
+    for name in ("actuator_prefix", "workflow_api_prefix"):
+        # A URL prefix becomes part of every route's rule: without a leading '/' the routes cannot
+        # be registered, and '<' would turn part of it into a URL converter.
+        if not _PLAIN_PATH.fullmatch(getattr(settings, name)):
+            raise ConfigurationError(
+                f"{KEYS[name]} must be a plain path such as '/api/harvest' (a leading '/'; letters, "
+                "digits, -._~/)"
+            )
     prefix = settings.dashboard_url_prefix
     if not prefix.startswith("/") or prefix == "/" or prefix.endswith("/") or "//" in prefix:
         raise ConfigurationError(

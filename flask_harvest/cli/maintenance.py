@@ -113,6 +113,9 @@ def init_db_command() -> None:
     if engine.triggers is not None:
         engine.triggers.store.ensure_schema()
         click.echo("the completion trigger tables are in place")
+    if engine.schedules is not None:
+        engine.schedules.store.ensure_schema()
+        click.echo("the workflow schedules table is in place")
 
 
 @click.command("purge", cls=out.HarvestCommand)
