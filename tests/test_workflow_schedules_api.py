@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import urllib.parse
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -191,3 +192,13 @@ def test_the_dashboard_answers_an_unknown_schedule_with_a_404_page(dashboard: Fl
     before = table(dashboard)
     assert client.post("/harvest/workflow-schedules/nope/pause", data={"csrf_token": csrf}).status_code == 404
     assert table(dashboard) == before
+
+
+def test_the_sweep_command_says_how_many_scheduled_runs_it_started(app: Flask) -> None:
+    schedules = get_engine(app).schedules
+    assert schedules is not None
+    last = schedules.get("heartbeat").last_tick_at
+    schedules.clock = lambda: last + timedelta(seconds=2.5)
+    schedules.grace = timedelta(seconds=2)
+    result = app.test_cli_runner().invoke(args=["harvest", "sweep"])
+    assert "started 2 scheduled workflow run(s)" in ok(result).output

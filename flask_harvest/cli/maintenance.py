@@ -87,6 +87,8 @@ def sweep_command() -> None:
         line += (
             f"; ended {report.timed_out} workflow execution(s) TimedOut and {report.poisoned} as poison pills"
         )
+    if report.scheduled:
+        line += f"; started {report.scheduled} scheduled workflow run(s)"
     click.echo(line)
 
 
