@@ -13,7 +13,7 @@ from flask import Flask
 from flask_sqlalchemy import SQLAlchemy
 from sqlalchemy import update
 
-from flask_harvest import Harvest, get_engine
+from flask_harvest import Harvest, StoreError, get_engine
 from flask_harvest.workflows import Execution
 from flask_harvest.workflows._schedule_store import ScheduleNotFoundError, schedules_table
 from flask_harvest.workflows.schedules import WorkflowSchedules, schedule_grace, scheduled_workflow_id
@@ -224,3 +224,25 @@ def test_a_workflow_declared_after_init_app_is_synced_by_the_next_sweep(app: Fla
         schedules_of(app).store.get("late")
     schedules_of(app).sweep()
     assert schedules_of(app).get("late").cron == "*/2 * * * * *"
+
+
+def test_an_app_whose_migrations_have_not_created_the_table_still_starts(tmp_path: Any) -> None:
+    """With create_tables=False and no schedules table, init_app logs and the sweep retries."""
+    url = f"sqlite:///{tmp_path / 'no_table.db'}"
+    other = Flask("harvest_schedule_no_table")
+    other.config.update(SQLALCHEMY_DATABASE_URI=url, HARVEST_SWEEP_INTERVAL_SECONDS=3600)
+    db = SQLAlchemy(other)
+    harvest = Harvest(db=db, create_tables=False)
+
+    @harvest.workflow("tick", schedule=EVERY_SECOND)
+    def tick(ctx: Any, value: Any) -> Any:
+        return value
+
+    harvest.init_app(close_later(other))
+    schedules = schedules_of(other)
+    with pytest.raises(StoreError):
+        schedules.sweep()
+    schedules.store.ensure_schema()
+    get_engine(other).workflows.store.ensure_schema()  # type: ignore[union-attr]
+    schedules.sweep()
+    assert schedules.get("tick").cron == EVERY_SECOND

@@ -10,16 +10,20 @@ field the body must not have.
 
 from __future__ import annotations
 
+import logging
+
 from flask import Blueprint, Flask, Response, jsonify
 from werkzeug.exceptions import NotFound
 
 from .._app import get_engine
-from ..errors import InvalidFieldError
+from ..errors import InvalidFieldError, StoreError
 from ..http.admin import ApiError, install_admin_api, no_such_route, read_json
 from ..jobs.base import JobBackend
 from .schedules import WorkflowSchedules, schedule_to_dict
 
 __all__ = ["install_schedules", "schedules_api"]
+
+log = logging.getLogger(__name__)
 
 schedules_api = Blueprint("harvest_workflow_schedules", __name__)
 install_admin_api(schedules_api, realm="harvest-workflow-schedules")
@@ -36,7 +40,12 @@ def install_schedules(
     if create_tables:
         schedules.store.ensure_schema()
     if schedules.declared():
-        schedules.sync()
+        try:
+            schedules.sync()
+        except StoreError as exc:
+            # Migrations may not have created the table yet: the app still starts, and every sweep
+            # tries the sync again (and says so in the log) until they have.
+            log.warning("harvest: could not write the workflow schedules yet (%s); the sweeper retries", exc)
         backend.start_sweeping()
     app.register_blueprint(schedules_api, url_prefix=prefix)
 
