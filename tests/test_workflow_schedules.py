@@ -4,6 +4,7 @@ they set, so every tick is decided by the test, not by the time it takes."""
 
 from __future__ import annotations
 
+import threading
 from collections import Counter
 from datetime import datetime, timedelta
 from typing import Any
@@ -246,3 +247,24 @@ def test_an_app_whose_migrations_have_not_created_the_table_still_starts(tmp_pat
     get_engine(other).workflows.store.ensure_schema()  # type: ignore[union-attr]
     schedules.sweep()
     assert schedules.get("tick").cron == EVERY_SECOND
+
+
+def test_eight_concurrent_sweeps_start_each_tick_once(app: Flask) -> None:
+    """Sweeps racing on the same row (threads here, workers in production) never double-start."""
+    start = base(app)
+    set_clock(app, at(start, 2.5))
+    schedules = schedules_of(app)
+    barrier = threading.Barrier(8)
+    counts: list[int] = []
+
+    def sweep() -> None:
+        barrier.wait(timeout=20)
+        counts.append(schedules.sweep().scheduled)
+
+    threads = [threading.Thread(target=sweep) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert sorted(counts) == [0] * 7 + [2]
+    assert Counter(ticks(app)) == Counter({at(start, n).isoformat(): 1 for n in (1, 2)})
