@@ -4,6 +4,7 @@ they set, so every tick is decided by the test, not by the time it takes."""
 
 from __future__ import annotations
 
+import json
 import threading
 from collections import Counter
 from datetime import datetime, timedelta
@@ -268,3 +269,37 @@ def test_eight_concurrent_sweeps_start_each_tick_once(app: Flask) -> None:
         thread.join(timeout=60)
     assert sorted(counts) == [0] * 7 + [2]
     assert Counter(ticks(app)) == Counter({at(start, n).isoformat(): 1 for n in (1, 2)})
+
+
+@pytest.mark.redis
+def test_a_scheduled_run_is_an_ordinary_run_with_the_apps_callbacks_and_timeout(
+    database_url: str, redis_url: str, redis_conn: Any
+) -> None:
+    """A scheduled run gets the app-wide completion callbacks and its workflow's timeout (the
+    documented choice); queued on Redis with no worker, so that it does not run here."""
+    target = {"url": "https://hooks.example.com/done", "filter": {"type": "AnyTerminal"}}
+    app = close_later(
+        make_app(
+            database_url,
+            HARVEST_JOBS_BACKEND="rq",
+            HARVEST_REDIS_URL=redis_url,
+            HARVEST_COMPLETION_CALLBACK_DEFAULTS=json.dumps([target]),
+            HARVEST_COMPLETION_CALLBACK_ALLOWLIST="hooks.example.com",
+            HARVEST_COMPLETION_CALLBACK_SECRET="schedule-callback-secret-0123456789",
+        )
+    )
+    registry = schedules_of(app).workflows.registry
+
+    @registry.workflow("bounded", schedule=EVERY_SECOND, timeout=timedelta(minutes=5))
+    def bounded(ctx: Any, value: Any) -> Any:
+        return value
+
+    schedules_of(app).sync()
+    last = schedules_of(app).get("bounded").last_tick_at
+    set_clock(app, at(last, 1.5))
+    schedules_of(app).sweep()
+    [run] = [e for e in runs(app) if e.workflow_name == "bounded"]
+    assert run.input == {"scheduled_at": at(last, 1).isoformat()}
+    assert run.deadline is not None and run.deadline - run.created_at == timedelta(minutes=5)
+    assert isinstance(run.completion_callbacks, list) and len(run.completion_callbacks) == 1
+    assert "hooks.example.com" in json.dumps(run.completion_callbacks)
