@@ -13,6 +13,8 @@ from flask_harvest.errors import ConfigurationError, InvalidFieldError
 from flask_harvest.workflows import WorkflowRegistry
 from flask_harvest.workflows.cron import CronSchedule, plan_ticks, tick_iso
 
+from .properties import BUDGET, TEXT
+
 T0 = datetime(2026, 1, 1, 12, 0, tzinfo=timezone.utc)
 GRACE = timedelta(seconds=2)
 EVERY_SECOND = CronSchedule.parse("* * * * * *")
@@ -115,3 +117,60 @@ def test_two_sweeps_never_plan_a_tick_twice(first: float, later: float, catchup:
 
 def test_tick_text_is_iso_8601() -> None:
     assert tick_iso(seconds(5)) == "2026-01-01T12:00:05+00:00"
+
+
+CRONS = st.sampled_from(
+    ["* * * * * *", "*/7 * * * * *", "*/5 * * * *", "0 */2 * * *", "@hourly", "30 59 23 * * *"]
+)
+FIELD = st.one_of(
+    st.sampled_from(
+        ["*", "*/0", "*/61", "0", "59", "60", "1-5", "5-1", "L", "W", "#", "?", "1,2", "-1", "MON"]
+    ),
+    TEXT,
+)
+
+
+def echo(ctx: object, value: object) -> object:
+    return value
+
+
+@BUDGET
+@given(fields=st.lists(FIELD, min_size=0, max_size=8))
+def test_any_cron_text_is_accepted_or_refused_with_a_configuration_error(fields: list[str]) -> None:
+    """Hostile cron text never escapes as another exception at declaration."""
+    registry = WorkflowRegistry()
+    refused = None
+    try:
+        registry.workflow("nightly", schedule=" ".join(fields))(echo)
+    except ConfigurationError as exc:
+        refused = str(exc)
+    if refused is not None:
+        assert "'nightly'" in refused
+    else:
+        schedule = registry.get("nightly").schedule
+        assert schedule is not None
+        assert schedule.next_after(T0) > T0
+
+
+@BUDGET
+@given(
+    cron=CRONS,
+    last=st.integers(min_value=0, max_value=10**6),
+    elapsed=st.integers(min_value=0, max_value=10**6),
+    catchup=st.integers(min_value=0, max_value=4),
+    grace=st.integers(min_value=1, max_value=120),
+)
+def test_a_plan_starts_every_on_time_tick_and_at_most_catchup_missed_ones(
+    cron: str, last: int, elapsed: int, catchup: int, grace: int
+) -> None:
+    schedule = CronSchedule.parse(cron)
+    last_tick, now = seconds(last), seconds(last + elapsed + 0.5)
+    plan = plan_ticks(schedule, last_tick, now, catchup=catchup, grace=timedelta(seconds=grace))
+    boundary = now - timedelta(seconds=grace)
+    assert list(plan.start) == sorted(set(plan.start))
+    assert all(last_tick < t <= now for t in plan.start)
+    on_time = schedule.ticks_between(max(last_tick, boundary), now, limit=10_000)
+    assert set(on_time) <= set(plan.start)
+    assert len([t for t in plan.start if t <= boundary]) <= catchup
+    due = schedule.latest_between(last_tick, now, limit=1)
+    assert plan.last == (due[0] if due else None)
