@@ -22,7 +22,7 @@ from .._time import utcnow
 from ..errors import HarvestError, StoreError
 from ..sweeper import SweepReport
 from ._schedule_store import ScheduleNotFoundError, ScheduleRow, SqlScheduleStore
-from .cron import CronSchedule, plan_ticks, tick_iso
+from .cron import MAX_COUNTED, CronSchedule, plan_ticks, tick_iso
 from .errors import WorkflowIdReusedError
 from .models import IdReusePolicy
 from .service import WorkflowService
@@ -179,7 +179,7 @@ class WorkflowSchedules:
             finally:
                 created = SqlWorkflowStore.started_in(conn)
         if plan.skipped:
-            more = "or more " if plan.skipped >= 1000 else ""
+            more = "or more " if plan.skipped >= MAX_COUNTED else ""
             logger.warning(
                 "harvest: schedule %r missed %d %stick(s) up to %s while no worker swept; skipped "
                 "them (HARVEST_WORKFLOW_SCHEDULE_CATCHUP starts at most %d missed ticks)",
