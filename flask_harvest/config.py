@@ -95,6 +95,9 @@ class Settings:
     #: that kills its process (a poison pill) takes the runs beside it down, and each counts that
     #: crash as one of its recovery attempts.
     workflow_concurrency: int = 1
+    #: Missed ticks a workflow schedule starts at most after its workers were down (the most
+    #: recent ones; the older ones are skipped and logged); ``0`` starts none of them.
+    workflow_schedule_catchup: int = 1
     #: URL prefix of the workflow HTTP API blueprint.
     workflow_api_prefix: str = "/api/harvest"
     #: The longest ``?wait=N`` the result route holds a request open for, in seconds.
@@ -189,7 +192,7 @@ PREFIX = "HARVEST_"
 KEYS = {f.name: PREFIX + f.name.upper() for f in dataclasses.fields(Settings)}
 JOBS_BACKENDS = ("local", "rq")
 #: Settings whose ``0`` means "never" rather than being refused.
-_ZERO_MEANS_NEVER = frozenset({"trigger_fires_retention_seconds"})
+_ZERO_MEANS_NEVER = frozenset({"trigger_fires_retention_seconds", "workflow_schedule_catchup"})
 
 
 def _coerce(name: str, value: Any, default: Any) -> Any:
@@ -265,6 +268,14 @@ def load_settings(config: Mapping[str, Any], overrides: Mapping[str, Any]) -> Se
             f"{KEYS['actuator_token']} must be at least {MIN_ACTUATOR_TOKEN_LENGTH} characters "
             "without leading or trailing whitespace (or empty, for no token)"
         )
+    for name in ("actuator_prefix", "workflow_api_prefix"):
+        # A URL prefix becomes part of every route's rule: without a leading '/' the routes cannot
+        # be registered, and '<' would turn part of it into a URL converter.
+        if not _PLAIN_PATH.fullmatch(getattr(settings, name)):
+            raise ConfigurationError(
+                f"{KEYS[name]} must be a plain path such as '/api/harvest' (a leading '/'; letters, "
+                "digits, -._~/)"
+            )
     prefix = settings.dashboard_url_prefix
     if not prefix.startswith("/") or prefix == "/" or prefix.endswith("/") or "//" in prefix:
         raise ConfigurationError(

@@ -34,8 +34,10 @@ from .webhooks.manager import Delegate, OutboundWebhookManager, SkipListener
 from .webhooks.operations import WebhookOperations
 from .webhooks.outbox import SqlOutbox
 from .webhooks.stores.base import OutboundWebhookHandler
+from .workflows._schedule_store import SqlScheduleStore
 from .workflows.registry import WorkflowRegistry
 from .workflows.runner import WORKFLOW_JOB, WorkflowRunner
+from .workflows.schedules import WorkflowSchedules, schedule_grace
 from .workflows.service import WorkflowService
 from .workflows.store import SqlWorkflowStore
 
@@ -76,6 +78,8 @@ class HarvestEngine:
     triggers: TriggerService | None = None
     #: Completion callbacks of the workflows, added with them.
     callbacks: CompletionCallbacks | None = None
+    #: The workflows' cron schedules, added with them.
+    schedules: WorkflowSchedules | None = None
     #: Entered around each job run on the engine's own threads (the Flask app context).
     job_context: JobContext = nullcontext
 
@@ -194,6 +198,7 @@ def add_workflows(
     engine.sweeper.add_step("workflows", runner.sweep_once)
     engine.workflows = WorkflowService(store, registry, runner, store.hooks)
     _add_callbacks(engine, store, engine.workflows)
+    _add_schedules(engine, store, engine.workflows)
     return engine.workflows
 
 
@@ -245,6 +250,18 @@ def _add_callbacks(engine: HarvestEngine, store: SqlWorkflowStore, service: Work
     engine.jobs.register(CALLBACK_JOB, callbacks.run_many)
     engine.sweeper.add_step("completion-callbacks", callbacks.sweep)
     engine.callbacks = callbacks
+
+
+def _add_schedules(engine: HarvestEngine, store: SqlWorkflowStore, service: WorkflowService) -> None:
+    """Scheduled workflows: a sweeper step that starts each cron tick's run."""
+    settings = engine.settings
+    engine.schedules = WorkflowSchedules(
+        SqlScheduleStore(store.engine),
+        service,
+        catchup=settings.workflow_schedule_catchup,
+        grace=schedule_grace(settings.sweep_interval_seconds),
+    )
+    engine.sweeper.add_step("workflow-schedules", engine.schedules.sweep)
 
 
 def _build_backend(settings: Settings, jobs: JobKinds, sweeper: Sweeper, context: JobContext) -> JobBackend:

@@ -49,6 +49,7 @@ from .workflows.hooks import TerminalHook, after_commit
 from .workflows.http import workflows_api
 from .workflows.models import Execution, ExecutionState, ForkMode, IdReusePolicy, JsonValue
 from .workflows.registry import WorkflowFunction, WorkflowRegistry
+from .workflows.schedules_http import install_schedules
 from .workflows.service import WorkflowHandle, WorkflowService
 from .workflows.store import SqlWorkflowStore
 
@@ -233,6 +234,14 @@ class Harvest:
                 callbacks.store.ensure_schema()
             callbacks.listener = _callback_signals(app)
             app.register_blueprint(completion_blueprint(), url_prefix=settings.workflow_api_prefix)
+        if engine.schedules is not None:
+            install_schedules(
+                app,
+                engine.schedules,
+                engine.backend,
+                prefix=settings.workflow_api_prefix,
+                create_tables=self._create_tables,
+            )
         if self._want_triggers is False:
             return
         trigger_store = SqlTriggerStore(service.store.engine)
@@ -242,13 +251,19 @@ class Harvest:
         triggers.sync(self._static_triggers)
         app.register_blueprint(trigger_admin, url_prefix=settings.workflow_api_prefix)
 
-    def workflow(self, name: str, *, timeout: timedelta | None = None) -> Callable[[F], F]:
+    def workflow(
+        self, name: str, *, timeout: timedelta | None = None, schedule: str | None = None
+    ) -> Callable[[F], F]:
         """Register ``fn(ctx, input) -> output`` as the workflow ``name`` (a decorator), before or
         after ``init_app``. Declare workflows where the web process and every worker import them.
 
         :param timeout: the run ends ``TimedOut`` when it has not finished this long after its start.
+        :param schedule: cron text (UTC; a sixth, leading field for seconds): the workers' sweeper
+            starts one run per tick, with input ``{"scheduled_at": "<tick, ISO 8601>"}``.
+        :raises ConfigurationError: the schedule is not valid cron text (the message names the
+            workflow).
         """
-        return self.registry.workflow(name, timeout=timeout)
+        return self.registry.workflow(name, timeout=timeout, schedule=schedule)
 
     def completion_trigger(self, trigger: CompletionTrigger) -> CompletionTrigger:
         """Declare a static completion trigger: start its target when its source ends.

@@ -15,12 +15,19 @@ from ._sql import metadata
 from .callbacks._schema import CALLBACK_TABLES
 from .triggers._schema import TRIGGER_TABLES
 from .webhooks.stores._schema import RETIRED_INDEXES, WEBHOOK_TABLES
+from .workflows._schedule_store import SCHEDULE_TABLES
 from .workflows._schema import WORKFLOW_TABLES
 
 __all__ = ["ALL_TABLES", "metadata", "schema_sql"]
 
 #: Every table flask-harvest keeps.
-ALL_TABLES: tuple[Table, ...] = (*WEBHOOK_TABLES, *WORKFLOW_TABLES, *CALLBACK_TABLES, *TRIGGER_TABLES)
+ALL_TABLES: tuple[Table, ...] = (
+    *WEBHOOK_TABLES,
+    *WORKFLOW_TABLES,
+    *SCHEDULE_TABLES,
+    *CALLBACK_TABLES,
+    *TRIGGER_TABLES,
+)
 
 
 def schema_sql(dialect: str = "postgresql") -> str:

@@ -39,6 +39,8 @@ class SweepReport:
     cancelled: int = 0
     #: Completion-trigger fires rows deleted by the retention horizon.
     fires_purged: int = 0
+    #: Workflow runs started by their schedules (one per cron tick).
+    scheduled: int = 0
 
     def __add__(self, other: SweepReport) -> SweepReport:
         return SweepReport(

@@ -191,3 +191,17 @@ def test_the_latency_tolerance_must_be_a_finite_number_of_at_least_one(value: ob
     with pytest.raises(ConfigurationError, match="HARVEST_WEBHOOKS_LATENCY_TOLERANCE"):
         load_settings({"HARVEST_WEBHOOKS_LATENCY_TOLERANCE": value}, {})
     assert load_settings({"HARVEST_WEBHOOKS_LATENCY_TOLERANCE": "1"}, {}).webhooks_latency_tolerance == 1.0
+
+
+@pytest.mark.parametrize("key", ["HARVEST_ACTUATOR_PREFIX", "HARVEST_WORKFLOW_API_PREFIX"])
+@pytest.mark.parametrize("value", ["0", "api", "/a/<int:x>", "/a b"])
+def test_a_url_prefix_that_is_not_a_plain_path_is_refused(key: str, value: str) -> None:
+    with pytest.raises(ConfigurationError, match=key):
+        load_settings({key: value}, {})
+
+
+def test_the_schedule_catchup_may_be_zero_but_not_negative() -> None:
+    assert load_settings({"HARVEST_WORKFLOW_SCHEDULE_CATCHUP": 0}, {}).workflow_schedule_catchup == 0
+    assert load_settings({}, {}).workflow_schedule_catchup == 1
+    with pytest.raises(ConfigurationError, match="HARVEST_WORKFLOW_SCHEDULE_CATCHUP"):
+        load_settings({"HARVEST_WORKFLOW_SCHEDULE_CATCHUP": -1}, {})

@@ -79,3 +79,12 @@ def test_completion_triggers() -> None:
     assert out.count("-> daily_report") == 2  # the failed ingest started no report
     assert "page_on_call fires ledger: condition_unmet, fired" in out
     assert out.rstrip().endswith("completion triggers example OK")
+
+
+def test_scheduled_workflows() -> None:
+    out = run_example("scheduled_workflows.py")
+    assert len(re.findall(r"^snapshot@\S+: snapshot of \S+$", out, re.M)) == 3
+    assert "paused: True" in out
+    assert "runs started while paused: 0" in out
+    assert re.search(r"^after resuming: snapshot@\S+ ran", out, re.M)
+    assert out.rstrip().endswith("scheduled workflows example OK")

@@ -16,6 +16,7 @@ from .deliveries import deliveries_cli
 from .dlq import dlq_cli
 from .maintenance import init_db_command, purge_command, stats_command, sweep_command, worker_command
 from .outbox import outbox_cli
+from .schedules import schedules_cli
 from .subscriptions import subscriptions_cli
 from .triggers import triggers_cli
 from .workflows import workflows_cli
@@ -45,3 +46,4 @@ for command in (
     triggers_cli,
 ):
     harvest_cli.add_command(command)
+workflows_cli.add_command(schedules_cli)

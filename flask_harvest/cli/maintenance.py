@@ -87,6 +87,8 @@ def sweep_command() -> None:
         line += (
             f"; ended {report.timed_out} workflow execution(s) TimedOut and {report.poisoned} as poison pills"
         )
+    if report.scheduled:
+        line += f"; started {report.scheduled} scheduled workflow run(s)"
     click.echo(line)
 
 
@@ -113,6 +115,9 @@ def init_db_command() -> None:
     if engine.triggers is not None:
         engine.triggers.store.ensure_schema()
         click.echo("the completion trigger tables are in place")
+    if engine.schedules is not None:
+        engine.schedules.store.ensure_schema()
+        click.echo("the workflow schedules table is in place")
 
 
 @click.command("purge", cls=out.HarvestCommand)

@@ -175,6 +175,10 @@ class JobBackend(abc.ABC):
         """Give the jobs of ``kind`` their own time limit (``None``: none at all) instead of the
         backend's default. A backend that never kills a job ignores it."""
 
+    def start_sweeping(self) -> None:  # noqa: B027 (optional hook)
+        """Start the periodic sweep now, where the backend runs it in this process (the local
+        one starts it with its first job otherwise); elsewhere the workers sweep."""
+
     def join(self, timeout: float = 30.0) -> bool:
         """Wait until the jobs this process queued and runs itself are done; return whether they
         were within ``timeout`` seconds. A backend whose jobs run elsewhere has none to wait for."""

@@ -90,6 +90,11 @@ class LocalBackend(JobBackend):
             heapq.heappush(self._timers, (time.monotonic() + delay, next(self._seq), ref))
             self._lock.notify_all()
 
+    def start_sweeping(self) -> None:
+        # Scheduled workflows need sweeps before any job exists: they are what starts the first.
+        with self._lock:
+            self._check_open()
+
     def live_jobs(self, refs: Sequence[JobRef]) -> set[JobRef]:
         with self._lock:
             return {ref for ref in refs if ref in self._waiting}

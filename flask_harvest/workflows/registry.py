@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, TypeVar
 
 from .._input import text_problem
-from ..errors import ConfigurationError
+from ..errors import ConfigurationError, InvalidFieldError
+from .cron import CronSchedule, tick_iso
 from .errors import UnknownWorkflowError
 from .models import JsonValue
 
@@ -31,11 +32,13 @@ class WorkflowDefinition:
     """A registered workflow.
 
     :param timeout: how long a run may take from its start; ``None`` for no deadline.
+    :param schedule: when the sweeper starts runs of it on its own; ``None`` for never.
     """
 
     name: str
     fn: WorkflowFunction
     timeout: timedelta | None = None
+    schedule: CronSchedule | None = None
 
 
 class WorkflowRegistry:
@@ -54,11 +57,14 @@ class WorkflowRegistry:
     def __init__(self) -> None:
         self._definitions: dict[str, WorkflowDefinition] = {}
 
-    def workflow(self, name: str, *, timeout: timedelta | None = None) -> Callable[[F], F]:
+    def workflow(
+        self, name: str, *, timeout: timedelta | None = None, schedule: str | None = None
+    ) -> Callable[[F], F]:
         """Return a decorator registering a function as the workflow ``name``.
 
+        :param schedule: cron text (UTC; six fields for seconds first): start a run at each tick.
         :raises ConfigurationError: the name is empty, too long, or taken by another function; the
-            timeout is not positive.
+            timeout is not positive; the schedule is not valid cron text.
         """
         if (
             not isinstance(name, str)
@@ -72,6 +78,7 @@ class WorkflowRegistry:
             )
         if timeout is not None and timeout <= timedelta(0):
             raise ConfigurationError(f"workflow {name!r}: the timeout must be positive, not {timeout}")
+        cron = _parse_schedule(name, schedule) if schedule is not None else None
 
         def register(fn: F) -> F:
             existing = self._definitions.get(name)
@@ -80,7 +87,7 @@ class WorkflowRegistry:
                     f"workflow {name!r} is already registered (by {_qualname(existing.fn)}); "
                     "give each workflow its own name"
                 )
-            self._definitions[name] = WorkflowDefinition(name, fn, timeout)
+            self._definitions[name] = WorkflowDefinition(name, fn, timeout, cron)
             return fn
 
         return register
@@ -107,6 +114,20 @@ class WorkflowRegistry:
     def names(self) -> list[str]:
         """Return the registered names, sorted."""
         return sorted(self._definitions)
+
+
+def _parse_schedule(name: str, schedule: str) -> CronSchedule:
+    try:
+        cron = CronSchedule.parse(schedule)
+    except InvalidFieldError as exc:
+        raise ConfigurationError(f"workflow {name!r}: {exc.message}") from None
+    # Each tick's run has the workflow_id "<name>@<tick>", which must fit the workflow_id column.
+    longest = MAX_NAME_LENGTH - len("@" + tick_iso(datetime(2000, 1, 1, tzinfo=timezone.utc)))
+    if len(name) > longest:
+        raise ConfigurationError(
+            f"workflow {name!r}: a scheduled workflow's name must be at most {longest} characters"
+        )
+    return cron
 
 
 def _qualname(fn: object) -> str:

@@ -162,6 +162,12 @@ class WorkflowService:
         """
         self._preparers.append(preparer)
 
+    def prepared_callbacks(self, completion_callbacks: JsonValue = None) -> JsonValue:
+        """Return what a start stores for ``completion_callbacks``, after every start preparer."""
+        for prepare in self._preparers:
+            completion_callbacks = prepare(completion_callbacks)
+        return completion_callbacks
+
     def __repr__(self) -> str:
         return f"<WorkflowService workflows={self.registry.names()}>"
 
@@ -187,8 +193,7 @@ class WorkflowService:
         except ValueError:
             names = ", ".join(p.value for p in IdReusePolicy)
             raise InvalidFieldError("policy", f"must be one of {names}") from None
-        for prepare in self._preparers:
-            completion_callbacks = prepare(completion_callbacks)
+        completion_callbacks = self.prepared_callbacks(completion_callbacks)
         execution, created = self.runner.start(
             name, input, workflow_id=workflow_id, policy=chosen, completion_callbacks=completion_callbacks
         )
