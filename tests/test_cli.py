@@ -139,7 +139,10 @@ def assert_no_secret(result: Result) -> None:
         (("subscriptions",), ["add", "list", "show", "enable", "disable", "rotate-secret", "remove"]),
         (("dlq",), ["list", "replay", "redrive"]),
         (("deliveries",), ["show"]),
-        (("workflows",), ["start", "list", "show", "steps", "result", "cancel", "terminate", "schedules"]),
+        (
+            ("workflows",),
+            ["start", "list", "show", "steps", "result", "chain", "cancel", "terminate", "fork", "schedules"],
+        ),
         (("workflows", "schedules"), ["pause", "resume"]),
     ],
 )
