@@ -119,3 +119,15 @@ class StepFailedError(WorkflowError):
         super().__init__(f"step {step!r} failed: {message}")
         self.step = step
         self.message = message
+
+
+class UnknownQueueError(WorkflowError, InvalidFieldError):
+    """No workflow queue is declared under this name (in this process)."""
+
+    def __init__(self, field: str, name: str) -> None:
+        super().__init__(
+            field,
+            f"no queue named {name!r:.80} is declared; declare it with harvest.queue({name!r:.80}, ...) "
+            "or in HARVEST_WORKFLOW_QUEUES, in the web process and every worker",
+        )
+        self.name = name

@@ -23,6 +23,7 @@ from flask import Blueprint, Response, jsonify, url_for
 from .._app import get_engine, workflow_service
 from ..http.admin import MAX_BODY_BYTES, install_admin_api, load_body, load_query, no_such_route
 from .models import Execution, ExecutionState
+from .queue_views import queue_views
 from .schemas import CancelSchema, ListQuerySchema, ResultQuerySchema, StartSchema, TerminateSchema
 from .service import execution_to_dict, step_to_dict
 
@@ -53,6 +54,10 @@ def start(name: str) -> tuple[Response, int]:
         workflow_id=body.get("workflow_id"),
         policy=body["id_reuse_policy"],
         completion_callbacks=body["completion_callbacks"],
+        queue=body.get("queue"),
+        concurrency_key=body.get("concurrency_key"),
+        concurrency_limit=body.get("concurrency_limit"),
+        priority=body.get("priority"),
     )
     execution = handle.execution()
     response = jsonify({**_summary(execution), "created": created})
@@ -120,6 +125,13 @@ def terminate(execution_id: str) -> Response:
     """Terminate: the execution ends ``Terminated`` now."""
     body = load_body(TerminateSchema())
     return jsonify(execution_to_dict(workflow_service().terminate(execution_id, body.get("reason"))))
+
+
+# Not under /workflows/, where any segment is an execution id.
+@workflows_api.get("/workflow-queues")
+def queues() -> Response:
+    """Each declared queue: its limits, and its running, waiting and due runs (bounded counts)."""
+    return jsonify({"queues": [view.as_dict() for view in queue_views(workflow_service())]})
 
 
 _ALL = ["GET", "POST", "PUT", "PATCH", "DELETE"]

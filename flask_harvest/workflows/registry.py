@@ -8,9 +8,10 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, TypeVar
 
 from .._input import text_problem
-from ..errors import ConfigurationError
+from ..errors import ConfigurationError, InvalidFieldError
 from .errors import UnknownWorkflowError
 from .models import JsonValue
+from .queues import QueueSpec, QueueTable, check_key, check_priority
 
 if TYPE_CHECKING:
     from .context import WorkflowContext
@@ -31,11 +32,15 @@ class WorkflowDefinition:
     """A registered workflow.
 
     :param timeout: how long a run may take from its start; ``None`` for no deadline.
+    :param queue: the queue its runs are claimed through, unless a start names another.
+    :param priority: its runs' priority in their queue, unless a start gives another.
     """
 
     name: str
     fn: WorkflowFunction
     timeout: timedelta | None = None
+    queue: str | None = None
+    priority: int = 0
 
 
 class WorkflowRegistry:
@@ -53,8 +58,32 @@ class WorkflowRegistry:
 
     def __init__(self) -> None:
         self._definitions: dict[str, WorkflowDefinition] = {}
+        #: The workflow queues declared in code (:meth:`queue`).
+        self.queues = QueueTable()
 
-    def workflow(self, name: str, *, timeout: timedelta | None = None) -> Callable[[F], F]:
+    def queue(
+        self, name: str, *, concurrency: int | None = None, rate_limit: tuple[int, float] | None = None
+    ) -> QueueSpec:
+        """Declare the workflow queue ``name`` (again: its limits are replaced).
+
+        :param concurrency: the most runs of the queue running at once; ``None`` for no limit.
+        :param rate_limit: ``(limit, seconds)``: at most ``limit`` first starts in any ``seconds``.
+        :raises ConfigurationError: a name or limit out of range.
+        """
+        try:
+            spec = QueueSpec.build(name, concurrency=concurrency, rate_limit=rate_limit)
+        except InvalidFieldError as exc:
+            raise ConfigurationError(f"queue {name!r:.80}: {exc}") from None
+        return self.queues.declare(spec)
+
+    def workflow(
+        self,
+        name: str,
+        *,
+        timeout: timedelta | None = None,
+        queue: str | None = None,
+        priority: int = 0,
+    ) -> Callable[[F], F]:
         """Return a decorator registering a function as the workflow ``name``.
 
         :raises ConfigurationError: the name is empty, too long, or taken by another function; the
@@ -72,6 +101,13 @@ class WorkflowRegistry:
             )
         if timeout is not None and timeout <= timedelta(0):
             raise ConfigurationError(f"workflow {name!r}: the timeout must be positive, not {timeout}")
+        try:
+            # The queue itself may be declared later (or in the settings): a start checks it.
+            if queue is not None:
+                check_key("queue", queue)
+            check_priority(priority)
+        except InvalidFieldError as exc:
+            raise ConfigurationError(f"workflow {name!r}: {exc}") from None
 
         def register(fn: F) -> F:
             existing = self._definitions.get(name)
@@ -80,7 +116,7 @@ class WorkflowRegistry:
                     f"workflow {name!r} is already registered (by {_qualname(existing.fn)}); "
                     "give each workflow its own name"
                 )
-            self._definitions[name] = WorkflowDefinition(name, fn, timeout)
+            self._definitions[name] = WorkflowDefinition(name, fn, timeout, queue, priority)
             return fn
 
         return register

@@ -23,6 +23,7 @@ from ..jobs.base import JobBackend, JobBackendError, JobRef
 from ..jobs.requeue import requeue_missing
 from ..jobs.tasks import carrying_job_context
 from ..sweeper import SweepReport
+from ._queue_driver import QueueDriver
 from .context import StepRetryPolicy, WorkflowContext, _EngineFailed, _Unwind
 from .errors import UnknownWorkflowError
 from .models import (
@@ -34,6 +35,7 @@ from .models import (
     encode_json,
     timeout_message,
 )
+from .queues import QueueTable, StartQueue
 from .registry import WorkflowRegistry
 from .store import LeaseView, SqlWorkflowStore
 
@@ -92,6 +94,7 @@ class WorkflowRunner:
     :param concurrency: how many executions :meth:`run_many` and :meth:`submit_many` run at once,
         on threads of the runner's own.
     :param context: entered around each execution run on those threads (the Flask app context).
+    :param queues: the declared workflow queues (see :doc:`queues`); none if not given.
     :param clock: the current time (tests pass a fake one).
     :param wait: sleeps between a step's retries (tests pass a fake one).
     """
@@ -111,6 +114,7 @@ class WorkflowRunner:
         context: Callable[[], AbstractContextManager[object]] = nullcontext,
         clock: Callable[[], datetime] = utcnow,
         wait: Callable[[float], None] = time.sleep,
+        queues: QueueTable | None = None,
     ) -> None:
         if lease_seconds <= 0:
             raise InvalidFieldError("lease_seconds", f"must be positive, not {lease_seconds}")
@@ -131,6 +135,10 @@ class WorkflowRunner:
         self.concurrency = max(1, concurrency)
         self.context = context
         self._threads = PerProcess(lambda: _Threads(self.concurrency))
+        self.queues = queues if queues is not None else QueueTable()
+        self.queue_driver = QueueDriver(
+            store, self.queues, clock=clock, lease_seconds=lease_seconds, schedule=self._schedule
+        )
 
     # -- starting --------------------------------------------------------------------------------
 
@@ -144,6 +152,10 @@ class WorkflowRunner:
         trigger_depth: int = 0,
         completion_callbacks: JsonValue = None,
         conn: Connection | None = None,
+        queue: str | None = None,
+        concurrency_key: str | None = None,
+        concurrency_limit: int | None = None,
+        priority: int | None = None,
     ) -> tuple[Execution, bool]:
         """Start a run of the registered workflow ``name`` (or load the open run of ``workflow_id``).
 
@@ -151,13 +163,25 @@ class WorkflowRunner:
         transaction's owner schedules it after the commit (``store.started_in(conn)`` lists it; the
         store's ``on_started`` does it for terminal hooks), else the sweeper's due scan does.
 
+        :param queue: the queue the run is claimed through (default: the workflow's).
+        :param concurrency_key: runs of the queue sharing this key run at most
+            ``concurrency_limit`` (default 1) at once.
+        :param priority: lower runs first among the queue's due runs (default: the workflow's).
         :returns: ``(execution, created)``.
         :raises UnknownWorkflowError: no workflow is registered as ``name``.
+        :raises UnknownQueueError: the queue is not declared.
         :raises InputTooLargeError: the input is larger than ``max_input_bytes``.
-        :raises InvalidFieldError: the input is not a JSON value.
+        :raises InvalidFieldError: the input is not a JSON value, a queue field is out of range.
         :raises WorkflowIdReusedError: the id reuse policy refuses another run.
         """
         definition = self.registry.get(name)
+        placement = self.placement(
+            name,
+            queue=queue,
+            concurrency_key=concurrency_key,
+            concurrency_limit=concurrency_limit,
+            priority=priority,
+        )
         now = self.clock()
         deadline = now + definition.timeout if definition.timeout is not None else None
         execution, created = self.store.start(
@@ -171,10 +195,37 @@ class WorkflowRunner:
             completion_callbacks=completion_callbacks,
             max_input_bytes=self.max_input_bytes,
             conn=conn,
+            queue=placement,
         )
         if created and conn is None:
             self._schedule(execution.execution_id, None)
         return execution, created
+
+    def placement(
+        self,
+        name: str,
+        *,
+        queue: object = None,
+        concurrency_key: object = None,
+        concurrency_limit: object = None,
+        priority: object = None,
+    ) -> StartQueue:
+        """Return where a start of ``name`` puts its run: the given queue fields, else the
+        workflow's, checked (see :meth:`start`).
+
+        :raises UnknownWorkflowError: no workflow is registered as ``name``.
+        :raises InvalidFieldError: a queue field is out of range, or names an unknown queue.
+        """
+        definition = self.registry.get(name)
+        return StartQueue.resolve(
+            self.queues,
+            default_queue=definition.queue,
+            default_priority=definition.priority,
+            queue=queue,
+            concurrency_key=concurrency_key,
+            concurrency_limit=concurrency_limit,
+            priority=priority,
+        )
 
     # -- running ---------------------------------------------------------------------------------
 
@@ -225,7 +276,10 @@ class WorkflowRunner:
             with self.context():
                 claimed = self.store.claim_many(execution_ids, now=now, lease_seconds=self.lease_seconds)
                 for execution_id in set(execution_ids) - {e.execution_id for e in claimed}:
-                    self._reschedule_if_early(execution_id, now)
+                    # A queued run's job claims its queue's best eligible run: one run per job.
+                    queued = self.queue_driver.after_miss(execution_id, now)
+                    if queued is not None:
+                        claimed.append(queued)
             run = carrying_job_context(self._run_submitted)
             for execution in claimed:
                 try:
@@ -281,8 +335,10 @@ class WorkflowRunner:
         now = self.clock()
         claimed = self.store.claim(execution_id, now=now, lease_seconds=self.lease_seconds)
         if claimed is None or claimed.lease_token is None:
-            self._reschedule_if_early(execution_id, now)
-            return None
+            claimed = self.queue_driver.after_miss(execution_id, now)
+            if claimed is None:
+                return None
+            now = self.clock()
         return self._run_claimed(claimed, now)
 
     def _run_claimed(self, claimed: Execution, now: datetime) -> Execution | None:
@@ -329,6 +385,9 @@ class WorkflowRunner:
                 )
                 raise failed.error from None
             except _Unwind:
+                if claimed.queue_name is not None:
+                    # Asleep (or stopped), the run holds no slot of its queue: give it to another.
+                    self.queue_driver.nudge(claimed.queue_name)
                 return None
             except StoreError:
                 # The database failed under the engine's own calls (a checkpoint, a boundary), not
@@ -370,18 +429,6 @@ class WorkflowRunner:
                 state.value,
             )
         return ended
-
-    def _reschedule_if_early(self, execution_id: str, now: datetime) -> None:
-        # A job that fires before the row's wake time (a backend that runs scheduled jobs early, or
-        # clocks that differ between hosts) would otherwise leave the run to the sweeper's scan.
-        current = self.store.get(execution_id)
-        if (
-            current is not None
-            and current.state is ExecutionState.PENDING
-            and current.next_run_at is not None
-            and current.next_run_at > now
-        ):
-            self._schedule(execution_id, current.next_run_at)
 
     def _schedule(self, execution_id: str, due: datetime | None) -> None:
         ref = workflow_job(execution_id, due)
@@ -449,9 +496,11 @@ class WorkflowRunner:
             [workflow_job(execution_id) for execution_id, _ in due],
             also={workflow_job(execution_id): [workflow_job(execution_id, at)] for execution_id, at in due},
         )
+        # Queued runs: as many claim attempts per queue as it has room for.
+        attempts = self.queue_driver.sweep(self.backend, workflow_job, now=now - _DUE_GRACE)
         return SweepReport(
             released=len(leases.requeued) + len(cancelled),
-            requeued=len(leases.requeued) + len(missing),
+            requeued=len(leases.requeued) + len(missing) + attempts,
             timed_out=len(timed_out),
             poisoned=len(leases.failed),
             cancelled=len(cancelled),
