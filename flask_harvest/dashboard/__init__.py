@@ -8,7 +8,7 @@ here.
 
 from __future__ import annotations
 
-from . import access, overview, triggers, webhooks, workflows
+from . import access, overview, queues, triggers, webhooks, workflows
 from ._core import CONTENT_SECURITY_POLICY, NAV, PANELS, NavEntry, Panel, dashboard, install_dashboard
 
 __all__ = [
@@ -21,6 +21,7 @@ __all__ = [
     "dashboard",
     "install_dashboard",
     "overview",
+    "queues",
     "triggers",
     "webhooks",
     "workflows",
