@@ -243,23 +243,42 @@ def test_a_start_takes_the_workflows_queue_and_priority_unless_overridden(store:
 
 
 def test_a_job_runs_the_best_eligible_run_of_its_queue(store: SqlWorkflowStore) -> None:
-    """A job for a queued run claims the best eligible due run of its queue, maybe another."""
+    """A job for a queued run claims the best eligible due run of its queue, maybe another; once
+    it ends, the same thread claims the queue's next run (no job's round trip)."""
     h = Harness(store, q=QueueSpec("q", concurrency=1))
-    h.workflow("job", lambda ctx, x: x, queue="q")
+    order: list[str] = []
+
+    def job(ctx: WorkflowContext, x: Any) -> Any:
+        order.append(x)
+        return x
+
+    h.workflow("job", job, queue="q")
     low, _ = h.runner.start("job", "low", priority=9)
     h.clock.advance(seconds=1)
     high, _ = h.runner.start("job", "high", priority=0)
     h.jobs()
     ended = h.runner.run(low.execution_id)
     assert ended is not None and ended.execution_id == high.execution_id
-    # Its end gave the queue another attempt: the job of the waiting run.
-    assert h.jobs() == [low.execution_id]
-    assert h.runner.run(low.execution_id) is not None
+    assert order == ["high", "low"]
     assert store.get(low.execution_id).state is S.COMPLETED  # type: ignore[union-attr]
+    assert h.jobs() == []
+
+
+def test_a_queued_run_ended_elsewhere_gives_its_queue_an_attempt(store: SqlWorkflowStore) -> None:
+    """A queued run's end outside its runner (a terminate) queues a claim attempt after commit."""
+    h = Harness(store, q=QueueSpec("q", concurrency=1))
+    h.workflow("job", lambda ctx, x: x, queue="q")
+    first, _ = h.runner.start("job", 1)
+    h.clock.advance(seconds=1)
+    second, _ = h.runner.start("job", 2)
+    claim(store, QueueSpec("q"), h.clock)
+    h.jobs()
+    store.terminate(first.execution_id, now=h.clock())
+    assert h.jobs() == [second.execution_id]
 
 
 def test_a_queued_run_that_sleeps_frees_its_slot(store: SqlWorkflowStore) -> None:
-    """A run that sleeps releases its queue slot while asleep; its queue gets a claim attempt."""
+    """A run that sleeps releases its queue slot while asleep: another run of the queue runs."""
     h = Harness(store, q=QueueSpec("q", concurrency=1))
 
     def sleeper(ctx: WorkflowContext, x: Any) -> Any:
@@ -274,8 +293,8 @@ def test_a_queued_run_that_sleeps_frees_its_slot(store: SqlWorkflowStore) -> Non
     h.jobs()
     assert h.runner.run(asleep.execution_id) is None
     assert store.get(asleep.execution_id).state is S.PENDING  # type: ignore[union-attr]
-    assert other.execution_id in h.jobs()
-    assert h.runner.run(other.execution_id) is not None
+    # The slot it freed went to the other run, on the same thread.
+    assert store.get(other.execution_id).state is S.COMPLETED  # type: ignore[union-attr]
     h.clock.advance(seconds=61)
     assert h.runner.run(asleep.execution_id) is not None
 

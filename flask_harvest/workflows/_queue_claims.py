@@ -18,12 +18,12 @@ the subquery counted is still true when the transaction commits.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, NamedTuple
 
-from sqlalchemy import ColumnElement, Connection, func, literal, or_, select, update
+from sqlalchemy import ColumnElement, Connection, func, literal, literal_column, or_, select, update
 
 from .._sql import UTCDateTime
 from ._leases import _claim_values
@@ -32,10 +32,14 @@ from ._store_core import StoreCore, _ex
 from .models import Execution, ExecutionState
 from .queues import QueueSpec
 
-__all__ = ["QueueClaim", "QueueClaims", "QueueCounts"]
+__all__ = ["PendingRow", "QueueClaim", "QueueClaims", "QueueCounts"]
 
 _PENDING = ExecutionState.PENDING.value
 _RUNNING = ExecutionState.RUNNING.value
+# The state as literal SQL, not a bound parameter: the planner can then prove the running keyed
+# runs' partial index applies (it cannot from a parameter in a prepared statement's generic plan).
+_RUNNING_SQL: ColumnElement[str] = literal_column(f"'{_RUNNING}'")
+_PENDING_SQL: ColumnElement[str] = literal_column(f"'{_PENDING}'")
 
 
 @dataclass(frozen=True)
@@ -44,6 +48,14 @@ class QueueClaim:
 
     claimed: list[Execution] = field(default_factory=list)
     retry_at: datetime | None = None
+
+
+class PendingRow(NamedTuple):
+    """A ``Pending`` run's id, due time and queue."""
+
+    execution_id: str
+    next_run_at: datetime | None
+    queue_name: str | None
 
 
 @dataclass(frozen=True)
@@ -101,7 +113,7 @@ class QueueClaims:
         key = _ex.alias("same_key")
         conditions: list[ColumnElement[bool]] = [
             c.c.queue_name == spec.name,
-            c.c.state == _PENDING,
+            c.c.state == _PENDING_SQL,
             or_(c.c.next_run_at.is_(None), c.c.next_run_at <= now),
         ]
         # The candidate's own key limit: the runs of its key running now, in its queue.
@@ -111,7 +123,7 @@ class QueueClaims:
             .where(
                 key.c.queue_name == spec.name,
                 key.c.concurrency_key == c.c.concurrency_key,
-                key.c.state == _RUNNING,
+                key.c.state == _RUNNING_SQL,
             )
             .scalar_subquery()
         )
@@ -174,6 +186,16 @@ class QueueClaims:
             row = conn.execute(query).one()
         return QueueCounts(int(row[0]), int(row[1]), int(row[2]))
 
+    def pending_rows(self, execution_ids: Sequence[str]) -> list[PendingRow]:
+        """Return the ``Pending`` rows among ``execution_ids``: their due time and queue."""
+        if not execution_ids:
+            return []
+        query = select(_ex.c.execution_id, _ex.c.next_run_at, _ex.c.queue_name).where(
+            _ex.c.execution_id.in_(sorted(set(execution_ids))), _ex.c.state == _PENDING
+        )
+        with self.core.db.read("read waiting workflow executions") as conn:
+            return [PendingRow(*row) for row in conn.execute(query)]
+
     def waiting(self, queue_name: str, *, now: datetime, limit: int) -> list[str]:
         """Return the ids of the best due ``Pending`` runs of the queue (its limits aside)."""
         query = (
@@ -202,7 +224,7 @@ def _running(queue_name: str) -> Any:
     return (
         select(func.count())
         .select_from(running)
-        .where(running.c.queue_name == queue_name, running.c.state == _RUNNING)
+        .where(running.c.queue_name == queue_name, running.c.state == _RUNNING_SQL)
         .scalar_subquery()
     )
 

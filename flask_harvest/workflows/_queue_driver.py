@@ -13,7 +13,9 @@ for when its window frees a start.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 from datetime import datetime
 from functools import partial
 
@@ -22,13 +24,17 @@ from sqlalchemy import Connection
 from ..jobs.base import JobBackend, JobRef
 from ..jobs.requeue import requeue_missing
 from .hooks import after_commit
-from .models import Execution, ExecutionState
+from .models import Execution
 from .queues import QueueSpec, QueueTable
 from .store import SqlWorkflowStore
 
 __all__ = ["QueueDriver"]
 
 logger = logging.getLogger(__name__)
+
+#: The queued run the current thread runs and, once it ends or sleeps, claims the next one after:
+#: its end needs no other claim attempt.
+_CONTINUING: ContextVar[str | None] = ContextVar("harvest_queue_continuing", default=None)
 
 #: Queues a job: ``schedule(execution_id, due)`` (``None``: now).
 Schedule = Callable[[str, "datetime | None"], None]
@@ -72,25 +78,59 @@ class QueueDriver:
         return QueueSpec(queue_name)
 
     def after_miss(self, execution_id: str, now: datetime) -> Execution | None:
-        """For a job whose run was not claimed by its id: if the run is queued, due and waiting,
-        claim the best eligible run of its queue and return it; if it is not due yet, queue its
-        job for its due time."""
-        current = self.store.get(execution_id)
-        if current is None or current.state is not ExecutionState.PENDING:
-            return None
-        if current.next_run_at is not None and current.next_run_at > now:
-            # A job that fired before the row's wake time (a backend that runs scheduled jobs
-            # early, or clocks that differ between hosts) would otherwise leave it to the sweeper.
-            self.schedule(execution_id, current.next_run_at)
-            return None
-        if current.queue_name is None:
-            return None
+        """For a job whose run was not claimed by its id: see :meth:`after_misses`."""
+        claimed = self.after_misses([execution_id], now)
+        return claimed[0] if claimed else None
+
+    def after_misses(self, execution_ids: Sequence[str], now: datetime) -> list[Execution]:
+        """For jobs whose runs were not claimed by their ids: each queued, due, waiting run's job
+        claims the best eligible run of its queue (one claim per job, a queue's claims in one
+        transaction); a run not due yet gets its job again for its due time. Returns the runs
+        claimed, at most one per job."""
+        waiting: dict[str, list[str]] = {}
+        for row in self.store.pending_rows(execution_ids):
+            if row.next_run_at is not None and row.next_run_at > now:
+                # A job that fired before the row's wake time (a backend that runs scheduled jobs
+                # early, or clocks that differ between hosts) would otherwise leave it to the sweeper.
+                self.schedule(row.execution_id, row.next_run_at)
+            elif row.queue_name is not None:
+                waiting.setdefault(row.queue_name, []).append(row.execution_id)
+        claimed: list[Execution] = []
+        for queue_name, ids in waiting.items():
+            result = self.store.claim_queued(
+                self.spec(queue_name), count=len(ids), clock=self.clock, lease_seconds=self.lease_seconds
+            )
+            claimed.extend(result.claimed)
+            if result.retry_at is not None:
+                self.schedule(ids[0], result.retry_at)
+        return claimed
+
+    @contextmanager
+    def continuing(self, execution_id: str) -> Iterator[None]:
+        """Mark ``execution_id`` as run by this thread, which claims its queue's next run after it."""
+        token = _CONTINUING.set(execution_id)
+        try:
+            yield
+        finally:
+            _CONTINUING.reset(token)
+
+    def claim_next(self, queue_name: str) -> Execution | None:
+        """Claim the best eligible due run of a queue for this thread, or ``None``; a rate limit
+        that held runs back schedules the queue's next attempt."""
         result = self.store.claim_queued(
-            self.spec(current.queue_name), count=1, clock=self.clock, lease_seconds=self.lease_seconds
+            self.spec(queue_name), count=1, clock=self.clock, lease_seconds=self.lease_seconds
         )
         if result.retry_at is not None:
-            self.schedule(execution_id, result.retry_at)
+            waiting = self.store.waiting(queue_name, now=self.clock(), limit=1)
+            if waiting:
+                self.schedule(waiting[0], result.retry_at)
         return result.claimed[0] if result.claimed else None
+
+    def released(self, execution: Execution) -> None:
+        """A run stopped without ending (a sleep): give its queue an attempt, unless this thread
+        claims the next run itself."""
+        if execution.queue_name is not None and _CONTINUING.get() != execution.execution_id:
+            self.nudge(execution.queue_name)
 
     def nudge(self, queue_name: str) -> None:
         """Give a queue a claim attempt: queue the job of its best due waiting run."""
@@ -127,5 +167,5 @@ class QueueDriver:
     def on_terminal(self, conn: Connection, execution: Execution) -> None:
         """The terminal hook: a queued run's end frees its slot, so its queue gets an attempt once
         the end has committed."""
-        if execution.queue_name is not None:
+        if execution.queue_name is not None and _CONTINUING.get() != execution.execution_id:
             after_commit(conn, partial(self.nudge, execution.queue_name))

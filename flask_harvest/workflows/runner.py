@@ -275,11 +275,9 @@ class WorkflowRunner:
             now = self.clock()
             with self.context():
                 claimed = self.store.claim_many(execution_ids, now=now, lease_seconds=self.lease_seconds)
-                for execution_id in set(execution_ids) - {e.execution_id for e in claimed}:
-                    # A queued run's job claims its queue's best eligible run: one run per job.
-                    queued = self.queue_driver.after_miss(execution_id, now)
-                    if queued is not None:
-                        claimed.append(queued)
+                missed = sorted(set(execution_ids) - {e.execution_id for e in claimed})
+                # A queued run's job claims its queue's best eligible run: one run per job.
+                claimed += self.queue_driver.after_misses(missed, now)
             run = carrying_job_context(self._run_submitted)
             for execution in claimed:
                 try:
@@ -301,7 +299,7 @@ class WorkflowRunner:
     def _run_submitted(self, threads: _Threads, claimed: Execution, now: datetime) -> None:
         try:
             with self.context():
-                self._run_claimed(claimed, now)
+                self._run_and_continue(claimed, now)
         except Exception:
             logger.exception("workflow execution %s stopped", claimed.execution_id)
         finally:
@@ -339,7 +337,22 @@ class WorkflowRunner:
             if claimed is None:
                 return None
             now = self.clock()
-        return self._run_claimed(claimed, now)
+        return self._run_and_continue(claimed, now)
+
+    def _run_and_continue(self, claimed: Execution, now: datetime) -> Execution | None:
+        """Run a claimed execution; if it is queued, this thread then claims its queue's next
+        eligible run and runs it, and so on while there is one: the slot it freed is filled without
+        a job's round trip. Returns what running the first one returned."""
+        if claimed.queue_name is None:
+            return self._run_claimed(claimed, now)
+        with self.queue_driver.continuing(claimed.execution_id):
+            first = self._run_claimed(claimed, now)
+        following = self.queue_driver.claim_next(claimed.queue_name)
+        while following is not None:
+            with self.queue_driver.continuing(following.execution_id):
+                self._run_claimed(following, self.clock())
+            following = self.queue_driver.claim_next(following.queue_name or claimed.queue_name)
+        return first
 
     def _run_claimed(self, claimed: Execution, now: datetime) -> Execution | None:
         """Run an execution this runner has just claimed (at ``now``); see :meth:`run`."""
@@ -385,9 +398,8 @@ class WorkflowRunner:
                 )
                 raise failed.error from None
             except _Unwind:
-                if claimed.queue_name is not None:
-                    # Asleep (or stopped), the run holds no slot of its queue: give it to another.
-                    self.queue_driver.nudge(claimed.queue_name)
+                # Asleep (or stopped), the run holds no slot of its queue: give it to another.
+                self.queue_driver.released(claimed)
                 return None
             except StoreError:
                 # The database failed under the engine's own calls (a checkpoint, a boundary), not

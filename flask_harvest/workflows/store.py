@@ -17,7 +17,7 @@ from sqlalchemy import Connection, Engine
 
 from . import _reads
 from ._leases import Leases, LeaseView
-from ._queue_claims import QueueClaim, QueueClaims, QueueCounts
+from ._queue_claims import PendingRow, QueueClaim, QueueClaims, QueueCounts
 from ._reads import ExecutionReads
 from ._runs import Runs
 from ._store_core import OnStarted, StoreCore, TerminalTransition
@@ -346,6 +346,10 @@ class SqlWorkflowStore:
         """Return how many runs of a queue are running, waiting, and waiting and due, each count
         stopping at ``cap`` (it reads at most that many index entries)."""
         return self._queues.counts(queue_name, now=now, cap=cap)
+
+    def pending_rows(self, execution_ids: Sequence[str]) -> list[PendingRow]:
+        """Return the ``Pending`` rows among ``execution_ids`` (id, due time, queue), in one read."""
+        return self._queues.pending_rows(execution_ids)
 
     def waiting(self, queue_name: str, *, now: datetime, limit: int) -> list[str]:
         """Return the ids of the best due ``Pending`` runs of a queue (its limits aside), best first."""
