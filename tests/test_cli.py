@@ -139,7 +139,7 @@ def assert_no_secret(result: Result) -> None:
         (("subscriptions",), ["add", "list", "show", "enable", "disable", "rotate-secret", "remove"]),
         (("dlq",), ["list", "replay", "redrive"]),
         (("deliveries",), ["show"]),
-        (("workflows",), ["start", "list", "show", "steps", "result", "cancel", "terminate"]),
+        (("workflows",), ["start", "list", "show", "steps", "result", "cancel", "terminate", "queues"]),
     ],
 )
 def test_help_lists_every_command(cli: Cli, group: tuple[str, ...], commands: list[str]) -> None:
