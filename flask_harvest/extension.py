@@ -48,7 +48,7 @@ from .webhooks.stores.sql import SqlOutboundWebhookStore
 from .workflows.hooks import TerminalHook, after_commit
 from .workflows.http import workflows_api
 from .workflows.models import Execution, ExecutionState, IdReusePolicy, JsonValue
-from .workflows.queues import QueueSpec
+from .workflows.queues import QueueSpec, parse_queue_settings
 from .workflows.registry import WorkflowFunction, WorkflowRegistry
 from .workflows.service import WorkflowHandle, WorkflowService
 from .workflows.store import SqlWorkflowStore
@@ -151,6 +151,8 @@ class Harvest:
                 "(use one Harvest extension, or create the app anew in tests)"
             )
         settings = load_settings(app.config, self._options)
+        # Checked before anything is built or created: a wrong queue leaves nothing behind.
+        parse_queue_settings(settings.workflow_queues, key=KEYS["workflow_queues"])
         if settings.dashboard:
             check_dashboard_config(app)
         # Before anything is built: a missing prometheus_client leaves nothing to clean up.

@@ -364,3 +364,21 @@ def test_the_sweep_gives_a_queue_as_many_attempts_as_it_has_room_for(store: SqlW
     report = h.runner.sweep_once()
     assert sorted(h.jobs()) == sorted([ids[3], ids[2]])
     assert report.requeued == 2
+
+
+def test_a_stopping_runner_claims_no_next_run(store: SqlWorkflowStore) -> None:
+    """While the runner closes (a worker stopping), a thread that ends a queued run does not go on
+    with the queue's next run: the queue gets a job instead, for the next worker."""
+    h = Harness(store, q=QueueSpec("q", concurrency=1))
+    h.workflow("job", lambda ctx, x: x, queue="q")
+    first, _ = h.runner.start("job", 1)
+    h.clock.advance(seconds=1)
+    second, _ = h.runner.start("job", 2)
+    h.jobs()
+    h.runner._closing.set()  # what close() sets while it waits for the runs in flight
+    try:
+        assert h.runner.run(first.execution_id) is not None
+    finally:
+        h.runner._closing.clear()
+    assert store.get(second.execution_id).state is S.PENDING  # type: ignore[union-attr]
+    assert h.jobs() == [second.execution_id]

@@ -136,6 +136,7 @@ class WorkflowRunner:
         self.context = context
         self._threads = PerProcess(lambda: _Threads(self.concurrency))
         self.queues = queues if queues is not None else QueueTable()
+        self._closing = threading.Event()
         self.queue_driver = QueueDriver(
             store, self.queues, clock=clock, lease_seconds=lease_seconds, schedule=self._schedule
         )
@@ -311,9 +312,15 @@ class WorkflowRunner:
         threads = self._threads.take()
         if threads is None:
             return
-        with threads.room:
-            threads.room.wait_for(lambda: threads.in_flight == 0)
-        threads.executor.shutdown(wait=True)
+        # A thread that ends a queued run claims no next one now: a long queue must not keep a
+        # stopping worker busy (the runs wait for the next worker).
+        self._closing.set()
+        try:
+            with threads.room:
+                threads.room.wait_for(lambda: threads.in_flight == 0)
+            threads.executor.shutdown(wait=True)
+        finally:
+            self._closing.clear()
 
     def schedule_started(self, execution_ids: Sequence[str]) -> None:
         """Queue the executions a transaction started (a terminal hook's), after its commit."""
@@ -343,16 +350,25 @@ class WorkflowRunner:
         """Run a claimed execution; if it is queued, this thread then claims its queue's next
         eligible run and runs it, and so on while there is one: the slot it freed is filled without
         a job's round trip. Returns what running the first one returned."""
-        if claimed.queue_name is None:
+        queue_name = claimed.queue_name
+        if queue_name is None or self._closing.is_set():
             return self._run_claimed(claimed, now)
         with self.queue_driver.continuing(claimed.execution_id):
             first = self._run_claimed(claimed, now)
-        following = self.queue_driver.claim_next(claimed.queue_name)
+        following = self._next_queued(queue_name)
         while following is not None:
             with self.queue_driver.continuing(following.execution_id):
                 self._run_claimed(following, self.clock())
-            following = self.queue_driver.claim_next(following.queue_name or claimed.queue_name)
+            following = self._next_queued(queue_name)
         return first
+
+    def _next_queued(self, queue_name: str) -> Execution | None:
+        if self._closing.is_set():
+            # Stopping: the run just ended skipped its terminal nudge (this thread was to claim
+            # the next), so the queue gets its attempt as a job instead.
+            self.queue_driver.nudge(queue_name)
+            return None
+        return self.queue_driver.claim_next(queue_name)
 
     def _run_claimed(self, claimed: Execution, now: datetime) -> Execution | None:
         """Run an execution this runner has just claimed (at ``now``); see :meth:`run`."""
