@@ -3,6 +3,7 @@ limits, enforced by the store's queued claim, and how the runner's jobs drive qu
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
@@ -382,3 +383,40 @@ def test_a_stopping_runner_claims_no_next_run(store: SqlWorkflowStore) -> None:
         h.runner._closing.clear()
     assert store.get(second.execution_id).state is S.PENDING  # type: ignore[union-attr]
     assert h.jobs() == [second.execution_id]
+
+
+@pytest.mark.parametrize(
+    ("spec", "key", "allowed"),
+    [
+        (QueueSpec("q", concurrency=2), None, 2),
+        (QueueSpec("q"), "k", 1),
+        (QueueSpec("q", rate_limit=(3, 60.0)), None, 3),
+    ],
+)
+def test_concurrent_claims_never_both_take_the_last_slot(
+    store: SqlWorkflowStore, spec: QueueSpec, key: str | None, allowed: int
+) -> None:
+    """A queue's claims are serialised: claimers racing on many connections take exactly what the
+    limit allows, never one more."""
+    clock = Clock()
+    for n in range(20):
+        put(store, clock, key=key, label=str(n))
+    barrier = threading.Barrier(8)
+    taken: list[int] = []
+    errors: list[BaseException] = []
+
+    def claimer() -> None:
+        try:
+            barrier.wait(timeout=30)
+            taken.append(len(claim(store, spec, clock, count=3)))
+        except BaseException as exc:  # reported below, on the test's thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=claimer) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert errors == []
+    assert sum(taken) == allowed
+    assert len(running(store)) == allowed
