@@ -15,12 +15,14 @@ from .errors import (
     InputTooLargeError,
     NonDeterminismError,
     StepFailedError,
+    UnknownQueueError,
     UnknownWorkflowError,
     WorkflowError,
     WorkflowIdReusedError,
 )
 from .hooks import TerminalHook, TerminalHooks
 from .models import Execution, ExecutionState, ForkMode, IdReusePolicy, ParentClosePolicy, StepRecord
+from .queues import QueueSpec
 from .registry import WorkflowDefinition, WorkflowRegistry
 from .runner import WorkflowRunner
 from .store import ExecutionCursor, LeaseSweep, SqlWorkflowStore
@@ -37,12 +39,14 @@ __all__ = [
     "LeaseSweep",
     "NonDeterminismError",
     "ParentClosePolicy",
+    "QueueSpec",
     "SqlWorkflowStore",
     "StepFailedError",
     "StepRecord",
     "StepRetryPolicy",
     "TerminalHook",
     "TerminalHooks",
+    "UnknownQueueError",
     "UnknownWorkflowError",
     "WorkflowContext",
     "WorkflowDefinition",
