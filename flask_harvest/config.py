@@ -100,6 +100,9 @@ class Settings:
     workflow_schedule_catchup: int = 1
     #: URL prefix of the workflow HTTP API blueprint.
     workflow_api_prefix: str = "/api/harvest"
+    #: Workflow queues and their limits: a mapping (or its JSON) of queue name to
+    #: ``{"concurrency": n, "rate_limit": [limit, seconds]}``; they win over ``harvest.queue()``.
+    workflow_queues: str = ""
     #: The longest ``?wait=N`` the result route holds a request open for, in seconds.
     workflow_result_max_wait_seconds: float = 30.0
     #: The deepest chain of completion triggers: a target whose trigger depth (1 for a target of a
@@ -218,6 +221,11 @@ def _coerce(name: str, value: Any, default: Any) -> Any:
         return number
     if name == "completion_callback_defaults" and isinstance(value, list | tuple):
         return json.dumps(list(value))
+    if name == "workflow_queues" and isinstance(value, Mapping):
+        try:
+            return json.dumps(dict(value))
+        except (TypeError, ValueError) as exc:
+            raise ConfigurationError(f"{key} must map queue names to JSON limits ({exc})") from None
     if name.endswith(
         ("_cidrs", "_allowlist")
     ):  # a network list: a comma-separated string, or a list of strings

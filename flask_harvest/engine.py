@@ -18,7 +18,7 @@ import redis
 from ._sql import new_pool_in_each_child
 from .callbacks.service import CALLBACK_JOB, CompletionCallbacks
 from .callbacks.store import SqlCallbackStore
-from .config import Settings
+from .config import KEYS, Settings
 from .errors import ConfigurationError
 from .jobs.base import JobBackend, JobKinds, JobRef
 from .jobs.local import LocalBackend
@@ -35,6 +35,7 @@ from .webhooks.operations import WebhookOperations
 from .webhooks.outbox import SqlOutbox
 from .webhooks.stores.base import OutboundWebhookHandler
 from .workflows._schedule_store import SqlScheduleStore
+from .workflows.queues import QueueTable, parse_queue_settings
 from .workflows.registry import WorkflowRegistry
 from .workflows.runner import WORKFLOW_JOB, WorkflowRunner
 from .workflows.schedules import WorkflowSchedules, schedule_grace
@@ -182,7 +183,14 @@ def add_workflows(
         max_input_bytes=settings.workflow_max_input_bytes,
         concurrency=settings.workflow_concurrency,
         context=engine.job_context,
+        # The settings' queues win over those declared in code, which stay live (declared later too).
+        queues=QueueTable(
+            parse_queue_settings(settings.workflow_queues, key=KEYS["workflow_queues"]),
+            declared=registry.queues,
+        ),
     )
+    # A queued run's end frees its queue's slot: the queue gets a claim attempt after the commit.
+    store.hooks.register(runner.queue_driver.on_terminal)
     # Runs that a terminal hook starts in its transaction are queued once that transaction commits.
     store.on_started = runner.schedule_started
     # A workflow job may run long (slow steps); its lease and heartbeat tell a dead run from a
@@ -224,6 +232,7 @@ def add_triggers(
         knows=registry.__contains__,
         max_chain_depth=settings.trigger_max_chain_depth,
         max_input_bytes=settings.workflow_max_input_bytes,
+        place=workflows.runner.placement,
         listener=listener,
     )
     retention = settings.trigger_fires_retention_seconds or None

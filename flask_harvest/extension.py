@@ -48,6 +48,7 @@ from .webhooks.stores.sql import SqlOutboundWebhookStore
 from .workflows.hooks import TerminalHook, after_commit
 from .workflows.http import workflows_api
 from .workflows.models import Execution, ExecutionState, ForkMode, IdReusePolicy, JsonValue
+from .workflows.queues import QueueSpec, parse_queue_settings
 from .workflows.registry import WorkflowFunction, WorkflowRegistry
 from .workflows.schedules_http import install_schedules
 from .workflows.service import WorkflowHandle, WorkflowService
@@ -151,6 +152,8 @@ class Harvest:
                 "(use one Harvest extension, or create the app anew in tests)"
             )
         settings = load_settings(app.config, self._options)
+        # Checked before anything is built or created: a wrong queue leaves nothing behind.
+        parse_queue_settings(settings.workflow_queues, key=KEYS["workflow_queues"])
         if settings.dashboard:
             check_dashboard_config(app)
         # Before anything is built: a missing prometheus_client leaves nothing to clean up.
@@ -252,7 +255,13 @@ class Harvest:
         app.register_blueprint(trigger_admin, url_prefix=settings.workflow_api_prefix)
 
     def workflow(
-        self, name: str, *, timeout: timedelta | None = None, schedule: str | None = None
+        self,
+        name: str,
+        *,
+        timeout: timedelta | None = None,
+        schedule: str | None = None,
+        queue: str | None = None,
+        priority: int = 0,
     ) -> Callable[[F], F]:
         """Register ``fn(ctx, input) -> output`` as the workflow ``name`` (a decorator), before or
         after ``init_app``. Declare workflows where the web process and every worker import them.
@@ -260,10 +269,28 @@ class Harvest:
         :param timeout: the run ends ``TimedOut`` when it has not finished this long after its start.
         :param schedule: cron text (UTC; a sixth, leading field for seconds): the workers' sweeper
             starts one run per tick, with input ``{"scheduled_at": "<tick, ISO 8601>"}``.
-        :raises ConfigurationError: the schedule is not valid cron text (the message names the
-            workflow).
+        :param queue: the workflow queue its runs are claimed through (see :meth:`queue`).
+        :param priority: its runs' priority in the queue: lower first.
+        :raises ConfigurationError: the schedule is not valid cron text, or the queue name or the
+            priority is out of range (the message names the workflow).
         """
-        return self.registry.workflow(name, timeout=timeout, schedule=schedule)
+        return self.registry.workflow(
+            name, timeout=timeout, schedule=schedule, queue=queue, priority=priority
+        )
+
+    def queue(
+        self, name: str, *, concurrency: int | None = None, rate_limit: tuple[int, float] | None = None
+    ) -> QueueSpec:
+        """Declare the workflow queue ``name``, before or after ``init_app`` (a queue of the same
+        name in ``HARVEST_WORKFLOW_QUEUES`` wins)::
+
+            harvest.queue("emails", concurrency=4, rate_limit=(10, 1.0))
+
+        :param concurrency: the most runs of the queue running at once; ``None`` for no limit.
+        :param rate_limit: ``(limit, seconds)``: at most ``limit`` first starts in any ``seconds``.
+        :raises ConfigurationError: a name or limit out of range.
+        """
+        return self.registry.queue(name, concurrency=concurrency, rate_limit=rate_limit)
 
     def completion_trigger(self, trigger: CompletionTrigger) -> CompletionTrigger:
         """Declare a static completion trigger: start its target when its source ends.
@@ -365,10 +392,22 @@ class Harvest:
         workflow_id: str | None = None,
         policy: IdReusePolicy | str = IdReusePolicy.ALLOW_DUPLICATE,
         completion_callbacks: JsonValue = None,
+        queue: str | None = None,
+        concurrency_key: str | None = None,
+        concurrency_limit: int | None = None,
+        priority: int | None = None,
     ) -> WorkflowHandle:
         """Start a run of ``name`` (see :meth:`WorkflowService.start`); return its handle."""
         handle, _ = workflow_service().start(
-            name, input, workflow_id=workflow_id, policy=policy, completion_callbacks=completion_callbacks
+            name,
+            input,
+            workflow_id=workflow_id,
+            policy=policy,
+            completion_callbacks=completion_callbacks,
+            queue=queue,
+            concurrency_key=concurrency_key,
+            concurrency_limit=concurrency_limit,
+            priority=priority,
         )
         return handle
 

@@ -18,6 +18,7 @@ import click
 from .._app import workflow_service
 from ..errors import InvalidFieldError
 from ..workflows.models import ExecutionState, ForkMode, IdReusePolicy, JsonValue
+from ..workflows.queue_views import queue_views
 from ..workflows.schemas import MAX_PAGE
 from ..workflows.service import WorkflowService, execution_to_dict, step_to_dict
 from . import _common as out
@@ -46,6 +47,9 @@ EXECUTION_FIELDS = (
     "fork_mode",
     "continued_from",
     "continued_to",
+    "queue_name",
+    "concurrency_key",
+    "priority",
     "input",
     "output",
     "error",
@@ -129,6 +133,10 @@ def _started(data: Mapping[str, Any]) -> str:
     help="What to do when an earlier run of --workflow-id has ended.",
 )
 @click.option("--completion-callbacks", metavar="JSON", default=None, help="Completion callbacks, as JSON.")
+@click.option("--queue", default=None, help="The workflow queue to run in (default: the workflow's).")
+@click.option("--concurrency-key", default=None, help="Runs sharing this key in the queue are limited.")
+@click.option("--concurrency-limit", type=int, default=None, help="Running runs per key (default 1).")
+@click.option("--priority", type=int, default=None, help="Lower runs first in the queue.")
 @out.json_option
 def workflows_start(
     name: str,
@@ -137,6 +145,10 @@ def workflows_start(
     workflow_id: str | None,
     id_reuse_policy: str,
     completion_callbacks: str | None,
+    queue: str | None,
+    concurrency_key: str | None,
+    concurrency_limit: int | None,
+    priority: int | None,
     as_json: bool,
 ) -> None:
     """Start a run of the workflow NAME (or show the open run of --workflow-id)."""
@@ -150,6 +162,10 @@ def workflows_start(
         workflow_id=workflow_id,
         policy=id_reuse_policy,
         completion_callbacks=_json_argument(completion_callbacks, "completion_callbacks"),
+        queue=queue,
+        concurrency_key=concurrency_key,
+        concurrency_limit=concurrency_limit,
+        priority=priority,
     )
     data = {**execution_to_dict(handle.execution(), with_io=False), "created": created}
     out.output(data, as_json, _started)
@@ -332,3 +348,30 @@ def _forked(data: Mapping[str, Any]) -> str:
         f"{data['execution_id']} (workflow_id {data['workflow_id']}, mode {data['fork_mode']}, "
         f"{data['state']})"
     )
+
+
+def _queue_rows(data: Mapping[str, Any]) -> str:
+    def limit(value: object) -> object:
+        return "-" if value is None else value
+
+    rows = [
+        (
+            q["name"],
+            limit(q["concurrency"]),
+            "-" if q["rate_limit"] is None else f"{q['rate_limit'][0]}/{q['rate_limit'][1]:g}s",
+            q["running"],
+            q["waiting"],
+            q["due"],
+        )
+        for q in data["queues"]
+    ]
+    columns = ("queue", "concurrency", "rate limit", "running", "waiting", "due")
+    return out.table(rows, columns, empty="no workflow queues are declared")
+
+
+@workflows_cli.command("queues")
+@out.json_option
+def workflows_queues(as_json: bool) -> None:
+    """The workflow queues: their limits, and their running, waiting and due runs."""
+    data = {"queues": [view.as_dict() for view in queue_views(_service())]}
+    out.output(data, as_json, _queue_rows)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from sqlalchemy import Column, Index, PrimaryKeyConstraint, String, Table, Text
+from sqlalchemy import Column, Index, Integer, PrimaryKeyConstraint, String, Table, Text
 
 from .._sql import UTCDateTime, metadata
 from .definitions import MAX_NAME_LENGTH
@@ -24,6 +24,11 @@ triggers_table = Table(
     Column("input_mapping", Text, nullable=False),
     Column("condition", Text, nullable=True),
     Column("created_at", UTCDateTime, nullable=False),
+    # The target start's queue fields; NULL leaves each to the target workflow's default.
+    Column("queue_name", String(MAX_NAME_LENGTH), nullable=True),
+    Column("concurrency_key", String(MAX_NAME_LENGTH), nullable=True),
+    Column("concurrency_limit", Integer, nullable=True),
+    Column("priority", Integer, nullable=True),
     Column("updated_at", UTCDateTime, nullable=False),
     # The terminal hook's one query: the triggers of the workflow that just ended.
     Index("ix_harvest_completion_triggers_source", "source_workflow_name"),

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from ..errors import InvalidFieldError
+from ..workflows.queues import check_count, check_key, check_priority
 from ._values import check_text, describe
 from .conditions import Condition, condition_to_json, parse_condition, validate_condition
 from .mappings import InputMapping, Passthrough, mapping_to_json, parse_mapping, validate_mapping
@@ -43,7 +44,13 @@ _JSON_KEYS = (
     "terminal_states",
     "input_mapping",
     "condition",
+    "queue_name",
+    "concurrency_key",
+    "concurrency_limit",
+    "priority",
 )
+#: The target start's queue fields: ``None`` leaves each to the target workflow's default.
+QUEUE_FIELDS = ("queue_name", "concurrency_key", "concurrency_limit", "priority")
 
 
 def static_trigger_id(source_workflow_name: str, target_workflow_name: str) -> str:
@@ -107,6 +114,10 @@ class CompletionTrigger:
     :param input_mapping: a mapping, or its JSON form.
     :param condition: a guard condition, its JSON form, or ``None`` (always fire).
     :param id: a UUID; by default one derived from the source and target names.
+    :param queue_name: the workflow queue the target starts in (default: the target workflow's).
+    :param concurrency_key: the target's concurrency key in its queue.
+    :param concurrency_limit: how many running runs may share that key (default 1).
+    :param priority: the target's priority in its queue (default: the target workflow's).
     :raises InvalidFieldError: a field is invalid; the message names the trigger.
     """
 
@@ -118,6 +129,10 @@ class CompletionTrigger:
     id: str = ""
     created_at: datetime | None = field(default=None, compare=False)
     updated_at: datetime | None = field(default=None, compare=False)
+    queue_name: str | None = None
+    concurrency_key: str | None = None
+    concurrency_limit: int | None = None
+    priority: int | None = None
 
     def __post_init__(self) -> None:
         try:
@@ -131,6 +146,16 @@ class CompletionTrigger:
                 condition = parse_condition(condition)
             elif condition is not None:
                 condition = validate_condition(condition)
+            # The queue's existence is checked where the target starts: the queue may be declared
+            # in the workers only, or after this trigger.
+            if self.queue_name is not None:
+                check_key("queue_name", self.queue_name)
+            if self.concurrency_key is not None:
+                check_key("concurrency_key", self.concurrency_key)
+            if self.concurrency_limit is not None:
+                check_count("concurrency_limit", self.concurrency_limit)
+            if self.priority is not None:
+                check_priority(self.priority)
         except InvalidFieldError as exc:
             label = f"{self.source_workflow_name!r:.80} -> {self.target_workflow_name!r:.80}"
             if self.id:
@@ -155,6 +180,7 @@ def trigger_to_json(trigger: CompletionTrigger) -> dict[str, JsonValue]:
         "target_workflow_name": trigger.target_workflow_name,
         "input_mapping": mapping_to_json(trigger.input_mapping),
         "condition": condition_to_json(trigger.condition) if trigger.condition is not None else None,
+        **{name: getattr(trigger, name) for name in QUEUE_FIELDS},
         "created_at": _iso(trigger.created_at),
         "updated_at": _iso(trigger.updated_at),
     }
@@ -191,6 +217,7 @@ def trigger_from_json(data: object) -> CompletionTrigger:
         input_mapping=parse_mapping(data.get("input_mapping", {"type": "Passthrough"})),
         condition=parse_condition(condition) if condition is not None else None,
         id=ident,
+        **{name: data.get(name) for name in QUEUE_FIELDS},
     )
 
 

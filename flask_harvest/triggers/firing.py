@@ -99,8 +99,23 @@ class Starter(Protocol):
     """Starts (or loads) a workflow run in the caller's transaction: the runner's ``start``."""
 
     def __call__(
-        self, name: str, input: JsonValue, *, workflow_id: str, trigger_depth: int, conn: Connection
+        self,
+        name: str,
+        input: JsonValue,
+        *,
+        workflow_id: str,
+        trigger_depth: int,
+        conn: Connection,
+        queue: str | None = None,
+        concurrency_key: str | None = None,
+        concurrency_limit: int | None = None,
+        priority: int | None = None,
     ) -> tuple[Execution, bool]: ...
+
+
+#: Checks a target start's queue fields (``WorkflowRunner.placement``); raises
+#: :class:`~flask_harvest.errors.InvalidFieldError` (an unknown queue) to refuse them.
+Placer = Callable[..., object]
 
 
 def target_workflow_id(trigger_id: str, source_exec_id: str) -> str:
@@ -133,6 +148,8 @@ class TriggerFiring:
     :param max_chain_depth: the deepest trigger depth a target may have.
     :param max_input_bytes: the workflow input limit, to refuse an oversized mapped input up front.
     :param listener: told about each event once its transaction committed.
+    :param place: checks the target start's queue fields before anything is written (an unknown
+        queue is ``validation_failed``); none: not checked.
     """
 
     def __init__(
@@ -145,7 +162,9 @@ class TriggerFiring:
         max_input_bytes: int,
         listener: FireListener | None = None,
         clock: Callable[[], datetime] = utcnow,
+        place: Placer | None = None,
     ) -> None:
+        self.place = place
         self.store = store
         self.start = start
         self.knows = knows
@@ -274,6 +293,7 @@ class TriggerFiring:
             workflow_id=target_workflow_id(trigger_id, exec_id),
             trigger_depth=depth,
             conn=conn,
+            **stored.start_queue(),
         )
         self.store.set_target(conn, exec_id, trigger_id, target.execution_id)
         return outcome(FireOutcome.STARTED if created else FireOutcome.DEDUPED, target=target.execution_id)
@@ -295,6 +315,12 @@ class TriggerFiring:
     def _refusal(self, stored: StoredTrigger, target_input: JsonValue) -> tuple[FireOutcome, str] | None:
         if not self.knows(stored.target_workflow_name):
             return FireOutcome.VALIDATION_FAILED, "no workflow of that name is registered in this process"
+        if self.place is not None:
+            # Before the fire is recorded: a start refused later would fail the source's transition.
+            try:
+                self.place(stored.target_workflow_name, **stored.start_queue())
+            except InvalidFieldError as exc:
+                return FireOutcome.VALIDATION_FAILED, str(exc)
         try:
             encode_json(target_input, field="input", max_bytes=self.max_input_bytes)
         except InputTooLargeError as exc:

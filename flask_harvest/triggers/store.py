@@ -21,7 +21,7 @@ from ..errors import InvalidFieldError
 from ..workflows._schema import executions_table
 from ._schema import TRIGGER_TABLES, fires_table, triggers_table
 from .conditions import condition_to_json, parse_condition
-from .definitions import CompletionTrigger, parse_terminal_states
+from .definitions import QUEUE_FIELDS, CompletionTrigger, parse_terminal_states
 from .mappings import mapping_to_json, parse_mapping
 
 __all__ = ["FAILED_START_OUTCOMES", "Fire", "SqlTriggerStore", "StoredTrigger", "loads_column"]
@@ -70,6 +70,10 @@ class StoredTrigger:
     condition: str | None
     created_at: datetime
     updated_at: datetime
+    queue_name: str | None = None
+    concurrency_key: str | None = None
+    concurrency_limit: int | None = None
+    priority: int | None = None
 
     def parse(self) -> CompletionTrigger:
         """Return the trigger this row holds.
@@ -89,7 +93,17 @@ class StoredTrigger:
             id=self.id,
             created_at=self.created_at,
             updated_at=self.updated_at,
+            **{name: getattr(self, name) for name in QUEUE_FIELDS},
         )
+
+    def start_queue(self) -> dict[str, Any]:
+        """The target start's queue fields, by the names ``WorkflowRunner.start`` takes them."""
+        return {
+            "queue": self.queue_name,
+            "concurrency_key": self.concurrency_key,
+            "concurrency_limit": self.concurrency_limit,
+            "priority": self.priority,
+        }
 
 
 def loads_column(text: str, field: str) -> Any:
@@ -258,6 +272,7 @@ def _values(trigger: CompletionTrigger) -> dict[str, Any]:
         "target_workflow_name": trigger.target_workflow_name,
         "input_mapping": _dumps(mapping_to_json(trigger.input_mapping)),
         "condition": _dumps(condition_to_json(trigger.condition)) if trigger.condition is not None else None,
+        **{name: getattr(trigger, name) for name in QUEUE_FIELDS},
     }
 
 
@@ -275,6 +290,7 @@ def _row(row: Row[Any]) -> StoredTrigger:
         condition=row.condition,
         created_at=row.created_at,
         updated_at=row.updated_at,
+        **{name: getattr(row, name) for name in QUEUE_FIELDS},
     )
 
 

@@ -16,12 +16,14 @@ from .errors import (
     InputTooLargeError,
     NonDeterminismError,
     StepFailedError,
+    UnknownQueueError,
     UnknownWorkflowError,
     WorkflowError,
     WorkflowIdReusedError,
 )
 from .hooks import TerminalHook, TerminalHooks
 from .models import Execution, ExecutionState, ForkMode, IdReusePolicy, ParentClosePolicy, StepRecord
+from .queues import QueueSpec
 from .registry import WorkflowDefinition, WorkflowRegistry
 from .runner import WorkflowRunner
 from .store import ExecutionCursor, LeaseSweep, SqlWorkflowStore
@@ -39,12 +41,14 @@ __all__ = [
     "LeaseSweep",
     "NonDeterminismError",
     "ParentClosePolicy",
+    "QueueSpec",
     "SqlWorkflowStore",
     "StepFailedError",
     "StepRecord",
     "StepRetryPolicy",
     "TerminalHook",
     "TerminalHooks",
+    "UnknownQueueError",
     "UnknownWorkflowError",
     "WorkflowContext",
     "WorkflowDefinition",

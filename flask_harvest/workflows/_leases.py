@@ -203,9 +203,14 @@ class Leases:
             return conn.execute(stmt).first() is not None
 
 
-def _due(now: datetime) -> tuple[Any, Any]:
-    # What makes an execution claimable: pending, with no wait or a wait that has passed.
-    return (_ex.c.state == _PENDING, or_(_ex.c.next_run_at.is_(None), _ex.c.next_run_at <= now))
+def _due(now: datetime) -> tuple[Any, Any, Any]:
+    # What makes an execution claimable by its id: pending, with no wait or a wait that has
+    # passed, and in no queue (a queued run is claimed through its queue's limits).
+    return (
+        _ex.c.state == _PENDING,
+        or_(_ex.c.next_run_at.is_(None), _ex.c.next_run_at <= now),
+        _ex.c.queue_name.is_(None),
+    )
 
 
 def _claim_values(now: datetime, lease_seconds: float) -> dict[str, Any]:

@@ -16,6 +16,7 @@ from ._schema import _OPEN, NAME_LENGTH, row_to_execution
 from ._store_core import StoreCore, TerminalTransition, _ex, _open, check_key
 from .errors import ExecutionNotFoundError, WorkflowIdReusedError
 from .models import Execution, ExecutionState, IdReusePolicy, JsonValue, check_reason, encode_json
+from .queues import StartQueue, queue_values
 
 _PENDING = ExecutionState.PENDING.value
 _RUNNING = ExecutionState.RUNNING.value
@@ -45,6 +46,7 @@ class Runs:
         completion_callbacks: JsonValue = None,
         max_input_bytes: int | None = None,
         conn: Connection | None = None,
+        queue: StartQueue | None = None,
     ) -> tuple[Execution, bool]:
         input_text = encode_json(input, field="input", max_bytes=max_input_bytes)
         check_key("name", name)
@@ -80,6 +82,7 @@ class Runs:
                     "cancel_requested": False,
                     "trigger_depth": trigger_depth,
                     "completion_callbacks": completion_callbacks,
+                    **(queue_values(queue) if queue is not None else {}),
                 }
                 # DO NOTHING rather than catching IntegrityError: an error would abort the caller's
                 # PostgreSQL transaction. PostgreSQL waits here for a concurrent inserter to commit.

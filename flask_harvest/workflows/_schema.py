@@ -19,6 +19,10 @@ NAME_LENGTH = 255
 # The partial index's condition, as literal SQL both PostgreSQL and SQLite accept (it is compiled
 # into DDL, where bound parameters are not allowed).
 _OPEN = "state IN ('Pending', 'Running')"
+# Queue indexes hold queued runs only: unqueued runs (most) pay nothing for them. The running
+# keyed runs' index holds only those: a key's count reads exactly its running runs.
+_QUEUED = "queue_name IS NOT NULL"
+_RUNNING_KEYED = "queue_name IS NOT NULL AND concurrency_key IS NOT NULL AND state = 'Running'"
 
 executions_table = Table(
     "harvest_workflow_executions",
@@ -83,6 +87,33 @@ executions_table = Table(
     Index("ix_harvest_workflow_executions_state_created", "state", "created_at", "execution_id"),
     # A parent's children: the parent-close cascade, waking a waiting parent, the dashboard.
     Index("ix_harvest_workflow_executions_parent", "parent_execution_id"),
+    # Queued claims: a queue's due runs in the claim's order (so the claim stops at the first
+    # eligible one, never sorts them all) and its running count; the running runs of a
+    # concurrency key; the first starts in a rate limit's window.
+    Index(
+        "ix_harvest_workflow_executions_queue",
+        "queue_name",
+        "state",
+        "priority",
+        "next_run_at",
+        "execution_id",
+        postgresql_where=text(_QUEUED),
+        sqlite_where=text(_QUEUED),
+    ),
+    Index(
+        "ix_harvest_workflow_executions_queue_key",
+        "queue_name",
+        "concurrency_key",
+        postgresql_where=text(_RUNNING_KEYED),
+        sqlite_where=text(_RUNNING_KEYED),
+    ),
+    Index(
+        "ix_harvest_workflow_executions_queue_started",
+        "queue_name",
+        "started_at",
+        postgresql_where=text(_QUEUED),
+        sqlite_where=text(_QUEUED),
+    ),
 )
 
 # One checkpoint per (execution, position). No foreign key: the sweeper may purge executions and

@@ -30,10 +30,15 @@ class _SweepQueries:
         self._sweep_finish = terminal.sweep_finish
 
     def due_executions(self, *, now: datetime, limit: int = 500) -> list[tuple[str, datetime]]:
-        """Return the ids and due times of ``Pending`` executions due at ``now``, oldest due first."""
+        """Return the ids and due times of ``Pending`` executions due at ``now``, oldest due first.
+
+        Queued runs are left out: their jobs are claim attempts on their queue, which the queue
+        sweep (:meth:`QueueDriver.sweep <flask_harvest.workflows._queue_driver.QueueDriver.sweep>`)
+        gives as many as the queue has room for, not one per waiting run.
+        """
         query = (
             select(_ex.c.execution_id, _ex.c.next_run_at)
-            .where(_ex.c.state == _PENDING, _ex.c.next_run_at <= now)
+            .where(_ex.c.state == _PENDING, _ex.c.next_run_at <= now, _ex.c.queue_name.is_(None))
             .order_by(_ex.c.next_run_at)
             .limit(limit)
         )

@@ -137,3 +137,15 @@ class ForkNotRecordedError(WorkflowError):
         self.source_execution_id = source_execution_id
         self.seq = seq
         self.name = name
+
+
+class UnknownQueueError(WorkflowError, InvalidFieldError):
+    """No workflow queue is declared under this name (in this process)."""
+
+    def __init__(self, field: str, name: str) -> None:
+        super().__init__(
+            field,
+            f"no queue named {name!r:.80} is declared; declare it with harvest.queue({name!r:.80}, ...) "
+            "or in HARVEST_WORKFLOW_QUEUES, in the web process and every worker",
+        )
+        self.name = name

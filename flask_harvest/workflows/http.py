@@ -24,6 +24,7 @@ from .._app import get_engine, workflow_service
 from ..http.admin import MAX_BODY_BYTES, install_admin_api, load_body, load_query, no_such_route
 from ._chain import MAX_CHAIN
 from .models import Execution, ExecutionState
+from .queue_views import queue_views
 from .schemas import (
     CancelSchema,
     ForkSchema,
@@ -61,6 +62,10 @@ def start(name: str) -> tuple[Response, int]:
         workflow_id=body.get("workflow_id"),
         policy=body["id_reuse_policy"],
         completion_callbacks=body["completion_callbacks"],
+        queue=body.get("queue"),
+        concurrency_key=body.get("concurrency_key"),
+        concurrency_limit=body.get("concurrency_limit"),
+        priority=body.get("priority"),
     )
     execution = handle.execution()
     response = jsonify({**_summary(execution), "created": created})
@@ -159,6 +164,13 @@ def fork(execution_id: str) -> tuple[Response, int]:
     response = jsonify(execution_to_dict(handle.execution()))
     response.headers["Location"] = url_for(".show", execution_id=handle.execution_id)
     return response, 201
+
+
+# Not under /workflows/, where any segment is an execution id.
+@workflows_api.get("/workflow-queues")
+def queues() -> Response:
+    """Each declared queue: its limits, and its running, waiting and due runs (bounded counts)."""
+    return jsonify({"queues": [view.as_dict() for view in queue_views(workflow_service())]})
 
 
 _ALL = ["GET", "POST", "PUT", "PATCH", "DELETE"]

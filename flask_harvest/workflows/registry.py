@@ -12,6 +12,7 @@ from ..errors import ConfigurationError, InvalidFieldError
 from .cron import CronSchedule, tick_iso
 from .errors import UnknownWorkflowError
 from .models import JsonValue
+from .queues import QueueSpec, QueueTable, check_key, check_priority
 
 if TYPE_CHECKING:
     from .context import WorkflowContext
@@ -33,12 +34,16 @@ class WorkflowDefinition:
 
     :param timeout: how long a run may take from its start; ``None`` for no deadline.
     :param schedule: when the sweeper starts runs of it on its own; ``None`` for never.
+    :param queue: the queue its runs are claimed through, unless a start names another.
+    :param priority: its runs' priority in their queue, unless a start gives another.
     """
 
     name: str
     fn: WorkflowFunction
     timeout: timedelta | None = None
     schedule: CronSchedule | None = None
+    queue: str | None = None
+    priority: int = 0
 
 
 class WorkflowRegistry:
@@ -56,9 +61,32 @@ class WorkflowRegistry:
 
     def __init__(self) -> None:
         self._definitions: dict[str, WorkflowDefinition] = {}
+        #: The workflow queues declared in code (:meth:`queue`).
+        self.queues = QueueTable()
+
+    def queue(
+        self, name: str, *, concurrency: int | None = None, rate_limit: tuple[int, float] | None = None
+    ) -> QueueSpec:
+        """Declare the workflow queue ``name`` (again: its limits are replaced).
+
+        :param concurrency: the most runs of the queue running at once; ``None`` for no limit.
+        :param rate_limit: ``(limit, seconds)``: at most ``limit`` first starts in any ``seconds``.
+        :raises ConfigurationError: a name or limit out of range.
+        """
+        try:
+            spec = QueueSpec.build(name, concurrency=concurrency, rate_limit=rate_limit)
+        except InvalidFieldError as exc:
+            raise ConfigurationError(f"queue {name!r:.80}: {exc}") from None
+        return self.queues.declare(spec)
 
     def workflow(
-        self, name: str, *, timeout: timedelta | None = None, schedule: str | None = None
+        self,
+        name: str,
+        *,
+        timeout: timedelta | None = None,
+        schedule: str | None = None,
+        queue: str | None = None,
+        priority: int = 0,
     ) -> Callable[[F], F]:
         """Return a decorator registering a function as the workflow ``name``.
 
@@ -79,6 +107,13 @@ class WorkflowRegistry:
         if timeout is not None and timeout <= timedelta(0):
             raise ConfigurationError(f"workflow {name!r}: the timeout must be positive, not {timeout}")
         cron = _parse_schedule(name, schedule) if schedule is not None else None
+        try:
+            # The queue itself may be declared later (or in the settings): a start checks it.
+            if queue is not None:
+                check_key("queue", queue)
+            check_priority(priority)
+        except InvalidFieldError as exc:
+            raise ConfigurationError(f"workflow {name!r}: {exc}") from None
 
         def register(fn: F) -> F:
             existing = self._definitions.get(name)
@@ -87,7 +122,9 @@ class WorkflowRegistry:
                     f"workflow {name!r} is already registered (by {_qualname(existing.fn)}); "
                     "give each workflow its own name"
                 )
-            self._definitions[name] = WorkflowDefinition(name, fn, timeout, cron)
+            self._definitions[name] = WorkflowDefinition(
+                name, fn, timeout, schedule=cron, queue=queue, priority=priority
+            )
             return fn
 
         return register

@@ -23,6 +23,7 @@ from ..jobs.base import JobBackend, JobBackendError, JobRef
 from ..jobs.requeue import requeue_missing
 from ..jobs.tasks import carrying_job_context
 from ..sweeper import SweepReport
+from ._queue_driver import QueueDriver
 from .context import StepRetryPolicy, WorkflowContext, _EngineFailed, _Unwind
 from .errors import ExecutionNotFoundError, UnknownWorkflowError
 from .forks import check_from_step, parse_fork_mode
@@ -37,6 +38,7 @@ from .models import (
     encode_json,
     timeout_message,
 )
+from .queues import QueueTable, StartQueue
 from .registry import WorkflowRegistry
 from .store import LeaseView, SqlWorkflowStore
 
@@ -95,6 +97,7 @@ class WorkflowRunner:
     :param concurrency: how many executions :meth:`run_many` and :meth:`submit_many` run at once,
         on threads of the runner's own.
     :param context: entered around each execution run on those threads (the Flask app context).
+    :param queues: the declared workflow queues (see :doc:`queues`); none if not given.
     :param clock: the current time (tests pass a fake one).
     :param wait: sleeps between a step's retries (tests pass a fake one).
     """
@@ -114,6 +117,7 @@ class WorkflowRunner:
         context: Callable[[], AbstractContextManager[object]] = nullcontext,
         clock: Callable[[], datetime] = utcnow,
         wait: Callable[[float], None] = time.sleep,
+        queues: QueueTable | None = None,
     ) -> None:
         if lease_seconds <= 0:
             raise InvalidFieldError("lease_seconds", f"must be positive, not {lease_seconds}")
@@ -134,6 +138,11 @@ class WorkflowRunner:
         self.concurrency = max(1, concurrency)
         self.context = context
         self._threads = PerProcess(lambda: _Threads(self.concurrency))
+        self.queues = queues if queues is not None else QueueTable()
+        self._closing = threading.Event()
+        self.queue_driver = QueueDriver(
+            store, self.queues, clock=clock, lease_seconds=lease_seconds, schedule=self._schedule
+        )
 
     # -- starting --------------------------------------------------------------------------------
 
@@ -147,6 +156,10 @@ class WorkflowRunner:
         trigger_depth: int = 0,
         completion_callbacks: JsonValue = None,
         conn: Connection | None = None,
+        queue: str | None = None,
+        concurrency_key: str | None = None,
+        concurrency_limit: int | None = None,
+        priority: int | None = None,
     ) -> tuple[Execution, bool]:
         """Start a run of the registered workflow ``name`` (or load the open run of ``workflow_id``).
 
@@ -154,13 +167,25 @@ class WorkflowRunner:
         transaction's owner schedules it after the commit (``store.started_in(conn)`` lists it; the
         store's ``on_started`` does it for terminal hooks), else the sweeper's due scan does.
 
+        :param queue: the queue the run is claimed through (default: the workflow's).
+        :param concurrency_key: runs of the queue sharing this key run at most
+            ``concurrency_limit`` (default 1) at once.
+        :param priority: lower runs first among the queue's due runs (default: the workflow's).
         :returns: ``(execution, created)``.
         :raises UnknownWorkflowError: no workflow is registered as ``name``.
+        :raises UnknownQueueError: the queue is not declared.
         :raises InputTooLargeError: the input is larger than ``max_input_bytes``.
-        :raises InvalidFieldError: the input is not a JSON value.
+        :raises InvalidFieldError: the input is not a JSON value, a queue field is out of range.
         :raises WorkflowIdReusedError: the id reuse policy refuses another run.
         """
         definition = self.registry.get(name)
+        placement = self.placement(
+            name,
+            queue=queue,
+            concurrency_key=concurrency_key,
+            concurrency_limit=concurrency_limit,
+            priority=priority,
+        )
         now = self.clock()
         deadline = now + definition.timeout if definition.timeout is not None else None
         execution, created = self.store.start(
@@ -174,6 +199,7 @@ class WorkflowRunner:
             completion_callbacks=completion_callbacks,
             max_input_bytes=self.max_input_bytes,
             conn=conn,
+            queue=placement,
         )
         if created and conn is None:
             self._schedule(execution.execution_id, None)
@@ -198,6 +224,32 @@ class WorkflowRunner:
         fork = self.store.fork(source_id, from_step, mode, now=now, deadline=deadline)
         self._schedule(fork.execution_id, None)
         return fork
+
+    def placement(
+        self,
+        name: str,
+        *,
+        queue: object = None,
+        concurrency_key: object = None,
+        concurrency_limit: object = None,
+        priority: object = None,
+    ) -> StartQueue:
+        """Return where a start of ``name`` puts its run: the given queue fields, else the
+        workflow's, checked (see :meth:`start`).
+
+        :raises UnknownWorkflowError: no workflow is registered as ``name``.
+        :raises InvalidFieldError: a queue field is out of range, or names an unknown queue.
+        """
+        definition = self.registry.get(name)
+        return StartQueue.resolve(
+            self.queues,
+            default_queue=definition.queue,
+            default_priority=definition.priority,
+            queue=queue,
+            concurrency_key=concurrency_key,
+            concurrency_limit=concurrency_limit,
+            priority=priority,
+        )
 
     # -- running ---------------------------------------------------------------------------------
 
@@ -247,8 +299,9 @@ class WorkflowRunner:
             now = self.clock()
             with self.context():
                 claimed = self.store.claim_many(execution_ids, now=now, lease_seconds=self.lease_seconds)
-                for execution_id in set(execution_ids) - {e.execution_id for e in claimed}:
-                    self._reschedule_if_early(execution_id, now)
+                missed = sorted(set(execution_ids) - {e.execution_id for e in claimed})
+                # A queued run's job claims its queue's best eligible run: one run per job.
+                claimed += self.queue_driver.after_misses(missed, now)
             run = carrying_job_context(self._run_submitted)
             for execution in claimed:
                 try:
@@ -270,7 +323,7 @@ class WorkflowRunner:
     def _run_submitted(self, threads: _Threads, claimed: Execution, now: datetime) -> None:
         try:
             with self.context():
-                self._run_claimed(claimed, now)
+                self._run_and_continue(claimed, now)
         except Exception:
             logger.exception("workflow execution %s stopped", claimed.execution_id)
         finally:
@@ -282,9 +335,15 @@ class WorkflowRunner:
         threads = self._threads.take()
         if threads is None:
             return
-        with threads.room:
-            threads.room.wait_for(lambda: threads.in_flight == 0)
-        threads.executor.shutdown(wait=True)
+        # A thread that ends a queued run claims no next one now: a long queue must not keep a
+        # stopping worker busy (the runs wait for the next worker).
+        self._closing.set()
+        try:
+            with threads.room:
+                threads.room.wait_for(lambda: threads.in_flight == 0)
+            threads.executor.shutdown(wait=True)
+        finally:
+            self._closing.clear()
 
     def schedule_started(self, execution_ids: Sequence[str]) -> None:
         """Queue the executions a transaction started (a terminal hook's), after its commit."""
@@ -304,9 +363,35 @@ class WorkflowRunner:
         now = self.clock()
         claimed = self.store.claim(execution_id, now=now, lease_seconds=self.lease_seconds)
         if claimed is None or claimed.lease_token is None:
-            self._reschedule_if_early(execution_id, now)
+            claimed = self.queue_driver.after_miss(execution_id, now)
+            if claimed is None:
+                return None
+            now = self.clock()
+        return self._run_and_continue(claimed, now)
+
+    def _run_and_continue(self, claimed: Execution, now: datetime) -> Execution | None:
+        """Run a claimed execution; if it is queued, this thread then claims its queue's next
+        eligible run and runs it, and so on while there is one: the slot it freed is filled without
+        a job's round trip. Returns what running the first one returned."""
+        queue_name = claimed.queue_name
+        if queue_name is None or self._closing.is_set():
+            return self._run_claimed(claimed, now)
+        with self.queue_driver.continuing(claimed.execution_id):
+            first = self._run_claimed(claimed, now)
+        following = self._next_queued(queue_name)
+        while following is not None:
+            with self.queue_driver.continuing(following.execution_id):
+                self._run_claimed(following, self.clock())
+            following = self._next_queued(queue_name)
+        return first
+
+    def _next_queued(self, queue_name: str) -> Execution | None:
+        if self._closing.is_set():
+            # Stopping: the run just ended skipped its terminal nudge (this thread was to claim
+            # the next), so the queue gets its attempt as a job instead.
+            self.queue_driver.nudge(queue_name)
             return None
-        return self._run_claimed(claimed, now)
+        return self.queue_driver.claim_next(queue_name)
 
     def _run_claimed(self, claimed: Execution, now: datetime) -> Execution | None:
         """Run an execution this runner has just claimed (at ``now``); see :meth:`run`."""
@@ -355,6 +440,8 @@ class WorkflowRunner:
                 )
                 raise failed.error from None
             except _Unwind:
+                # Asleep (or stopped), the run holds no slot of its queue: give it to another.
+                self.queue_driver.released(claimed)
                 return None
             except StoreError:
                 # The database failed under the engine's own calls (a checkpoint, a boundary), not
@@ -404,18 +491,6 @@ class WorkflowRunner:
                 state.value,
             )
         return ended
-
-    def _reschedule_if_early(self, execution_id: str, now: datetime) -> None:
-        # A job that fires before the row's wake time (a backend that runs scheduled jobs early, or
-        # clocks that differ between hosts) would otherwise leave the run to the sweeper's scan.
-        current = self.store.get(execution_id)
-        if (
-            current is not None
-            and current.state is ExecutionState.PENDING
-            and current.next_run_at is not None
-            and current.next_run_at > now
-        ):
-            self._schedule(execution_id, current.next_run_at)
 
     def _schedule(self, execution_id: str, due: datetime | None) -> None:
         ref = workflow_job(execution_id, due)
@@ -483,9 +558,11 @@ class WorkflowRunner:
             [workflow_job(execution_id) for execution_id, _ in due],
             also={workflow_job(execution_id): [workflow_job(execution_id, at)] for execution_id, at in due},
         )
+        # Queued runs: as many claim attempts per queue as it has room for.
+        attempts = self.queue_driver.sweep(self.backend, workflow_job, now=now - _DUE_GRACE)
         return SweepReport(
             released=len(leases.requeued) + len(cancelled),
-            requeued=len(leases.requeued) + len(missing),
+            requeued=len(leases.requeued) + len(missing) + attempts,
             timed_out=len(timed_out),
             poisoned=len(leases.failed),
             cancelled=len(cancelled),

@@ -17,6 +17,7 @@ from .._input import text_problem
 from ..errors import InvalidFieldError
 from ._schema import NAME_LENGTH
 from .models import ExecutionState, ForkMode, IdReusePolicy, encode_json
+from .queues import MAX_CONCURRENCY, MAX_PRIORITY, MIN_PRIORITY
 
 __all__ = [
     "CancelSchema",
@@ -70,6 +71,11 @@ class StartSchema(Schema):
     )
     #: Passed through to the service unchanged; completion callbacks say what they accept.
     completion_callbacks = JsonValueField(load_default=None, allow_none=True)
+    #: The workflow queue, concurrency key and limit, and priority (default: the workflow's).
+    queue = fields.String(validate=_text(NAME_LENGTH))
+    concurrency_key = fields.String(validate=_text(NAME_LENGTH))
+    concurrency_limit = fields.Integer(strict=True, validate=validate.Range(min=1, max=MAX_CONCURRENCY))
+    priority = fields.Integer(strict=True, validate=validate.Range(min=MIN_PRIORITY, max=MAX_PRIORITY))
 
 
 class CancelSchema(Schema):

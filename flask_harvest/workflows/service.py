@@ -94,6 +94,9 @@ def execution_to_dict(execution: Execution, *, with_io: bool = True) -> dict[str
         "trigger_depth": execution.trigger_depth,
         "continued_from": execution.continued_from,
         "continued_to": execution.continued_to,
+        "queue_name": execution.queue_name,
+        "concurrency_key": execution.concurrency_key,
+        "priority": execution.priority,
     }
     if execution.forked_from is not None:
         data["forked_from"] = execution.forked_from
@@ -179,11 +182,19 @@ class WorkflowService:
         workflow_id: str | None = None,
         policy: IdReusePolicy | str = IdReusePolicy.ALLOW_DUPLICATE,
         completion_callbacks: JsonValue = None,
+        queue: str | None = None,
+        concurrency_key: str | None = None,
+        concurrency_limit: int | None = None,
+        priority: int | None = None,
     ) -> tuple[WorkflowHandle, bool]:
         """Start a run of ``name`` (or load the open run of ``workflow_id``) and queue it.
 
+        ``queue``, ``concurrency_key``, ``concurrency_limit`` and ``priority`` place the run in a
+        workflow queue (see :meth:`WorkflowRunner.start`); they default to the workflow's.
+
         :returns: a handle on the run, and whether this call created it.
         :raises UnknownWorkflowError: no workflow is registered as ``name``.
+        :raises UnknownQueueError: the queue is not declared.
         :raises InputTooLargeError: the input is over ``HARVEST_WORKFLOW_MAX_INPUT_BYTES``.
         :raises InvalidFieldError: the input is not JSON, or an argument is invalid.
         :raises WorkflowIdReusedError: the id reuse policy refuses another run.
@@ -195,7 +206,15 @@ class WorkflowService:
             raise InvalidFieldError("policy", f"must be one of {names}") from None
         completion_callbacks = self.prepared_callbacks(completion_callbacks)
         execution, created = self.runner.start(
-            name, input, workflow_id=workflow_id, policy=chosen, completion_callbacks=completion_callbacks
+            name,
+            input,
+            workflow_id=workflow_id,
+            policy=chosen,
+            completion_callbacks=completion_callbacks,
+            queue=queue,
+            concurrency_key=concurrency_key,
+            concurrency_limit=concurrency_limit,
+            priority=priority,
         )
         return WorkflowHandle(self, execution.execution_id, execution.workflow_id), created
 

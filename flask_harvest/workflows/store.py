@@ -10,7 +10,7 @@ queries (:mod:`._sweep`) and continue-as-new with its chains (:mod:`._chain`).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime
 
 from sqlalchemy import Connection, Engine
@@ -19,12 +19,14 @@ from . import _reads
 from ._chain import MAX_CHAIN, Chains
 from ._forks import Forks
 from ._leases import Leases, LeaseView
+from ._queue_claims import PendingRow, QueueClaim, QueueClaims, QueueCounts
 from ._reads import ExecutionReads
 from ._runs import Runs
 from ._store_core import OnStarted, StoreCore, TerminalTransition
 from ._sweep import LeaseSweep, _SweepQueries
 from .hooks import TerminalHooks
 from .models import Execution, ExecutionState, ForkMode, IdReusePolicy, JsonValue, StepRecord, encode_json
+from .queues import QueueSpec, StartQueue
 
 __all__ = ["ExecutionCursor", "LeaseSweep", "LeaseView", "SqlWorkflowStore"]
 
@@ -56,6 +58,7 @@ class SqlWorkflowStore:
         self._sweeps = _SweepQueries(self._core, self._terminal)
         self._forks = Forks(self._core)
         self._chains = Chains(self._core, self._terminal)
+        self._queues = QueueClaims(self._core)
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.engine.url.render_as_string(hide_password=True)}>"
@@ -104,6 +107,7 @@ class SqlWorkflowStore:
         completion_callbacks: JsonValue = None,
         max_input_bytes: int | None = None,
         conn: Connection | None = None,
+        queue: StartQueue | None = None,
     ) -> tuple[Execution, bool]:
         """Start a run of ``name``, or load the open run of ``workflow_id``.
 
@@ -115,6 +119,7 @@ class SqlWorkflowStore:
 
         :param workflow_id: the business key; a fresh UUID when absent.
         :param conn: run inside the caller's transaction (the run exists once it commits).
+        :param queue: the run's queue, concurrency key and limit, and priority (checked already).
         :returns: ``(execution, created)``.
         :raises WorkflowIdReusedError: ``policy`` refuses a new run after a closed one.
         :raises InvalidFieldError: ``input`` is not JSON, or too large (``InputTooLargeError``); the
@@ -132,6 +137,7 @@ class SqlWorkflowStore:
             completion_callbacks=completion_callbacks,
             max_input_bytes=max_input_bytes,
             conn=conn,
+            queue=queue,
         )
 
     # -- reading -------------------------------------------------------------------------------
@@ -349,6 +355,37 @@ class SqlWorkflowStore:
         return self._terminal.finish(
             execution_id, state, output=output, error=error, now=now, token=token, conn=conn
         )
+
+    # -- queues --------------------------------------------------------------------------------
+
+    def claim_queued(
+        self, spec: QueueSpec, *, count: int, clock: Callable[[], datetime], lease_seconds: float
+    ) -> QueueClaim:
+        """Claim up to ``count`` of the best eligible due runs of ``spec``'s queue (see
+        :mod:`._queue_claims`): lower priority first, then older due time, within the queue's
+        concurrency and rate limit and each run's concurrency-key limit.
+
+        :param clock: the claim time, read once the queue's claims are serialised.
+        :returns: the claimed runs, and when a rate limit held runs back, when to try again.
+        """
+        return self._queues.claim(spec, count=count, clock=clock, lease_seconds=lease_seconds)
+
+    def queue_counts(self, queue_name: str, *, now: datetime, cap: int) -> QueueCounts:
+        """Return how many runs of a queue are running, waiting, and waiting and due, each count
+        stopping at ``cap`` (it reads at most that many index entries)."""
+        return self._queues.counts(queue_name, now=now, cap=cap)
+
+    def pending_rows(self, execution_ids: Sequence[str]) -> list[PendingRow]:
+        """Return the ``Pending`` rows among ``execution_ids`` (id, due time, queue), in one read."""
+        return self._queues.pending_rows(execution_ids)
+
+    def waiting(self, queue_name: str, *, now: datetime, limit: int) -> list[str]:
+        """Return the ids of the best due ``Pending`` runs of a queue (its limits aside), best first."""
+        return self._queues.waiting(queue_name, now=now, limit=limit)
+
+    def due_queues(self, *, now: datetime, limit: int = 500) -> list[str]:
+        """Return the names of the queues that have due ``Pending`` runs."""
+        return self._queues.due_queues(now=now, limit=limit)
 
     # -- the sweeper ---------------------------------------------------------------------------
 
