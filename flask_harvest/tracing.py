@@ -1,0 +1,226 @@
+"""Traces across the app and its workers, with OpenTelemetry when the ``otel`` extra is installed.
+
+Without ``opentelemetry-api`` every function here does nothing and returns ``None``: no import is
+attempted again, no header is added, no column is written. With it, spans go to whatever tracer
+provider the application configured (none configured: the API's no-op provider, and nothing is
+stored either, since a no-op span has no valid context).
+
+A trace crosses the queue inside the row, never inside the job: the W3C ``traceparent`` and
+``tracestate`` of the span that caused the work are stored as a small JSON text with the delivery,
+outbox message or execution, so a job rebuilt by the sweeper after Redis was lost still joins its
+trace. Span names and attributes follow the OpenTelemetry semantic conventions (docs/tracing.rst).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Iterator, Mapping, MutableMapping
+from typing import Any
+from urllib.parse import urlsplit
+
+from ._version import __version__
+
+try:
+    from opentelemetry import trace as _trace
+    from opentelemetry.context import Context as _Context
+    from opentelemetry.trace import SpanKind as _SpanKind
+    from opentelemetry.trace import Status as _Status
+    from opentelemetry.trace import StatusCode as _StatusCode
+    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+    #: Whether ``opentelemetry-api`` is installed.
+    ENABLED = True
+except ImportError:  # the otel extra is not installed: tracing is off, at no cost
+    ENABLED = False
+
+#: The ``messaging.system`` of the spans of queued work.
+MESSAGING_SYSTEM = "flask_harvest"
+# The longest stored trace context: a traceparent is 55 characters, and W3C caps a tracestate at
+# 32 members of at most 256 characters; anything longer is not a context we wrote.
+_MAX_STORED = 9000
+_KINDS = ("internal", "producer", "consumer", "client")
+
+if ENABLED:
+    # Only the W3C trace context is stored and sent, whatever the app's global propagator is:
+    # baggage can carry anything, and a receiver is a third party.
+    _PROPAGATOR = TraceContextTextMapPropagator()
+    _SPAN_KINDS = {
+        "internal": _SpanKind.INTERNAL,
+        "producer": _SpanKind.PRODUCER,
+        "consumer": _SpanKind.CONSUMER,
+        "client": _SpanKind.CLIENT,
+    }
+
+
+class Span:
+    """A started span as this package uses it; every method is a no-op without OpenTelemetry."""
+
+    __slots__ = ("_span",)
+
+    def __init__(self, span: Any = None) -> None:
+        self._span = span
+
+    def set(self, key: str, value: str | int | bool | None) -> None:
+        """Set the attribute ``key`` (a ``None`` value is left out)."""
+        if self._span is not None and value is not None:
+            self._span.set_attribute(key, value)
+
+    def fail(self, error_type: str) -> None:
+        """Mark the span failed; ``error_type`` is a short class of error, never a message."""
+        if self._span is not None:
+            self._span.set_attribute("error.type", error_type)
+            self._span.set_status(_Status(_StatusCode.ERROR, error_type))
+
+    def inject(self, headers: MutableMapping[str, str]) -> None:
+        """Add this span's ``traceparent`` (and ``tracestate``) to ``headers``."""
+        if self._span is not None and self._span.get_span_context().is_valid:
+            _PROPAGATOR.inject(headers, context=_trace.set_span_in_context(self._span))
+
+
+_NO_SPAN = Span()
+
+
+def capture() -> str | None:
+    """Return the current span's trace context as the text to store with queued work, or ``None``
+    when there is no valid current span (no OpenTelemetry, no tracer provider, no trace)."""
+    if not ENABLED or not _trace.get_current_span().get_span_context().is_valid:
+        return None
+    carrier: dict[str, str] = {}
+    _PROPAGATOR.inject(carrier)
+    return json.dumps(carrier, separators=(",", ":"), sort_keys=True) if carrier else None
+
+
+def _parent(stored: str | None) -> _Context | None:
+    """The context a stored trace context names; ``None`` (the current one) if none or unreadable.
+
+    A row's trace context is data another process wrote: anything unreadable is ignored, never
+    raised, as a trace must not fail the work it describes.
+    """
+    if not stored or len(stored) > _MAX_STORED:
+        return None
+    try:
+        carrier = json.loads(stored)
+    except ValueError:
+        return None
+    if not isinstance(carrier, dict):
+        return None
+    carrier = {k: v for k, v in carrier.items() if isinstance(k, str) and isinstance(v, str)}
+    context = _PROPAGATOR.extract(carrier)
+    return context if _trace.get_current_span(context).get_span_context().is_valid else None
+
+
+@contextlib.contextmanager
+def span(
+    name: str,
+    *,
+    kind: str = "internal",
+    parent: str | None = None,
+    attributes: Mapping[str, str | int | bool | None] | None = None,
+) -> Iterator[Span]:
+    """Run the block inside a new current span named ``name``.
+
+    :param kind: ``internal``, ``producer``, ``consumer`` or ``client``.
+    :param parent: a trace context stored by :func:`capture` (in another process, maybe): the span
+        joins that trace; ``None`` or unreadable: the current span is the parent.
+    :param attributes: set on the span at its start; ``None`` values are left out.
+
+    An exception leaving the block marks the span failed with its type only (messages can hold
+    secrets); the workflow engine's own unwinding (suspension, cancellation) does not.
+    """
+    if not ENABLED:
+        yield _NO_SPAN
+        return
+    tracer = _trace.get_tracer("flask_harvest", __version__)
+    values = {k: v for k, v in (attributes or {}).items() if v is not None}
+    with tracer.start_as_current_span(
+        name,
+        context=_parent(parent),
+        kind=_SPAN_KINDS[kind],
+        attributes=values,
+        record_exception=False,
+        set_status_on_exception=False,
+    ) as started:
+        handle = Span(started) if started.is_recording() else _NO_SPAN
+        try:
+            yield handle
+        except Exception as exc:
+            handle.fail(type(exc).__qualname__)
+            raise
+
+
+# -- the spans of the delivery path -----------------------------------------------------------------
+
+
+def publish(topic: str, count: int | None = None) -> contextlib.AbstractContextManager[Span]:
+    """The producer span of a dispatch: ``send <topic>``; the deliveries store its context."""
+    return span(
+        f"send {topic}",
+        kind="producer",
+        attributes={
+            "messaging.system": MESSAGING_SYSTEM,
+            "messaging.operation.type": "send",
+            "messaging.operation.name": "dispatch",
+            "messaging.destination.name": topic,
+            "messaging.batch.message_count": count,
+        },
+    )
+
+
+def process(
+    destination: str, message_id: str, attempt: int, parent: str | None, **extra: str | int | None
+) -> contextlib.AbstractContextManager[Span]:
+    """The consumer span of one attempt of queued work, ``process <destination>``, in the trace
+    of the context stored with it (``parent``)."""
+    attributes: dict[str, str | int | bool | None] = {
+        "messaging.system": MESSAGING_SYSTEM,
+        "messaging.operation.type": "process",
+        "messaging.destination.name": destination,
+        "messaging.message.id": message_id,
+        "harvest.attempt": attempt,
+    }
+    attributes.update({f"harvest.{key}": value for key, value in extra.items()})
+    return span(f"process {destination}", kind="consumer", parent=parent, attributes=attributes)
+
+
+@contextlib.contextmanager
+def http_post(url: str, shown_url: str, headers: MutableMapping[str, str]) -> Iterator[Span]:
+    """The client span of one POST to ``url``, ``POST``: adds its ``traceparent`` to ``headers``
+    (the signatures cover the id, timestamp and body only, so an added header breaks none).
+
+    :param shown_url: ``url`` with its credentials, query values and fragment redacted, the
+        ``url.full`` attribute: a URL can carry a token, and spans are read by many.
+    """
+    if not ENABLED:
+        yield _NO_SPAN
+        return
+    attributes: dict[str, str | int | bool | None] = {
+        "http.request.method": "POST",
+        "url.full": shown_url,
+    }
+    attributes.update(_server(url))
+    with span("POST", kind="client", attributes=attributes) as client:
+        client.inject(headers)
+        yield client
+
+
+def http_result(client: Span, status: int | None, failure: str | None = None) -> None:
+    """Record what a POST came to on its client span: the response's ``status``, or the kind of
+    ``failure`` that left it without one."""
+    if status is None:
+        client.fail(failure or "error")
+        return
+    client.set("http.response.status_code", status)
+    if status >= 400:
+        client.fail(str(status))
+
+
+def _server(url: str) -> dict[str, str | int | bool | None]:
+    """``server.address`` and ``server.port`` of ``url`` (never its credentials)."""
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError:  # a URL the SSRF check refuses anyway: the redacted url.full says enough
+        return {}
+    default = 443 if parts.scheme.lower() == "https" else 80
+    return {"server.address": parts.hostname, "server.port": port if port is not None else default}
