@@ -16,7 +16,7 @@ from __future__ import annotations
 import contextlib
 import json
 from collections.abc import Iterator, Mapping, MutableMapping
-from typing import Any
+from typing import Any, Protocol
 from urllib.parse import urlsplit
 
 from ._version import __version__
@@ -117,6 +117,7 @@ def span(
     kind: str = "internal",
     parent: str | None = None,
     attributes: Mapping[str, str | int | bool | None] | None = None,
+    link_current: bool = False,
 ) -> Iterator[Span]:
     """Run the block inside a new current span named ``name``.
 
@@ -124,6 +125,8 @@ def span(
     :param parent: a trace context stored by :func:`capture` (in another process, maybe): the span
         joins that trace; ``None`` or unreadable: the current span is the parent.
     :param attributes: set on the span at its start; ``None`` values are left out.
+    :param link_current: with a stored ``parent``, link the new span to the current one when
+        that is in another trace (what made this happen now: an operator's request, say).
 
     An exception leaving the block marks the span failed with its type only (messages can hold
     secrets); the workflow engine's own unwinding (suspension, cancellation) does not.
@@ -133,20 +136,105 @@ def span(
         return
     tracer = _trace.get_tracer("flask_harvest", __version__)
     values = {k: v for k, v in (attributes or {}).items() if v is not None}
+    context = _parent(parent)
+    links = []
+    if link_current and context is not None:
+        current = _trace.get_current_span().get_span_context()
+        stored = _trace.get_current_span(context).get_span_context()
+        if current.is_valid and current.trace_id != stored.trace_id:
+            links.append(_trace.Link(current))
     with tracer.start_as_current_span(
         name,
-        context=_parent(parent),
+        context=context,
         kind=_SPAN_KINDS[kind],
         attributes=values,
+        links=links,
         record_exception=False,
         set_status_on_exception=False,
     ) as started:
-        handle = Span(started) if started.is_recording() else _NO_SPAN
+        handle = Span(started)
         try:
             yield handle
         except Exception as exc:
             handle.fail(type(exc).__qualname__)
             raise
+
+
+# -- the spans of workflows ------------------------------------------------------------------------
+
+
+class Run(Protocol):
+    """What the workflow spans read of an execution."""
+
+    @property
+    def workflow_name(self) -> str: ...
+    @property
+    def workflow_id(self) -> str: ...
+    @property
+    def execution_id(self) -> str: ...
+    @property
+    def attempt(self) -> int: ...
+    @property
+    def trace_context(self) -> str | None: ...
+
+
+def _workflow(run: Run) -> dict[str, str | int | bool | None]:
+    return {
+        "harvest.workflow.name": run.workflow_name,
+        "harvest.workflow.id": run.workflow_id,
+        "harvest.execution.id": run.execution_id,
+    }
+
+
+def workflow_start(name: str) -> contextlib.AbstractContextManager[Span]:
+    """The producer span of a start, ``start <name>``: the run stores its context (the start of an
+    existing open run stores nothing new)."""
+    return span(
+        f"start {name}",
+        kind="producer",
+        attributes={
+            "messaging.system": MESSAGING_SYSTEM,
+            "messaging.operation.type": "send",
+            "messaging.operation.name": "start",
+            "harvest.workflow.name": name,
+        },
+    )
+
+
+def workflow_run(run: Run) -> contextlib.AbstractContextManager[Span]:
+    """The consumer span of one claim of a run, ``run <name>``, in the trace of its start: a run
+    that sleeps or is recovered after a crash has one such span per claim."""
+    attributes = _workflow(run)
+    attributes.update(
+        {
+            "messaging.system": MESSAGING_SYSTEM,
+            "messaging.operation.type": "process",
+            "messaging.message.id": run.execution_id,
+            "harvest.attempt": run.attempt,
+        }
+    )
+    return span(f"run {run.workflow_name}", kind="consumer", parent=run.trace_context, attributes=attributes)
+
+
+def workflow_step(name: str, seq: int, attempt: int) -> contextlib.AbstractContextManager[Span]:
+    """The span of one try of a step's function, ``step <name>`` (replayed steps run nothing and
+    have none)."""
+    return span(
+        f"step {name}",
+        attributes={"harvest.step.name": name, "harvest.step.seq": seq, "harvest.step.attempt": attempt},
+    )
+
+
+def workflow_end(run: Run, state: str) -> contextlib.AbstractContextManager[Span]:
+    """The span of a run's terminal transition, ``end <name>``, in the trace of its start (linked
+    to the current span when another trace ended it, an operator's terminate, say). The terminal
+    hooks run inside it, so the completion callbacks and the trigger starts they write store its
+    context and join the run's trace."""
+    attributes = _workflow(run)
+    attributes["harvest.workflow.state"] = state
+    return span(
+        f"end {run.workflow_name}", parent=run.trace_context, attributes=attributes, link_current=True
+    )
 
 
 # -- the spans of the delivery path -----------------------------------------------------------------
@@ -168,7 +256,11 @@ def publish(topic: str, count: int | None = None) -> contextlib.AbstractContextM
 
 
 def process(
-    destination: str, message_id: str, attempt: int, parent: str | None, **extra: str | int | None
+    destination: str,
+    message_id: str,
+    attempt: int,
+    parent: str | None,
+    extra: Mapping[str, str | int | bool | None] | None = None,
 ) -> contextlib.AbstractContextManager[Span]:
     """The consumer span of one attempt of queued work, ``process <destination>``, in the trace
     of the context stored with it (``parent``)."""
@@ -179,7 +271,7 @@ def process(
         "messaging.message.id": message_id,
         "harvest.attempt": attempt,
     }
-    attributes.update({f"harvest.{key}": value for key, value in extra.items()})
+    attributes.update(extra or {})
     return span(f"process {destination}", kind="consumer", parent=parent, attributes=attributes)
 
 

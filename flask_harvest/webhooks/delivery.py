@@ -143,7 +143,7 @@ class DeliveryRunner:
             delivery.id,
             delivery.attempt,
             delivery.trace_context,
-            subscription_id=delivery.subscription_id,
+            {"harvest.subscription.id": delivery.subscription_id},
         ) as span:
             result = outcome.before_sending(claim, self.settings, utcnow()) or self._send(claim, observe)
             recorded, changed = self._record(claim, result)

@@ -9,6 +9,7 @@ from typing import Any
 
 from sqlalchemy import Connection, Select, select, text, update
 
+from .. import tracing
 from .._input import check_id, id_problem
 from ..errors import InvalidFieldError, StoreError
 from ._reads import ExecutionReads
@@ -80,6 +81,8 @@ class Runs:
                     "cancel_requested": False,
                     "trigger_depth": trigger_depth,
                     "completion_callbacks": completion_callbacks,
+                    # Whatever span is current: a request's, a terminal hook's (a trigger's start).
+                    "trace_context": tracing.capture(),
                 }
                 # DO NOTHING rather than catching IntegrityError: an error would abort the caller's
                 # PostgreSQL transaction. PostgreSQL waits here for a concurrent inserter to commit.

@@ -16,6 +16,7 @@ from datetime import datetime, timedelta
 
 from sqlalchemy import Connection
 
+from .. import tracing
 from .._threads import PerProcess
 from .._time import utcnow
 from ..errors import HarvestError, InvalidFieldError, InvalidStateError, StoreError
@@ -160,18 +161,19 @@ class WorkflowRunner:
         definition = self.registry.get(name)
         now = self.clock()
         deadline = now + definition.timeout if definition.timeout is not None else None
-        execution, created = self.store.start(
-            name,
-            input,
-            workflow_id,
-            policy,
-            now=now,
-            deadline=deadline,
-            trigger_depth=trigger_depth,
-            completion_callbacks=completion_callbacks,
-            max_input_bytes=self.max_input_bytes,
-            conn=conn,
-        )
+        with tracing.workflow_start(name):
+            execution, created = self.store.start(
+                name,
+                input,
+                workflow_id,
+                policy,
+                now=now,
+                deadline=deadline,
+                trigger_depth=trigger_depth,
+                completion_callbacks=completion_callbacks,
+                max_input_bytes=self.max_input_bytes,
+                conn=conn,
+            )
         if created and conn is None:
             self._schedule(execution.execution_id, None)
         return execution, created
@@ -287,6 +289,16 @@ class WorkflowRunner:
 
     def _run_claimed(self, claimed: Execution, now: datetime) -> Execution | None:
         """Run an execution this runner has just claimed (at ``now``); see :meth:`run`."""
+        with tracing.workflow_run(claimed) as span:
+            ended = self._run_claimed_traced(claimed, now)
+            # None: asleep, stopped or left to the sweeper; the run goes on in a later claim.
+            if ended is not None:
+                span.set("harvest.workflow.state", ended.state.value)
+                if ended.state in (ExecutionState.FAILED, ExecutionState.TIMED_OUT):
+                    span.fail(ended.state.value)
+            return ended
+
+    def _run_claimed_traced(self, claimed: Execution, now: datetime) -> Execution | None:
         execution_id = claimed.execution_id
         token = claimed.lease_token
         if token is None:
