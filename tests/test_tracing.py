@@ -10,6 +10,7 @@ import sys
 import textwrap
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
@@ -28,8 +29,9 @@ from flask_harvest.testing import CapturingReceiver, drain
 from flask_harvest.webhooks.models import standard_secret
 from flask_harvest.webhooks.stores.sql import SqlOutboundWebhookStore
 
-from .pipeline import make_app, rq_app, wait_final
+from .pipeline import close_later, make_app, wait_final
 from .tracing_support import named, recording, traceparent, tracer
+from .tracing_worker_app import build_app
 from .worker_process import ROOT, start_worker, stop
 
 SECRET = generate_secret()
@@ -188,7 +190,8 @@ def test_without_a_trace_nothing_is_stored_or_sent(
 
 
 #: Blocks every ``opentelemetry`` module, as when the extra is not installed, then dispatches and
-#: delivers through the SQL store and prints what got imported and sent.
+#: delivers a webhook and runs a workflow with a step and a completion callback, and prints what
+#: got imported, stored and sent.
 _WITHOUT_OTEL = """
 import importlib.abc, json, sys
 
@@ -201,31 +204,54 @@ class Block(importlib.abc.MetaPathFinder):
 sys.meta_path.insert(0, Block())
 import sqlalchemy as sa
 from flask import Flask
-from flask_harvest import OutboundWebhookPlugin, WebhookSubscription, get_engine, tracing
+from flask_sqlalchemy import SQLAlchemy
+from flask_harvest import Harvest, WebhookSubscription, get_engine, tracing
 from flask_harvest.testing import CapturingReceiver, drain
-from flask_harvest.webhooks.stores.sql import SqlOutboundWebhookStore
 
-store = SqlOutboundWebhookStore(sa.create_engine(sys.argv[1]))
-store.ensure_schema()
 app = Flask("no_otel")
-app.config.update(HARVEST_WEBHOOKS_ALLOW_PRIVATE_TARGETS=True)
-OutboundWebhookPlugin(store, app)
+app.config.update(
+    SQLALCHEMY_DATABASE_URI=sys.argv[1],
+    HARVEST_WEBHOOKS_ALLOW_PRIVATE_TARGETS=True,
+    HARVEST_COMPLETION_CALLBACK_ALLOWLIST="127.0.0.1",
+    HARVEST_COMPLETION_CALLBACK_ALLOW_PRIVATE_TARGETS=True,
+    HARVEST_COMPLETION_CALLBACK_SECRET="s" * 32,
+)
+harvest = Harvest(db=SQLAlchemy(app))
+
+@harvest.workflow("double")
+def double(ctx, value):
+    return ctx.step("double", lambda: value * 2)
+
+harvest.init_app(app)
 with CapturingReceiver().start() as receiver, app.app_context():
-    store.add_subscription(WebhookSubscription(receiver.url("/hook"), ["a.*"], "s" * 32, id="sub_1"))
-    [delivery_id] = get_engine().manager.dispatch("a.b", {"n": 1})
+    engine = get_engine()
+    engine.store.add_subscription(WebhookSubscription(receiver.url("/hook"), ["a.*"], "s" * 32, id="sub_1"))
+    [delivery_id] = engine.manager.dispatch("a.b", {"n": 1})
     drain(app)
+    callback = {"url": receiver.url("/done"), "filter": {"type": "AnyTerminal"}}
+    handle, _ = engine.workflows.start("double", 21, completion_callbacks=[callback])
+    result = handle.result(timeout=60)
+    receiver.wait_for(2, timeout=60)
+    with engine.store.engine.connect() as conn:
+        stored = [
+            conn.execute(sa.text(f"SELECT count(*) FROM {table} WHERE trace_context IS NOT NULL")).scalar()
+            for table in ("harvest_webhook_deliveries", "harvest_workflow_executions")
+        ]
     print(json.dumps({
         "enabled": tracing.ENABLED,
         "imported": sorted(m for m in sys.modules if m.startswith("opentelemetry")),
-        "state": store.get_delivery(delivery_id).state.value,
-        "headers": sorted(receiver.requests[0].headers),
+        "state": engine.store.get_delivery(delivery_id).state.value,
+        "result": result,
+        "stored": stored,
+        "headers": sorted({h for r in receiver.requests for h in r.headers}),
     }))
-    get_engine().close()
+    engine.close()
 """
 
 
 def test_without_the_otel_extra_nothing_is_imported_and_delivery_works(tmp_path: Path) -> None:
-    """Without OpenTelemetry installed nothing changes: no import, no header, a normal delivery."""
+    """Without OpenTelemetry installed nothing changes: no import, no header, no stored context,
+    a normal delivery, workflow run and completion callback."""
     database = f"sqlite:///{tmp_path}/no_otel.db"
     done = subprocess.run(
         [sys.executable, "-c", textwrap.dedent(_WITHOUT_OTEL), database],
@@ -239,8 +265,31 @@ def test_without_the_otel_extra_nothing_is_imported_and_delivery_works(tmp_path:
     seen = json.loads(done.stdout.strip().splitlines()[-1])
     assert seen["enabled"] is False
     assert seen["imported"] == []
-    assert seen["state"] == "delivered"
+    assert seen["state"] == "delivered" and seen["result"] == 42
+    assert seen["stored"] == [0, 0]
     assert "traceparent" not in seen["headers"] and "webhook-signature" in seen["headers"]
+
+
+def _read_spans(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def _run_worker(folder: Path, store: SqlOutboundWebhookStore, redis_url: str) -> list[dict[str, Any]]:
+    """Run ``flask harvest worker --burst`` with :mod:`tests.tracing_worker_app`; return its spans."""
+    spans_file = folder / "spans.jsonl"
+    worker = start_worker(
+        folder,
+        store,
+        redis_url,
+        "--burst",
+        app="tests.tracing_worker_app:create_app",
+        env={"TEST_SPANS_FILE": str(spans_file)},
+    )
+    try:
+        assert worker.wait(timeout=120) == 0, (folder / "worker.log").read_text()
+    finally:
+        stop(worker, signal.SIGTERM)
+    return _read_spans(spans_file)
 
 
 @pytest.mark.redis
@@ -253,7 +302,7 @@ def test_a_worker_process_continues_the_trace_after_redis_lost_the_job(
 ) -> None:
     """The trace context lives in the delivery row, not the job: a job the sweeper rebuilds
     after Redis lost it is delivered by another process in the dispatch's trace."""
-    app = rq_app(sql_store, redis_url)
+    app = close_later(build_app(sql_store.engine.url.render_as_string(hide_password=False), redis_url))
     sql_store.add_subscription(WebhookSubscription(receiver.url("/hook"), ["order.*"], SECRET, id="sub_1"))
     with recording(), app.app_context(), tracer().start_as_current_span("POST /orders") as request_span:
         [delivery_id] = get_engine().manager.dispatch("order.created", {"n": 1})
@@ -264,21 +313,8 @@ def test_a_worker_process_continues_the_trace_after_redis_lost_the_job(
         while get_engine().sweep().requeued == 0:
             assert time.monotonic() < deadline, "the sweeper never requeued the delivery"
             time.sleep(0.2)
-    spans_file = tmp_path / "spans.jsonl"
-    worker = start_worker(
-        tmp_path,
-        sql_store,
-        redis_url,
-        "--burst",
-        app="tests.tracing_worker_app:create_app",
-        env={"TEST_SPANS_FILE": str(spans_file)},
-    )
-    try:
-        assert worker.wait(timeout=120) == 0, (tmp_path / "worker.log").read_text()
-    finally:
-        stop(worker, signal.SIGTERM)
+    spans = _run_worker(tmp_path, sql_store, redis_url)
     assert wait_final(sql_store, [delivery_id], timeout=10) == [DeliveryState.DELIVERED]
-    spans = [json.loads(line) for line in spans_file.read_text().splitlines()]
     trace_id = f"0x{request_span.get_span_context().trace_id:032x}"
     [process] = [s for s in spans if s["name"] == "process order.created"]
     [post] = [s for s in spans if s["name"] == "POST"]
@@ -291,3 +327,32 @@ def test_a_worker_process_continues_the_trace_after_redis_lost_the_job(
     version, sent_trace_id, parent_id, flags = (request.headers.get("traceparent") or "").split("-")
     assert (version, sent_trace_id, parent_id) == ("00", trace_id[2:], post["context"]["span_id"][2:])
     assert int(flags, 16) & 1
+
+
+@pytest.mark.redis
+def test_a_worker_process_runs_a_workflow_in_the_trace_of_its_start(
+    sql_store: SqlOutboundWebhookStore, redis_conn: redis.Redis, redis_url: str, tmp_path: Path
+) -> None:
+    """The run's spans, made in the worker, are children of the start's span, made here."""
+    app = close_later(build_app(sql_store.engine.url.render_as_string(hide_password=False), redis_url))
+    with recording() as exporter, app.app_context(), tracer().start_as_current_span("POST /orders"):
+        service = get_engine().workflows
+        assert service is not None
+        handle, _ = service.start("traced", 21)
+        [start] = named(exporter.get_finished_spans(), "start traced")
+    assert start.context is not None
+    started_trace, start_id = f"0x{start.context.trace_id:032x}", f"0x{start.context.span_id:016x}"
+    spans = _run_worker(tmp_path, sql_store, redis_url)
+    with app.app_context():
+        assert handle.result(timeout=30) == 42
+    [run] = [s for s in spans if s["name"] == "run traced"]
+    [step] = [s for s in spans if s["name"] == "step double"]
+    [end] = [s for s in spans if s["name"] == "end traced"]
+    assert run["kind"] == "SpanKind.CONSUMER"
+    assert run["parent_id"] == end["parent_id"] == start_id
+    assert step["parent_id"] == run["context"]["span_id"]
+    assert run["attributes"]["harvest.execution.id"] == handle.execution_id
+    assert run["attributes"]["harvest.workflow.state"] == "Completed"
+    assert {run["context"]["trace_id"], step["context"]["trace_id"], end["context"]["trace_id"]} == {
+        started_trace
+    }
