@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 import redis
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 from standardwebhooks.webhooks import Webhook as StandardWebhook
 
 from flask_harvest import (
@@ -86,6 +87,48 @@ def test_the_traceparent_header_leaves_the_signature_valid(
     [request] = receiver.requests
     assert request.headers.get("traceparent")
     StandardWebhook(secret).verify(request.body, dict(request.headers))
+
+
+def test_the_callers_tracestate_reaches_the_receiver(
+    store: OutboundWebhookHandler, receiver: CapturingReceiver
+) -> None:
+    """A request that arrived with a ``tracestate`` has it stored and sent on with each attempt."""
+    app = make_app(store)
+    store.add_subscription(WebhookSubscription(receiver.url("/hook"), ["order.*"], SECRET, id="sub_1"))
+    incoming = TraceContextTextMapPropagator().extract(
+        {
+            "traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+            "tracestate": "shop=t61rcWkgMzE",
+        }
+    )
+    with recording(), app.app_context():
+        with tracer().start_as_current_span("POST /orders", context=incoming):
+            [delivery_id] = get_engine().manager.dispatch("order.created", {})
+        stored = store.get_delivery(delivery_id)
+        drain(app)
+    assert stored is not None and stored.trace_context is not None
+    assert json.loads(stored.trace_context)["tracestate"] == "shop=t61rcWkgMzE"
+    [request] = receiver.requests
+    assert request.headers.get("tracestate") == "shop=t61rcWkgMzE"
+    assert (request.headers.get("traceparent") or "").startswith("00-0af7651916cd43dd8448eb211c80319c-")
+
+
+@pytest.mark.parametrize(
+    ("url", "address", "port"),
+    [
+        ("https://hooks.example.com/in", "hooks.example.com", 443),
+        ("http://user:pw@[::1]:8080/x?q=1", "::1", 8080),
+        ("http://127.0.0.1/", "127.0.0.1", 80),
+    ],
+)
+def test_the_server_attributes_name_the_host_and_port_without_credentials(
+    url: str, address: str, port: int
+) -> None:
+    assert tracing._server(url) == {"server.address": address, "server.port": port}
+
+
+def test_a_url_with_a_bad_port_gives_no_server_attributes() -> None:
+    assert tracing._server("http://host:99999/") == {}
 
 
 def test_a_message_written_in_the_callers_transaction_joins_the_callers_trace(
