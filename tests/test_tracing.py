@@ -9,11 +9,13 @@ import subprocess
 import sys
 import textwrap
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 import redis
+import sqlalchemy as sa
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 from standardwebhooks.webhooks import Webhook as StandardWebhook
 
@@ -26,9 +28,11 @@ from flask_harvest import (
     get_engine,
     tracing,
 )
+from flask_harvest.callbacks.store import SqlCallbackStore
 from flask_harvest.testing import CapturingReceiver, drain
 from flask_harvest.webhooks.models import standard_secret
 from flask_harvest.webhooks.stores.sql import SqlOutboundWebhookStore
+from flask_harvest.workflows import SqlWorkflowStore
 
 from .pipeline import close_later, make_app, wait_final
 from .tracing_support import named, recording, traceparent, tracer
@@ -249,6 +253,7 @@ import sqlalchemy as sa
 from flask import Flask
 from flask_sqlalchemy import SQLAlchemy
 from flask_harvest import Harvest, WebhookSubscription, get_engine, tracing
+from flask_harvest.callbacks.store import SqlCallbackStore
 from flask_harvest.testing import CapturingReceiver, drain
 
 app = Flask("no_otel")
@@ -399,3 +404,35 @@ def test_a_worker_process_runs_a_workflow_in_the_trace_of_its_start(
     assert {run["context"]["trace_id"], step["context"]["trace_id"], end["context"]["trace_id"]} == {
         started_trace
     }
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "postgres"])
+def test_start_up_adds_the_trace_context_columns_to_the_tables_of_an_earlier_version(
+    kind: str, request: pytest.FixtureRequest
+) -> None:
+    """Tables created before tracing get the nullable column on start-up; their rows keep none."""
+    engine: sa.Engine = request.getfixturevalue(f"{kind}_engine")
+    ensures: list[Callable[[], None]] = [
+        SqlOutboundWebhookStore(engine).ensure_schema,
+        SqlWorkflowStore(engine).ensure_schema,
+        SqlCallbackStore(engine).ensure_schema,
+    ]
+    for ensure in ensures:
+        ensure()
+    tables = [
+        "harvest_webhook_deliveries",
+        "harvest_outbox",
+        "harvest_workflow_executions",
+        "harvest_completion_deliveries",
+    ]
+    with engine.begin() as conn:
+        for table in tables:
+            conn.exec_driver_sql(f"ALTER TABLE {table} DROP COLUMN trace_context")
+    assert all("trace_context" not in _columns(engine, table) for table in tables)
+    for ensure in ensures:
+        ensure()
+    assert all("trace_context" in _columns(engine, table) for table in tables)
+
+
+def _columns(engine: sa.Engine, table: str) -> set[str]:
+    return {column["name"] for column in sa.inspect(engine).get_columns(table)}
