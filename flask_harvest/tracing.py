@@ -1,9 +1,9 @@
 """Traces across the app and its workers, with OpenTelemetry when the ``otel`` extra is installed.
 
-Without ``opentelemetry-api`` every function here does nothing and returns ``None``: no import is
-attempted again, no header is added, no column is written. With it, spans go to whatever tracer
-provider the application configured (none configured: the API's no-op provider, and nothing is
-stored either, since a no-op span has no valid context).
+Without ``opentelemetry-api`` nothing here does anything: the spans are one inert object,
+:func:`capture` returns ``None`` (no column is written) and no header is added. With it, spans go
+to whatever tracer provider the application configured (none configured: the API's no-op
+provider, and nothing is stored either, since a no-op span has no valid context).
 
 A trace crosses the queue inside the row, never inside the job: the W3C ``traceparent`` and
 ``tracestate`` of the span that caused the work are stored as a small JSON text with the delivery,
@@ -39,7 +39,6 @@ MESSAGING_SYSTEM = "flask_harvest"
 # The longest stored trace context: a traceparent is 55 characters, and W3C caps a tracestate at
 # 32 members of at most 256 characters; anything longer is not a context we wrote.
 _MAX_STORED = 9000
-_KINDS = ("internal", "producer", "consumer", "client")
 
 if ENABLED:
     # Only the W3C trace context is stored and sent, whatever the app's global propagator is:
