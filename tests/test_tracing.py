@@ -16,6 +16,9 @@ from typing import Any
 import pytest
 import redis
 import sqlalchemy as sa
+from hypothesis import given
+from hypothesis import strategies as st
+from opentelemetry import trace
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 from standardwebhooks.webhooks import Webhook as StandardWebhook
 
@@ -35,6 +38,7 @@ from flask_harvest.webhooks.stores.sql import SqlOutboundWebhookStore
 from flask_harvest.workflows import SqlWorkflowStore
 
 from .pipeline import close_later, make_app, wait_final
+from .properties import BUDGET
 from .tracing_support import named, recording, traceparent, tracer
 from .tracing_worker_app import build_app
 from .worker_process import ROOT, start_worker, stop
@@ -436,3 +440,44 @@ def test_start_up_adds_the_trace_context_columns_to_the_tables_of_an_earlier_ver
 
 def _columns(engine: sa.Engine, table: str) -> set[str]:
     return {column["name"] for column in sa.inspect(engine).get_columns(table)}
+
+
+_CARRIERS = st.one_of(
+    st.text(max_size=200),
+    st.builds(
+        json.dumps,
+        st.dictionaries(
+            st.sampled_from(["traceparent", "tracestate", "baggage", ""]),
+            st.one_of(st.text(max_size=80), st.integers(), st.none(), st.lists(st.text(max_size=5))),
+        ),
+    ),
+    st.builds(
+        lambda trace_id, span_id, flags: json.dumps({"traceparent": f"00-{trace_id}-{span_id}-{flags}"}),
+        st.text("0123456789abcdefXYZ", min_size=30, max_size=34),
+        st.text("0123456789abcdef-", min_size=14, max_size=18),
+        st.text("0123456789af", min_size=1, max_size=3),
+    ),
+)
+
+
+@BUDGET
+@given(stored=_CARRIERS)
+def test_any_stored_text_is_read_as_a_context_or_ignored_never_raised(stored: str) -> None:
+    """A stored trace context is data another process wrote: whatever it holds, reading it back
+    gives a valid context or none, and a span can always start from it."""
+    context = tracing._parent(stored)
+    assert context is None or trace.get_current_span(context).get_span_context().is_valid
+    with recording() as exporter:
+        with tracing.process("t", "id", 1, stored):
+            pass
+        [span] = exporter.get_finished_spans()
+    assert (span.parent is not None) == (context is not None)
+
+
+def test_a_captured_context_reads_back_as_the_same_span() -> None:
+    with recording(), tracer().start_as_current_span("request") as current:
+        stored = tracing.capture()
+    assert stored is not None
+    context = tracing._parent(stored)
+    assert context is not None
+    assert trace.get_current_span(context).get_span_context().span_id == current.get_span_context().span_id
