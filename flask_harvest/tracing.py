@@ -239,7 +239,7 @@ def workflow_end(run: Run, state: str) -> contextlib.AbstractContextManager[Span
 # -- the spans of the delivery path -----------------------------------------------------------------
 
 
-def publish(topic: str, count: int | None = None) -> contextlib.AbstractContextManager[Span]:
+def publish(topic: str) -> contextlib.AbstractContextManager[Span]:
     """The producer span of a dispatch: ``send <topic>``; the deliveries store its context."""
     return span(
         f"send {topic}",
@@ -249,7 +249,6 @@ def publish(topic: str, count: int | None = None) -> contextlib.AbstractContextM
             "messaging.operation.type": "send",
             "messaging.operation.name": "dispatch",
             "messaging.destination.name": topic,
-            "messaging.batch.message_count": count,
         },
     )
 

@@ -103,8 +103,10 @@ class OutboundWebhookManager:
         """
         validate_topic(topic, pattern=False)
         body = encode_payload(payload)
-        with tracing.publish(topic):
-            return self._dispatch(topic, body, tracing.capture())
+        with tracing.publish(topic) as span:
+            ids = self._dispatch(topic, body, tracing.capture())
+            span.set("messaging.batch.message_count", len(ids))
+            return ids
 
     def _dispatch(self, topic: str, body: str, trace_context: str | None) -> list[str]:
         now = utcnow()
