@@ -185,9 +185,20 @@ def _workflow(run: Run) -> dict[str, str | int | bool | None]:
     }
 
 
+def started(name: str) -> str | None:
+    """Make the producer span of a start, ``start <name>``, a child of the current span (a
+    request's, a terminal hook's for a trigger's start), and return its context for the run to
+    store, so all of a run's claims are in one trace even when nothing was traced before."""
+    if not ENABLED:
+        return None
+    # Opened and closed here: it marks the moment of the start, and the insert that follows is
+    # the store's, in a transaction the caller may hold open long after.
+    with workflow_start(name):
+        return capture()
+
+
 def workflow_start(name: str) -> contextlib.AbstractContextManager[Span]:
-    """The producer span of a start, ``start <name>``: the run stores its context (the start of an
-    existing open run stores nothing new)."""
+    """The producer span of a start, ``start <name>`` (see :func:`started`)."""
     return span(
         f"start {name}",
         kind="producer",

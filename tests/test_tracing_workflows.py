@@ -139,7 +139,8 @@ def test_a_run_its_steps_its_callback_and_the_run_its_trigger_starts_share_the_s
     assert request.headers.get("traceparent") == traceparent(post)
     assert verify_completion_callback(SECRET, request.body, headers=request.headers, tolerance_seconds=300)
     # The run the trigger started: stored in the end's span, so its run is in the same trace.
-    follow_up = one(spans, "run follow_up")
+    follow_up, follow_up_start = one(spans, "run follow_up"), one(spans, "start follow_up")
+    assert parent_of(follow_up_start) == span_id(end) and parent_of(follow_up) == span_id(follow_up_start)
     assert follow_up.attributes is not None
     assert follow_up.attributes["harvest.execution.id"] == follow_ups[0].execution_id
     for span in (start, run, end, process, post, follow_up):

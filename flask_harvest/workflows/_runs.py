@@ -59,6 +59,7 @@ class Runs:
         if isinstance(trigger_depth, bool) or not isinstance(trigger_depth, int) or trigger_depth < 0:
             raise InvalidFieldError("trigger_depth", f"must be an integer, 0 or more, not {trigger_depth!r}")
         key = workflow_id if workflow_id is not None else str(uuid.uuid4())
+        trace_context = tracing.started(name)
         with self.core.transaction("start a workflow execution", conn) as c:
             for _ in range(_START_ROUNDS):
                 found = c.execute(_open_or_last_run(key, policy)).first()
@@ -81,8 +82,7 @@ class Runs:
                     "cancel_requested": False,
                     "trigger_depth": trigger_depth,
                     "completion_callbacks": completion_callbacks,
-                    # Whatever span is current: a request's, a terminal hook's (a trigger's start).
-                    "trace_context": tracing.capture(),
+                    "trace_context": trace_context,
                 }
                 # DO NOTHING rather than catching IntegrityError: an error would abort the caller's
                 # PostgreSQL transaction. PostgreSQL waits here for a concurrent inserter to commit.

@@ -161,19 +161,18 @@ class WorkflowRunner:
         definition = self.registry.get(name)
         now = self.clock()
         deadline = now + definition.timeout if definition.timeout is not None else None
-        with tracing.workflow_start(name):
-            execution, created = self.store.start(
-                name,
-                input,
-                workflow_id,
-                policy,
-                now=now,
-                deadline=deadline,
-                trigger_depth=trigger_depth,
-                completion_callbacks=completion_callbacks,
-                max_input_bytes=self.max_input_bytes,
-                conn=conn,
-            )
+        execution, created = self.store.start(
+            name,
+            input,
+            workflow_id,
+            policy,
+            now=now,
+            deadline=deadline,
+            trigger_depth=trigger_depth,
+            completion_callbacks=completion_callbacks,
+            max_input_bytes=self.max_input_bytes,
+            conn=conn,
+        )
         if created and conn is None:
             self._schedule(execution.execution_id, None)
         return execution, created
