@@ -32,6 +32,8 @@ deliveries_table = Table(
     Column("created_at", UTCDateTime, nullable=False),
     Column("updated_at", UTCDateTime, nullable=False),
     Column("delivered_at", UTCDateTime, nullable=True),
+    # The W3C trace context of the run's end (flask_harvest.tracing): every attempt joins it.
+    Column("trace_context", Text, nullable=True),
     # What makes re-running the terminal hooks a no-op: one row per (execution, target).
     UniqueConstraint("execution_id", "callback_index"),
     Index("ix_harvest_completion_deliveries_due", "state", "next_attempt_at"),

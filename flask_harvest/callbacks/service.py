@@ -17,6 +17,7 @@ from urllib.parse import urlsplit
 
 from sqlalchemy import Connection
 
+from .. import tracing
 from .._input import id_problem
 from .._time import utcnow
 from ..config import KEYS, Settings
@@ -295,8 +296,16 @@ class CompletionCallbacks:
         :param observe: called with what the transport returned, before the outcome is recorded
             (the worker's pool adapts the endpoint's limit to it); not called when nothing was sent.
         """
-        outcome = self._send(delivery, observe)
-        recorded = self.store.record(delivery, outcome, now=utcnow())
+        with tracing.process(
+            "completion callback",
+            delivery.delivery_id,
+            delivery.attempts,
+            delivery.trace_context,
+            {"harvest.execution.id": delivery.execution_id},
+        ) as span:
+            outcome = self._send(delivery, observe)
+            recorded = self.store.record(delivery, outcome, now=utcnow())
+            span.set("harvest.state", outcome.state.value)
         if recorded is None:
             log.warning(
                 "harvest: lost the lease on completion delivery %s; its new holder records it",

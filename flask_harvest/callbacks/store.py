@@ -17,6 +17,7 @@ from typing import Any
 from sqlalchemy import Connection, Engine, Update, and_, delete, or_, select, update
 from sqlalchemy.engine import Row
 
+from .. import tracing
 from .._sql import SqlDatabase
 from ..outbound.attempt import DeliveryState, Verdict
 from ..outbound.backoff import RetryPolicy
@@ -65,6 +66,8 @@ class CompletionDelivery:
     created_at: datetime
     updated_at: datetime
     delivered_at: datetime | None
+    #: The W3C trace context stored at the enqueue (:mod:`flask_harvest.tracing`).
+    trace_context: str | None = None
 
     def __repr__(self) -> str:
         # Short, and without the body or the URL's credentials: a signal receiver may log it.
@@ -126,6 +129,7 @@ def _row(row: Row[Any]) -> CompletionDelivery:
         created_at=row.created_at,
         updated_at=row.updated_at,
         delivered_at=row.delivered_at,
+        trace_context=row.trace_context,
     )
 
 
@@ -197,6 +201,8 @@ class SqlCallbackStore:
                     next_attempt_at=now,
                     created_at=now,
                     updated_at=now,
+                    # In the terminal transition's span, in the trace of the run's start.
+                    trace_context=tracing.capture(),
                 )
                 .on_conflict_do_nothing(index_elements=[_d.c.execution_id, _d.c.callback_index])
                 .returning(_d.c.delivery_id)

@@ -34,6 +34,7 @@ from urllib3.exceptions import ConnectTimeoutError, NameResolutionError, NewConn
 from urllib3.util.connection import create_connection
 
 # Re-exported: these were defined here first, and the transport is where callers look for them.
+from .. import tracing
 from .attempt import FailureKind as FailureKind
 from .attempt import HttpResponse as HttpResponse
 from .attempt import TransportError as TransportError
@@ -273,10 +274,17 @@ class Transport:
         self, url: str, body: bytes, headers: Mapping[str, str], *, policy: SsrfPolicy | None = None
     ) -> HttpResponse | TransportError:
         """Like :meth:`post`, but return the :class:`TransportError` instead of raising it."""
-        try:
-            return self.post(url, body, headers, policy=policy)
-        except TransportError as exc:
-            return exc
+        # The one HTTP transport, so webhooks and completion callbacks alike get a client span
+        # and send its traceparent (a no-op without OpenTelemetry).
+        sent = dict(headers)
+        with tracing.http_post(url, redact_url(url), sent) as client:
+            try:
+                response = self.post(url, body, sent, policy=policy)
+            except TransportError as exc:
+                tracing.http_result(client, None, exc.kind.value)
+                return exc
+            tracing.http_result(client, response.status)
+        return response
 
     def _post(self, url: str, body: bytes, headers: Mapping[str, str], started: float) -> HttpResponse:
         def elapsed() -> int:

@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable, Sequence
 from datetime import timedelta
 
+from .. import tracing
 from .._threads import GroupCommit
 from .._time import utcnow
 from .._version import __version__
@@ -136,8 +137,17 @@ class DeliveryRunner:
         :param observe: called with what the transport returned, before the outcome is recorded
             (the worker's pool adapts its per-endpoint limit to it); not called when nothing was sent.
         """
-        result = outcome.before_sending(claim, self.settings, utcnow()) or self._send(claim, observe)
-        recorded, changed = self._record(claim, result)
+        delivery = claim.delivery
+        with tracing.process(
+            delivery.topic,
+            delivery.id,
+            delivery.attempt,
+            delivery.trace_context,
+            {"harvest.subscription.id": delivery.subscription_id},
+        ) as span:
+            result = outcome.before_sending(claim, self.settings, utcnow()) or self._send(claim, observe)
+            recorded, changed = self._record(claim, result)
+            span.set("harvest.state", result.state.value)
         if not recorded:
             return None
         self._log(claim, result, changed)

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from .. import tracing
 from .._threads import PerProcess
 from .._time import utcnow
 from ..config import Settings
@@ -102,11 +103,18 @@ class OutboundWebhookManager:
         """
         validate_topic(topic, pattern=False)
         body = encode_payload(payload)
+        with tracing.publish(topic) as span:
+            ids = self._dispatch(topic, body, tracing.capture())
+            span.set("messaging.batch.message_count", len(ids))
+            return ids
+
+    def _dispatch(self, topic: str, body: str, trace_context: str | None) -> list[str]:
         now = utcnow()
         # Fresh ids: the store may insert them without a duplicate check, in the transaction that
         # reads the subscriptions.
         pairs = self.store.log_deliveries_for_topic(
-            topic, lambda subscription: self._delivery(topic, body, subscription, now, new_id("msg"))
+            topic,
+            lambda subscription: self._delivery(topic, body, subscription, now, new_id("msg"), trace_context),
         )
         deliveries = [delivery for _, delivery in pairs]
         pending = [d for d in deliveries if d.state is DeliveryState.PENDING]
@@ -140,7 +148,9 @@ class OutboundWebhookManager:
                 "store (Harvest(app, db)); the in-memory store cannot"
             )
         validate_topic(topic, pattern=False)
-        return self.outbox.write(conn, topic, encode_payload(payload), self._relay_soon)
+        body = encode_payload(payload)
+        with tracing.publish(topic):
+            return self.outbox.write(conn, topic, body, self._relay_soon, tracing.capture())
 
     # -- the outbox relay ----------------------------------------------------------------------
 
@@ -180,7 +190,7 @@ class OutboundWebhookManager:
         by_topic = self.store.subscriptions_for_topics([m.topic for m in messages])
         now = utcnow()
         deliveries = [
-            self._delivery(m.topic, m.payload, s, now, outbox_delivery_id(m.id, s.id))
+            self._delivery(m.topic, m.payload, s, now, outbox_delivery_id(m.id, s.id), m.trace_context)
             for m in messages
             for s in by_topic[m.topic]
         ]
@@ -215,7 +225,13 @@ class OutboundWebhookManager:
     # -- shared steps --------------------------------------------------------------------------
 
     def _delivery(
-        self, topic: str, body: str, subscription: WebhookSubscription, now: datetime, delivery_id: str
+        self,
+        topic: str,
+        body: str,
+        subscription: WebhookSubscription,
+        now: datetime,
+        delivery_id: str,
+        trace_context: str | None = None,
     ) -> DeliveryLog:
         active = subscription.is_active
         return DeliveryLog(
@@ -229,6 +245,7 @@ class OutboundWebhookManager:
             timestamp=now,
             next_attempt_at=now if active else None,
             created_at=now,
+            trace_context=trace_context,
         )
 
     def _report_skipped(self, deliveries: Sequence[DeliveryLog]) -> None:

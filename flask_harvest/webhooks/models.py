@@ -342,6 +342,9 @@ class DeliveryLog:
     next_attempt_at: datetime | None = field(default_factory=utcnow)
     created_at: datetime = field(default_factory=utcnow)
     lease_expires_at: datetime | None = field(default=None, metadata=PRIVATE)
+    #: The W3C trace context of the dispatch, stored so every attempt joins its trace
+    #: (:mod:`flask_harvest.tracing`); ``None`` when nothing was traced.
+    trace_context: str | None = field(default=None, repr=False, metadata=PRIVATE)
 
     @property
     def is_dlq(self) -> bool:

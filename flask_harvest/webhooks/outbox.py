@@ -42,6 +42,8 @@ class OutboxMessage:
     topic: str
     payload: str
     claim_token: str
+    #: The W3C trace context stored by the write (:mod:`flask_harvest.tracing`).
+    trace_context: str | None = None
 
 
 class SqlOutbox:
@@ -58,14 +60,23 @@ class SqlOutbox:
         # SQLite has one writer at a time, so its UPDATE ... RETURNING claim is already exclusive.
         self._skip_locked = engine.dialect.name == "postgresql"
 
-    def write(self, target: TransactionTarget, topic: str, body: str, on_commit: CommitCallback) -> str:
+    def write(
+        self,
+        target: TransactionTarget,
+        topic: str,
+        body: str,
+        on_commit: CommitCallback,
+        trace_context: str | None = None,
+    ) -> str:
         """Insert a message on ``target``'s transaction; return its id. Never commits.
 
         With a session, ``on_commit`` is called with the message id once the session commits (a
         rollback forgets it); with a bare connection, the sweeper relays the message.
         """
         message_id = new_id("evt")
-        statement = insert(_box).values(id=message_id, topic=topic, payload=body, created_at=utcnow())
+        statement = insert(_box).values(
+            id=message_id, topic=topic, payload=body, created_at=utcnow(), trace_context=trace_context
+        )
         if isinstance(target, scoped_session):
             target = target()
         if isinstance(target, Session):
@@ -97,12 +108,12 @@ class SqlOutbox:
             update(_box)
             .where(_box.c.id.in_(candidates.scalar_subquery()))
             .values(claim_token=token, claimed_until=now + timedelta(seconds=lease_seconds))
-            .returning(_box.c.id, _box.c.topic, _box.c.payload, _box.c.created_at)
+            .returning(_box.c.id, _box.c.topic, _box.c.payload, _box.c.created_at, _box.c.trace_context)
         )
         with self.db.transaction("claim outbox messages") as conn:
             rows = conn.execute(statement).all()
         return [
-            OutboxMessage(row.id, row.topic, row.payload, token)
+            OutboxMessage(row.id, row.topic, row.payload, token, row.trace_context)
             for row in sorted(rows, key=lambda row: row.created_at)
         ]
 

@@ -39,6 +39,8 @@ INHERITED = (
     "concurrency_limit",
     "priority",
     "fork_mode",
+    # One logical run, one trace: every run of the chain joins the trace of the chain's start.
+    "trace_context",
 )
 
 

@@ -8,6 +8,7 @@ from datetime import datetime
 
 from sqlalchemy import func, literal, select
 
+from .. import tracing
 from .._input import id_problem
 from ..errors import InvalidStateError
 from ._schema import row_to_execution, steps_table
@@ -72,6 +73,8 @@ class Forks:
                     concurrency_key=source.concurrency_key,
                     concurrency_limit=source.concurrency_limit,
                     priority=source.priority,
+                    # A fork is a start of its own: the request that forked it traces it.
+                    trace_context=tracing.started(source.workflow_name),
                 )
                 .returning(*_ex.c)
             ).one()

@@ -9,6 +9,7 @@ from typing import Any
 
 from sqlalchemy import Connection, Select, select, text, update
 
+from .. import tracing
 from .._input import check_id, id_problem
 from ..errors import InvalidFieldError, StoreError
 from ._reads import ExecutionReads
@@ -60,6 +61,7 @@ class Runs:
         if isinstance(trigger_depth, bool) or not isinstance(trigger_depth, int) or trigger_depth < 0:
             raise InvalidFieldError("trigger_depth", f"must be an integer, 0 or more, not {trigger_depth!r}")
         key = workflow_id if workflow_id is not None else str(uuid.uuid4())
+        trace_context = tracing.started(name)
         with self.core.transaction("start a workflow execution", conn) as c:
             for _ in range(_START_ROUNDS):
                 found = c.execute(_open_or_last_run(key, policy)).first()
@@ -83,6 +85,7 @@ class Runs:
                     "trigger_depth": trigger_depth,
                     "completion_callbacks": completion_callbacks,
                     **(queue_values(queue) if queue is not None else {}),
+                    "trace_context": trace_context,
                 }
                 # DO NOTHING rather than catching IntegrityError: an error would abort the caller's
                 # PostgreSQL transaction. PostgreSQL waits here for a concurrent inserter to commit.

@@ -65,6 +65,8 @@ executions_table = Table(
     Column("concurrency_key", String(NAME_LENGTH), nullable=True),
     Column("concurrency_limit", Integer, nullable=True),
     Column("priority", Integer, nullable=False, default=0, server_default=text("0")),
+    # The start's W3C trace context (flask_harvest.tracing): the run's spans join that trace.
+    Column("trace_context", Text, nullable=True),
     # At most one open run per workflow_id: what makes concurrent starts collapse into one.
     Index(
         "ux_harvest_workflow_executions_open_workflow_id",
@@ -169,6 +171,7 @@ def row_to_execution(row: Row[Any]) -> Execution:
         concurrency_key=row.concurrency_key,
         concurrency_limit=row.concurrency_limit,
         priority=row.priority,
+        trace_context=row.trace_context,
     )
 
 

@@ -18,6 +18,7 @@ from typing import Any
 
 from sqlalchemy import ColumnElement, Connection, Engine, func, literal, update
 
+from .. import tracing
 from .._input import check_text
 from .._sql import SqlDatabase, UTCDateTime
 from ..errors import InvalidFieldError, InvalidStateError
@@ -175,7 +176,10 @@ class TerminalTransition:
         if row is None:
             return None
         execution = row_to_execution(row)
-        self.core.hooks.run(conn, execution)
+        # The hooks run in the span of the run's end, in its start's trace: what they write
+        # (completion callbacks, trigger starts) stores that context and joins the trace.
+        with tracing.workflow_end(execution, state.value):
+            self.core.hooks.run(conn, execution)
         return execution
 
     def sweep_finish(

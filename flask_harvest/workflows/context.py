@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, NoReturn, TypeVar
 
+from .. import tracing
 from .._input import text_problem
 from ..errors import InvalidFieldError, InvalidStateError
 from ..outbound.backoff import retry_delay_ms
@@ -213,7 +214,8 @@ class WorkflowContext:
             try:
                 self._in_step = True
                 try:
-                    result = fn(*args, **kwargs)
+                    with tracing.workflow_step(name, seq, attempt + 1):
+                        result = fn(*args, **kwargs)
                 finally:
                     self._in_step = False
                 # What a replay will return: the first run sees the same value, not a look-alike

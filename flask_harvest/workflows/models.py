@@ -139,6 +139,8 @@ class Execution:
     :param concurrency_key: runs sharing this key in the queue are limited to ``concurrency_limit``.
     :param concurrency_limit: how many running runs may share ``concurrency_key``.
     :param priority: lower runs first among due runs of its queue.
+    :param trace_context: the W3C trace context of the span that started the run
+        (:mod:`flask_harvest.tracing`); ``None`` when nothing was traced.
     """
 
     execution_id: str
@@ -173,6 +175,7 @@ class Execution:
     concurrency_key: str | None = None
     concurrency_limit: int | None = None
     priority: int = 0
+    trace_context: str | None = None
 
     @property
     def terminal(self) -> bool:

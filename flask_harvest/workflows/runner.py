@@ -16,6 +16,7 @@ from datetime import datetime, timedelta
 
 from sqlalchemy import Connection
 
+from .. import tracing
 from .._threads import PerProcess
 from .._time import utcnow
 from ..errors import HarvestError, InvalidFieldError, InvalidStateError, StoreError
@@ -395,6 +396,16 @@ class WorkflowRunner:
 
     def _run_claimed(self, claimed: Execution, now: datetime) -> Execution | None:
         """Run an execution this runner has just claimed (at ``now``); see :meth:`run`."""
+        with tracing.workflow_run(claimed) as span:
+            ended = self._run_claimed_traced(claimed, now)
+            # None: asleep, stopped or left to the sweeper; the run goes on in a later claim.
+            if ended is not None:
+                span.set("harvest.workflow.state", ended.state.value)
+                if ended.state in (ExecutionState.FAILED, ExecutionState.TIMED_OUT):
+                    span.fail(ended.state.value)
+            return ended
+
+    def _run_claimed_traced(self, claimed: Execution, now: datetime) -> Execution | None:
         execution_id = claimed.execution_id
         token = claimed.lease_token
         if token is None:

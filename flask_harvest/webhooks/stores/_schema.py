@@ -109,6 +109,8 @@ deliveries_table = Table(
     Column("lease_expires_at", UTCDateTime, nullable=True),
     # Who holds the lease: finish_attempt writes only with the token its claim returned.
     Column("lease_token", String(32), nullable=True),
+    # The dispatch's W3C trace context (flask_harvest.tracing); added to older tables on start-up.
+    Column("trace_context", Text, nullable=True),
     # The due scan, the claim and the queue-lag gauge: pending rows only (a partial index), so it
     # stays the size of the backlog however much history the table keeps. Queries name the state as
     # a literal (PENDING_ROWS) so the planner can match the predicate in a prepared statement too.
@@ -196,6 +198,8 @@ outbox_table = Table(
     Column("claimed_until", UTCDateTime, nullable=True),
     Column("relay_attempts", Integer, nullable=False, default=0),
     Column("last_error", Text, nullable=True),
+    # The W3C trace context of dispatch_in_tx, handed to the deliveries the relay makes.
+    Column("trace_context", Text, nullable=True),
     # The relay's scan of unrelayed messages, and the purge of relayed ones.
     Index("ix_harvest_outbox_relayed_created", "relayed_at", "created_at"),
 )
