@@ -16,6 +16,7 @@ from typing import Any
 from sqlalchemy import Connection, Engine, delete, exists, select, update
 from sqlalchemy.engine import Row
 
+from .._bounded import bounded_counts
 from .._sql import SqlDatabase, after_position
 from ..errors import InvalidFieldError
 from ..workflows._schema import executions_table
@@ -238,6 +239,15 @@ class SqlTriggerStore:
         query = query.order_by(_f.c.fired_at.desc(), _f.c.source_exec_id).limit(max(0, limit))
         with self.db.read("list completion trigger fires") as conn:
             return [_fire(row) for row in conn.execute(query).all()]
+
+    def count_outcomes(self, outcomes: Sequence[str | None], *, cap: int) -> list[int]:
+        """How many ledger rows record each of ``outcomes`` (``None``: fired), counting at most
+        ``cap`` of each (bounded walks of the outcome index: a metrics scrape's read)."""
+        conditions = [
+            _f.c.outcome.is_(None) if outcome is None else _f.c.outcome == outcome for outcome in outcomes
+        ]
+        with self.db.read("count completion trigger fires by outcome") as conn:
+            return bounded_counts(conn, _f, conditions, cap=cap)
 
     def purge_fires(self, *, before: datetime) -> int:
         """Delete ledger rows decided before ``before`` whose source execution no longer exists.

@@ -83,6 +83,8 @@ executions_table = Table(
     Index("ix_harvest_workflow_executions_state_created", "state", "created_at", "execution_id"),
     # A parent's children: the parent-close cascade, waking a waiting parent, the dashboard.
     Index("ix_harvest_workflow_executions_parent", "parent_execution_id"),
+    # The metrics scrape's bounded counts by workflow and state.
+    Index("ix_harvest_workflow_executions_name_state", "workflow_name", "state"),
 )
 
 # One checkpoint per (execution, position). No foreign key: the sweeper may purge executions and

@@ -13,6 +13,7 @@ from typing import Any
 
 from sqlalchemy import Select, and_, func, literal, or_, select
 
+from ...._bounded import bounded_counts
 from ...._input import id_problem
 from ...._sql import SqlDatabase
 from ...models import DeliveryAttempt, DeliveryLog, DeliveryState, DeliveryStats, DeliverySummary
@@ -176,3 +177,10 @@ class DeliveryReports:
             dlq = int(conn.execute(select(func.count()).select_from(dlq_rows)).scalar_one())
             due_at = conn.execute(oldest_due).scalar()
         return dlq, due_at
+
+    def count_states(self, *, cap: int) -> dict[DeliveryState, int]:
+        # One round trip of bounded walks of the index that leads with state (state_recent).
+        states = list(DeliveryState)
+        with self.db.read("count deliveries by state") as conn:
+            counts = bounded_counts(conn, _dels, [_dels.c.state == state.value for state in states], cap=cap)
+        return dict(zip(states, counts, strict=True))
