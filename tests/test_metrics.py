@@ -114,6 +114,8 @@ def test_deliveries_are_counted_by_outcome_and_timed(
     series = {labels for (metric, labels) in after if metric == name}
     assert series == {(("outcome", outcome),) for outcome in ("delivered", "failed", "dead_lettered")}
     assert not [metric for (metric, _) in after if metric.endswith("_created")]
+    # The local backend runs its jobs in this process: there are no worker processes to count.
+    assert not [metric for (metric, _) in after if metric == "harvest_workers"]
 
 
 def test_a_retry_counts_as_failed(sql_store: SqlOutboundWebhookStore, receiver: CapturingReceiver) -> None:
