@@ -63,7 +63,7 @@ class StoreCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         engine = get_engine(self._app)
         up = True
-        for read in (_queue, _deliveries, _callbacks, _executions, _fires):
+        for read in (_queue, _deliveries, _subscriptions, _callbacks, _executions, _fires):
             try:
                 yield from read(engine)
             except HarvestError as exc:
@@ -104,6 +104,19 @@ def _deliveries(engine: HarvestEngine) -> Iterator[Metric]:
     )
     for state in DeliveryState:
         family.add_metric([state.value], counts.get(state, 0))
+    yield family
+
+
+def _subscriptions(engine: HarvestEngine) -> Iterator[Metric]:
+    counts = engine.store.count_subscription_states(cap=COUNT_LIMIT)
+    family = GaugeMetricFamily(
+        "harvest_webhook_subscriptions",
+        "Webhook subscriptions by status: active, disabled (by hand or a 410 answer), failed "
+        "(turned off after too many consecutive failures).",
+        labels=["status"],
+    )
+    for status, count in counts.items():
+        family.add_metric([status.value], count)
     yield family
 
 

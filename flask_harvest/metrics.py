@@ -66,6 +66,7 @@ __all__ = [
     "DELIVERY_ATTEMPTS",
     "DELIVERY_LATENCY",
     "DLQ_COUNT_LIMIT",
+    "SUBSCRIPTIONS_TURNED_OFF",
     "TRIGGER_FIRES",
     "TRIGGER_SKIPPED",
     "WORKFLOWS_FINISHED",
@@ -149,6 +150,12 @@ CALLBACKS_FINISHED = Counter(
     "Completion-callback deliveries that ended, by outcome: delivered, dead_lettered.",
     ["outcome"],
 )
+SUBSCRIPTIONS_TURNED_OFF = Counter(
+    "harvest_webhook_subscriptions_turned_off",
+    "Webhook subscriptions turned off automatically, by status: disabled (410 Gone), failed "
+    "(too many consecutive failures).",
+    ["status"],
+)
 WORKFLOWS_FINISHED = Counter(
     "harvest_workflow_executions_finished",
     "Workflow executions that closed, by workflow name and state (lower snake case).",
@@ -177,6 +184,8 @@ for _outcome in ATTEMPT_OUTCOMES:
     DELIVERY_ATTEMPTS.labels(outcome=_outcome)
 for _outcome in FINISH_OUTCOMES:
     DELIVERIES_FINISHED.labels(outcome=_outcome)
+for _status in ("disabled", "failed"):
+    SUBSCRIPTIONS_TURNED_OFF.labels(status=_status)
 for _outcome in CALLBACK_ATTEMPT_OUTCOMES:
     CALLBACK_ATTEMPTS.labels(outcome=_outcome)
 for _outcome in CALLBACK_FINISH_OUTCOMES:
@@ -271,6 +280,8 @@ def _connect(app: Flask) -> None:
         (signals.delivery_failed, _delivery("failed")),
         (signals.delivery_dead_lettered, _delivery("dead_lettered")),
         (signals.delivery_skipped, _delivery("skipped")),
+        (signals.subscription_disabled, _turned_off("disabled")),
+        (signals.subscription_failed, _turned_off("failed")),
         (signals.workflow_finished, _workflow_finished),
         (signals.completion_callback_delivered, _callback("delivered")),
         (signals.completion_callback_failed, _callback("failed")),
@@ -303,6 +314,15 @@ def _delivery(outcome: str) -> Receiver:
             ATTEMPT_DURATION.observe(attempt.elapsed_ms / 1000.0)
         if outcome == "delivered" and delivery is not None:
             DELIVERY_LATENCY.observe(_seconds_since(delivery.created_at))
+
+    return receiver
+
+
+def _turned_off(status: str) -> Receiver:
+    counter = SUBSCRIPTIONS_TURNED_OFF.labels(status=status)
+
+    def receiver(app: Flask, **extra: Any) -> None:
+        counter.inc()
 
     return receiver
 

@@ -114,6 +114,10 @@ def test_deliveries_are_counted_by_outcome_and_timed(
     series = {labels for (metric, labels) in after if metric == name}
     assert series == {(("outcome", outcome),) for outcome in ("delivered", "failed", "dead_lettered")}
     assert not [metric for (metric, _) in after if metric.endswith("_created")]
+    subscriptions = {
+        s: value(after, "harvest_webhook_subscriptions", status=s) for s in ("active", "disabled")
+    }
+    assert subscriptions == {"active": 2, "disabled": 1}
     # The local backend runs its jobs in this process: there are no worker processes to count.
     assert not [metric for (metric, _) in after if metric == "harvest_workers"]
 
@@ -133,6 +137,23 @@ def test_a_retry_counts_as_failed(sql_store: SqlOutboundWebhookStore, receiver: 
         delta(before, after, name, outcome="delivered"),
         delta(before, after, "harvest_webhook_deliveries_finished_total", outcome="delivered"),
     ) == (1, 1, 1)
+
+
+def test_a_subscription_turned_off_by_a_410_is_counted_and_shown(
+    sql_store: SqlOutboundWebhookStore, receiver: CapturingReceiver
+) -> None:
+    app = metrics_app(sql_store)
+    receiver.respond("/gone", 410)
+    subscribe(sql_store, receiver.url("/gone"), "sub_gone")
+    before = scrape(app)
+    with app.app_context():
+        get_engine().manager.dispatch("order.created", {})
+    drain(app)
+    after = scrape(app)
+    assert delta(before, after, "harvest_webhook_subscriptions_turned_off_total", status="disabled") == 1
+    assert delta(before, after, "harvest_webhook_subscriptions_turned_off_total", status="failed") == 0
+    assert value(after, "harvest_webhook_subscriptions", status="disabled") == 1
+    assert value(after, "harvest_webhook_subscriptions", status="active") == 0
 
 
 def seed_queue(store: OutboundWebhookHandler, *, dead: int, waiting_seconds: float) -> list[str]:

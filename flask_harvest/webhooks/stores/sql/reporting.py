@@ -16,10 +16,18 @@ from sqlalchemy import Select, and_, func, literal, or_, select
 from ...._bounded import bounded_counts
 from ...._input import id_problem
 from ...._sql import SqlDatabase
-from ...models import DeliveryAttempt, DeliveryLog, DeliveryState, DeliveryStats, DeliverySummary
+from ...models import (
+    DeliveryAttempt,
+    DeliveryLog,
+    DeliveryState,
+    DeliveryStats,
+    DeliverySummary,
+    WebhookSubscriptionStatus,
+)
 from .._schema import PENDING_ROWS, row_to_attempt, row_to_delivery
 from .._schema import attempts_table as _atts
 from .._schema import deliveries_table as _dels
+from .._schema import subscriptions_table as _subs
 from ..base import DlqCursor, fold_stats
 from ._statements import attempts_per_minute_query, capped_stats_query, chunks
 
@@ -184,3 +192,11 @@ class DeliveryReports:
         with self.db.read("count deliveries by state") as conn:
             counts = bounded_counts(conn, _dels, [_dels.c.state == state.value for state in states], cap=cap)
         return dict(zip(states, counts, strict=True))
+
+    def count_subscription_states(self, *, cap: int) -> dict[WebhookSubscriptionStatus, int]:
+        statuses = list(WebhookSubscriptionStatus)
+        with self.db.read("count subscriptions by status") as conn:
+            counts = bounded_counts(
+                conn, _subs, [_subs.c.status == status.value for status in statuses], cap=cap
+            )
+        return dict(zip(statuses, counts, strict=True))
