@@ -2,9 +2,9 @@
 
 What these gauges show is right whatever process did the work: a delivery a worker made, a run a
 worker ended, a trigger another host fired are rows in the database, and the web app's scrape
-counts the rows. Every read is bounded: counts stop at :data:`COUNT_LIMIT` rows of each series,
-each a walk of an index that leads with the counted columns, so a scrape costs the same at a
-million rows (``bench`` measures it). Only :mod:`flask_harvest.metrics` imports this module.
+counts the rows. Every read is bounded: counts stop at ``HARVEST_METRICS_COUNT_LIMIT`` rows of
+each series, each a walk of an index that leads with the counted columns, so a scrape costs the
+same at a million rows (``bench`` measures it). Only :mod:`flask_harvest.metrics` imports this module.
 """
 
 from __future__ import annotations
@@ -26,11 +26,8 @@ from .workflows.models import ExecutionState
 
 log = logging.getLogger(__name__)
 
-__all__ = ["COUNT_LIMIT", "FIRE_OUTCOMES", "WORKER_LIMIT", "StoreCollector", "label"]
+__all__ = ["FIRE_OUTCOMES", "WORKER_LIMIT", "StoreCollector", "label"]
 
-#: Each count of a scrape stops at this many rows: past it the series stays at the limit. The DLQ
-#: and the open states are what alerts watch, and they are far below it in a healthy system.
-COUNT_LIMIT = 100_000
 #: At most this many worker entries of a queue are read from RQ's registry.
 WORKER_LIMIT = 1_000
 #: The ledger's ``outcome`` column (``None``: fired) to the ``outcome`` label, which uses the
@@ -63,7 +60,7 @@ class StoreCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         engine = get_engine(self._app)
         up = True
-        for read in (_queue, _deliveries, _subscriptions, _callbacks, _executions, _fires):
+        for read in (_deliveries, _subscriptions, _callbacks, _executions, _fires):
             try:
                 yield from read(engine)
             except HarvestError as exc:
@@ -79,14 +76,26 @@ class StoreCollector(Collector):
         yield from _workers(engine)
 
 
-def _queue(engine: HarvestEngine) -> Iterator[Metric]:
+def _deliveries(engine: HarvestEngine) -> Iterator[Metric]:
+    limit = engine.settings.metrics_count_limit
+    counts = engine.store.count_states(cap=limit)
+    family = GaugeMetricFamily(
+        "harvest_webhook_deliveries",
+        f"Webhook deliveries in the store by state (each counted up to {limit}).",
+        labels=["state"],
+    )
+    for state in DeliveryState:
+        family.add_metric([state.value], counts.get(state, 0))
+    yield family
+    # The DLQ size is the dlq state's count above: queue_gauges is asked for the due time only
+    # (its own DLQ count then stops at one row instead of walking the DLQ a second time).
     now = utcnow()
-    dlq, due_at = engine.store.queue_gauges(now=now, dlq_limit=COUNT_LIMIT)
+    _, due_at = engine.store.queue_gauges(now=now, dlq_limit=1)
     lag = max(0.0, (now - due_at).total_seconds()) if due_at is not None else 0.0
     yield GaugeMetricFamily(
         "harvest_webhook_dlq_size",
-        f"Dead-lettered webhook deliveries in the store (counted up to {COUNT_LIMIT}).",
-        value=dlq,
+        f"Dead-lettered webhook deliveries in the store (counted up to {limit}).",
+        value=counts.get(DeliveryState.DLQ, 0),
     )
     yield GaugeMetricFamily(
         "harvest_webhook_queue_lag_seconds",
@@ -95,20 +104,8 @@ def _queue(engine: HarvestEngine) -> Iterator[Metric]:
     )
 
 
-def _deliveries(engine: HarvestEngine) -> Iterator[Metric]:
-    counts = engine.store.count_states(cap=COUNT_LIMIT)
-    family = GaugeMetricFamily(
-        "harvest_webhook_deliveries",
-        f"Webhook deliveries in the store by state (each counted up to {COUNT_LIMIT}).",
-        labels=["state"],
-    )
-    for state in DeliveryState:
-        family.add_metric([state.value], counts.get(state, 0))
-    yield family
-
-
 def _subscriptions(engine: HarvestEngine) -> Iterator[Metric]:
-    counts = engine.store.count_subscription_states(cap=COUNT_LIMIT)
+    counts = engine.store.count_subscription_states(cap=engine.settings.metrics_count_limit)
     family = GaugeMetricFamily(
         "harvest_webhook_subscriptions",
         "Webhook subscriptions by status: active, disabled (by hand or a 410 answer), failed "
@@ -123,10 +120,11 @@ def _subscriptions(engine: HarvestEngine) -> Iterator[Metric]:
 def _callbacks(engine: HarvestEngine) -> Iterator[Metric]:
     if engine.callbacks is None:
         return
-    counts = engine.callbacks.store.count_states(cap=COUNT_LIMIT)
+    limit = engine.settings.metrics_count_limit
+    counts = engine.callbacks.store.count_states(cap=limit)
     family = GaugeMetricFamily(
         "harvest_completion_callback_deliveries",
-        f"Completion-callback deliveries in the store by state (each counted up to {COUNT_LIMIT}).",
+        f"Completion-callback deliveries in the store by state (each counted up to {limit}).",
         labels=["state"],
     )
     for state, count in counts.items():
@@ -139,10 +137,11 @@ def _executions(engine: HarvestEngine) -> Iterator[Metric]:
     if service is None:
         return
     # Registered names only: the series stay bounded whatever names the table holds.
-    counts = service.store.count_by_workflow(service.registry.names(), cap=COUNT_LIMIT)
+    limit = engine.settings.metrics_count_limit
+    counts = service.store.count_by_workflow(service.registry.names(), cap=limit)
     family = GaugeMetricFamily(
         "harvest_workflow_executions",
-        f"Workflow executions in the store by workflow and state (each counted up to {COUNT_LIMIT}).",
+        f"Workflow executions in the store by workflow and state (each counted up to {limit}).",
         labels=["workflow", "state"],
     )
     for (name, state), count in counts.items():
@@ -154,11 +153,11 @@ def _fires(engine: HarvestEngine) -> Iterator[Metric]:
     if engine.triggers is None:
         return
     outcomes = list(FIRE_OUTCOMES)
-    counts = engine.triggers.store.count_outcomes(outcomes, cap=COUNT_LIMIT)
+    limit = engine.settings.metrics_count_limit
+    counts = engine.triggers.store.count_outcomes(outcomes, cap=limit)
     family = GaugeMetricFamily(
         "harvest_completion_trigger_fires_recorded",
-        "Completion-trigger fires recorded in the store's ledger by outcome "
-        f"(each counted up to {COUNT_LIMIT}).",
+        f"Completion-trigger fires recorded in the store's ledger by outcome (each counted up to {limit}).",
         labels=["outcome"],
     )
     for outcome, count in zip(outcomes, counts, strict=True):

@@ -46,7 +46,7 @@ from prometheus_client.registry import Collector
 
 from . import signals
 from ._app import METRICS_KEY, get_engine
-from ._metrics_store import COUNT_LIMIT, StoreCollector, label
+from ._metrics_store import StoreCollector, label
 from ._time import utcnow
 from .config import KEYS
 from .errors import ConfigurationError, HarvestError
@@ -61,11 +61,9 @@ __all__ = [
     "ATTEMPT_DURATION",
     "CALLBACKS_FINISHED",
     "CALLBACK_ATTEMPTS",
-    "COUNT_LIMIT",
     "DELIVERIES_FINISHED",
     "DELIVERY_ATTEMPTS",
     "DELIVERY_LATENCY",
-    "DLQ_COUNT_LIMIT",
     "SUBSCRIPTIONS_TURNED_OFF",
     "TRIGGER_FIRES",
     "TRIGGER_SKIPPED",
@@ -81,8 +79,6 @@ prometheus_client.disable_created_metrics()  # type: ignore[no-untyped-call]
 
 #: The environment variable of ``prometheus_client``'s multiprocess mode.
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
-#: The DLQ gauge counts at most this many rows (as every count of a scrape does).
-DLQ_COUNT_LIMIT = COUNT_LIMIT
 #: The ``workflow`` label of an execution whose name this process has not registered: labels come
 #: from registrations only, so the series stay bounded whatever the table holds.
 UNREGISTERED_WORKFLOW = "_unregistered"

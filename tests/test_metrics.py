@@ -203,6 +203,18 @@ def test_the_gauges_read_the_store_at_scrape_time(store: OutboundWebhookHandler)
     assert not [i for i in ids if i in text]  # never a delivery id as a label
 
 
+def test_a_count_stops_at_the_configured_limit(sql_store: SqlOutboundWebhookStore) -> None:
+    """What a scrape reads is bounded: past HARVEST_METRICS_COUNT_LIMIT a series stays at it."""
+    app = metrics_app(sql_store, HARVEST_SWEEP_INTERVAL_SECONDS=3600, HARVEST_METRICS_COUNT_LIMIT=2)
+    seed_queue(sql_store, dead=4, waiting_seconds=10)
+    samples = scrape(app)
+    assert value(samples, "harvest_webhook_deliveries", state="dlq") == 2
+    assert value(samples, "harvest_webhook_dlq_size") == 2
+    assert value(samples, "harvest_webhook_deliveries", state="pending") == 2  # of 3
+    with pytest.raises(ConfigurationError, match="HARVEST_METRICS_COUNT_LIMIT"):
+        load_settings({"HARVEST_METRICS_COUNT_LIMIT": 0}, {})
+
+
 def test_a_store_that_fails_still_answers_the_scrape(sqlite_engine: sa.Engine) -> None:
     store = SqlOutboundWebhookStore(sqlite_engine)
     app = metrics_app(store, HARVEST_SWEEP_INTERVAL_SECONDS=3600)

@@ -325,7 +325,13 @@ class SqlCallbackStore:
         the index that leads with ``state``: a metrics scrape's read)."""
         states = list(WIRE_STATES)
         with self.db.read("count completion deliveries by state") as conn:
-            counts = bounded_counts(conn, _d, [_d.c.state == WIRE_STATES[state] for state in states], cap=cap)
+            counts = bounded_counts(
+                conn,
+                _d,
+                lambda: [_d.c.state == WIRE_STATES[state] for state in states],
+                cap=cap,
+                key=("completion deliveries by state",),
+            )
         return dict(zip(states, counts, strict=True))
 
     def dead_letter(self, delivery_id: str) -> dict[str, Any] | None:

@@ -15,6 +15,7 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine, delete, exists, select, update
 from sqlalchemy.engine import Row
+from sqlalchemy.sql.elements import ColumnElement
 
 from .._bounded import bounded_counts
 from .._sql import SqlDatabase, after_position
@@ -243,11 +244,13 @@ class SqlTriggerStore:
     def count_outcomes(self, outcomes: Sequence[str | None], *, cap: int) -> list[int]:
         """How many ledger rows record each of ``outcomes`` (``None``: fired), counting at most
         ``cap`` of each (bounded walks of the outcome index: a metrics scrape's read)."""
-        conditions = [
-            _f.c.outcome.is_(None) if outcome is None else _f.c.outcome == outcome for outcome in outcomes
-        ]
+        wanted = tuple(outcomes)
+
+        def conditions() -> list[ColumnElement[bool]]:
+            return [_f.c.outcome.is_(None) if each is None else _f.c.outcome == each for each in wanted]
+
         with self.db.read("count completion trigger fires by outcome") as conn:
-            return bounded_counts(conn, _f, conditions, cap=cap)
+            return bounded_counts(conn, _f, conditions, cap=cap, key=("trigger fires by outcome", wanted))
 
     def purge_fires(self, *, before: datetime) -> int:
         """Delete ledger rows decided before ``before`` whose source execution no longer exists.

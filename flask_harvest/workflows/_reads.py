@@ -78,10 +78,17 @@ class ExecutionReads:
         return {state: int(count) for state, count in zip(ExecutionState, row, strict=True)}
 
     def count_by_workflow(self, names: Sequence[str], *, cap: int) -> dict[tuple[str, ExecutionState], int]:
-        pairs = [(name, state) for name in names for state in ExecutionState]
-        conditions = [(_ex.c.workflow_name == name) & (_ex.c.state == state.value) for name, state in pairs]
+        pairs = tuple((name, state) for name in names for state in ExecutionState)
         with self.core.db.read("count workflow executions by workflow and state") as conn:
-            counts = bounded_counts(conn, _ex, conditions, cap=cap)
+            counts = bounded_counts(
+                conn,
+                _ex,
+                lambda: [
+                    (_ex.c.workflow_name == name) & (_ex.c.state == state.value) for name, state in pairs
+                ],
+                cap=cap,
+                key=("workflow executions by workflow and state", pairs),
+            )
         return dict(zip(pairs, counts, strict=True))
 
     def list_steps(self, execution_id: str) -> list[StepRecord]:

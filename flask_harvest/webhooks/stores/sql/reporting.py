@@ -190,13 +190,23 @@ class DeliveryReports:
         # One round trip of bounded walks of the index that leads with state (state_recent).
         states = list(DeliveryState)
         with self.db.read("count deliveries by state") as conn:
-            counts = bounded_counts(conn, _dels, [_dels.c.state == state.value for state in states], cap=cap)
+            counts = bounded_counts(
+                conn,
+                _dels,
+                lambda: [_dels.c.state == state.value for state in states],
+                cap=cap,
+                key=("webhook deliveries by state",),
+            )
         return dict(zip(states, counts, strict=True))
 
     def count_subscription_states(self, *, cap: int) -> dict[WebhookSubscriptionStatus, int]:
         statuses = list(WebhookSubscriptionStatus)
         with self.db.read("count subscriptions by status") as conn:
             counts = bounded_counts(
-                conn, _subs, [_subs.c.status == status.value for status in statuses], cap=cap
+                conn,
+                _subs,
+                lambda: [_subs.c.status == status.value for status in statuses],
+                cap=cap,
+                key=("webhook subscriptions by status",),
             )
         return dict(zip(statuses, counts, strict=True))
