@@ -147,9 +147,10 @@ def scrape(app: Flask) -> None:
 
 
 def run(ctx: Context) -> Result:
-    rows = 1_000_000
+    rows = ctx.pick(1_000_000, 100_000)
     reps = ctx.pick(200, 40)
-    urls = {"big": database_url("metrics"), "small": database_url("metrics_small")}
+    big = "metrics" if rows == 1_000_000 else f"metrics_{rows}"  # quick runs keep their own
+    urls = {"big": database_url(big), "small": database_url("metrics_small")}
     seconds = {"big": seeded(urls["big"], rows), "small": seeded(urls["small"], SMALL)}
     apps = {name: make_app(url) for name, url in urls.items()}
     try:

@@ -138,3 +138,21 @@ def test_another_app_counts_nothing_here(database_url: str) -> None:
     after = scrape(app)
     runs = "harvest_workflow_executions_finished_total"
     assert delta(before, after, runs, workflow="echo", state="completed") == 0
+
+
+def test_a_run_that_continued_as_new_is_counted_closed_but_not_timed(database_url: str) -> None:
+    """A run that continued as new closed its row but did not end its logical run: it counts in
+    the closed executions, and no duration is observed until the chain's last run ends."""
+    app = make_workflow_app(database_url, HARVEST_METRICS=True)
+    with app.app_context():
+        handle, _ = workflow_service().start("echo", 1)
+        execution = workflow_service().wait(handle.execution_id, timeout=30)
+    before = scrape(app)
+    handed_over = dataclasses.replace(execution, state=ExecutionState.CONTINUED_AS_NEW)
+    signals.workflow_finished.send(app, execution=handed_over)
+    after = scrape(app)
+    runs = "harvest_workflow_executions_finished_total"
+    assert delta(before, after, runs, workflow="echo", state="continued_as_new") == 1
+    durations = "harvest_workflow_duration_seconds_count"
+    assert delta(before, after, durations, workflow="echo", outcome="continued_as_new") == 0
+    assert delta(before, after, durations, workflow="echo", outcome="completed") == 0
