@@ -17,6 +17,7 @@ from flask import Flask
 from werkzeug.wrappers import Response
 
 from flask_harvest import WebhookSubscription, generate_secret, get_engine, workflow_service
+from flask_harvest._bounded import bounded_counts
 from flask_harvest._metrics_store import label
 from flask_harvest.testing import CapturingReceiver
 from flask_harvest.webhooks.stores.sql import SqlOutboundWebhookStore
@@ -172,3 +173,24 @@ def test_redis_down_shows_no_worker_alive(tmp_path: Path) -> None:
     assert value(samples, "harvest_workers", queue=QUEUE) == 0
     assert ("harvest_workers", (("queue", QUEUE),)) in samples
     assert value(samples, "harvest_metrics_store_up") == 1
+
+
+def test_bounded_counts_split_many_conditions_and_stop_at_the_cap(tmp_path: Path) -> None:
+    """More conditions than one statement holds (SQLite allows 2,000 result columns) are counted
+    over several statements, each count stopping at the cap."""
+    table = sa.Table("numbers", sa.MetaData(), sa.Column("n", sa.Integer, index=True))
+    engine = sa.create_engine(f"sqlite:///{tmp_path / 'numbers.db'}")
+    try:
+        with engine.begin() as conn:
+            table.create(conn)
+            conn.execute(table.insert(), [{"n": n % 7} for n in range(70)])
+            wanted = list(range(450))
+            counts = bounded_counts(
+                conn, table, lambda: [table.c.n == n for n in wanted], cap=8, key=("numbers", 450)
+            )
+            assert counts == [8] * 7 + [0] * 443
+            # The same key reuses the statements built the first time; the cap is a parameter.
+            again = bounded_counts(conn, table, lambda: [], cap=3, key=("numbers", 450))
+            assert again == [3] * 7 + [0] * 443
+    finally:
+        engine.dispose()
