@@ -302,7 +302,9 @@ def _delivery(outcome: str) -> Receiver:
         attempt: DeliveryAttempt | None = None,
         **extra: Any,
     ) -> None:
-        if attempts is not None:
+        # An attempt is counted where one was recorded: a delivery dead-lettered without a
+        # request (its attempt limit was lowered, its subscription went away) only finishes.
+        if attempts is not None and attempt is not None:
             attempts.inc()
         if finished is not None:
             finished.inc()

@@ -139,6 +139,26 @@ def test_a_retry_counts_as_failed(sql_store: SqlOutboundWebhookStore, receiver: 
     ) == (1, 1, 1)
 
 
+def test_a_delivery_dead_lettered_without_a_request_is_finished_not_attempted(
+    sql_store: SqlOutboundWebhookStore, receiver: CapturingReceiver
+) -> None:
+    """An attempt counts a recorded attempt: a delivery past a lowered attempt limit is
+    dead-lettered without a request, so it counts only as finished."""
+    app = metrics_app(sql_store, HARVEST_SWEEP_INTERVAL_SECONDS=3600)
+    subscribe(sql_store, receiver.url("/ok"), "sub_ok")
+    row = DeliveryLog(
+        id=new_id("dlv"), subscription_id="sub_ok", topic="order.created", payload="{}", attempt=3
+    )
+    sql_store.log_deliveries([row.replace(next_attempt_at=utcnow())])
+    before = scrape(app)
+    drain(app)
+    after = scrape(app)
+    assert sql_store.get_deliveries([row.id])[0].state is DeliveryState.DLQ
+    assert delta(before, after, "harvest_webhook_delivery_attempts_total", outcome="dead_lettered") == 0
+    assert delta(before, after, "harvest_webhook_deliveries_finished_total", outcome="dead_lettered") == 1
+    assert receiver.requests == []
+
+
 def test_a_subscription_turned_off_by_a_410_is_counted_and_shown(
     sql_store: SqlOutboundWebhookStore, receiver: CapturingReceiver
 ) -> None:
