@@ -52,7 +52,7 @@ def noop3(ctx: WorkflowContext, value: Any) -> Any:
 
 
 workflows.workflow(NOOP3)(noop3)
-#: S17's queue (no queue-wide limit: its runs carry their key limits).
+#: S18's queue (no queue-wide limit: its runs carry their key limits).
 BENCH_QUEUE = "bench_queue"
 workflows.queue(BENCH_QUEUE)
 

@@ -152,6 +152,9 @@ class Settings:
     #: Serve the scrape route to anyone, without the actuator's token or authorizer: only where the
     #: network keeps strangers away from the app (the metrics hold no secrets, but do tell volumes).
     metrics_unauthenticated: bool = False
+    #: Each count a scrape reads from the database (deliveries, runs, fires by state) stops at
+    #: this many rows: the scrape's cost is bounded by it, whatever the tables hold.
+    metrics_count_limit: int = 10_000
 
     @property
     def metrics_route(self) -> str:

@@ -49,6 +49,7 @@ TOKEN = "metrics-token-0123456789abcdef"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 ROUTE = "/actuator/webhooks/metrics"
 SECRET = generate_secret()
+DELIVERY_STATES = ("pending", "inflight", "delivered", "dlq", "skipped")
 
 
 def metrics_app(store: OutboundWebhookHandler, **config: object) -> Flask:
@@ -92,21 +93,33 @@ def test_deliveries_are_counted_by_outcome_and_timed(
 
     after = scrape(app)
     assert len(ids) == 6
-    name = "harvest_webhook_deliveries_total"
+    name = "harvest_webhook_delivery_attempts_total"
     assert delta(before, after, name, outcome="delivered") == 3
     assert delta(before, after, name, outcome="dead_lettered") == 3  # one attempt allowed, 500
-    assert delta(before, after, name, outcome="skipped") == 3  # the disabled subscription's
     assert delta(before, after, name, outcome="failed") == 0
-    # Every attempt that made a request is timed; skips made none.
+    finished = "harvest_webhook_deliveries_finished_total"
+    assert delta(before, after, finished, outcome="delivered") == 3
+    assert delta(before, after, finished, outcome="dead_lettered") == 3
+    assert delta(before, after, finished, outcome="skipped") == 3  # the disabled subscription's: no attempt
+    # Every attempt that made a request is timed; skips made none. Each 2xx times its dispatch.
     assert delta(before, after, "harvest_webhook_attempt_duration_seconds_count") == 6
+    assert delta(before, after, "harvest_webhook_delivery_latency_seconds_count") == 3
     assert value(after, "harvest_webhook_dlq_size") == 3
     assert value(after, "harvest_webhook_queue_lag_seconds") == 0
     assert value(after, "harvest_metrics_store_up") == 1
-    # Bounded labels: the four outcomes and nothing else, however many deliveries and endpoints.
+    # The store's rows by state, read at scrape time.
+    by_state = {state: value(after, "harvest_webhook_deliveries", state=state) for state in DELIVERY_STATES}
+    assert by_state == {"pending": 0, "inflight": 0, "delivered": 3, "dlq": 3, "skipped": 3}
+    # Bounded labels: the fixed outcomes and nothing else, however many deliveries and endpoints.
     series = {labels for (metric, labels) in after if metric == name}
-    assert series == {
-        (("outcome", outcome),) for outcome in ("delivered", "failed", "dead_lettered", "skipped")
+    assert series == {(("outcome", outcome),) for outcome in ("delivered", "failed", "dead_lettered")}
+    assert not [metric for (metric, _) in after if metric.endswith("_created")]
+    subscriptions = {
+        s: value(after, "harvest_webhook_subscriptions", status=s) for s in ("active", "disabled")
     }
+    assert subscriptions == {"active": 2, "disabled": 1}
+    # The local backend runs its jobs in this process: there are no worker processes to count.
+    assert not [metric for (metric, _) in after if metric == "harvest_workers"]
 
 
 def test_a_retry_counts_as_failed(sql_store: SqlOutboundWebhookStore, receiver: CapturingReceiver) -> None:
@@ -118,11 +131,49 @@ def test_a_retry_counts_as_failed(sql_store: SqlOutboundWebhookStore, receiver: 
         get_engine().manager.dispatch("order.created", {})
     drain(app, retries=True)
     after = scrape(app)
-    name = "harvest_webhook_deliveries_total"
+    name = "harvest_webhook_delivery_attempts_total"
     assert (
         delta(before, after, name, outcome="failed"),
         delta(before, after, name, outcome="delivered"),
-    ) == (1, 1)
+        delta(before, after, "harvest_webhook_deliveries_finished_total", outcome="delivered"),
+    ) == (1, 1, 1)
+
+
+def test_a_delivery_dead_lettered_without_a_request_is_finished_not_attempted(
+    sql_store: SqlOutboundWebhookStore, receiver: CapturingReceiver
+) -> None:
+    """An attempt counts a recorded attempt: a delivery past a lowered attempt limit is
+    dead-lettered without a request, so it counts only as finished."""
+    app = metrics_app(sql_store, HARVEST_SWEEP_INTERVAL_SECONDS=3600)
+    subscribe(sql_store, receiver.url("/ok"), "sub_ok")
+    row = DeliveryLog(
+        id=new_id("dlv"), subscription_id="sub_ok", topic="order.created", payload="{}", attempt=3
+    )
+    sql_store.log_deliveries([row.replace(next_attempt_at=utcnow())])
+    before = scrape(app)
+    drain(app)
+    after = scrape(app)
+    assert sql_store.get_deliveries([row.id])[0].state is DeliveryState.DLQ
+    assert delta(before, after, "harvest_webhook_delivery_attempts_total", outcome="dead_lettered") == 0
+    assert delta(before, after, "harvest_webhook_deliveries_finished_total", outcome="dead_lettered") == 1
+    assert receiver.requests == []
+
+
+def test_a_subscription_turned_off_by_a_410_is_counted_and_shown(
+    sql_store: SqlOutboundWebhookStore, receiver: CapturingReceiver
+) -> None:
+    app = metrics_app(sql_store)
+    receiver.respond("/gone", 410)
+    subscribe(sql_store, receiver.url("/gone"), "sub_gone")
+    before = scrape(app)
+    with app.app_context():
+        get_engine().manager.dispatch("order.created", {})
+    drain(app)
+    after = scrape(app)
+    assert delta(before, after, "harvest_webhook_subscriptions_turned_off_total", status="disabled") == 1
+    assert delta(before, after, "harvest_webhook_subscriptions_turned_off_total", status="failed") == 0
+    assert value(after, "harvest_webhook_subscriptions", status="disabled") == 1
+    assert value(after, "harvest_webhook_subscriptions", status="active") == 0
 
 
 def seed_queue(store: OutboundWebhookHandler, *, dead: int, waiting_seconds: float) -> list[str]:
@@ -166,8 +217,22 @@ def test_the_gauges_read_the_store_at_scrape_time(store: OutboundWebhookHandler)
     assert value(samples, "harvest_webhook_dlq_size") == 4
     # At least the 120 s the oldest due row has waited (the scrape comes later than the seeding).
     assert 120 <= value(samples, "harvest_webhook_queue_lag_seconds") < 3600
+    by_state = {state: value(samples, "harvest_webhook_deliveries", state=state) for state in DELIVERY_STATES}
+    assert by_state == {"pending": 3, "inflight": 0, "delivered": 0, "dlq": 4, "skipped": 0}
     text = app.test_client().get(ROUTE, headers=AUTH).get_data(as_text=True)
     assert not [i for i in ids if i in text]  # never a delivery id as a label
+
+
+def test_a_count_stops_at_the_configured_limit(sql_store: SqlOutboundWebhookStore) -> None:
+    """What a scrape reads is bounded: past HARVEST_METRICS_COUNT_LIMIT a series stays at it."""
+    app = metrics_app(sql_store, HARVEST_SWEEP_INTERVAL_SECONDS=3600, HARVEST_METRICS_COUNT_LIMIT=2)
+    seed_queue(sql_store, dead=4, waiting_seconds=10)
+    samples = scrape(app)
+    assert value(samples, "harvest_webhook_deliveries", state="dlq") == 2
+    assert value(samples, "harvest_webhook_dlq_size") == 2
+    assert value(samples, "harvest_webhook_deliveries", state="pending") == 2  # of 3
+    with pytest.raises(ConfigurationError, match="HARVEST_METRICS_COUNT_LIMIT"):
+        load_settings({"HARVEST_METRICS_COUNT_LIMIT": 0}, {})
 
 
 def test_a_store_that_fails_still_answers_the_scrape(sqlite_engine: sa.Engine) -> None:
@@ -177,7 +242,9 @@ def test_a_store_that_fails_still_answers_the_scrape(sqlite_engine: sa.Engine) -
         conn.execute(sa.text("DROP TABLE harvest_webhook_deliveries"))
     samples = scrape(app)
     assert value(samples, "harvest_metrics_store_up") == 0
-    assert ("harvest_webhook_dlq_size", ()) in samples
+    # What could not be read is left out, never shown as zeros that look healthy.
+    assert ("harvest_webhook_dlq_size", ()) not in samples
+    assert not [metric for (metric, _) in samples if metric == "harvest_webhook_deliveries"]
 
 
 # -- the route ----------------------------------------------------------------------------------
@@ -377,7 +444,7 @@ def test_a_worker_process_counts_and_the_app_scrapes_it_over_http(
         stop(worker, signal.SIGTERM)
     assert [p for p in multiproc.iterdir() if p.suffix == ".db"], "the worker wrote no metric files"
     for samples in (from_worker, from_app):
-        name = "harvest_webhook_deliveries_total"
+        name = "harvest_webhook_delivery_attempts_total"
         assert value(samples, name, outcome="delivered") == 3
         assert value(samples, name, outcome="dead_lettered") == 2
         assert value(samples, "harvest_webhook_attempt_duration_seconds_count") == 5

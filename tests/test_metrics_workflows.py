@@ -74,29 +74,36 @@ def test_workflows_callbacks_and_triggers_are_counted(database_url: str, receive
         states = [service.wait(h.execution_id, timeout=30).state for h in (small, big, boom)]
     assert states == [ExecutionState.COMPLETED, ExecutionState.COMPLETED, ExecutionState.FAILED]
 
-    runs = "harvest_workflow_executions_total"
-    callbacks = "harvest_completion_callback_deliveries_total"
+    runs = "harvest_workflow_executions_finished_total"
+    callbacks = "harvest_completion_callback_delivery_attempts_total"
     after = wait_until(
         app,
         lambda s: (
-            delta(before, s, runs, workflow="three_steps", state="Completed") == 1
+            delta(before, s, runs, workflow="three_steps", state="completed") == 1
             and delta(before, s, callbacks, outcome="delivered")
             + delta(before, s, callbacks, outcome="dead_lettered")
             == 2
         ),
     )
-    assert delta(before, after, runs, workflow="echo", state="Completed") == 2
-    assert delta(before, after, runs, workflow="boom", state="Failed") == 1
+    assert delta(before, after, runs, workflow="echo", state="completed") == 2
+    assert delta(before, after, runs, workflow="boom", state="failed") == 1
     assert (
-        delta(before, after, runs, workflow="three_steps", state="Completed") == 1
+        delta(before, after, runs, workflow="three_steps", state="completed") == 1
     )  # started by the trigger
     assert delta(before, after, callbacks, outcome="delivered") == 1
     assert delta(before, after, callbacks, outcome="dead_lettered") == 1
+    finished = "harvest_completion_callback_deliveries_finished_total"
+    assert delta(before, after, finished, outcome="delivered") == 1
+    assert delta(before, after, finished, outcome="dead_lettered") == 1
+    # One duration per run that ended, by workflow and outcome.
+    durations = "harvest_workflow_duration_seconds_count"
+    assert delta(before, after, durations, workflow="echo", outcome="completed") == 2
+    assert delta(before, after, durations, workflow="boom", outcome="failed") == 1
     fires, skipped = "harvest_completion_trigger_fires_total", "harvest_completion_trigger_skipped_total"
     assert delta(before, after, fires, outcome="started") == 1
     assert delta(before, after, fires, outcome="skipped") == 2
-    assert delta(before, after, skipped, trigger=big_orders.id, reason="condition_unmet") == 1
-    assert delta(before, after, skipped, trigger=on_boom.id, reason="condition_invalid") == 1
+    assert delta(before, after, skipped, trigger="echo->three_steps", reason="condition_unmet") == 1
+    assert delta(before, after, skipped, trigger="boom->echo", reason="condition_invalid") == 1
     # Every fire outcome is a series from the start, so an alert on a rate has something to read.
     assert ("harvest_completion_trigger_fires_total", (("outcome", "chain_depth_exceeded"),)) in after
 
@@ -115,9 +122,9 @@ def test_an_execution_of_an_unregistered_workflow_gets_one_shared_label(database
     stranger = dataclasses.replace(execution, workflow_name="renamed-long-ago")
     signals.workflow_finished.send(app, execution=stranger)
     after = scrape(app)
-    runs = "harvest_workflow_executions_total"
-    assert delta(before, after, runs, workflow="_unregistered", state="Completed") == 1
-    assert value(after, runs, workflow="renamed-long-ago", state="Completed") == 0
+    runs = "harvest_workflow_executions_finished_total"
+    assert delta(before, after, runs, workflow="_unregistered", state="completed") == 1
+    assert value(after, runs, workflow="renamed-long-ago", state="completed") == 0
 
 
 def test_another_app_counts_nothing_here(database_url: str) -> None:
@@ -129,4 +136,23 @@ def test_another_app_counts_nothing_here(database_url: str) -> None:
     before = scrape(app)
     signals.workflow_finished.send(other, execution=execution)
     after = scrape(app)
-    assert delta(before, after, "harvest_workflow_executions_total", workflow="echo", state="Completed") == 0
+    runs = "harvest_workflow_executions_finished_total"
+    assert delta(before, after, runs, workflow="echo", state="completed") == 0
+
+
+def test_a_run_that_continued_as_new_is_counted_closed_but_not_timed(database_url: str) -> None:
+    """A run that continued as new closed its row but did not end its logical run: it counts in
+    the closed executions, and no duration is observed until the chain's last run ends."""
+    app = make_workflow_app(database_url, HARVEST_METRICS=True)
+    with app.app_context():
+        handle, _ = workflow_service().start("echo", 1)
+        execution = workflow_service().wait(handle.execution_id, timeout=30)
+    before = scrape(app)
+    handed_over = dataclasses.replace(execution, state=ExecutionState.CONTINUED_AS_NEW)
+    signals.workflow_finished.send(app, execution=handed_over)
+    after = scrape(app)
+    runs = "harvest_workflow_executions_finished_total"
+    assert delta(before, after, runs, workflow="echo", state="continued_as_new") == 1
+    durations = "harvest_workflow_duration_seconds_count"
+    assert delta(before, after, durations, workflow="echo", outcome="continued_as_new") == 0
+    assert delta(before, after, durations, workflow="echo", outcome="completed") == 0

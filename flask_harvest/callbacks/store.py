@@ -18,6 +18,7 @@ from sqlalchemy import Connection, Engine, Update, and_, delete, or_, select, up
 from sqlalchemy.engine import Row
 
 from .. import tracing
+from .._bounded import bounded_counts
 from .._sql import SqlDatabase
 from ..outbound.attempt import DeliveryState, Verdict
 from ..outbound.backoff import RetryPolicy
@@ -324,6 +325,20 @@ class SqlCallbackStore:
                 select(_d).where(_d.c.execution_id == execution_id).order_by(_d.c.callback_index)
             ).all()
         return [_row(r) for r in rows]
+
+    def count_states(self, *, cap: int) -> dict[DeliveryState, int]:
+        """How many deliveries are in each state, counting at most ``cap`` of each (bounded walks of
+        the index that leads with ``state``: a metrics scrape's read)."""
+        states = list(WIRE_STATES)
+        with self.db.read("count completion deliveries by state") as conn:
+            counts = bounded_counts(
+                conn,
+                _d,
+                lambda: [_d.c.state == WIRE_STATES[state] for state in states],
+                cap=cap,
+                key=("completion deliveries by state",),
+            )
+        return dict(zip(states, counts, strict=True))
 
     def dead_letter(self, delivery_id: str) -> dict[str, Any] | None:
         """The dead-letter reason of a ``FAILED`` delivery, or ``None``."""

@@ -171,6 +171,14 @@ class JobBackend(abc.ABC):
         :raises JobBackendError: the backend could not answer.
         """
 
+    def live_workers(self, *, limit: int) -> dict[str, int] | None:
+        """Return how many worker processes are alive on each queue, counting at most ``limit`` on
+        each; ``None`` when the backend has no worker processes (its jobs run in this process).
+
+        :raises JobBackendError: the backend could not answer.
+        """
+        return None
+
     def set_job_timeout(self, kind: str, seconds: int | None) -> None:  # noqa: B027 (optional hook)
         """Give the jobs of ``kind`` their own time limit (``None``: none at all) instead of the
         backend's default. A backend that never kills a job ignores it."""

@@ -5,6 +5,7 @@ against the RQ versions ``setup.cfg`` allows."""
 from __future__ import annotations
 
 import contextlib
+import itertools
 import math
 import uuid
 from collections.abc import Sequence
@@ -15,6 +16,7 @@ import redis
 from rq import Queue
 from rq.job import Job, JobStatus
 from rq.utils import utcparse
+from rq.worker_registration import WORKERS_BY_QUEUE_KEY
 
 from .._time import utcnow
 from .base import JobBackend, JobBackendError, JobRef, kind_prefix, row_id_of
@@ -239,6 +241,20 @@ class RqBackend(JobBackend):
             with contextlib.suppress(redis.RedisError):
                 self.connection.hdel(_alias_key(self.queue), *dead_aliases)
         return live
+
+    def live_workers(self, *, limit: int) -> dict[str, int]:
+        # RQ's registry of the queue's workers keeps a killed worker's entry until someone cleans
+        # it; the worker's own key expires worker_ttl after its last heartbeat, so only the
+        # entries whose key still exists are alive. At most ``limit`` entries are read.
+        try:
+            keys = list(
+                itertools.islice(self.connection.sscan_iter(WORKERS_BY_QUEUE_KEY % self.queue.name), limit)
+            )
+            # EXISTS with several keys answers how many of them exist, in one round trip.
+            alive = int(self.connection.exists(*keys)) if keys else 0
+        except redis.RedisError as exc:
+            raise JobBackendError(f"Redis did not answer ({type(exc).__name__})") from exc
+        return {self.queue.name: alive}
 
     def _job_states(self, identifiers: Sequence[str]) -> list[bool]:
         """Return, for each job id, whether that job is alive (see :meth:`_alive`)."""

@@ -51,6 +51,8 @@ fires_table = Table(
     PrimaryKeyConstraint("source_exec_id", "trigger_id"),
     Index("ix_harvest_completion_trigger_fires_trigger", "trigger_id", "fired_at"),
     Index("ix_harvest_completion_trigger_fires_fired_at", "fired_at"),
+    # The metrics scrape's bounded counts by outcome (NULL, fired, included).
+    Index("ix_harvest_completion_trigger_fires_outcome", "outcome"),
 )
 
 #: The completion-trigger tables, in creation order.

@@ -15,7 +15,9 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine, delete, exists, select, update
 from sqlalchemy.engine import Row
+from sqlalchemy.sql.elements import ColumnElement
 
+from .._bounded import bounded_counts
 from .._sql import SqlDatabase, after_position
 from ..errors import InvalidFieldError
 from ..workflows._schema import executions_table
@@ -252,6 +254,17 @@ class SqlTriggerStore:
         query = query.order_by(_f.c.fired_at.desc(), _f.c.source_exec_id).limit(max(0, limit))
         with self.db.read("list completion trigger fires") as conn:
             return [_fire(row) for row in conn.execute(query).all()]
+
+    def count_outcomes(self, outcomes: Sequence[str | None], *, cap: int) -> list[int]:
+        """How many ledger rows record each of ``outcomes`` (``None``: fired), counting at most
+        ``cap`` of each (bounded walks of the outcome index: a metrics scrape's read)."""
+        wanted = tuple(outcomes)
+
+        def conditions() -> list[ColumnElement[bool]]:
+            return [_f.c.outcome.is_(None) if each is None else _f.c.outcome == each for each in wanted]
+
+        with self.db.read("count completion trigger fires by outcome") as conn:
+            return bounded_counts(conn, _f, conditions, cap=cap, key=("trigger fires by outcome", wanted))
 
     def purge_fires(self, *, before: datetime) -> int:
         """Delete ledger rows decided before ``before`` whose source execution no longer exists.

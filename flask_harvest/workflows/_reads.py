@@ -4,11 +4,13 @@ by state, and an execution's step checkpoints."""
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
 from sqlalchemy import Integer, Select, bindparam, func, literal, or_, select
 
+from .._bounded import bounded_counts
 from .._input import id_problem
 from ._schema import row_to_execution, row_to_step, steps_table
 from ._store_core import StoreCore, _ex, check_key
@@ -74,6 +76,20 @@ class ExecutionReads:
         with self.core.db.read("count workflow executions by state") as conn:
             row = conn.execute(_state_counts(), {"cap": max(0, cap)}).one()
         return {state: int(count) for state, count in zip(ExecutionState, row, strict=True)}
+
+    def count_by_workflow(self, names: Sequence[str], *, cap: int) -> dict[tuple[str, ExecutionState], int]:
+        pairs = tuple((name, state) for name in names for state in ExecutionState)
+        with self.core.db.read("count workflow executions by workflow and state") as conn:
+            counts = bounded_counts(
+                conn,
+                _ex,
+                lambda: [
+                    (_ex.c.workflow_name == name) & (_ex.c.state == state.value) for name, state in pairs
+                ],
+                cap=cap,
+                key=("workflow executions by workflow and state", pairs),
+            )
+        return dict(zip(pairs, counts, strict=True))
 
     def list_steps(self, execution_id: str) -> list[StepRecord]:
         if id_problem(execution_id) is not None:

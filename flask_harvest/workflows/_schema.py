@@ -116,6 +116,8 @@ executions_table = Table(
         postgresql_where=text(_QUEUED),
         sqlite_where=text(_QUEUED),
     ),
+    # The metrics scrape's bounded counts by workflow and state.
+    Index("ix_harvest_workflow_executions_name_state", "workflow_name", "state"),
 )
 
 # One checkpoint per (execution, position). No foreign key: the sweeper may purge executions and

@@ -175,6 +175,11 @@ class SqlWorkflowStore:
         """
         return self._reads.count_states(cap=cap)
 
+    def count_by_workflow(self, names: Sequence[str], *, cap: int) -> dict[tuple[str, ExecutionState], int]:
+        """Return how many executions of each of ``names`` are in each state, counting at most
+        ``cap`` of each pair (bounded walks of the ``(workflow_name, state)`` index)."""
+        return self._reads.count_by_workflow(names, cap=cap)
+
     def list_steps(self, execution_id: str) -> list[StepRecord]:
         """Return the execution's step checkpoints in order."""
         return self._reads.list_steps(execution_id)

@@ -439,6 +439,24 @@ class OutboundWebhookHandler(abc.ABC):
         delivery = self.get_delivery(due[0]) if due else None
         return dlq, delivery.next_attempt_at if delivery is not None else None
 
+    def count_subscription_states(self, *, cap: int) -> dict[WebhookSubscriptionStatus, int]:
+        """Return how many subscriptions have each status, counting at most ``cap`` of each.
+
+        What a metrics scrape reads. This default counts :meth:`list_subscriptions`; the SQL store
+        answers with bounded counts.
+        """
+        counts = Counter(subscription.status for subscription in self.list_subscriptions())
+        return {status: min(counts[status], cap) for status in WebhookSubscriptionStatus}
+
+    def count_states(self, *, cap: int) -> dict[DeliveryState, int]:
+        """Return how many deliveries are in each state, counting at most ``cap`` of each.
+
+        What a metrics scrape reads: each count must be a bounded, indexed query. This default
+        folds :meth:`delivery_stats` capped at ``cap``; the SQL store answers directly.
+        """
+        overall, _ = self.delivery_stats(cap=cap)
+        return {state: min(int(overall.counts.get(state.value, 0)), cap) for state in DeliveryState}
+
     @abc.abstractmethod
     def purge_deliveries_before(self, cutoff: datetime) -> int:
         """Delete delivered (2xx) logs whose latest attempt is older than ``cutoff``.

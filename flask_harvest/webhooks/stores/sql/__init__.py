@@ -221,6 +221,12 @@ class SqlOutboundWebhookStore(OutboundWebhookHandler):
     def queue_gauges(self, *, now: datetime, dlq_limit: int) -> tuple[int, datetime | None]:
         return self._reports.queue_gauges(now=now, dlq_limit=dlq_limit)
 
+    def count_subscription_states(self, *, cap: int) -> dict[WebhookSubscriptionStatus, int]:
+        return self._reports.count_subscription_states(cap=cap)
+
+    def count_states(self, *, cap: int) -> dict[DeliveryState, int]:
+        return self._reports.count_states(cap=cap)
+
     def purge_deliveries_before(self, cutoff: datetime) -> int:
         return self._deliveries.purge_deliveries_before(cutoff)
 

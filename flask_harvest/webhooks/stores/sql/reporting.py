@@ -13,12 +13,21 @@ from typing import Any
 
 from sqlalchemy import Select, and_, func, literal, or_, select
 
+from ...._bounded import bounded_counts
 from ...._input import id_problem
 from ...._sql import SqlDatabase
-from ...models import DeliveryAttempt, DeliveryLog, DeliveryState, DeliveryStats, DeliverySummary
+from ...models import (
+    DeliveryAttempt,
+    DeliveryLog,
+    DeliveryState,
+    DeliveryStats,
+    DeliverySummary,
+    WebhookSubscriptionStatus,
+)
 from .._schema import PENDING_ROWS, row_to_attempt, row_to_delivery
 from .._schema import attempts_table as _atts
 from .._schema import deliveries_table as _dels
+from .._schema import subscriptions_table as _subs
 from ..base import DlqCursor, fold_stats
 from ._statements import attempts_per_minute_query, capped_stats_query, chunks
 
@@ -176,3 +185,28 @@ class DeliveryReports:
             dlq = int(conn.execute(select(func.count()).select_from(dlq_rows)).scalar_one())
             due_at = conn.execute(oldest_due).scalar()
         return dlq, due_at
+
+    def count_states(self, *, cap: int) -> dict[DeliveryState, int]:
+        # One round trip of bounded walks of the index that leads with state (state_recent).
+        states = list(DeliveryState)
+        with self.db.read("count deliveries by state") as conn:
+            counts = bounded_counts(
+                conn,
+                _dels,
+                lambda: [_dels.c.state == state.value for state in states],
+                cap=cap,
+                key=("webhook deliveries by state",),
+            )
+        return dict(zip(states, counts, strict=True))
+
+    def count_subscription_states(self, *, cap: int) -> dict[WebhookSubscriptionStatus, int]:
+        statuses = list(WebhookSubscriptionStatus)
+        with self.db.read("count subscriptions by status") as conn:
+            counts = bounded_counts(
+                conn,
+                _subs,
+                lambda: [_subs.c.status == status.value for status in statuses],
+                cap=cap,
+                key=("webhook subscriptions by status",),
+            )
+        return dict(zip(statuses, counts, strict=True))

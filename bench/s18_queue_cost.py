@@ -1,4 +1,4 @@
-"""S17: what a workflow queue costs, in S9's setup: the same 3-step no-op workflow, N runs started
+"""S18: what a workflow queue costs, in S9's setup: the same 3-step no-op workflow, N runs started
 at once before 2 ``flask harvest worker`` processes start, run (a) in no queue (S9 itself), (b) in a
 queue with no limit, and (c) in a queue whose runs carry a concurrency key with a limit of 1 (as
 many keys as the workers have threads, so the limit is checked on every claim but rarely binds).
@@ -25,7 +25,7 @@ from ._report import Context, Result, Row, rate
 from ._services import reset_all
 from ._workflow_runs import CONCURRENCY, PROCESSES, harvest_finished, harvest_workers
 
-ID = "S17"
+ID = "S18"
 TITLE = "workflow queue cost: no queue, an unlimited queue, a queue with a key limit"
 #: The most a key limit may cost over an unlimited queue.
 LIMIT = 1.2
