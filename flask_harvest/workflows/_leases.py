@@ -203,9 +203,14 @@ class Leases:
             return conn.execute(stmt).first() is not None
 
 
-def _due(now: datetime) -> tuple[Any, Any]:
-    # What makes an execution claimable: pending, with no wait or a wait that has passed.
-    return (_ex.c.state == _PENDING, or_(_ex.c.next_run_at.is_(None), _ex.c.next_run_at <= now))
+def _due(now: datetime) -> tuple[Any, Any, Any]:
+    # What makes an execution claimable: pending, with no wait or a wait that has passed, and not
+    # waiting for a child (its wake-up clears waiting_on).
+    return (
+        _ex.c.state == _PENDING,
+        or_(_ex.c.next_run_at.is_(None), _ex.c.next_run_at <= now),
+        _ex.c.waiting_on.is_(None),
+    )
 
 
 def _claim_values(now: datetime, lease_seconds: float) -> dict[str, Any]:

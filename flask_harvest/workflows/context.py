@@ -27,17 +27,20 @@ from typing import Any, TypeVar
 from .._input import text_problem
 from ..errors import InvalidFieldError, InvalidStateError
 from ..outbound.backoff import retry_delay_ms
+from .children import CHILD_STEP, WAIT_CHILD_STEP, ChildHandle, child_result, child_workflow_id
 from .errors import NonDeterminismError, StepFailedError
 from .models import (
     Execution,
     ExecutionState,
     JsonValue,
+    ParentClosePolicy,
     StepRecord,
     decode_json,
     describe_error,
     encode_json,
     timeout_message,
 )
+from .registry import WorkflowRegistry
 from .store import LeaseView, SqlWorkflowStore
 
 __all__ = ["FRESH_SECONDS", "StepRetryPolicy", "WorkflowContext"]
@@ -113,8 +116,13 @@ class WorkflowContext:
         schedule: Callable[[str, datetime | None], None],
         wait: Callable[[float], None],
         lease: LeaseView | None = None,
+        registry: WorkflowRegistry | None = None,
+        max_input_bytes: int | None = None,
     ) -> None:
         self._execution = execution
+        # What a child's start needs: whether its workflow exists, its timeout, the input limit.
+        self._registry = registry
+        self._max_input_bytes = max_input_bytes
         self._token = token
         self._store = store
         self._steps = steps
@@ -259,7 +267,104 @@ class WorkflowContext:
             )
         raise _Suspended
 
+    def start_child(
+        self,
+        name: str,
+        input: JsonValue = None,
+        *,
+        workflow_id: str | None = None,
+        parent_close_policy: ParentClosePolicy | str = ParentClosePolicy.TERMINATE,
+    ) -> ChildHandle:
+        """Start a run of the workflow ``name`` as a child of this run; on a replay, return the
+        same child (the start is checkpointed with the child's row, in one transaction).
+
+        :param workflow_id: the child's business key; by default ``"<this execution_id>:<position>"``,
+            the same on every replay.
+        :param parent_close_policy: what happens to the child if it is still open when this run
+            closes (:class:`ParentClosePolicy`).
+        :raises UnknownWorkflowError: no workflow is registered as ``name``.
+        :raises InvalidFieldError: a bad input, ``workflow_id`` or policy.
+        """
+        self._refuse_inside_step("ctx.start_child")
+        try:
+            policy = ParentClosePolicy(parent_close_policy)
+        except ValueError:
+            choices = ", ".join(p.value for p in ParentClosePolicy)
+            raise InvalidFieldError(
+                "parent_close_policy", f"must be one of {choices}, not {parent_close_policy!r:.80}"
+            ) from None
+        seq = self._next_position()
+        recorded = self._replay(seq, CHILD_STEP)
+        if recorded is not None:
+            return self._handle(recorded.output)
+        if self._registry is None:
+            raise InvalidStateError("this context cannot start child runs: it has no workflow registry")
+        definition = self._registry.get(name)
+        self._boundary()
+        now = self._clock()
+        with _engine_call():
+            child = self._store.start_child(
+                self.execution_id,
+                self._token,
+                seq,
+                name=name,
+                input=input,
+                workflow_id=workflow_id
+                if workflow_id is not None
+                else child_workflow_id(self.execution_id, seq),
+                policy=policy,
+                now=now,
+                deadline=now + definition.timeout if definition.timeout is not None else None,
+                max_input_bytes=self._max_input_bytes,
+            )
+        if child is None:
+            raise _Stopped  # the lease is lost: terminated, timed out or taken over
+        ids = {"execution_id": child.execution_id, "workflow_id": child.workflow_id}
+        self._steps[seq] = StepRecord(self.execution_id, seq, CHILD_STEP, ids)
+        return self._handle(ids)
+
+    def wait_child(self, handle: ChildHandle) -> JsonValue:
+        """Wait durably for a child to end and return its output; on a replay, return (or raise)
+        what the first wait recorded.
+
+        While the child is open this run sleeps (``Pending``, no worker held, no polling) until the
+        child's end wakes it; a cancel request or this run's deadline still end it.
+
+        :raises ChildFailedError: the child ended ``Failed``, ``Cancelled``, ``TimedOut`` or
+            ``Terminated`` (the workflow may catch it).
+        """
+        if not isinstance(handle, ChildHandle):
+            raise InvalidFieldError(
+                "handle", f"must be a ChildHandle from ctx.start_child, not {handle!r:.80}"
+            )
+        self._refuse_inside_step("ctx.wait_child")
+        seq = self._next_position()
+        recorded = self._replay(seq, WAIT_CHILD_STEP)
+        if recorded is not None:
+            return child_result(handle.workflow_id, handle.execution_id, recorded.output)
+        self._boundary()
+        with _engine_call():
+            waited = self._store.wait_child(
+                self.execution_id,
+                self._token,
+                seq,
+                handle.execution_id,
+                handle.workflow_id,
+                now=self._clock(),
+            )
+        if waited.suspended:
+            raise _Suspended
+        if waited.boundary:
+            self._boundary(renew=True)
+        if waited.outcome is None:
+            raise _Stopped
+        self._steps[seq] = StepRecord(self.execution_id, seq, WAIT_CHILD_STEP, waited.outcome)
+        return child_result(handle.workflow_id, handle.execution_id, waited.outcome)
+
     # -- internals -------------------------------------------------------------------------------
+
+    def _handle(self, ids: JsonValue) -> ChildHandle:
+        return ChildHandle(ids["execution_id"], ids["workflow_id"], self.wait_child)
 
     def _sleep_delta(self, duration: object) -> timedelta:
         if isinstance(duration, timedelta):

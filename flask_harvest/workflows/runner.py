@@ -317,6 +317,8 @@ class WorkflowRunner:
             schedule=self._schedule,
             wait=self.wait,
             lease=LeaseView(claimed.cancel_requested, claimed.cancel_reason, claimed.deadline),
+            registry=self.registry,
+            max_input_bytes=self.max_input_bytes,
         )
         with self._heartbeat(execution_id, token):
             try:

@@ -16,15 +16,16 @@ from datetime import datetime
 from sqlalchemy import Connection, Engine
 
 from . import _reads
+from ._children import ChildRuns, ChildWait
 from ._leases import Leases, LeaseView
 from ._reads import ExecutionReads
 from ._runs import Runs
 from ._store_core import OnStarted, StoreCore, TerminalTransition
 from ._sweep import LeaseSweep, _SweepQueries
-from .hooks import TerminalHooks
-from .models import Execution, ExecutionState, IdReusePolicy, JsonValue, StepRecord
+from .hooks import TerminalHook, TerminalHooks
+from .models import Execution, ExecutionState, IdReusePolicy, JsonValue, ParentClosePolicy, StepRecord
 
-__all__ = ["ExecutionCursor", "LeaseSweep", "LeaseView", "SqlWorkflowStore"]
+__all__ = ["ChildWait", "ExecutionCursor", "LeaseSweep", "LeaseView", "SqlWorkflowStore"]
 
 #: A listing position: the ``(created_at, execution_id)`` of the last execution of a page.
 ExecutionCursor = _reads.ExecutionCursor
@@ -52,6 +53,7 @@ class SqlWorkflowStore:
         self._runs = Runs(self._core, self._terminal, self._reads)
         self._leases = Leases(self._core)
         self._sweeps = _SweepQueries(self._core, self._terminal)
+        self._children = ChildRuns(self._core, self._terminal, self._runs, self._leases)
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.engine.url.render_as_string(hide_password=True)}>"
@@ -342,3 +344,69 @@ class SqlWorkflowStore:
     def enforce_timeouts_once(self, *, now: datetime, limit: int = 500) -> list[str]:
         """End open executions whose deadline has passed as ``TimedOut``; return their ids."""
         return self._sweeps.enforce_timeouts_once(now=now, limit=limit)
+
+    # -- child runs ----------------------------------------------------------------------------
+
+    @property
+    def children_hook(self) -> TerminalHook:
+        """The terminal hook of child runs (the engine registers it once): it wakes a parent
+        waiting for the run that ended, and applies the parent-close policy of its open children."""
+        return self._children.terminal_hook
+
+    def start_child(
+        self,
+        parent_id: str,
+        token: str,
+        seq: int,
+        *,
+        name: str,
+        input: JsonValue,
+        workflow_id: str,
+        policy: ParentClosePolicy,
+        now: datetime,
+        deadline: datetime | None = None,
+        max_input_bytes: int | None = None,
+    ) -> Execution | None:
+        """Start (or load) a child of ``parent_id`` and checkpoint it at position ``seq`` of the
+        parent, in one transaction guarded by the parent's lease.
+
+        :returns: the child, or ``None`` when the parent's lease is lost (nothing was written).
+        """
+        return self._children.start_child(
+            parent_id,
+            token,
+            seq,
+            name=name,
+            input=input,
+            workflow_id=workflow_id,
+            policy=policy,
+            now=now,
+            deadline=deadline,
+            max_input_bytes=max_input_bytes,
+        )
+
+    def wait_child(
+        self,
+        parent_id: str,
+        token: str,
+        seq: int,
+        child_execution_id: str,
+        child_workflow_id: str,
+        *,
+        now: datetime,
+    ) -> ChildWait:
+        """Checkpoint the child's outcome at ``seq`` if it ended, else suspend the parent until it
+        does (see :class:`ChildWait`)."""
+        return self._children.wait_child(
+            parent_id, token, seq, child_execution_id, child_workflow_id, now=now
+        )
+
+    def list_children(
+        self, parent_id: str, *, cursor: ExecutionCursor | None = None, limit: int = 100
+    ) -> list[Execution]:
+        """Return the runs ``parent_id`` started as children, oldest first, after ``cursor``."""
+        return self._children.list_children(parent_id, cursor=cursor, limit=limit)
+
+    def wake_stranded(self, *, now: datetime, limit: int = 500) -> list[str]:
+        """Wake the parents still waiting for a child that has ended; return their ids, to queue."""
+        return self._children.wake_stranded(now=now, limit=limit)

@@ -1,0 +1,312 @@
+"""The workflow store's child runs: the start, the durable wait, the wake-up and the parent-close
+cascade.
+
+Lock order, the same in every transaction here, so none of them deadlocks another: a parent's row
+before its child's. A parent's start or wait locks its own row (the lease guard) and then reads
+the child; the parent-close cascade runs in the parent's terminal transaction (its row already
+moved) and then moves each child. The one transaction that meets the rows the other way round, a
+child's terminal transaction waking its parent, never waits for the parent's row: it skips a
+locked one (``SKIP LOCKED``), which only a transaction that either ends the parent or re-reads the
+child holds, and the sweeper's :meth:`ChildRuns.wake_stranded` covers the rest.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import Connection, exists, or_, select, update
+from sqlalchemy.orm import aliased
+
+from .._time import utcnow
+from ._leases import Leases
+from ._runs import Runs
+from ._schema import row_to_execution
+from ._store_core import _OPEN_VALUES, StoreCore, TerminalTransition, _ex
+from .children import CHILD_STEP, WAIT_CHILD_STEP, child_outcome
+from .models import Execution, ExecutionState, JsonValue, ParentClosePolicy, encode_json
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["ChildRuns", "ChildWait"]
+
+_PENDING = ExecutionState.PENDING.value
+_RUNNING = ExecutionState.RUNNING.value
+# A continue-as-new chain longer than this is not followed further (the wait sees it as open).
+_MAX_CHAIN = 10_000
+
+
+class _LeaseLost(Exception):
+    """The parent's lease was lost inside a child transaction: roll it back."""
+
+
+@dataclass(frozen=True)
+class ChildWait:
+    """What :meth:`ChildRuns.wait_child` did.
+
+    :param outcome: the child's recorded outcome, when it had ended (and the checkpoint landed).
+    :param suspended: the parent went to sleep until the child ends.
+    :param boundary: the parent has a cancel request or passed its deadline: act on it now.
+    Nothing set: the parent's lease is lost.
+    """
+
+    outcome: JsonValue = None
+    suspended: bool = False
+    boundary: bool = False
+
+
+class ChildRuns:
+    """What a parent run asks of the store, and the terminal hook of parents and children."""
+
+    def __init__(self, core: StoreCore, terminal: TerminalTransition, runs: Runs, leases: Leases) -> None:
+        self.core = core
+        self.terminal = terminal
+        self.runs = runs
+        self.leases = leases
+
+    # -- the parent's calls ----------------------------------------------------------------------
+
+    def start_child(
+        self,
+        parent_id: str,
+        token: str,
+        seq: int,
+        *,
+        name: str,
+        input: JsonValue,
+        workflow_id: str,
+        policy: ParentClosePolicy,
+        now: datetime,
+        deadline: datetime | None,
+        max_input_bytes: int | None,
+    ) -> Execution | None:
+        """Start (or load) the child and checkpoint it at ``seq`` of the parent, in one transaction
+        guarded by the parent's lease: both land, or neither.
+
+        :returns: the child, or ``None`` when the parent's lease is lost (nothing was written).
+        """
+        try:
+            with self.core.transaction("start a child workflow execution") as conn:
+                child, _ = self.runs.start(
+                    name,
+                    input,
+                    workflow_id,
+                    now=now,
+                    deadline=deadline,
+                    max_input_bytes=max_input_bytes,
+                    conn=conn,
+                    parent=(parent_id, ParentClosePolicy(policy).value),
+                )
+                ids = {"execution_id": child.execution_id, "workflow_id": child.workflow_id}
+                text = encode_json(ids, field="child")
+                step = self.leases._guarded_step(parent_id, token, seq, CHILD_STEP, text, None, now)
+                if conn.execute(step).first() is None:
+                    raise _LeaseLost
+        except _LeaseLost:
+            return None
+        return child
+
+    def wait_child(
+        self,
+        parent_id: str,
+        token: str,
+        seq: int,
+        child_execution_id: str,
+        child_workflow_id: str,
+        *,
+        now: datetime,
+    ) -> ChildWait:
+        """Record the child's outcome at ``seq`` if it has ended, else suspend the parent until it
+        does (``Pending``, no due time, ``waiting_on`` the child's ``workflow_id``, lease released).
+
+        The parent's row is locked first (its lease guard), then the child's is read under a share
+        lock: a child whose terminal transaction runs meanwhile either is seen ended here, or
+        commits after this and wakes the suspended parent.
+        """
+        with self.core.transaction("wait for a child workflow execution") as conn:
+            # A write first: it takes the parent's row lock (and SQLite's write lock, so the read of
+            # the child below cannot go stale before this transaction commits).
+            lease = conn.execute(
+                update(_ex)
+                .where(_ex.c.execution_id == parent_id, _ex.c.state == _RUNNING, _ex.c.lease_token == token)
+                .values(waiting_on=None)
+                .returning(_ex.c.cancel_requested, _ex.c.deadline)
+            ).first()
+            if lease is None:
+                return ChildWait()
+            child = self._follow(conn, child_execution_id)
+            if child is None or child.state.outcome:
+                if child is None:
+                    # Purged by retention while the parent slept: the parent cannot learn its end.
+                    outcome = child_outcome(
+                        ExecutionState.FAILED, None, f"child run {child_execution_id} no longer exists"
+                    )
+                else:
+                    outcome = child_outcome(child.state, child.output, child.error)
+                text = encode_json(outcome, field="child outcome")
+                step = self.leases._guarded_step(parent_id, token, seq, WAIT_CHILD_STEP, text, None, now)
+                if conn.execute(step).first() is None:
+                    return ChildWait()
+                return ChildWait(outcome=outcome)
+            if lease.cancel_requested or (lease.deadline is not None and lease.deadline < now):
+                return ChildWait(boundary=True)
+            conn.execute(
+                update(_ex)
+                .where(_ex.c.execution_id == parent_id, _ex.c.state == _RUNNING, _ex.c.lease_token == token)
+                .values(
+                    state=_PENDING,
+                    next_run_at=None,
+                    waiting_on=child_workflow_id,
+                    lease_token=None,
+                    lease_expires_at=None,
+                )
+            )
+        return ChildWait(suspended=True)
+
+    def _follow(self, conn: Connection, execution_id: str) -> Execution | None:
+        """The child's row, or the last run of its continue-as-new chain, share-locked."""
+        current = execution_id
+        found: Execution | None = None
+        for _ in range(_MAX_CHAIN):
+            query = select(_ex).where(_ex.c.execution_id == current)
+            if self.core.db.postgres:
+                # Waits for a terminal transaction of the child in flight, then reads its result.
+                query = query.with_for_update(read=True)
+            row = conn.execute(query).first()
+            if row is None:
+                return found
+            found = row_to_execution(row)
+            if found.state is not ExecutionState.CONTINUED_AS_NEW or found.continued_to is None:
+                return found
+            current = found.continued_to
+        return found
+
+    # -- reads -----------------------------------------------------------------------------------
+
+    def list_children(
+        self, parent_id: str, *, cursor: tuple[datetime, str] | None = None, limit: int = 100
+    ) -> list[Execution]:
+        """The runs ``parent_id`` started as children, oldest first, after ``cursor``."""
+        query = select(_ex).where(_ex.c.parent_execution_id == parent_id)
+        if cursor is not None:
+            created, last_id = cursor
+            query = query.where(
+                or_(
+                    _ex.c.created_at > created, (_ex.c.created_at == created) & (_ex.c.execution_id > last_id)
+                )
+            )
+        query = query.order_by(_ex.c.created_at, _ex.c.execution_id).limit(max(0, limit))
+        with self.core.transaction("list child workflow executions") as conn:
+            return [row_to_execution(row) for row in conn.execute(query).all()]
+
+    # -- the terminal hook -------------------------------------------------------------------------
+
+    def terminal_hook(self, conn: Connection, execution: Execution) -> None:
+        """Wake the parent waiting for this run, and apply the parent-close policy of this run's
+        open children (or hand them to its successor when it continued as new)."""
+        now = execution.completed_at or utcnow()
+        if execution.parent_execution_id is not None and execution.state.outcome:
+            self._wake(conn, execution, now)
+        if execution.state is ExecutionState.CONTINUED_AS_NEW:
+            if execution.continued_to is not None:
+                conn.execute(
+                    update(_ex)
+                    .where(
+                        _ex.c.parent_execution_id == execution.execution_id,
+                        _ex.c.state.in_(_OPEN_VALUES),
+                    )
+                    .values(parent_execution_id=execution.continued_to)
+                )
+            return
+        if execution.state.outcome:
+            self._cascade(conn, execution, now)
+
+    def _wake(self, conn: Connection, child: Execution, now: datetime) -> None:
+        guard = (
+            _ex.c.execution_id == child.parent_execution_id,
+            _ex.c.state == _PENDING,
+            _ex.c.waiting_on == child.workflow_id,
+        )
+        locked = select(_ex.c.execution_id).where(*guard)
+        if self.core.db.postgres:
+            # Never wait for the parent's row here (see the module's lock order).
+            locked = locked.with_for_update(skip_locked=True)
+        woken = conn.execute(
+            update(_ex)
+            .where(_ex.c.execution_id.in_(locked), *guard)
+            .values(next_run_at=now, waiting_on=None)
+            .returning(_ex.c.execution_id)
+        ).first()
+        if woken is not None:
+            # Queued once this transaction commits (or by the sweeper's due scan).
+            self.core.note_started(conn, woken.execution_id)
+
+    def _cascade(self, conn: Connection, parent: Execution, now: datetime) -> None:
+        children = conn.execute(
+            select(_ex.c.execution_id, _ex.c.parent_close_policy)
+            .where(_ex.c.parent_execution_id == parent.execution_id, _ex.c.state.in_(_OPEN_VALUES))
+            .order_by(_ex.c.execution_id)
+        ).all()
+        reason = f"parent {parent.execution_id} ended {parent.state.value}"
+        for child_id, raw_policy in children:
+            policy = _policy(raw_policy)
+            if policy is ParentClosePolicy.ABANDON:
+                continue
+            if policy is ParentClosePolicy.TERMINATE:
+                self.terminal.finish_in(conn, child_id, ExecutionState.TERMINATED, None, reason, now)
+                continue
+            ended = self.terminal.finish_in(
+                conn,
+                child_id,
+                ExecutionState.CANCELLED,
+                None,
+                reason,
+                now,
+                [_ex.c.state == _PENDING],
+                cancel_reason=reason,
+            )
+            if ended is None:
+                conn.execute(
+                    update(_ex)
+                    .where(_ex.c.execution_id == child_id, _ex.c.state == _RUNNING)
+                    .values(cancel_requested=True, cancel_reason=reason)
+                )
+
+    # -- the sweeper -----------------------------------------------------------------------------
+
+    def wake_stranded(self, *, now: datetime, limit: int = 500) -> list[str]:
+        """Wake the parents still waiting for a ``workflow_id`` that has no open run any more (a
+        wake-up skipped because the parent's row was locked by a transaction that then rolled
+        back); return their ids, to queue."""
+        child = aliased(_ex)
+        waiting = (
+            select(_ex.c.execution_id)
+            .where(
+                _ex.c.state == _PENDING,
+                _ex.c.next_run_at.is_(None),
+                _ex.c.waiting_on.is_not(None),
+                ~exists().where(child.c.workflow_id == _ex.c.waiting_on, child.c.state.in_(_OPEN_VALUES)),
+            )
+            .limit(limit)
+        )
+        with self.core.transaction("wake parents whose child ended") as conn:
+            ids = [row.execution_id for row in conn.execute(waiting).all()]
+            if not ids:
+                return []
+            woken = conn.execute(
+                update(_ex)
+                .where(_ex.c.execution_id.in_(ids), _ex.c.state == _PENDING, _ex.c.waiting_on.is_not(None))
+                .values(next_run_at=now, waiting_on=None)
+                .returning(_ex.c.execution_id)
+            )
+            return [row.execution_id for row in woken]
+
+
+def _policy(raw: Any) -> ParentClosePolicy:
+    try:
+        return ParentClosePolicy(raw)
+    except ValueError:
+        # Only the engine writes this column; an unknown value (a newer build's) is the default.
+        return ParentClosePolicy.TERMINATE
