@@ -41,6 +41,8 @@ EXECUTION_FIELDS = (
     "recovery_count",
     "cancel_requested",
     "trigger_depth",
+    "parent_execution_id",
+    "parent_close_policy",
     "input",
     "output",
     "error",
@@ -188,6 +190,25 @@ def workflows_steps(execution_id: str, as_json: bool) -> None:
     checkpoints = _service().steps(execution_id)
     data = {"execution_id": execution_id, "steps": [step_to_dict(s) for s in checkpoints]}
     out.output(data, as_json, _step_rows)
+
+
+@workflows_cli.command("children")
+@click.argument("execution_id")
+@click.option(
+    "--limit", type=click.IntRange(1, MAX_PAGE), default=50, show_default=True, help="Rows per page."
+)
+@click.option("--cursor", default=None, help="Continue after a previous page (its 'more:' line).")
+@out.json_option
+def workflows_children(execution_id: str, limit: int, cursor: str | None, as_json: bool) -> None:
+    """The runs the execution started as children, oldest first."""
+    page, next_cursor = _service().children(execution_id, cursor=cursor, limit=limit)
+    data = {
+        "execution_id": execution_id,
+        "children": [execution_to_dict(e, with_io=False) for e in page],
+        "next_cursor": next_cursor,
+    }
+    # The same JSON as GET /workflows/<id>/children; the same table as the list.
+    out.output(data, as_json, lambda d: _execution_rows({**d, "executions": d["children"]}))
 
 
 @workflows_cli.command("result")

@@ -20,6 +20,7 @@ from .models import ExecutionState, IdReusePolicy, encode_json
 
 __all__ = [
     "CancelSchema",
+    "ChildrenQuerySchema",
     "ListQuerySchema",
     "ResultQuerySchema",
     "StartSchema",
@@ -86,6 +87,13 @@ class ListQuerySchema(Schema):
 
     name = fields.String(validate=_text(NAME_LENGTH))
     state = fields.String(validate=validate.OneOf([s.value for s in ExecutionState]))
+    cursor = fields.String(validate=_text(MAX_CURSOR_LENGTH))
+    limit = fields.Integer(load_default=50, validate=validate.Range(min=1, max=MAX_PAGE))
+
+
+class ChildrenQuerySchema(Schema):
+    """``GET /workflows/<execution_id>/children?cursor=&limit=``."""
+
     cursor = fields.String(validate=_text(MAX_CURSOR_LENGTH))
     limit = fields.Integer(load_default=50, validate=validate.Range(min=1, max=MAX_PAGE))
 
