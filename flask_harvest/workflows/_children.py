@@ -44,12 +44,11 @@ class _LeaseLost(Exception):
 
 @dataclass(frozen=True)
 class ChildWait:
-    """What :meth:`ChildRuns.wait_child` did.
+    """What :meth:`ChildRuns.wait_child` did; nothing set means the parent's lease is lost.
 
     :param outcome: the child's recorded outcome, when it had ended (and the checkpoint landed).
     :param suspended: the parent went to sleep until the child ends.
     :param boundary: the parent has a cancel request or passed its deadline: act on it now.
-    Nothing set: the parent's lease is lost.
     """
 
     outcome: JsonValue = None
