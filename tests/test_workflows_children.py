@@ -52,6 +52,7 @@ class Harness:
             self.registry,
             self.scheduled,
             lease_seconds=LEASE,
+            max_input_bytes=1000,
             heartbeat_interval=0,
             clock=self.clock,
             wait=lambda seconds: None,
@@ -210,6 +211,9 @@ def test_start_child_refuses_an_unknown_workflow_a_bad_policy_and_a_step(h: Harn
             lambda: ctx.start_child("parent", None, parent_close_policy="Sometimes"),
             lambda: ctx.step("s", lambda: ctx.start_child("parent", None)),
             lambda: ctx.wait_child("not a handle"),  # type: ignore[arg-type]
+            lambda: ctx.start_child("parent", {1, 2}),
+            lambda: ctx.start_child("parent", "x" * 2000),
+            lambda: ctx.start_child("parent", None, workflow_id=""),
         ):
             try:
                 attempt()
@@ -223,6 +227,11 @@ def test_start_child_refuses_an_unknown_workflow_a_bad_policy_and_a_step(h: Harn
     assert isinstance(errors[1], InvalidFieldError)
     assert isinstance(errors[2], StepFailedError) and "InvalidStateError" in errors[2].message
     assert isinstance(errors[3], InvalidFieldError)
+    assert [type(e).__name__ for e in errors[4:]] == [
+        "InvalidFieldError",
+        "InputTooLargeError",
+        "InvalidFieldError",
+    ]
     assert h.children(execution.execution_id) == []
     with pytest.raises(RuntimeError):
         ChildHandle("x", "y").result()

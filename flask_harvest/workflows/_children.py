@@ -13,18 +13,20 @@ child holds, and the sweeper's :meth:`ChildRuns.wake_stranded` covers the rest.
 from __future__ import annotations
 
 import logging
+import uuid
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Connection, exists, or_, select, update
+from sqlalchemy import Connection, exists, or_, select, text, update
 from sqlalchemy.orm import aliased
 
+from .._input import check_id
 from .._time import utcnow
-from ._leases import Leases
+from ._leases import Leases, LeaseView
 from ._runs import Runs
-from ._schema import row_to_execution
-from ._store_core import _OPEN_VALUES, StoreCore, TerminalTransition, _ex
+from ._schema import _OPEN, NAME_LENGTH, row_to_execution
+from ._store_core import _OPEN_VALUES, StoreCore, TerminalTransition, _ex, check_key
 from .children import CHILD_STEP, WAIT_CHILD_STEP, child_outcome
 from .models import Execution, ExecutionState, JsonValue, ParentClosePolicy, encode_json
 
@@ -49,11 +51,14 @@ class ChildWait:
     :param outcome: the child's recorded outcome, when it had ended (and the checkpoint landed).
     :param suspended: the parent went to sleep until the child ends.
     :param boundary: the parent has a cancel request or passed its deadline: act on it now.
+    :param lease: the parent's row as read under its lock.
     """
 
     outcome: JsonValue = None
     suspended: bool = False
     boundary: bool = False
+    #: The parent's row as this transaction read it (the next boundary's lease check).
+    lease: LeaseView | None = None
 
 
 class ChildRuns:
@@ -80,32 +85,91 @@ class ChildRuns:
         now: datetime,
         deadline: datetime | None,
         max_input_bytes: int | None,
-    ) -> Execution | None:
+    ) -> tuple[Execution, LeaseView] | None:
         """Start (or load) the child and checkpoint it at ``seq`` of the parent, in one transaction
         guarded by the parent's lease: both land, or neither.
 
-        :returns: the child, or ``None`` when the parent's lease is lost (nothing was written).
+        :returns: the child and the parent's row as read after the checkpoint, or ``None`` when the
+            parent's lease is lost (nothing was written).
         """
+        policy = ParentClosePolicy(policy)
+        input_text = encode_json(input, field="input", max_bytes=max_input_bytes)
+        check_key("name", name)
+        check_id(workflow_id, "workflow_id", max_chars=NAME_LENGTH)
         try:
             with self.core.transaction("start a child workflow execution") as conn:
-                child, _ = self.runs.start(
-                    name,
-                    input,
-                    workflow_id,
-                    now=now,
-                    deadline=deadline,
-                    max_input_bytes=max_input_bytes,
-                    conn=conn,
-                    parent=(parent_id, ParentClosePolicy(policy).value),
+                child = self._insert_child(
+                    conn, parent_id, name, input_text, workflow_id, policy, now, deadline
                 )
+                if child is None:
+                    # An open run has this workflow_id: start-or-load returns it as it is.
+                    child, _ = self.runs.start(
+                        name,
+                        input,
+                        workflow_id,
+                        now=now,
+                        deadline=deadline,
+                        max_input_bytes=max_input_bytes,
+                        conn=conn,
+                        parent=(parent_id, policy.value),
+                    )
                 ids = {"execution_id": child.execution_id, "workflow_id": child.workflow_id}
-                text = encode_json(ids, field="child")
-                step = self.leases._guarded_step(parent_id, token, seq, CHILD_STEP, text, None, now)
+                text_ = encode_json(ids, field="child")
+                step = self.leases._guarded_step(parent_id, token, seq, CHILD_STEP, text_, None, now)
                 if conn.execute(step).first() is None:
                     raise _LeaseLost
+                # The guarded insert holds the parent's row (or SQLite's write lock): as read here.
+                row = conn.execute(
+                    select(_ex.c.cancel_requested, _ex.c.cancel_reason, _ex.c.deadline).where(
+                        _ex.c.execution_id == parent_id
+                    )
+                ).one()
         except _LeaseLost:
             return None
-        return child
+        return child, LeaseView(bool(row.cancel_requested), row.cancel_reason, row.deadline)
+
+    def _insert_child(
+        self,
+        conn: Connection,
+        parent_id: str,
+        name: str,
+        input_text: str,
+        workflow_id: str,
+        policy: ParentClosePolicy,
+        now: datetime,
+        deadline: datetime | None,
+    ) -> Execution | None:
+        """The child's row, in one statement: ``None`` when an open run has its ``workflow_id``.
+
+        A child's default ``workflow_id`` is new, so the usual start's look for an open or earlier
+        run first is one statement too many; the unique index still collapses a duplicate.
+        """
+        execution_id = str(uuid.uuid4())
+        row = conn.execute(
+            self.core.db.insert(_ex)
+            .values(
+                execution_id=execution_id,
+                workflow_name=name,
+                workflow_id=workflow_id,
+                input=input_text,
+                state=_PENDING,
+                created_at=now,
+                next_run_at=now,
+                deadline=deadline,
+                attempt=0,
+                recovery_count=0,
+                cancel_requested=False,
+                trigger_depth=0,
+                parent_execution_id=parent_id,
+                parent_close_policy=policy.value,
+            )
+            .on_conflict_do_nothing(index_elements=[_ex.c.workflow_id], index_where=text(_OPEN))
+            .returning(*_ex.c)
+        ).first()
+        if row is None:
+            return None
+        self.core.note_started(conn, execution_id)
+        return row_to_execution(row)
 
     def wait_child(
         self,
@@ -125,16 +189,20 @@ class ChildRuns:
         commits after this and wakes the suspended parent.
         """
         with self.core.transaction("wait for a child workflow execution") as conn:
-            # A write first: it takes the parent's row lock (and SQLite's write lock, so the read of
-            # the child below cannot go stale before this transaction commits).
-            lease = conn.execute(
-                update(_ex)
-                .where(_ex.c.execution_id == parent_id, _ex.c.state == _RUNNING, _ex.c.lease_token == token)
-                .values(waiting_on=None)
-                .returning(_ex.c.cancel_requested, _ex.c.deadline)
-            ).first()
-            if lease is None:
+            guard = (_ex.c.execution_id == parent_id, _ex.c.state == _RUNNING, _ex.c.lease_token == token)
+            flags = (_ex.c.cancel_requested, _ex.c.cancel_reason, _ex.c.deadline)
+            if self.core.db.postgres:
+                # The parent's row lock first (the module's lock order), without writing the row.
+                found = conn.execute(select(*flags).where(*guard).with_for_update()).first()
+            else:
+                # A write takes SQLite's write lock: the read of the child below cannot go stale
+                # before this transaction commits.
+                found = conn.execute(
+                    update(_ex).where(*guard).values(waiting_on=None).returning(*flags)
+                ).first()
+            if found is None:
                 return ChildWait()
+            lease = LeaseView(bool(found.cancel_requested), found.cancel_reason, found.deadline)
             child = self._follow(conn, child_execution_id)
             if child is None or child.state.outcome:
                 if child is None:
@@ -148,9 +216,9 @@ class ChildRuns:
                 step = self.leases._guarded_step(parent_id, token, seq, WAIT_CHILD_STEP, text, None, now)
                 if conn.execute(step).first() is None:
                     return ChildWait()
-                return ChildWait(outcome=outcome)
+                return ChildWait(outcome=outcome, lease=lease)
             if lease.cancel_requested or (lease.deadline is not None and lease.deadline < now):
-                return ChildWait(boundary=True)
+                return ChildWait(boundary=True, lease=lease)
             conn.execute(
                 update(_ex)
                 .where(_ex.c.execution_id == parent_id, _ex.c.state == _RUNNING, _ex.c.lease_token == token)

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
-from .._input import text_problem
+from .._input import check_id, text_problem
 from ..errors import InvalidFieldError, InvalidStateError
 from ..outbound.backoff import retry_delay_ms
 from .children import CHILD_STEP, WAIT_CHILD_STEP, ChildHandle, child_result, child_workflow_id
@@ -300,10 +300,14 @@ class WorkflowContext:
         if self._registry is None:
             raise InvalidStateError("this context cannot start child runs: it has no workflow registry")
         definition = self._registry.get(name)
+        child_id = workflow_id if workflow_id is not None else child_workflow_id(self.execution_id, seq)
+        # Bad input is the workflow's error to see (and catch), not a failure of the engine's call.
+        encode_json(input, field="input", max_bytes=self._max_input_bytes)
+        check_id(child_id, "workflow_id", max_chars=_MAX_STEP_NAME)
         self._boundary()
         now = self._clock()
         with _engine_call():
-            child = self._store.start_child(
+            started = self._store.start_child(
                 self.execution_id,
                 self._token,
                 seq,
@@ -317,8 +321,10 @@ class WorkflowContext:
                 deadline=now + definition.timeout if definition.timeout is not None else None,
                 max_input_bytes=self._max_input_bytes,
             )
-        if child is None:
+        if started is None:
             raise _Stopped  # the lease is lost: terminated, timed out or taken over
+        child, self._lease = started
+        self._lease_read_at = time.monotonic()
         ids = {"execution_id": child.execution_id, "workflow_id": child.workflow_id}
         self._steps[seq] = StepRecord(self.execution_id, seq, CHILD_STEP, ids)
         return self._handle(ids)
@@ -354,6 +360,8 @@ class WorkflowContext:
             )
         if waited.suspended:
             raise _Suspended
+        if waited.lease is not None:
+            self._lease, self._lease_read_at = waited.lease, time.monotonic()
         if waited.boundary:
             self._boundary(renew=True)
         if waited.outcome is None:

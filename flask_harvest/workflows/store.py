@@ -366,11 +366,14 @@ class SqlWorkflowStore:
         now: datetime,
         deadline: datetime | None = None,
         max_input_bytes: int | None = None,
-    ) -> Execution | None:
+    ) -> tuple[Execution, LeaseView] | None:
         """Start (or load) a child of ``parent_id`` and checkpoint it at position ``seq`` of the
         parent, in one transaction guarded by the parent's lease.
 
-        :returns: the child, or ``None`` when the parent's lease is lost (nothing was written).
+        :returns: the child and the parent's row as read then, or ``None`` when the parent's lease
+            is lost (nothing was written).
+        :raises InvalidFieldError: a bad input (``InputTooLargeError`` over ``max_input_bytes``),
+            name or ``workflow_id``.
         """
         return self._children.start_child(
             parent_id,
