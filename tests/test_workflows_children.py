@@ -3,6 +3,7 @@ a child's failure as an exception, and the parent-close policies under every way
 
 from __future__ import annotations
 
+import threading
 from datetime import timedelta
 from typing import Any
 
@@ -428,3 +429,61 @@ def test_a_child_with_an_explicit_workflow_id_collapses_into_its_open_run(h: Har
     execution, _ = h.runner.start("parent", None)
     h.drain()
     assert h.get(execution.execution_id).output == [True, 1]
+
+
+def _race_once(h: Harness, round_number: int) -> None:
+    parent, _ = h.store.start("parent", None, workflow_id=f"race-parent-{round_number}", now=h.clock())
+    claimed = h.store.claim(parent.execution_id, now=h.clock(), lease_seconds=LEASE)
+    assert claimed is not None and claimed.lease_token is not None
+    token = claimed.lease_token
+    started = h.store.start_child(
+        parent.execution_id,
+        token,
+        0,
+        name="child",
+        input=round_number,
+        workflow_id=f"race-child-{round_number}",
+        policy=P.ABANDON,
+        now=h.clock(),
+    )
+    assert started is not None
+    child = h.store.claim(started[0].execution_id, now=h.clock(), lease_seconds=LEASE)
+    assert child is not None and child.lease_token is not None
+    barrier = threading.Barrier(2)
+    waited: list[Any] = []
+
+    def wait() -> None:
+        barrier.wait()
+        waited.append(
+            h.store.wait_child(
+                parent.execution_id, token, 1, child.execution_id, child.workflow_id, now=h.clock()
+            )
+        )
+
+    def end() -> None:
+        barrier.wait()
+        h.store.finish(
+            child.execution_id, S.COMPLETED, output=round_number, now=h.clock(), token=child.lease_token
+        )
+
+    threads = [threading.Thread(target=wait), threading.Thread(target=end)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    (result,) = waited
+    after = h.get(parent.execution_id)
+    if result.outcome is not None:
+        assert result.outcome == {"state": "Completed", "output": round_number, "error": None}
+        assert after.state is S.RUNNING
+    else:
+        assert result.suspended
+        assert after.state is S.PENDING and after.waiting_on is None and after.next_run_at is not None
+
+
+def test_a_childs_end_racing_its_parents_suspend_never_strands_the_parent(h: Harness) -> None:
+    """The wake-up race, head on: the parent's wait and the child's terminal transaction start
+    together, many times; the parent either records the outcome or is woken, never left waiting."""
+    h.registry.workflow("child")(lambda ctx, value: value)
+    for round_number in range(40):
+        _race_once(h, round_number)
