@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from ..errors import InvalidStateError
 from .errors import ChildFailedError
 from .models import ExecutionState, JsonValue
 
@@ -45,9 +46,13 @@ class ChildHandle:
         """Wait durably for the child and return its output (see ``ctx.wait_child``).
 
         :raises ChildFailedError: the child ended other than ``Completed``.
+        :raises InvalidStateError: the handle was not made by ``ctx.start_child`` in a running workflow.
         """
         if self._wait is None:
-            raise RuntimeError("this child handle is not bound to a running workflow")
+            raise InvalidStateError(
+                "this child handle is not bound to a running workflow: wait for the child with "
+                "ctx.wait_child(handle) inside the parent"
+            )
         return self._wait(self)
 
 
