@@ -14,25 +14,28 @@ from __future__ import annotations
 
 import logging
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Connection, exists, or_, select, text, update
+from sqlalchemy import Connection, exists, insert, or_, select, text, update
 from sqlalchemy.orm import aliased
 
 from .._input import check_id
 from .._time import utcnow
 from ._leases import Leases, LeaseView
 from ._runs import Runs
-from ._schema import _OPEN, NAME_LENGTH, row_to_execution
+from ._schema import _OPEN, NAME_LENGTH, row_to_execution, steps_table
 from ._store_core import _OPEN_VALUES, StoreCore, TerminalTransition, _ex, check_key
 from .children import CHILD_STEP, WAIT_CHILD_STEP, child_outcome
-from .models import Execution, ExecutionState, JsonValue, ParentClosePolicy, encode_json
+from .models import Execution, ExecutionState, JsonValue, ParentClosePolicy, decode_json, encode_json
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["ChildRuns", "ChildWait"]
+__all__ = ["ChildRuns", "ChildStart", "ChildWait"]
+
+_steps = steps_table
 
 _PENDING = ExecutionState.PENDING.value
 _RUNNING = ExecutionState.RUNNING.value
@@ -171,6 +174,98 @@ class ChildRuns:
         self.core.note_started(conn, execution_id)
         return row_to_execution(row)
 
+    def record(
+        self,
+        parent_id: str,
+        token: str,
+        starts: Sequence[ChildStart],
+        outcomes: Sequence[tuple[int, JsonValue]] = (),
+        *,
+        now: datetime,
+    ) -> tuple[list[Execution], LeaseView] | None:
+        """Start (or load) children and checkpoint each at its position of the parent, and
+        checkpoint the outcomes of ended children the parent waited for (``(position, outcome)``),
+        in one transaction guarded by the parent's lease: all land, or none.
+
+        The parent's row is locked first (the module's lock order); then one multi-row insert of
+        the children (a ``workflow_id`` that has an open run already collapses into that run) and
+        one of the checkpoints.
+
+        :returns: the children in the order of ``starts`` and the parent's row as read, or ``None``
+            when the parent's lease is lost (nothing was written).
+        """
+        with self.core.transaction("record child workflow executions") as conn:
+            lease = self._lock_parent(conn, parent_id, token)
+            if lease is None:
+                return None
+            children = self._insert_children(conn, parent_id, starts, now) if starts else []
+            checkpoints = [
+                _checkpoint(parent_id, start.seq, CHILD_STEP, _ids(child), now)
+                for start, child in zip(starts, children, strict=True)
+            ]
+            checkpoints += [
+                _checkpoint(parent_id, seq, WAIT_CHILD_STEP, outcome, now) for seq, outcome in outcomes
+            ]
+            if checkpoints:
+                conn.execute(insert(_steps), checkpoints)
+        return children, lease
+
+    def _insert_children(
+        self, conn: Connection, parent_id: str, starts: Sequence[ChildStart], now: datetime
+    ) -> list[Execution]:
+        """The children's rows in one statement; a ``workflow_id`` with an open run loads it."""
+        rows = conn.execute(
+            self.core.db.insert(_ex)
+            .on_conflict_do_nothing(index_elements=[_ex.c.workflow_id], index_where=text(_OPEN))
+            .returning(*_ex.c, sort_by_parameter_order=True),
+            [_child_values(parent_id, start, now) for start in starts],
+        ).all()
+        created = {row.workflow_id: row_to_execution(row) for row in rows}
+        children = []
+        for start in starts:
+            child = created.get(start.workflow_id)
+            if child is None:
+                # An open run has this workflow_id: start-or-load returns it as it is.
+                child, _ = self.runs.start(
+                    start.name,
+                    decode_json(start.input_text),
+                    start.workflow_id,
+                    now=now,
+                    deadline=start.deadline,
+                    conn=conn,
+                    parent=(parent_id, start.policy.value),
+                )
+            else:
+                self.core.note_started(conn, child.execution_id)
+            children.append(child)
+        return children
+
+    def outcome_of(self, execution_id: str) -> JsonValue:
+        """The outcome ``ctx.wait_child`` records for the child ``execution_id`` (the end of its
+        continue-as-new chain), or ``None`` while it is open. A read of its own, without locks: an
+        ended run never changes again."""
+        with self.core.db.read("read a child workflow execution") as conn:
+            child = self._follow(conn, execution_id, lock=False)
+        if child is None:
+            return _vanished(execution_id)
+        if child.state.outcome:
+            return child_outcome(child.state, child.output, child.error)
+        return None
+
+    def _lock_parent(self, conn: Connection, parent_id: str, token: str) -> LeaseView | None:
+        """Lock the parent's row if it still runs under ``token``; return it as read."""
+        guard = (_ex.c.execution_id == parent_id, _ex.c.state == _RUNNING, _ex.c.lease_token == token)
+        flags = (_ex.c.cancel_requested, _ex.c.cancel_reason, _ex.c.deadline)
+        if self.core.db.postgres:
+            # Without writing the row: a write updates every index of the executions table.
+            found = conn.execute(select(*flags).where(*guard).with_for_update()).first()
+        else:
+            # A write takes SQLite's write lock: what this transaction reads next cannot go stale.
+            found = conn.execute(update(_ex).where(*guard).values(waiting_on=None).returning(*flags)).first()
+        if found is None:
+            return None
+        return LeaseView(bool(found.cancel_requested), found.cancel_reason, found.deadline)
+
     def wait_child(
         self,
         parent_id: str,
@@ -189,27 +284,15 @@ class ChildRuns:
         commits after this and wakes the suspended parent.
         """
         with self.core.transaction("wait for a child workflow execution") as conn:
-            guard = (_ex.c.execution_id == parent_id, _ex.c.state == _RUNNING, _ex.c.lease_token == token)
-            flags = (_ex.c.cancel_requested, _ex.c.cancel_reason, _ex.c.deadline)
-            if self.core.db.postgres:
-                # The parent's row lock first (the module's lock order), without writing the row.
-                found = conn.execute(select(*flags).where(*guard).with_for_update()).first()
-            else:
-                # A write takes SQLite's write lock: the read of the child below cannot go stale
-                # before this transaction commits.
-                found = conn.execute(
-                    update(_ex).where(*guard).values(waiting_on=None).returning(*flags)
-                ).first()
-            if found is None:
+            # The parent's row first (the module's lock order); on SQLite this takes the write
+            # lock, so the read of the child below cannot go stale before the commit.
+            lease = self._lock_parent(conn, parent_id, token)
+            if lease is None:
                 return ChildWait()
-            lease = LeaseView(bool(found.cancel_requested), found.cancel_reason, found.deadline)
             child = self._follow(conn, child_execution_id)
             if child is None or child.state.outcome:
                 if child is None:
-                    # Purged by retention while the parent slept: the parent cannot learn its end.
-                    outcome = child_outcome(
-                        ExecutionState.FAILED, None, f"child run {child_execution_id} no longer exists"
-                    )
+                    outcome = _vanished(child_execution_id)
                 else:
                     outcome = child_outcome(child.state, child.output, child.error)
                 text = encode_json(outcome, field="child outcome")
@@ -232,13 +315,13 @@ class ChildRuns:
             )
         return ChildWait(suspended=True)
 
-    def _follow(self, conn: Connection, execution_id: str) -> Execution | None:
+    def _follow(self, conn: Connection, execution_id: str, *, lock: bool = True) -> Execution | None:
         """The child's row, or the last run of its continue-as-new chain, share-locked."""
         current = execution_id
         found: Execution | None = None
         for _ in range(_MAX_CHAIN):
             query = select(_ex).where(_ex.c.execution_id == current)
-            if self.core.db.postgres:
+            if lock and self.core.db.postgres:
                 # Waits for a terminal transaction of the child in flight, then reads its result.
                 query = query.with_for_update(read=True)
             row = conn.execute(query).first()
@@ -369,6 +452,58 @@ class ChildRuns:
                 .returning(_ex.c.execution_id)
             )
             return [row.execution_id for row in woken]
+
+
+def _vanished(execution_id: str) -> JsonValue:
+    # Purged by retention while the parent waited: the parent cannot learn how it ended.
+    return child_outcome(ExecutionState.FAILED, None, f"child run {execution_id} no longer exists")
+
+
+def _ids(child: Execution) -> dict[str, str]:
+    return {"execution_id": child.execution_id, "workflow_id": child.workflow_id}
+
+
+def _checkpoint(parent_id: str, seq: int, name: str, value: JsonValue, now: datetime) -> dict[str, Any]:
+    return {
+        "execution_id": parent_id,
+        "seq": seq,
+        "name": name,
+        "output": encode_json(value, field=name),
+        "error": None,
+        "created_at": now,
+    }
+
+
+@dataclass(frozen=True)
+class ChildStart:
+    """One child to start at position ``seq`` of its parent (checked and encoded already)."""
+
+    seq: int
+    execution_id: str
+    name: str
+    input_text: str
+    workflow_id: str
+    policy: ParentClosePolicy
+    deadline: datetime | None
+
+
+def _child_values(parent_id: str, start: ChildStart, now: datetime) -> dict[str, Any]:
+    return {
+        "execution_id": start.execution_id,
+        "workflow_name": start.name,
+        "workflow_id": start.workflow_id,
+        "input": start.input_text,
+        "state": _PENDING,
+        "created_at": now,
+        "next_run_at": now,
+        "deadline": start.deadline,
+        "attempt": 0,
+        "recovery_count": 0,
+        "cancel_requested": False,
+        "trigger_depth": 0,
+        "parent_execution_id": parent_id,
+        "parent_close_policy": start.policy.value,
+    }
 
 
 def _policy(raw: Any) -> ParentClosePolicy:

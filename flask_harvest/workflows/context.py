@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -41,7 +42,7 @@ from .models import (
     timeout_message,
 )
 from .registry import WorkflowRegistry
-from .store import LeaseView, SqlWorkflowStore
+from .store import ChildStart, LeaseView, SqlWorkflowStore
 
 __all__ = ["FRESH_SECONDS", "StepRetryPolicy", "WorkflowContext"]
 
@@ -123,6 +124,11 @@ class WorkflowContext:
         # What a child's start needs: whether its workflow exists, its timeout, the input limit.
         self._registry = registry
         self._max_input_bytes = max_input_bytes
+        # Children started and not written yet: they are written together, with their checkpoints,
+        # before the next step, sleep or wait, or the end (one transaction instead of one each).
+        self._unwritten: list[tuple[ChildStart, ChildHandle]] = []
+        # Outcomes of ended children waited for and not checkpointed yet, written with them.
+        self._unwritten_waits: list[tuple[int, JsonValue]] = []
         self._token = token
         self._store = store
         self._steps = steps
@@ -200,6 +206,7 @@ class WorkflowContext:
                 raise StepFailedError(name, recorded.error)
             output: T = recorded.output
             return output
+        self._write_pending()
         self._boundary()
         policy = backoff or self._retry
         attempt = 0
@@ -246,6 +253,7 @@ class WorkflowContext:
                 return
             self._boundary()
         else:
+            self._write_pending()
             self._boundary()
             wake_at = self._clock() + delta
             self._record(seq, SLEEP_STEP, output=wake_at.isoformat())
@@ -302,32 +310,26 @@ class WorkflowContext:
         definition = self._registry.get(name)
         child_id = workflow_id if workflow_id is not None else child_workflow_id(self.execution_id, seq)
         # Bad input is the workflow's error to see (and catch), not a failure of the engine's call.
-        encode_json(input, field="input", max_bytes=self._max_input_bytes)
+        input_text = encode_json(input, field="input", max_bytes=self._max_input_bytes)
         check_id(child_id, "workflow_id", max_chars=_MAX_STEP_NAME)
         self._boundary()
         now = self._clock()
-        with _engine_call():
-            started = self._store.start_child(
-                self.execution_id,
-                self._token,
-                seq,
-                name=name,
-                input=input,
-                workflow_id=workflow_id
-                if workflow_id is not None
-                else child_workflow_id(self.execution_id, seq),
-                policy=policy,
-                now=now,
-                deadline=now + definition.timeout if definition.timeout is not None else None,
-                max_input_bytes=self._max_input_bytes,
-            )
-        if started is None:
-            raise _Stopped  # the lease is lost: terminated, timed out or taken over
-        child, self._lease = started
-        self._lease_read_at = time.monotonic()
-        ids = {"execution_id": child.execution_id, "workflow_id": child.workflow_id}
-        self._steps[seq] = StepRecord(self.execution_id, seq, CHILD_STEP, ids)
-        return self._handle(ids)
+        start = ChildStart(
+            seq,
+            str(uuid.uuid4()),
+            name,
+            input_text,
+            child_id,
+            policy,
+            now + definition.timeout if definition.timeout is not None else None,
+        )
+        handle = ChildHandle(start.execution_id, child_id, self.wait_child)
+        self._unwritten.append((start, handle))
+        if workflow_id is not None:
+            # A workflow_id of the caller's may have an open run already: the handle must be that
+            # run's before the code sees it.
+            self._write_pending()
+        return handle
 
     def wait_child(self, handle: ChildHandle) -> JsonValue:
         """Wait durably for a child to end and return its output; on a replay, return (or raise)
@@ -348,6 +350,16 @@ class WorkflowContext:
         recorded = self._replay(seq, WAIT_CHILD_STEP)
         if recorded is not None:
             return child_result(handle.workflow_id, handle.execution_id, recorded.output)
+        if not any(pending is handle for _, pending in self._unwritten):
+            # An ended child's outcome never changes: it is checkpointed with the next write (the
+            # next start, step, sleep, wait that sleeps, or the end), not in a transaction of its own.
+            with _engine_call():
+                ended = self._store.child_outcome(handle.execution_id)
+            if ended is not None:
+                self._unwritten_waits.append((seq, ended))
+                self._steps[seq] = StepRecord(self.execution_id, seq, WAIT_CHILD_STEP, ended)
+                return child_result(handle.workflow_id, handle.execution_id, ended)
+        self._write_pending()
         self._boundary()
         with _engine_call():
             waited = self._store.wait_child(
@@ -370,6 +382,30 @@ class WorkflowContext:
         return child_result(handle.workflow_id, handle.execution_id, waited.outcome)
 
     # -- internals -------------------------------------------------------------------------------
+
+    def _write_pending(self) -> None:
+        """Write the children started and the waits for ended children since the last write, with
+        their checkpoints, in one transaction under the lease (the runner calls it before it ends
+        the run, too)."""
+        if not self._unwritten and not self._unwritten_waits:
+            return
+        unwritten, self._unwritten = self._unwritten, []
+        waits, self._unwritten_waits = self._unwritten_waits, []
+        with _engine_call():
+            written = self._store.record_children(
+                self.execution_id, self._token, [start for start, _ in unwritten], waits, now=self._clock()
+            )
+        if written is None:
+            raise _Stopped  # the lease is lost: terminated, timed out or taken over
+        children, self._lease = written
+        self._lease_read_at = time.monotonic()
+        for (start, handle), child in zip(unwritten, children, strict=True):
+            if child.execution_id != handle.execution_id:
+                # An open run of the workflow_id was loaded instead: the handle is that run's. The
+                # handle is the engine's own object, frozen for the workflow code.
+                object.__setattr__(handle, "execution_id", child.execution_id)
+            ids = {"execution_id": child.execution_id, "workflow_id": child.workflow_id}
+            self._steps[start.seq] = StepRecord(self.execution_id, start.seq, CHILD_STEP, ids)
 
     def _handle(self, ids: JsonValue) -> ChildHandle:
         return ChildHandle(ids["execution_id"], ids["workflow_id"], self.wait_child)

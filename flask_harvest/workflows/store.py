@@ -16,7 +16,7 @@ from datetime import datetime
 from sqlalchemy import Connection, Engine
 
 from . import _reads
-from ._children import ChildRuns, ChildWait
+from ._children import ChildRuns, ChildStart, ChildWait
 from ._leases import Leases, LeaseView
 from ._reads import ExecutionReads
 from ._runs import Runs
@@ -25,7 +25,7 @@ from ._sweep import LeaseSweep, _SweepQueries
 from .hooks import TerminalHook, TerminalHooks
 from .models import Execution, ExecutionState, IdReusePolicy, JsonValue, ParentClosePolicy, StepRecord
 
-__all__ = ["ChildWait", "ExecutionCursor", "LeaseSweep", "LeaseView", "SqlWorkflowStore"]
+__all__ = ["ChildStart", "ChildWait", "ExecutionCursor", "LeaseSweep", "LeaseView", "SqlWorkflowStore"]
 
 #: A listing position: the ``(created_at, execution_id)`` of the last execution of a page.
 ExecutionCursor = _reads.ExecutionCursor
@@ -387,6 +387,29 @@ class SqlWorkflowStore:
             deadline=deadline,
             max_input_bytes=max_input_bytes,
         )
+
+    def record_children(
+        self,
+        parent_id: str,
+        token: str,
+        starts: Sequence[ChildStart],
+        outcomes: Sequence[tuple[int, JsonValue]] = (),
+        *,
+        now: datetime,
+    ) -> tuple[list[Execution], LeaseView] | None:
+        """Start (or load) children of ``parent_id`` and checkpoint each at its position, and
+        checkpoint the outcomes of ended children it waited for, in one transaction guarded by the
+        parent's lease (all or none).
+
+        :returns: the children in order and the parent's row as read then, or ``None`` when the
+            parent's lease is lost (nothing was written).
+        """
+        return self._children.record(parent_id, token, starts, outcomes, now=now)
+
+    def child_outcome(self, execution_id: str) -> JsonValue:
+        """The recorded form of a child's end (following its continue-as-new chain), or ``None``
+        while it is open."""
+        return self._children.outcome_of(execution_id)
 
     def wait_child(
         self,
