@@ -486,3 +486,72 @@ def test_a_childs_end_racing_its_parents_suspend_never_strands_the_parent(h: Har
     h.registry.workflow("child")(lambda ctx, value: value)
     for round_number in range(40):
         _race_once(h, round_number)
+
+
+def test_children_are_written_together_before_the_next_step_and_on_a_failure(h: Harness) -> None:
+    """Children started in a row are written in one transaction before the next step runs, and
+    before the run ends, even when it fails: an abandoned child of a failed parent runs on."""
+    seen: list[int] = []
+
+    @h.registry.workflow("child")
+    def child(ctx: WorkflowContext, value: Any) -> Any:
+        return value
+
+    @h.registry.workflow("parent")
+    def parent(ctx: WorkflowContext, value: Any) -> Any:
+        for n in range(3):
+            ctx.start_child("child", n, parent_close_policy=P.ABANDON)
+        ctx.step("count", lambda: seen.append(len(h.children(ctx.execution_id))))
+        ctx.start_child("child", 3, parent_close_policy=P.ABANDON)
+        raise ValueError("gave up")
+
+    execution, _ = h.runner.start("parent", None)
+    ended = h.runner.run(execution.execution_id)
+    assert ended is not None and ended.state is S.FAILED
+    assert seen == [3]
+    kids = h.children(execution.execution_id)
+    assert len(kids) == 4 and {k.state for k in kids} == {S.PENDING}
+    names = [s.name for s in h.store.list_steps(execution.execution_id)]
+    assert names == ["harvest:child"] * 3 + ["count", "harvest:child"]
+    h.drain()
+    assert {k.state for k in h.children(execution.execution_id)} == {S.COMPLETED}
+
+
+def test_an_unrecorded_wait_for_an_ended_child_replays_to_the_same_outcome(h: Harness) -> None:
+    """The outcome of an ended child is checkpointed with the next write; a parent that dies
+    before it reads the same outcome again on its replay (an ended run never changes)."""
+    crash = {"armed": True}
+
+    @h.registry.workflow("child")
+    def child(ctx: WorkflowContext, value: Any) -> Any:
+        if value == 1:
+            raise ValueError("one failed")
+        return value * 10
+
+    @h.registry.workflow("parent")
+    def parent(ctx: WorkflowContext, value: Any) -> Any:
+        handles = [ctx.start_child("child", n) for n in range(3)]
+        ctx.sleep(1)  # the children end meanwhile
+        results: list[Any] = []
+        for handle in handles:
+            try:
+                results.append(handle.result())
+            except ChildFailedError as exc:
+                results.append(exc.state)
+        if crash.pop("armed", False):
+            raise SimulatedCrash
+        return results
+
+    execution, _ = h.runner.start("parent", None)
+    h.drain()
+    h.clock.advance(seconds=2)
+    with pytest.raises(SimulatedCrash):
+        h.drain()
+    names = [s.name for s in h.store.list_steps(execution.execution_id)]
+    assert "harvest:wait_child" not in names
+    h.clock.advance(seconds=LEASE + 1)
+    h.runner.sweep_once()
+    h.drain()
+    assert h.get(execution.execution_id).output == [0, "Failed", 20]
+    names = [s.name for s in h.store.list_steps(execution.execution_id)]
+    assert names.count("harvest:wait_child") == 3

@@ -286,6 +286,10 @@ class WorkflowContext:
         """Start a run of the workflow ``name`` as a child of this run; on a replay, return the
         same child (the start is checkpointed with the child's row, in one transaction).
 
+        The children started since the last write are written together before the next step,
+        sleep, wait for an open child, or the run's end; one with a ``workflow_id`` of the
+        caller's is written at once.
+
         :param workflow_id: the child's business key; by default ``"<this execution_id>:<position>"``,
             the same on every replay.
         :param parent_close_policy: what happens to the child if it is still open when this run
