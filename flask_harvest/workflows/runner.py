@@ -265,8 +265,9 @@ class WorkflowRunner:
 
     def schedule_started(self, execution_ids: Sequence[str]) -> None:
         """Queue the executions a transaction started (a terminal hook's), after its commit."""
-        if len(execution_ids) == 1:
-            self._schedule(execution_ids[0], None)
+        if len(execution_ids) <= 1:
+            for execution_id in execution_ids:
+                self._schedule(execution_id, None)
             return
         # Several at once (a parent's children): one call, which the backend may batch.
         try:
