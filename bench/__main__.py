@@ -41,6 +41,7 @@ SCENARIOS = {
     "S14": "bench.s14_realistic_mix",
     "S15": "bench.s15_overload",
     "S16": "bench.s16_dashboard_render",
+    "S17": "bench.s17_fanout",
     "S18": "bench.s18_queue_cost",
     "S19": "bench.s19_metrics_scrape",
 }

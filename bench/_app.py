@@ -56,6 +56,22 @@ workflows.workflow(NOOP3)(noop3)
 BENCH_QUEUE = "bench_queue"
 workflows.queue(BENCH_QUEUE)
 
+#: S17's fan-out: a parent starts ``children`` child runs of one no-op step and waits for each
+#: (DBOS runs the same in ``bench._dbos_app``).
+FANOUT_PARENT = "bench_fanout_parent"
+FANOUT_CHILD = "bench_fanout_child"
+
+
+@workflows.workflow(FANOUT_CHILD)
+def fanout_child(ctx: WorkflowContext, value: Any) -> Any:
+    return ctx.step("noop", noop_step, value)
+
+
+@workflows.workflow(FANOUT_PARENT)
+def fanout_parent(ctx: WorkflowContext, value: Any) -> Any:
+    handles = [ctx.start_child(FANOUT_CHILD, number) for number in range(value["children"])]
+    return sum(ctx.wait_child(handle) for handle in handles)
+
 
 class Order(db.Model):  # type: ignore[name-defined,misc]
     """The application's own row, saved by S6's request transaction."""

@@ -19,6 +19,8 @@ from ._services import DBOS_DATABASE_URL
 
 QUEUE = "bench"
 WORKFLOW = "bench_noop3"
+FANOUT_PARENT = "bench_fanout_parent"
+FANOUT_CHILD = "bench_fanout_child"
 #: Workflows one process runs at once (the same as ``flask harvest worker --concurrency``).
 WORKER_CONCURRENCY = 32
 #: The issue's reference figures were taken with a 50 ms queue polling interval.
@@ -47,8 +49,25 @@ def _launch(executor_id: str) -> Any:
             noop_step(number)
         return value
 
+    # S17's fan-out: the parent enqueues its children on the same queue (so both processes run
+    # them, as our children are run by both workers) and waits for each.
+    queues: list[Any] = []
+
+    @DBOS.workflow(name=FANOUT_CHILD)
+    def fanout_child(number: int) -> int:
+        return int(noop_step(number))
+
+    @DBOS.workflow(name=FANOUT_PARENT)
+    def fanout_parent(value: Any) -> Any:
+        handles = [queues[0].enqueue(fanout_child, number) for number in range(value["children"])]
+        return sum(handle.get_result() for handle in handles)
+
     DBOS.launch()
-    DBOS.register_queue(QUEUE, worker_concurrency=WORKER_CONCURRENCY, polling_interval_sec=POLLING_INTERVAL)
+    queues.append(
+        DBOS.register_queue(
+            QUEUE, worker_concurrency=WORKER_CONCURRENCY, polling_interval_sec=POLLING_INTERVAL
+        )
+    )
     return DBOS
 
 
@@ -63,6 +82,25 @@ def enqueue(dbos_client: Any, value: Any) -> str:
     """Enqueue one run of the workflow; return its workflow id."""
     handle = dbos_client.enqueue({"workflow_name": WORKFLOW, "queue_name": QUEUE}, value)
     return str(handle.get_workflow_id())
+
+
+def enqueue_named(dbos_client: Any, name: str, value: Any) -> str:
+    """Enqueue one run of the workflow ``name``; return its workflow id."""
+    handle = dbos_client.enqueue({"workflow_name": name, "queue_name": QUEUE}, value)
+    return str(handle.get_workflow_id())
+
+
+def finished_named(engine: sa.Engine, name: str) -> dict[str, tuple[float, float]]:
+    """:func:`finished_times` of the runs of the workflow ``name``."""
+    with engine.connect() as conn:
+        rows = conn.execute(
+            sa.text(
+                "SELECT workflow_uuid, created_at, updated_at FROM dbos.workflow_status"
+                " WHERE status = 'SUCCESS' AND name = :name"
+            ),
+            {"name": name},
+        ).all()
+    return {row[0]: (row[1] / 1000, row[2] / 1000) for row in rows}
 
 
 def reset(engine: sa.Engine) -> None:

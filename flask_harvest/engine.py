@@ -204,6 +204,9 @@ def add_workflows(
     else:
         engine.jobs.register(WORKFLOW_JOB, runner.run_many, take=runner.concurrency)
     engine.sweeper.add_step("workflows", runner.sweep_once)
+    # Child runs: a waiting parent's wake-up and the parent-close cascade, in terminal transactions.
+    store.hooks.register(store.children_hook)
+    engine.sweeper.add_step("child-waits", partial(_wake_stranded_parents, store, runner))
     engine.workflows = WorkflowService(store, registry, runner, store.hooks)
     _add_callbacks(engine, store, engine.workflows)
     _add_schedules(engine, store, engine.workflows)
@@ -240,6 +243,12 @@ def add_triggers(
     workflows.hooks.register(firing)
     engine.sweeper.add_step("trigger-fires", partial(_purge_fires, engine.triggers))
     return engine.triggers
+
+
+def _wake_stranded_parents(store: SqlWorkflowStore, runner: WorkflowRunner) -> SweepReport:
+    woken = store.wake_stranded(now=runner.clock())
+    runner.schedule_started(woken)
+    return SweepReport(requeued=len(woken))
 
 
 def _purge_fires(service: TriggerService) -> SweepReport:

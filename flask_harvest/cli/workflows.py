@@ -50,6 +50,8 @@ EXECUTION_FIELDS = (
     "queue_name",
     "concurrency_key",
     "priority",
+    "parent_execution_id",
+    "parent_close_policy",
     "input",
     "output",
     "error",
@@ -227,6 +229,25 @@ def _chain_rows(data: Mapping[str, Any]) -> str:
         for e in data["executions"]
     ]
     return out.table(rows, ("execution_id", "state", "created", "completed", "continued as"))
+
+
+@workflows_cli.command("children")
+@click.argument("execution_id")
+@click.option(
+    "--limit", type=click.IntRange(1, MAX_PAGE), default=50, show_default=True, help="Rows per page."
+)
+@click.option("--cursor", default=None, help="Continue after a previous page (its 'more:' line).")
+@out.json_option
+def workflows_children(execution_id: str, limit: int, cursor: str | None, as_json: bool) -> None:
+    """The runs the execution started as children, oldest first."""
+    page, next_cursor = _service().children(execution_id, cursor=cursor, limit=limit)
+    data = {
+        "execution_id": execution_id,
+        "children": [execution_to_dict(e, with_io=False) for e in page],
+        "next_cursor": next_cursor,
+    }
+    # The same JSON as GET /workflows/<id>/children; the same table as the list.
+    out.output(data, as_json, lambda d: _execution_rows({**d, "executions": d["children"]}))
 
 
 @workflows_cli.command("result")

@@ -30,6 +30,8 @@ STATES = [state.value for state in ExecutionState]
 COUNT_CAP = 10_000
 #: Trigger fires shown on an execution's page.
 RECENT_FIRES = 100
+#: Child runs shown on an execution's page (the CLI and the HTTP API page through all of them).
+SHOWN_CHILDREN = 100
 #: Cancel and terminate: what each does, for the confirmation page.
 ACTIONS = {
     "cancel": "Cancel asks the run to stop: a pending run ends Cancelled now, a running one at its "
@@ -104,9 +106,12 @@ def _execution_page(execution_id: str, *, notice: str = "") -> tuple[str, int]:
         if engine.triggers is not None
         else None
     )
+    children, more_children = service.children(execution.execution_id, limit=SHOWN_CHILDREN)
     return render_page(
         "workflows/execution.html",
         execution=execution,
+        children=children,
+        more_children=more_children is not None,
         steps=service.steps(execution.execution_id),
         deliveries=deliveries,
         fires=fires,

@@ -8,8 +8,10 @@ This package is the engine, free of Flask and of any job backend: a :class:`Work
 
 from __future__ import annotations
 
+from .children import ChildHandle
 from .context import StepRetryPolicy, WorkflowContext
 from .errors import (
+    ChildFailedError,
     ExecutionEndedError,
     ExecutionNotFoundError,
     ForkNotRecordedError,
@@ -29,6 +31,8 @@ from .runner import WorkflowRunner
 from .store import ExecutionCursor, LeaseSweep, SqlWorkflowStore
 
 __all__ = [
+    "ChildFailedError",
+    "ChildHandle",
     "Execution",
     "ExecutionCursor",
     "ExecutionEndedError",

@@ -203,12 +203,14 @@ class Leases:
             return conn.execute(stmt).first() is not None
 
 
-def _due(now: datetime) -> tuple[Any, Any, Any]:
+def _due(now: datetime) -> tuple[Any, Any, Any, Any]:
     # What makes an execution claimable by its id: pending, with no wait or a wait that has
-    # passed, and in no queue (a queued run is claimed through its queue's limits).
+    # passed, not waiting for a child (its wake-up clears waiting_on), and in no queue (a queued
+    # run is claimed through its queue's limits).
     return (
         _ex.c.state == _PENDING,
         or_(_ex.c.next_run_at.is_(None), _ex.c.next_run_at <= now),
+        _ex.c.waiting_on.is_(None),
         _ex.c.queue_name.is_(None),
     )
 

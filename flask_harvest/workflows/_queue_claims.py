@@ -115,6 +115,8 @@ class QueueClaims:
             c.c.queue_name == spec.name,
             c.c.state == _PENDING_SQL,
             or_(c.c.next_run_at.is_(None), c.c.next_run_at <= now),
+            # A parent waiting for a child is woken by the child's end, never claimed before.
+            c.c.waiting_on.is_(None),
         ]
         # The candidate's own key limit: the runs of its key running now, in its queue.
         running_with_key = (

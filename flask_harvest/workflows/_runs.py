@@ -48,7 +48,9 @@ class Runs:
         max_input_bytes: int | None = None,
         conn: Connection | None = None,
         queue: StartQueue | None = None,
+        parent: tuple[str, str] | None = None,
     ) -> tuple[Execution, bool]:
+        # parent: (parent_execution_id, parent_close_policy) of a child run (see _children).
         input_text = encode_json(input, field="input", max_bytes=max_input_bytes)
         check_key("name", name)
         if workflow_id is not None:
@@ -87,6 +89,8 @@ class Runs:
                     **(queue_values(queue) if queue is not None else {}),
                     "trace_context": trace_context,
                 }
+                if parent is not None:
+                    values["parent_execution_id"], values["parent_close_policy"] = parent
                 # DO NOTHING rather than catching IntegrityError: an error would abort the caller's
                 # PostgreSQL transaction. PostgreSQL waits here for a concurrent inserter to commit.
                 stmt = (

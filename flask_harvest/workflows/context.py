@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -26,22 +27,25 @@ from datetime import datetime, timedelta
 from typing import Any, NoReturn, TypeVar
 
 from .. import tracing
-from .._input import text_problem
+from .._input import check_id, text_problem
 from ..errors import InvalidFieldError, InvalidStateError
 from ..outbound.backoff import retry_delay_ms
+from .children import CHILD_STEP, WAIT_CHILD_STEP, ChildHandle, child_result, child_workflow_id
 from .errors import ForkNotRecordedError, NonDeterminismError, StepFailedError, WorkflowError
 from .models import (
     Execution,
     ExecutionState,
     ForkMode,
     JsonValue,
+    ParentClosePolicy,
     StepRecord,
     decode_json,
     describe_error,
     encode_json,
     timeout_message,
 )
-from .store import LeaseView, SqlWorkflowStore
+from .registry import WorkflowRegistry
+from .store import ChildStart, LeaseView, SqlWorkflowStore
 
 __all__ = ["FRESH_SECONDS", "StepRetryPolicy", "WorkflowContext"]
 
@@ -121,10 +125,18 @@ class WorkflowContext:
         wait: Callable[[float], None],
         lease: LeaseView | None = None,
         recorded: dict[int, StepRecord] | None = None,
+        registry: WorkflowRegistry | None = None,
         max_input_bytes: int | None = None,
     ) -> None:
         self._execution = execution
+        # What a child's start needs: whether its workflow exists, its timeout, the input limit.
+        self._registry = registry
         self._max_input_bytes = max_input_bytes
+        # Children started and not written yet: they are written together, with their checkpoints,
+        # before the next step, sleep or wait, or the end (one transaction instead of one each).
+        self._unwritten: list[tuple[ChildStart, ChildHandle]] = []
+        # Outcomes of ended children waited for and not checkpointed yet, written with them.
+        self._unwritten_waits: list[tuple[int, JsonValue]] = []
         self._token = token
         self._store = store
         self._steps = steps
@@ -207,6 +219,7 @@ class WorkflowContext:
                 raise StepFailedError(name, recorded.error)
             output: T = recorded.output
             return output
+        self._write_pending()
         self._boundary()
         policy = backoff or self._retry
         attempt = 0
@@ -254,6 +267,7 @@ class WorkflowContext:
                 return
             self._boundary()
         else:
+            self._write_pending()
             self._boundary()
             wake_at = self._clock() + delta
             self._record(seq, SLEEP_STEP, output=wake_at.isoformat())
@@ -293,6 +307,9 @@ class WorkflowContext:
         # error (the run fails with it, or the code catches it), never an engine failure.
         encode_json(input, field="input", max_bytes=self._max_input_bytes)
         self._refuse_unrecorded_continue()
+        # Children started since the last write exist before the hand-over, which gives them to
+        # the successor (their parent-close policy then applies when the chain ends).
+        self._write_pending()
         self._boundary()
         with _engine_call():
             moved = self._store.continue_as_new(
@@ -330,6 +347,145 @@ class WorkflowContext:
                 f"this recorded fork cannot continue as new: its source {execution.forked_from} "
                 "did not continue as new, so there is no recorded run to replay next"
             )
+
+    def start_child(
+        self,
+        name: str,
+        input: JsonValue = None,
+        *,
+        workflow_id: str | None = None,
+        parent_close_policy: ParentClosePolicy | str = ParentClosePolicy.TERMINATE,
+    ) -> ChildHandle:
+        """Start a run of the workflow ``name`` as a child of this run; on a replay, return the
+        same child (the start is checkpointed with the child's row, in one transaction).
+
+        The children started since the last write are written together before the next step,
+        sleep, wait for an open child, or the run's end; one with a ``workflow_id`` of the
+        caller's is written at once.
+
+        :param workflow_id: the child's business key; by default ``"<this execution_id>:<position>"``,
+            the same on every replay.
+        :param parent_close_policy: what happens to the child if it is still open when this run
+            closes (:class:`ParentClosePolicy`).
+        :raises UnknownWorkflowError: no workflow is registered as ``name``.
+        :raises InvalidFieldError: a bad input, ``workflow_id`` or policy.
+        """
+        self._refuse_inside_step("ctx.start_child")
+        try:
+            policy = ParentClosePolicy(parent_close_policy)
+        except ValueError:
+            choices = ", ".join(p.value for p in ParentClosePolicy)
+            raise InvalidFieldError(
+                "parent_close_policy", f"must be one of {choices}, not {parent_close_policy!r:.80}"
+            ) from None
+        seq = self._next_position()
+        recorded = self._replay(seq, CHILD_STEP)
+        if recorded is not None:
+            return self._handle(recorded.output)
+        if self._registry is None:
+            raise InvalidStateError("this context cannot start child runs: it has no workflow registry")
+        definition = self._registry.get(name)
+        child_id = workflow_id if workflow_id is not None else child_workflow_id(self.execution_id, seq)
+        # Bad input is the workflow's error to see (and catch), not a failure of the engine's call.
+        input_text = encode_json(input, field="input", max_bytes=self._max_input_bytes)
+        check_id(child_id, "workflow_id", max_chars=_MAX_STEP_NAME)
+        self._boundary()
+        now = self._clock()
+        start = ChildStart(
+            seq,
+            str(uuid.uuid4()),
+            name,
+            input_text,
+            child_id,
+            policy,
+            now + definition.timeout if definition.timeout is not None else None,
+        )
+        handle = ChildHandle(start.execution_id, child_id, self.wait_child)
+        self._unwritten.append((start, handle))
+        if workflow_id is not None:
+            # A workflow_id of the caller's may have an open run already: the handle must be that
+            # run's before the code sees it.
+            self._write_pending()
+        return handle
+
+    def wait_child(self, handle: ChildHandle) -> JsonValue:
+        """Wait durably for a child to end and return its output; on a replay, return (or raise)
+        what the first wait recorded.
+
+        While the child is open this run sleeps (``Pending``, no worker held, no polling) until the
+        child's end wakes it; a cancel request or this run's deadline still end it.
+
+        :raises ChildFailedError: the child ended ``Failed``, ``Cancelled``, ``TimedOut`` or
+            ``Terminated`` (the workflow may catch it).
+        """
+        if not isinstance(handle, ChildHandle):
+            raise InvalidFieldError(
+                "handle", f"must be a ChildHandle from ctx.start_child, not {handle!r:.80}"
+            )
+        self._refuse_inside_step("ctx.wait_child")
+        seq = self._next_position()
+        recorded = self._replay(seq, WAIT_CHILD_STEP)
+        if recorded is not None:
+            return child_result(handle.workflow_id, handle.execution_id, recorded.output)
+        if not any(pending is handle for _, pending in self._unwritten):
+            # An ended child's outcome never changes: it is checkpointed with the next write (the
+            # next start, step, sleep, wait that sleeps, or the end), not in a transaction of its own.
+            with _engine_call():
+                ended = self._store.child_outcome(handle.execution_id)
+            if ended is not None:
+                self._unwritten_waits.append((seq, ended))
+                self._steps[seq] = StepRecord(self.execution_id, seq, WAIT_CHILD_STEP, ended)
+                return child_result(handle.workflow_id, handle.execution_id, ended)
+        self._write_pending()
+        self._boundary()
+        with _engine_call():
+            waited = self._store.wait_child(
+                self.execution_id,
+                self._token,
+                seq,
+                handle.execution_id,
+                handle.workflow_id,
+                now=self._clock(),
+            )
+        if waited.suspended:
+            raise _Suspended
+        if waited.lease is not None:
+            self._lease, self._lease_read_at = waited.lease, time.monotonic()
+        if waited.boundary:
+            self._boundary(renew=True)
+        if waited.outcome is None:
+            raise _Stopped
+        self._steps[seq] = StepRecord(self.execution_id, seq, WAIT_CHILD_STEP, waited.outcome)
+        return child_result(handle.workflow_id, handle.execution_id, waited.outcome)
+
+    # -- internals -------------------------------------------------------------------------------
+
+    def _write_pending(self) -> None:
+        """Write the children started and the waits for ended children since the last write, with
+        their checkpoints, in one transaction under the lease (the runner calls it before it ends
+        the run, too)."""
+        if not self._unwritten and not self._unwritten_waits:
+            return
+        unwritten, self._unwritten = self._unwritten, []
+        waits, self._unwritten_waits = self._unwritten_waits, []
+        with _engine_call():
+            written = self._store.record_children(
+                self.execution_id, self._token, [start for start, _ in unwritten], waits, now=self._clock()
+            )
+        if written is None:
+            raise _Stopped  # the lease is lost: terminated, timed out or taken over
+        children, self._lease = written
+        self._lease_read_at = time.monotonic()
+        for (start, handle), child in zip(unwritten, children, strict=True):
+            if child.execution_id != handle.execution_id:
+                # An open run of the workflow_id was loaded instead: the handle is that run's. The
+                # handle is the engine's own object, frozen for the workflow code.
+                object.__setattr__(handle, "execution_id", child.execution_id)
+            ids = {"execution_id": child.execution_id, "workflow_id": child.workflow_id}
+            self._steps[start.seq] = StepRecord(self.execution_id, start.seq, CHILD_STEP, ids)
+
+    def _handle(self, ids: JsonValue) -> ChildHandle:
+        return ChildHandle(ids["execution_id"], ids["workflow_id"], self.wait_child)
 
     def _sleep_delta(self, duration: object) -> timedelta:
         if isinstance(duration, timedelta):

@@ -149,3 +149,21 @@ class UnknownQueueError(WorkflowError, InvalidFieldError):
             "or in HARVEST_WORKFLOW_QUEUES, in the web process and every worker",
         )
         self.name = name
+
+
+class ChildFailedError(WorkflowError):
+    """A child run the workflow waited for ended other than ``Completed``; raised again, the same,
+    on every replay. The workflow may catch it.
+
+    :param workflow_id: the child's ``workflow_id``.
+    :param execution_id: the child's execution id (the last of its chain if it continued as new).
+    :param state: how the child ended (``Failed``, ``Cancelled``, ``TimedOut`` or ``Terminated``).
+    :param error: the child's error, as recorded.
+    """
+
+    def __init__(self, workflow_id: str, execution_id: str, state: str, error: str | None) -> None:
+        super().__init__(f"child workflow {workflow_id!r} ({execution_id}) ended {state}: {error}")
+        self.workflow_id = workflow_id
+        self.execution_id = execution_id
+        self.state = state
+        self.error = error

@@ -27,6 +27,7 @@ from .models import Execution, ExecutionState
 from .queue_views import queue_views
 from .schemas import (
     CancelSchema,
+    ChildrenQuerySchema,
     ForkSchema,
     ListQuerySchema,
     ResultQuerySchema,
@@ -97,6 +98,22 @@ def steps(execution_id: str) -> Response:
     """The execution's step checkpoints, in order."""
     checkpoints = workflow_service().steps(execution_id)
     return jsonify({"execution_id": execution_id, "steps": [step_to_dict(s) for s in checkpoints]})
+
+
+@workflows_api.get("/workflows/<execution_id>/children")
+def children(execution_id: str) -> Response:
+    """One page of the runs the execution started as children, oldest first; ``next_cursor`` (and
+    ``X-Next-Cursor``) continues."""
+    query = load_query(ChildrenQuerySchema())
+    page, next_cursor = workflow_service().children(
+        execution_id, cursor=query.get("cursor"), limit=query["limit"]
+    )
+    response = jsonify(
+        {"execution_id": execution_id, "children": [_summary(e) for e in page], "next_cursor": next_cursor}
+    )
+    if next_cursor:
+        response.headers["X-Next-Cursor"] = next_cursor
+    return response
 
 
 @workflows_api.get("/workflows/<execution_id>/result")

@@ -348,8 +348,16 @@ class WorkflowRunner:
 
     def schedule_started(self, execution_ids: Sequence[str]) -> None:
         """Queue the executions a transaction started (a terminal hook's), after its commit."""
-        for execution_id in execution_ids:
-            self._schedule(execution_id, None)
+        if len(execution_ids) <= 1:
+            for execution_id in execution_ids:
+                self._schedule(execution_id, None)
+            return
+        # Several at once (a parent's children): one call, which the backend may batch.
+        try:
+            self.backend.enqueue([workflow_job(execution_id) for execution_id in execution_ids])
+        except JobBackendError:
+            # The rows are Pending and due: the sweeper's due scan queues them again.
+            logger.warning("could not schedule workflow executions %s", list(execution_ids), exc_info=True)
 
     def run(self, execution_id: str) -> Execution | None:
         """Claim the execution and run its workflow function until it ends or sleeps.
@@ -438,11 +446,19 @@ class WorkflowRunner:
             schedule=self._schedule,
             wait=self.wait,
             lease=LeaseView(claimed.cancel_requested, claimed.cancel_reason, claimed.deadline),
+            registry=self.registry,
             max_input_bytes=self.max_input_bytes,
         )
         with self._heartbeat(execution_id, token):
             try:
-                output = definition.fn(ctx, claimed.input)
+                # Children started since the last step are written before the run ends: one that
+                # fails may have started children that run on.
+                try:
+                    output = definition.fn(ctx, claimed.input)
+                except Exception:
+                    ctx._write_pending()
+                    raise
+                ctx._write_pending()
             except _EngineFailed as failed:
                 # The engine's own call failed under the workflow code (which could not catch it):
                 # the run stays open; its lease expires and the sweeper requeues it.

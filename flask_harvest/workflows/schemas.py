@@ -21,6 +21,7 @@ from .queues import MAX_CONCURRENCY, MAX_PRIORITY, MIN_PRIORITY
 
 __all__ = [
     "CancelSchema",
+    "ChildrenQuerySchema",
     "ForkSchema",
     "ListQuerySchema",
     "ResultQuerySchema",
@@ -93,6 +94,13 @@ class ListQuerySchema(Schema):
 
     name = fields.String(validate=_text(NAME_LENGTH))
     state = fields.String(validate=validate.OneOf([s.value for s in ExecutionState]))
+    cursor = fields.String(validate=_text(MAX_CURSOR_LENGTH))
+    limit = fields.Integer(load_default=50, validate=validate.Range(min=1, max=MAX_PAGE))
+
+
+class ChildrenQuerySchema(Schema):
+    """``GET /workflows/<execution_id>/children?cursor=&limit=``."""
+
     cursor = fields.String(validate=_text(MAX_CURSOR_LENGTH))
     limit = fields.Integer(load_default=50, validate=validate.Range(min=1, max=MAX_PAGE))
 

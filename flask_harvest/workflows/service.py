@@ -97,6 +97,8 @@ def execution_to_dict(execution: Execution, *, with_io: bool = True) -> dict[str
         "queue_name": execution.queue_name,
         "concurrency_key": execution.concurrency_key,
         "priority": execution.priority,
+        "parent_execution_id": execution.parent_execution_id,
+        "parent_close_policy": execution.parent_close_policy,
     }
     if execution.forked_from is not None:
         data["forked_from"] = execution.forked_from
@@ -291,6 +293,23 @@ class WorkflowService:
         """
         self.get(execution_id)
         return self.store.list_steps(execution_id)
+
+    def children(
+        self, execution_id: str, *, cursor: str | None = None, limit: int = 50
+    ) -> tuple[list[Execution], str | None]:
+        """Return one page of the runs ``execution_id`` started as children, oldest first, and the
+        cursor of the next page (or ``None``).
+
+        :raises ExecutionNotFoundError: no execution has this id.
+        :raises InvalidFieldError: a bad cursor or a limit outside 1 to 500.
+        """
+        if not 1 <= limit <= 500:
+            raise InvalidFieldError("limit", "must be between 1 and 500")
+        position = decode_cursor(cursor) if cursor else None
+        self.get(execution_id)
+        rows = self.store.list_children(execution_id, cursor=position, limit=limit + 1)
+        page = rows[:limit]
+        return page, encode_cursor(page[-1]) if len(rows) > limit else None
 
     def cancel(self, execution_id: str, reason: str | None = None) -> Execution:
         """Cancel cooperatively: a pending run ends ``Cancelled`` now, a running one at its next

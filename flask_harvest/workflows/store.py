@@ -17,6 +17,7 @@ from sqlalchemy import Connection, Engine
 
 from . import _reads
 from ._chain import MAX_CHAIN, Chains
+from ._children import ChildRuns, ChildStart, ChildWait
 from ._forks import Forks
 from ._leases import Leases, LeaseView
 from ._queue_claims import PendingRow, QueueClaim, QueueClaims, QueueCounts
@@ -24,11 +25,20 @@ from ._reads import ExecutionReads
 from ._runs import Runs
 from ._store_core import OnStarted, StoreCore, TerminalTransition
 from ._sweep import LeaseSweep, _SweepQueries
-from .hooks import TerminalHooks
-from .models import Execution, ExecutionState, ForkMode, IdReusePolicy, JsonValue, StepRecord, encode_json
+from .hooks import TerminalHook, TerminalHooks
+from .models import (
+    Execution,
+    ExecutionState,
+    ForkMode,
+    IdReusePolicy,
+    JsonValue,
+    ParentClosePolicy,
+    StepRecord,
+    encode_json,
+)
 from .queues import QueueSpec, StartQueue
 
-__all__ = ["ExecutionCursor", "LeaseSweep", "LeaseView", "SqlWorkflowStore"]
+__all__ = ["ChildStart", "ChildWait", "ExecutionCursor", "LeaseSweep", "LeaseView", "SqlWorkflowStore"]
 
 #: A listing position: the ``(created_at, execution_id)`` of the last execution of a page.
 ExecutionCursor = _reads.ExecutionCursor
@@ -59,6 +69,7 @@ class SqlWorkflowStore:
         self._forks = Forks(self._core)
         self._chains = Chains(self._core, self._terminal)
         self._queues = QueueClaims(self._core)
+        self._children = ChildRuns(self._core, self._terminal, self._runs, self._leases)
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.engine.url.render_as_string(hide_password=True)}>"
@@ -449,3 +460,95 @@ class SqlWorkflowStore:
         """Return the runs of ``execution_id``'s continue-as-new chain, first to last; of a chain
         longer than ``limit``, the ``limit`` most recent runs. Empty if there is no such run."""
         return self._chains.chain(execution_id, limit=limit)
+
+    # -- child runs ----------------------------------------------------------------------------
+
+    @property
+    def children_hook(self) -> TerminalHook:
+        """The terminal hook of child runs (the engine registers it once): it wakes a parent
+        waiting for the run that ended, and applies the parent-close policy of its open children."""
+        return self._children.terminal_hook
+
+    def start_child(
+        self,
+        parent_id: str,
+        token: str,
+        seq: int,
+        *,
+        name: str,
+        input: JsonValue,
+        workflow_id: str,
+        policy: ParentClosePolicy,
+        now: datetime,
+        deadline: datetime | None = None,
+        max_input_bytes: int | None = None,
+    ) -> tuple[Execution, LeaseView] | None:
+        """Start (or load) a child of ``parent_id`` and checkpoint it at position ``seq`` of the
+        parent, in one transaction guarded by the parent's lease.
+
+        :returns: the child and the parent's row as read then, or ``None`` when the parent's lease
+            is lost (nothing was written).
+        :raises InvalidFieldError: a bad input (``InputTooLargeError`` over ``max_input_bytes``),
+            name or ``workflow_id``.
+        """
+        return self._children.start_child(
+            parent_id,
+            token,
+            seq,
+            name=name,
+            input=input,
+            workflow_id=workflow_id,
+            policy=policy,
+            now=now,
+            deadline=deadline,
+            max_input_bytes=max_input_bytes,
+        )
+
+    def record_children(
+        self,
+        parent_id: str,
+        token: str,
+        starts: Sequence[ChildStart],
+        outcomes: Sequence[tuple[int, JsonValue]] = (),
+        *,
+        now: datetime,
+    ) -> tuple[list[Execution], LeaseView] | None:
+        """Start (or load) children of ``parent_id`` and checkpoint each at its position, and
+        checkpoint the outcomes of ended children it waited for, in one transaction guarded by the
+        parent's lease (all or none).
+
+        :returns: the children in order and the parent's row as read then, or ``None`` when the
+            parent's lease is lost (nothing was written).
+        """
+        return self._children.record(parent_id, token, starts, outcomes, now=now)
+
+    def child_outcome(self, execution_id: str) -> JsonValue:
+        """The recorded form of a child's end (following its continue-as-new chain), or ``None``
+        while it is open."""
+        return self._children.outcome_of(execution_id)
+
+    def wait_child(
+        self,
+        parent_id: str,
+        token: str,
+        seq: int,
+        child_execution_id: str,
+        child_workflow_id: str,
+        *,
+        now: datetime,
+    ) -> ChildWait:
+        """Checkpoint the child's outcome at ``seq`` if it ended, else suspend the parent until it
+        does (see :class:`ChildWait`)."""
+        return self._children.wait_child(
+            parent_id, token, seq, child_execution_id, child_workflow_id, now=now
+        )
+
+    def list_children(
+        self, parent_id: str, *, cursor: ExecutionCursor | None = None, limit: int = 100
+    ) -> list[Execution]:
+        """Return the runs ``parent_id`` started as children, oldest first, after ``cursor``."""
+        return self._children.list_children(parent_id, cursor=cursor, limit=limit)
+
+    def wake_stranded(self, *, now: datetime, limit: int = 500) -> list[str]:
+        """Wake the parents still waiting for a child that has ended; return their ids, to queue."""
+        return self._children.wake_stranded(now=now, limit=limit)
