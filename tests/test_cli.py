@@ -153,6 +153,7 @@ def assert_no_secret(result: Result) -> None:
                 "fork",
                 "schedules",
                 "queues",
+                "children",
             ],
         ),
         (("workflows", "schedules"), ["pause", "resume"]),
