@@ -298,9 +298,9 @@ with CapturingReceiver().start() as receiver, app.app_context():
         "stored": stored,
         "headers": sorted({h for r in receiver.requests for h in r.headers}),
     }), flush=True)
-# What was to be shown is shown: exit at once rather than wait for the engine's and the
-# receiver's threads to wind down, which the machine's load can make slow.
-os._exit(0)
+    # What was to be shown is shown: exit here, inside the block, rather than wait for the
+    # receiver's server and the engine's threads to wind down, which is not what this checks.
+    os._exit(0)
 """
 
 
