@@ -8,7 +8,7 @@ here.
 
 from __future__ import annotations
 
-from . import access, forks, overview, triggers, webhooks, workflows
+from . import access, forks, overview, triggers, webhooks, when, workflows
 from ._core import CONTENT_SECURITY_POLICY, NAV, PANELS, NavEntry, Panel, dashboard, install_dashboard
 
 __all__ = [
@@ -24,5 +24,6 @@ __all__ = [
     "overview",
     "triggers",
     "webhooks",
+    "when",
     "workflows",
 ]
