@@ -8,7 +8,7 @@ here.
 
 from __future__ import annotations
 
-from . import access, forks, overview, triggers, webhooks, when, workflows
+from . import access, forks, overview, search, triggers, webhooks, when, workflows
 from ._core import CONTENT_SECURITY_POLICY, NAV, PANELS, NavEntry, Panel, dashboard, install_dashboard
 
 __all__ = [
@@ -22,6 +22,7 @@ __all__ = [
     "forks",
     "install_dashboard",
     "overview",
+    "search",
     "triggers",
     "webhooks",
     "when",
