@@ -35,7 +35,7 @@ from ._core import (
     query_text,
     render_page,
 )
-from .paging import PAGE_SIZE, Page
+from .paging import PAGE_SIZE, Page, pager
 
 #: Fires-ledger rows shown on a trigger's page and on the overview.
 RECENT_FIRES = 100
@@ -76,8 +76,17 @@ PANELS.append(Panel(30, "harvest_dashboard/triggers/_overview_panel.html", _over
 @dashboard.get("/triggers")
 def triggers() -> tuple[str, int]:
     """The registered triggers, oldest first; keyset pages."""
-    stored, next_cursor = triggers_service().triggers_page(limit=PAGE_SIZE, cursor=query_text("cursor"))
-    return render_page("triggers/list.html", page=Page([stored_to_json(t) for t in stored], next_cursor))
+    service = triggers_service()
+    cursor = query_text("cursor")
+
+    def fetch(at: str | None, limit: int) -> tuple[list[Any], str | None]:
+        return service.triggers_page(limit=limit, cursor=at)
+
+    stored, next_cursor = fetch(cursor, PAGE_SIZE)
+    page = Page([stored_to_json(t) for t in stored], next_cursor)
+    return render_page(
+        "triggers/list.html", page=page, pages=pager("harvest_dashboard.triggers", {}, cursor, page, fetch)
+    )
 
 
 @dashboard.get("/triggers/<trigger_id>")

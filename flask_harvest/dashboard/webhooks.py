@@ -40,7 +40,7 @@ from ._core import (
     render_page,
 )
 from .chart import stacked_bars
-from .paging import PAGE_SIZE, Page
+from .paging import PAGE_SIZE, PAGING_ARGS, Page, pager
 from .when import absolute, as_time, page_now, relative
 
 NAV.append(NavEntry("Subscriptions", "harvest_dashboard.subscriptions", always))
@@ -126,17 +126,21 @@ def subscriptions() -> tuple[str, int]:
     filtered in the store's query."""
     status = _choice(query_text("status"), SUBSCRIPTION_STATUSES, "status")
     topic = query_text("topic")
-    items, next_cursor = get_engine().operations.subscriptions_page(
-        limit=PAGE_SIZE,
-        cursor=query_text("cursor"),
-        status=WebhookSubscriptionStatus(status) if status else None,
-        topic=topic,
-    )
+    cursor = query_text("cursor")
+
+    def fetch(at: str | None, limit: int) -> tuple[list[WebhookSubscription], str | None]:
+        return get_engine().operations.subscriptions_page(
+            limit=limit, cursor=at, status=WebhookSubscriptionStatus(status) if status else None, topic=topic
+        )
+
+    items, next_cursor = fetch(cursor, PAGE_SIZE)
+    filters = {"status": status or "", "topic": topic or ""}
     return render_page(
         "webhooks/subscriptions.html",
         page=Page(items, next_cursor),
+        pages=pager("harvest_dashboard.subscriptions", filters, cursor, Page(items, next_cursor), fetch),
         statuses=SUBSCRIPTION_STATUSES,
-        filters={"status": status or "", "topic": topic or ""},
+        filters=filters,
     )
 
 
@@ -246,15 +250,20 @@ def deliveries() -> tuple[str, int]:
     state = _choice(query_text("state"), STATES, "state")
     subscription_id, topic = query_text("subscription_id"), query_text("topic")
     since, until = query_time("since"), query_time("until")
-    items, next_cursor = get_engine().operations.delivery_summaries_page(
-        state=DeliveryState(state) if state else None,
-        cursor=query_text("cursor"),
-        limit=PAGE_SIZE,
-        subscription_id=subscription_id,
-        topic=topic,
-        since=since,
-        until=until,
-    )
+    cursor = query_text("cursor")
+
+    def fetch(at: str | None, limit: int) -> tuple[list[DeliverySummary], str | None]:
+        return get_engine().operations.delivery_summaries_page(
+            state=DeliveryState(state) if state else None,
+            cursor=at,
+            limit=limit,
+            subscription_id=subscription_id,
+            topic=topic,
+            since=since,
+            until=until,
+        )
+
+    items, next_cursor = fetch(cursor, PAGE_SIZE)
     shown = {
         "state": state or "",
         "subscription_id": subscription_id or "",
@@ -262,7 +271,7 @@ def deliveries() -> tuple[str, int]:
         "since": _local(since),
         "until": _local(until),
     }
-    next_args = {key: value for key, value in request.args.items() if key != "cursor" and value}
+    next_args = {key: value for key, value in request.args.items() if key not in PAGING_ARGS and value}
     return render_page(
         "webhooks/deliveries.html",
         page=Page(items, next_cursor),
@@ -274,7 +283,7 @@ def deliveries() -> tuple[str, int]:
         ),
         states=STATES,
         filters=shown,
-        next_args=next_args,
+        pages=pager("harvest_dashboard.deliveries", next_args, cursor, Page(items, next_cursor), fetch),
     )
 
 

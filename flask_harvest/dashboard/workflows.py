@@ -20,10 +20,10 @@ from werkzeug.wrappers import Response as BaseResponse
 from .._app import get_engine
 from ..callbacks.service import CompletionCallbacks
 from ..engine import HarvestEngine
-from ..workflows.models import ExecutionState, JsonValue
+from ..workflows.models import Execution, ExecutionState, JsonValue
 from ..workflows.service import WorkflowService
 from ._core import NAV, PANELS, NavEntry, Panel, dashboard, form_text, query_text, render_page
-from .paging import PAGE_SIZE, Page
+from .paging import PAGE_SIZE, Page, pager
 
 STATES = [state.value for state in ExecutionState]
 #: Executions counted per state on the overview at most (an index walk that stops there).
@@ -81,15 +81,20 @@ def workflows() -> tuple[str, int]:
     """Executions newest first, filtered by workflow name and state; keyset pages."""
     service = workflows_service()
     name, state = query_text("name"), query_text("state")
-    items, next_cursor = service.list_executions(
-        name=name, state=state, cursor=query_text("cursor"), limit=PAGE_SIZE
-    )
+    cursor = query_text("cursor")
+
+    def fetch(at: str | None, limit: int) -> tuple[list[Execution], str | None]:
+        return service.list_executions(name=name, state=state, cursor=at, limit=limit)
+
+    items, next_cursor = fetch(cursor, PAGE_SIZE)
+    filters = {"name": name or "", "state": state or ""}
     return render_page(
         "workflows/executions.html",
         page=Page(items, next_cursor),
+        pages=pager("harvest_dashboard.workflows", filters, cursor, Page(items, next_cursor), fetch),
         states=STATES,
         names=service.registry.names(),
-        filters={"name": name or "", "state": state or ""},
+        filters=filters,
     )
 
 
