@@ -8,7 +8,7 @@ here.
 
 from __future__ import annotations
 
-from . import access, forks, overview, search, triggers, webhooks, when, workflows
+from . import access, forks, overview, search, subscription_admin, triggers, webhooks, when, workflows
 from ._core import CONTENT_SECURITY_POLICY, NAV, PANELS, NavEntry, Panel, dashboard, install_dashboard
 
 __all__ = [
@@ -23,6 +23,7 @@ __all__ = [
     "install_dashboard",
     "overview",
     "search",
+    "subscription_admin",
     "triggers",
     "webhooks",
     "when",

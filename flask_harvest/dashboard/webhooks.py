@@ -41,6 +41,7 @@ from ._core import (
 )
 from .chart import stacked_bars
 from .paging import PAGE_SIZE, PAGING_ARGS, Page, pager
+from .subscription_admin import HEALTH_DELIVERIES, subscription_health
 from .when import absolute, as_time, page_now, relative
 
 NAV.append(NavEntry("Subscriptions", "harvest_dashboard.subscriptions", always))
@@ -141,6 +142,7 @@ def subscriptions() -> tuple[str, int]:
         pages=pager("harvest_dashboard.subscriptions", filters, cursor, Page(items, next_cursor), fetch),
         statuses=SUBSCRIPTION_STATUSES,
         filters=filters,
+        notice="Deleted." if request.args.get("done") == "deleted" else "",
     )
 
 
@@ -155,6 +157,8 @@ def _subscription_page(
         recent=recent,
         new_secret=new_secret,
         notice=notice,
+        health=subscription_health(subscription.id),
+        health_deliveries=HEALTH_DELIVERIES,
         max_grace=int(MAX_GRACE_SECONDS),
         default_grace=int(get_engine().settings.webhooks_secret_grace_seconds),
     )
