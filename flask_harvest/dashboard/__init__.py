@@ -8,7 +8,18 @@ here.
 
 from __future__ import annotations
 
-from . import access, forks, overview, search, subscription_admin, triggers, webhooks, when, workflows
+from . import (
+    access,
+    dlq_select,
+    forks,
+    overview,
+    search,
+    subscription_admin,
+    triggers,
+    webhooks,
+    when,
+    workflows,
+)
 from ._core import CONTENT_SECURITY_POLICY, NAV, PANELS, NavEntry, Panel, dashboard, install_dashboard
 
 __all__ = [
@@ -19,6 +30,7 @@ __all__ = [
     "Panel",
     "access",
     "dashboard",
+    "dlq_select",
     "forks",
     "install_dashboard",
     "overview",

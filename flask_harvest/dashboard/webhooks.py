@@ -288,6 +288,8 @@ def deliveries() -> tuple[str, int]:
         states=STATES,
         filters=shown,
         pages=pager("harvest_dashboard.deliveries", next_args, cursor, Page(items, next_cursor), fetch),
+        # The dead-lettered rows shown get a checkbox (dlq_select.replay_selected).
+        dlq_shown=[item.id for item in items if item.state is DeliveryState.DLQ],
     )
 
 
