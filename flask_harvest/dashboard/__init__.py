@@ -11,6 +11,7 @@ from __future__ import annotations
 from . import (
     access,
     dlq_select,
+    failed_callbacks,
     forks,
     overview,
     search,
@@ -31,6 +32,7 @@ __all__ = [
     "access",
     "dashboard",
     "dlq_select",
+    "failed_callbacks",
     "forks",
     "install_dashboard",
     "overview",

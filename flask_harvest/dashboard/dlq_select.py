@@ -18,7 +18,9 @@ from .paging import PAGE_SIZE
 MAX_SELECTED = PAGE_SIZE
 
 
-def _ids(name: str) -> list[str]:
+def posted_ids(name: str) -> list[str]:
+    """The form's ids under ``name`` (a checkbox per row), at most :data:`MAX_SELECTED`; refuse
+    bad text (422 naming the field)."""
     values = posted_form().getlist(name)
     if len(values) > MAX_SELECTED:
         raise InvalidFieldError(name, f"holds more than {MAX_SELECTED} deliveries")
@@ -36,7 +38,7 @@ def replay_selected() -> tuple[str, int]:
     action = form_text("action", required=True, max_chars=16)
     if action not in ("selected", "all"):
         raise InvalidFieldError("action", "must be selected or all")
-    chosen = _ids("delivery_id") if action == "selected" else _ids("shown")
+    chosen = posted_ids("delivery_id") if action == "selected" else posted_ids("shown")
     if not chosen:
         raise InvalidFieldError("delivery_id", "tick at least one delivery to replay")
     result = get_engine().operations.replay_selected(chosen)
