@@ -44,6 +44,8 @@ NOTICES = {
     "forked": "The fork was created: this new run started from a copy of its source's steps.",
     "redriven": "The completion delivery was redriven: it is due now, with the same id.",
     "not_failed": "That completion delivery has not failed: nothing was changed.",
+    "started": "Started.",
+    "already_open": "A run with that workflow_id is open: this is it (nothing new was started).",
 }
 
 
