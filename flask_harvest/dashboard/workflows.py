@@ -24,6 +24,8 @@ from ..workflows.models import Execution, ExecutionState, JsonValue
 from ..workflows.service import WorkflowService
 from ._core import NAV, PANELS, NavEntry, Panel, dashboard, form_text, query_text, render_page
 from .paging import PAGE_SIZE, Page, pager
+from .timeline import run_timeline
+from .when import page_now
 
 STATES = [state.value for state in ExecutionState]
 #: Executions counted per state on the overview at most (an index walk that stops there).
@@ -111,10 +113,12 @@ def _execution_page(execution_id: str, *, notice: str = "") -> tuple[str, int]:
         if engine.triggers is not None
         else None
     )
+    steps = service.steps(execution.execution_id)
     return render_page(
         "workflows/execution.html",
         execution=execution,
-        steps=service.steps(execution.execution_id),
+        steps=steps,
+        **run_timeline(execution, steps, page_now()),
         deliveries=deliveries,
         fires=fires,
         notice=notice,
