@@ -24,7 +24,7 @@ from flask_harvest.triggers.definitions import CompletionTrigger
 from ..dashboard_client import PREFIX
 from .conftest import Live
 from .test_dashboard_browser import sign_in
-from .test_dashboard_workflows_browser import start, wait_state
+from .test_dashboard_workflows_browser import full_shot, start, wait_state
 
 pytestmark = [pytest.mark.postgres, pytest.mark.redis, pytest.mark.slow]
 
@@ -35,6 +35,17 @@ SERIOUS = ("serious", "critical")
 SCREENS = {"desktop": (1280, 800), "phone": (390, 844)}
 NOWHERE = "http://127.0.0.1:9/none"
 TRIGGER_ID = "7c2b9a1e-3f4d-4b8a-9e6f-0a1b2c3d4e5f"
+#: The pages whose screenshots the docs show, by the start of their path: the file's name.
+SHOTS = {
+    "/search?": "console-search-not-found",
+    "/webhooks/subscriptions/new": "console-subscription-new",
+    "/webhooks/subscriptions/sub_a11y": "console-subscription-health",
+    "/webhooks/deliveries": "console-deliveries",
+    "/workflows/start": "console-start-run",
+    "/workflows/completion-deliveries/failed": "console-failed-callbacks",
+}
+#: The pages shot on the phone screen.
+PHONE_SHOTS = {"/": "console-phone-overview", "/webhooks/deliveries": "console-phone-deliveries"}
 
 
 @pytest.fixture(scope="module")
@@ -110,6 +121,10 @@ def test_no_page_has_a_serious_accessibility_violation(
         bad = violations(browser, axe_source)
         if bad:
             found[path] = bad
+        if path in SHOTS or path.startswith("/search?"):
+            full_shot(browser, live_workflows, SHOTS.get(path) or SHOTS["/search?"])
+        elif path.startswith("/workflows/") and path.count("/") == 2 and path not in ("/workflows/start",):
+            full_shot(browser, live_workflows, "console-run-timeline")
     browser.delete_all_cookies()
     browser.get(live_workflows.page(f"{PREFIX}/sign-in"))
     if bad := violations(browser, axe_source):
@@ -133,6 +148,8 @@ def test_no_page_scrolls_sideways(
             )
             if sizes[0] > sizes[1]:
                 wide[path] = sizes
+            if screen == "phone" and path in PHONE_SHOTS:
+                full_shot(browser, live_workflows, PHONE_SHOTS[path])
         assert not wide, f"pages wider than the {screen} window (scroll width, window width): {wide}"
     finally:
         browser.set_window_size(1280, 900)
