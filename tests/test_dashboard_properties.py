@@ -43,11 +43,12 @@ OPEN = {"harvest_dashboard.sign_in", "harvest_dashboard.static"}
 FIELDS = [
     "status", "topic", "cursor", "state", "subscription_id", "since", "until", "grace_seconds",
     "action", "limit", "token", "next", "q", "page", "trail",
+    "delivery_id", "shown", "target_url", "topics", "description", "confirm",
 ]  # fmt: skip
 WORKFLOW_FIELDS = [
     "name", "state", "cursor", "reason", "confirm", "done", "id", "source_workflow_name",
     "target_workflow_name", "terminal_states", "input_mapping", "condition", "from_step", "mode", "q",
-    "page", "trail",
+    "page", "trail", "delivery_id", "shown", "input", "workflow_id", "policy",
 ]  # fmt: skip
 #: Values that mean something to some route, mixed with hostile text.
 VALUES = st.one_of(
