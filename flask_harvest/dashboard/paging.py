@@ -116,7 +116,10 @@ def pager(endpoint: str, args: Mapping[str, str], cursor: str | None, page: Page
             values.update(cursor=at, page=page_number, trail="".join(_MARK + e for e in entries))
         return url_for(endpoint, **values)
 
-    total, capped = capped_count(fetch)
+    if cursor is None and page.next_cursor is None:
+        total, capped = len(page.items), False  # the whole list is on this page: nothing to count
+    else:
+        total, capped = capped_count(fetch)
     return Pager(
         first=link(None, 1, []) if cursor is not None else None,
         previous=(link(trail[-1] or None, number - 1, trail[:-1]) if trail and number > 1 else None),
