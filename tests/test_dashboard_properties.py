@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 from flask_harvest import OutboundWebhookHandler, WebhookSubscription, generate_secret, get_engine
 from flask_harvest.dashboard._core import link_maker
 from flask_harvest.dashboard.webhooks import delivery_rows
+from flask_harvest.dashboard.when import when_html
 from flask_harvest.testing import CapturingReceiver
 from flask_harvest.triggers.conditions import Eq
 from flask_harvest.triggers.definitions import CompletionTrigger
@@ -41,11 +42,13 @@ SECRET = generate_secret()
 OPEN = {"harvest_dashboard.sign_in", "harvest_dashboard.static"}
 FIELDS = [
     "status", "topic", "cursor", "state", "subscription_id", "since", "until", "grace_seconds",
-    "action", "limit", "token", "next",
+    "action", "limit", "token", "next", "q", "page", "trail",
+    "delivery_id", "shown", "target_url", "topics", "description", "confirm",
 ]  # fmt: skip
 WORKFLOW_FIELDS = [
     "name", "state", "cursor", "reason", "confirm", "done", "id", "source_workflow_name",
-    "target_workflow_name", "terminal_states", "input_mapping", "condition", "from_step", "mode",
+    "target_workflow_name", "terminal_states", "input_mapping", "condition", "from_step", "mode", "q",
+    "page", "trail", "delivery_id", "shown", "input", "workflow_id", "policy",
 ]  # fmt: skip
 #: Values that mean something to some route, mixed with hostile text.
 VALUES = st.one_of(
@@ -333,16 +336,21 @@ def test_delivery_rows_show_what_url_for_and_the_macros_show(
     app: Flask, value: str, stamp: datetime, status: int | None, error: str | None
 ) -> None:
     """The deliveries list's rows (links from one url_for for the whole list, texts built in
-    Python) are exactly url_for's links and the state and when() macros' texts, for any id."""
+    Python) are exactly url_for's links and the state macro's and harvest_when filter's texts, for
+    any id."""
     summary = DeliverySummary(value, value, "a.b", DeliveryState.DLQ, 2, 5, status, error, stamp)
     with app.test_request_context(f"{PREFIX}/webhooks/deliveries"):
-        links = [
+        now = datetime(2026, 12, 3, 10, 0, tzinfo=timezone.utc)
+        [row] = delivery_rows(
+            [summary],
             link_maker("harvest_dashboard.delivery", "delivery_id"),
             link_maker("harvest_dashboard.subscription", "subscription_id"),
-        ]
-        [row] = delivery_rows([summary], *links)
+            now,
+        )
+        expected_time = str(when_html(stamp, now))
         assert row.link == url_for("harvest_dashboard.delivery", delivery_id=value)
         assert row.subscription_link == url_for("harvest_dashboard.subscription", subscription_id=value)
     assert (row.id, row.subscription_id, row.topic, row.state) == (value, value, "a.b", "dlq")
     assert (row.attempt, row.response_status, row.last_error) == ("2/5", str(status or ""), error or "")
-    assert (row.iso_time, row.time) == (stamp.isoformat(), stamp.strftime("%Y-%m-%d %H:%M:%S"))
+    shown = f'<time datetime="{row.iso_time}" title="{row.title}">{row.time}</time>'
+    assert shown == expected_time

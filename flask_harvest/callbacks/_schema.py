@@ -38,6 +38,8 @@ deliveries_table = Table(
     UniqueConstraint("execution_id", "callback_index"),
     Index("ix_harvest_completion_deliveries_due", "state", "next_attempt_at"),
     Index("ix_harvest_completion_deliveries_lease", "state", "lease_expires_at"),
+    # The dashboard's list of failed deliveries across executions, newest first, a page at a time.
+    Index("ix_harvest_completion_deliveries_state_updated", "state", "updated_at", "delivery_id"),
 )
 
 # One entry per FAILED delivery; a redrive removes it.

@@ -22,6 +22,7 @@ from .._input import id_problem
 from .._time import utcnow
 from ..config import KEYS, Settings
 from ..errors import ConfigurationError, InvalidFieldError, NotFoundError
+from ..http.cursor import decode_position, encode_position
 from ..jobs.base import JobBackend, JobBackendError, JobRef
 from ..jobs.requeue import requeue_missing
 from ..jobs.tasks import run_here
@@ -404,6 +405,35 @@ class CompletionCallbacks:
             return result
         self._enqueue([callback_job(result)])
         return "redriven"
+
+    def failed_page(
+        self, *, limit: int = 50, cursor: str | None = None
+    ) -> tuple[list[CompletionDelivery], str | None]:
+        """One page of the ``FAILED`` deliveries of every execution, the latest to fail first, and
+        the cursor of the next page (or ``None``).
+
+        :raises InvalidFieldError: a limit outside 1 to 500, or a bad cursor.
+        """
+        if not 1 <= limit <= 500:
+            raise InvalidFieldError("limit", "must be between 1 and 500")
+        rows = self.store.failed_page(limit=limit + 1, before=decode_position(cursor) if cursor else None)
+        page = rows[:limit]
+        more = len(rows) > limit
+        return page, encode_position(page[-1].updated_at, page[-1].delivery_id) if more else None
+
+    def redrive_selected(self, delivery_ids: Sequence[str]) -> list[CompletionDelivery]:
+        """Redrive the chosen ``FAILED`` deliveries (same ids, same bytes, a fresh budget, due
+        now); return those redriven (one not failed, or unknown, is left as it is).
+
+        :raises InvalidFieldError: (field ``delivery_id``) an id no delivery can have.
+        """
+        for delivery_id in delivery_ids:
+            if id_problem(delivery_id, max_chars=64) is not None:
+                raise InvalidFieldError("delivery_id", "is not an id")
+        rows = self.store.redrive_selected(list(dict.fromkeys(delivery_ids)), now=utcnow())
+        if rows:
+            self._enqueue([callback_job(row) for row in rows])
+        return rows
 
     def redrive_failed(self, window_seconds: float) -> list[CompletionDelivery]:
         """Redrive every ``FAILED`` delivery, their attempts spread evenly over ``window_seconds``."""

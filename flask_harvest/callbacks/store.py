@@ -340,6 +340,29 @@ class SqlCallbackStore:
             )
         return dict(zip(states, counts, strict=True))
 
+    def failed_page(
+        self, *, limit: int, before: tuple[datetime, str] | None = None
+    ) -> list[CompletionDelivery]:
+        """``FAILED`` deliveries of every execution, the latest to fail first, after the keyset
+        position ``before`` (``(updated_at, delivery_id)`` of the last row of the page before)."""
+        query = select(_d).where(_d.c.state == _FAILED)
+        if before is not None:
+            when, last = before
+            query = query.where(
+                or_(_d.c.updated_at < when, and_(_d.c.updated_at == when, _d.c.delivery_id < last))
+            )
+        query = query.order_by(_d.c.updated_at.desc(), _d.c.delivery_id.desc()).limit(limit)
+        with self.db.transaction("list failed completion deliveries") as conn:
+            return [_row(r) for r in conn.execute(query).all()]
+
+    def redrive_selected(self, delivery_ids: Sequence[str], *, now: datetime) -> list[CompletionDelivery]:
+        """Redrive those of ``delivery_ids`` that are ``FAILED`` (each as :meth:`redrive`, due now);
+        return the rows redriven."""
+        if not delivery_ids:
+            return []
+        chosen = _d.c.delivery_id.in_(list(delivery_ids))
+        return self._redrive([chosen], now=now, window=0.0, limit=len(delivery_ids))
+
     def dead_letter(self, delivery_id: str) -> dict[str, Any] | None:
         """The dead-letter reason of a ``FAILED`` delivery, or ``None``."""
         with self.db.transaction("read a completion dead letter") as conn:

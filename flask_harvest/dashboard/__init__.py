@@ -8,7 +8,23 @@ here.
 
 from __future__ import annotations
 
-from . import access, forks, overview, queues, schedules, triggers, webhooks, workflows
+from . import (
+    access,
+    dlq_select,
+    failed_callbacks,
+    forks,
+    overview,
+    queues,
+    schedules,
+    search,
+    start_run,
+    subscription_admin,
+    trigger_admin,
+    triggers,
+    webhooks,
+    when,
+    workflows,
+)
 from ._core import CONTENT_SECURITY_POLICY, NAV, PANELS, NavEntry, Panel, dashboard, install_dashboard
 
 __all__ = [
@@ -19,12 +35,19 @@ __all__ = [
     "Panel",
     "access",
     "dashboard",
+    "dlq_select",
+    "failed_callbacks",
     "forks",
     "install_dashboard",
     "overview",
     "queues",
     "schedules",
+    "search",
+    "start_run",
+    "subscription_admin",
+    "trigger_admin",
     "triggers",
     "webhooks",
+    "when",
     "workflows",
 ]

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from flask import redirect, request, url_for
-from werkzeug.exceptions import NotFound
+from werkzeug.exceptions import Conflict, NotFound
 from werkzeug.wrappers import Response as BaseResponse
 
 from .._app import get_engine
@@ -23,6 +23,7 @@ from ..engine import HarvestEngine
 from ..errors import InvalidFieldError
 from ..triggers.definitions import TERMINAL_STATE_NAMES, trigger_from_json
 from ..triggers.service import TriggerService, stored_to_json
+from ..triggers.store import StoredTrigger
 from ._core import (
     MAX_FIELD_CHARS,
     NAV,
@@ -35,7 +36,7 @@ from ._core import (
     query_text,
     render_page,
 )
-from .paging import PAGE_SIZE, Page
+from .paging import PAGE_SIZE, Page, pager
 
 #: Fires-ledger rows shown on a trigger's page and on the overview.
 RECENT_FIRES = 100
@@ -50,6 +51,19 @@ def uses_triggers(engine: HarvestEngine) -> bool:
 
 
 NAV.append(NavEntry("Triggers", "harvest_dashboard.triggers", uses_triggers, order=30))
+
+
+#: What the pages of a trigger declared in code say.
+CODE_DEFINED = (
+    "This trigger is declared in the app's code: it is read-only here, because the next start-up "
+    "writes it over again from the code. Change or remove it there."
+)
+
+
+def refuse_code_defined(service: TriggerService, stored: StoredTrigger) -> None:
+    """Refuse (409) to change a trigger declared in code: the next start-up would undo it."""
+    if stored.id in service.code_defined:
+        raise Conflict(CODE_DEFINED)
 
 
 def triggers_service() -> TriggerService:
@@ -76,8 +90,21 @@ PANELS.append(Panel(30, "harvest_dashboard/triggers/_overview_panel.html", _over
 @dashboard.get("/triggers")
 def triggers() -> tuple[str, int]:
     """The registered triggers, oldest first; keyset pages."""
-    stored, next_cursor = triggers_service().triggers_page(limit=PAGE_SIZE, cursor=query_text("cursor"))
-    return render_page("triggers/list.html", page=Page([stored_to_json(t) for t in stored], next_cursor))
+    service = triggers_service()
+    cursor = query_text("cursor")
+
+    def fetch(at: str | None, limit: int) -> tuple[list[Any], str | None]:
+        return service.triggers_page(limit=limit, cursor=at)
+
+    stored, next_cursor = fetch(cursor, PAGE_SIZE)
+    page = Page([stored_to_json(t) for t in stored], next_cursor)
+    return render_page(
+        "triggers/list.html",
+        page=page,
+        pages=pager("harvest_dashboard.triggers", {}, cursor, page, fetch),
+        code_defined=service.code_defined,
+        notice="Deleted." if request.args.get("done") == "deleted" else "",
+    )
 
 
 @dashboard.get("/triggers/<trigger_id>")
@@ -88,6 +115,7 @@ def trigger(trigger_id: str) -> tuple[str, int]:
     return render_page(
         "triggers/trigger.html",
         trigger=stored_to_json(stored),
+        code_defined=CODE_DEFINED if stored.id in service.code_defined else "",
         fires=service.fires(trigger_id=stored.id, limit=RECENT_FIRES),
         notice=notice,
         pretty=_pretty,
@@ -107,7 +135,9 @@ def new_trigger() -> BaseResponse | tuple[str, int]:
 @dashboard.route("/triggers/<trigger_id>/edit", methods=["GET", "POST"])
 def edit_trigger(trigger_id: str) -> BaseResponse | tuple[str, int]:
     """Edit a trigger: a full replacement of its definition (an empty condition clears it)."""
-    stored = triggers_service().get(trigger_id)
+    service = triggers_service()
+    stored = service.get(trigger_id)
+    refuse_code_defined(service, stored)
     if request.method == "POST":
         return _save(trigger_id=stored.id)
     shown = stored_to_json(stored)

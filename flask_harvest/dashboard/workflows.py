@@ -20,10 +20,12 @@ from werkzeug.wrappers import Response as BaseResponse
 from .._app import get_engine
 from ..callbacks.service import CompletionCallbacks
 from ..engine import HarvestEngine
-from ..workflows.models import ExecutionState, JsonValue
+from ..workflows.models import Execution, ExecutionState, JsonValue
 from ..workflows.service import WorkflowService
 from ._core import NAV, PANELS, NavEntry, Panel, dashboard, form_text, query_text, render_page
-from .paging import PAGE_SIZE, Page
+from .paging import PAGE_SIZE, Page, pager
+from .timeline import run_timeline
+from .when import page_now
 
 STATES = [state.value for state in ExecutionState]
 #: Executions counted per state on the overview at most (an index walk that stops there).
@@ -46,6 +48,8 @@ NOTICES = {
     "forked": "The fork was created: this new run started from a copy of its source's steps.",
     "redriven": "The completion delivery was redriven: it is due now, with the same id.",
     "not_failed": "That completion delivery has not failed: nothing was changed.",
+    "started": "Started.",
+    "already_open": "A run with that workflow_id is open: this is it (nothing new was started).",
 }
 
 
@@ -83,15 +87,20 @@ def workflows() -> tuple[str, int]:
     """Executions newest first, filtered by workflow name and state; keyset pages."""
     service = workflows_service()
     name, state = query_text("name"), query_text("state")
-    items, next_cursor = service.list_executions(
-        name=name, state=state, cursor=query_text("cursor"), limit=PAGE_SIZE
-    )
+    cursor = query_text("cursor")
+
+    def fetch(at: str | None, limit: int) -> tuple[list[Execution], str | None]:
+        return service.list_executions(name=name, state=state, cursor=at, limit=limit)
+
+    items, next_cursor = fetch(cursor, PAGE_SIZE)
+    filters = {"name": name or "", "state": state or ""}
     return render_page(
         "workflows/executions.html",
         page=Page(items, next_cursor),
+        pages=pager("harvest_dashboard.workflows", filters, cursor, Page(items, next_cursor), fetch),
         states=STATES,
         names=service.registry.names(),
-        filters={"name": name or "", "state": state or ""},
+        filters=filters,
     )
 
 
@@ -107,12 +116,14 @@ def _execution_page(execution_id: str, *, notice: str = "") -> tuple[str, int]:
         else None
     )
     children, more_children = service.children(execution.execution_id, limit=SHOWN_CHILDREN)
+    steps = service.steps(execution.execution_id)
     return render_page(
         "workflows/execution.html",
         execution=execution,
         children=children,
         more_children=more_children is not None,
-        steps=service.steps(execution.execution_id),
+        steps=steps,
+        **run_timeline(execution, steps, page_now()),
         deliveries=deliveries,
         fires=fires,
         notice=notice,

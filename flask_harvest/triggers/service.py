@@ -89,6 +89,9 @@ class TriggerService:
         self.workflows = workflows
         self.retention_seconds = retention_seconds
         self.clock = clock
+        #: The ids of the triggers declared in code (synced at start-up): the dashboard shows them
+        #: read-only, since the next start-up writes them over again.
+        self.code_defined: set[str] = set()
 
     def __repr__(self) -> str:
         return f"<TriggerService {self.store!r}>"
@@ -123,7 +126,9 @@ class TriggerService:
 
     def sync(self, triggers: Sequence[CompletionTrigger]) -> list[CompletionTrigger]:
         """Upsert the statically registered triggers (at start-up)."""
-        return self.store.sync(triggers, now=self.clock())
+        synced = self.store.sync(triggers, now=self.clock())
+        self.code_defined.update(trigger.id for trigger in triggers)
+        return synced
 
     def list_triggers(self) -> list[StoredTrigger]:
         """Every stored trigger, oldest first."""

@@ -372,20 +372,36 @@ class WebhookOperations:
             return ReplayResult(
                 [ReplayRow(d.id, ReplayOutcome.WOULD_REPLAY) for d in candidates], dry_run=True
             )
+        return self._replay_each([d.id for d in candidates])
+
+    def replay_selected(self, delivery_ids: Sequence[str]) -> ReplayResult:
+        """Replay the chosen deliveries (the dashboard's "replay selected"), each on its own: one
+        that is not in the DLQ, or not there at all, is reported with the reason and the others
+        are replayed all the same.
+
+        :raises InvalidFieldError: (field ``delivery_id``) no id, or more than
+            :data:`MAX_BULK_REPLAY` (nothing is replayed).
+        """
+        if not delivery_ids or len(delivery_ids) > MAX_BULK_REPLAY:
+            raise InvalidFieldError("delivery_id", f"choose between 1 and {MAX_BULK_REPLAY} deliveries")
+        return self._replay_each(list(dict.fromkeys(delivery_ids)))
+
+    def _replay_each(self, delivery_ids: Sequence[str]) -> ReplayResult:
         now = utcnow()
         rows: list[ReplayRow] = []
         replayed: list[DeliveryLog] = []
-        for candidate in candidates:
+        for delivery_id in delivery_ids:
             # Another operator's replay (or a purge) may get to a row first: the rows before it are
             # already pending, so an error now would leave the call half done and unreported.
             try:
-                replayed.append(self.store.replay_delivery(candidate.id, now=now))
+                looked_up = _lookup(delivery_id, DeliveryNotFoundError)
+                replayed.append(self.store.replay_delivery(looked_up, now=now))
             except DeliveryNotFoundError as exc:
-                rows.append(ReplayRow(candidate.id, ReplayOutcome.NOT_FOUND, str(exc)))
+                rows.append(ReplayRow(delivery_id, ReplayOutcome.NOT_FOUND, str(exc)))
             except InvalidStateError as exc:
-                rows.append(ReplayRow(candidate.id, ReplayOutcome.NOT_REPLAYABLE, str(exc)))
+                rows.append(ReplayRow(delivery_id, ReplayOutcome.NOT_REPLAYABLE, str(exc)))
             else:
-                rows.append(ReplayRow(candidate.id, ReplayOutcome.REPLAYED))
+                rows.append(ReplayRow(delivery_id, ReplayOutcome.REPLAYED))
         return ReplayResult(rows, enqueue_error=self._enqueue(replayed) if replayed else None)
 
     def _enqueue(self, deliveries: list[DeliveryLog]) -> str | None:

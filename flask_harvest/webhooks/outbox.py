@@ -149,6 +149,13 @@ class SqlOutbox:
         with self.db.transaction("purge relayed outbox messages") as conn:
             return conn.execute(statement).rowcount
 
+    def topic_of(self, message_id: str) -> str | None:
+        """Return the topic of message ``message_id`` (relayed or not), or ``None`` when there is
+        no such message (never written, or purged after its relay)."""
+        with self.db.transaction("read an outbox message") as conn:
+            topic: str | None = conn.execute(select(_box.c.topic).where(_box.c.id == message_id)).scalar()
+        return topic
+
     def pending_count(self) -> int:
         """Return how many messages wait for their relay."""
         with self.db.transaction("count outbox messages") as conn:

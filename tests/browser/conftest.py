@@ -176,6 +176,12 @@ def live_workflows(
 
 
 def _screenshots(tmp_path: Path) -> Path:
+    """Where a test saves its screenshots: ``HARVEST_SCREENSHOTS_DIR`` (set by
+    ``python -m tests.browser.screenshots``), the docs' folder with ``HARVEST_UPDATE_SCREENSHOTS=1``,
+    else the test's own temporary folder."""
+    chosen = os.environ.get("HARVEST_SCREENSHOTS_DIR")
+    if chosen:
+        return Path(chosen)
     return SCREENSHOTS if os.environ.get("HARVEST_UPDATE_SCREENSHOTS") == "1" else tmp_path
 
 

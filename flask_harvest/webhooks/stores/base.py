@@ -416,6 +416,21 @@ class OutboundWebhookHandler(abc.ABC):
         A store that keeps only each delivery's latest attempt counts only those.
         """
 
+    def recent_attempts(
+        self, subscription_id: str, *, since: datetime, limit: int
+    ) -> list[tuple[int | None, int | None]]:
+        """Return ``(response_status, elapsed_ms)`` of the attempts since ``since`` of the
+        ``limit`` deliveries of ``subscription_id`` attempted last: a bounded sample for the
+        dashboard's success rate and latency. This default reads those deliveries and their
+        attempts; the SQL store joins them in one query on its indexes."""
+        recent = self.list_deliveries(limit=limit, subscription_id=subscription_id, since=since)
+        return [
+            (a.response_status, a.elapsed_ms)
+            for d in recent
+            for a in self.list_attempts(d.id)
+            if a.started_at >= since
+        ]
+
     @abc.abstractmethod
     def delivery_stats(self, *, cap: int | None = None) -> tuple[DeliveryStats, dict[str, DeliveryStats]]:
         """Return delivery counts by state and the oldest pending delivery: overall, and per

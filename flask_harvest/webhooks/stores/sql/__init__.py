@@ -218,6 +218,11 @@ class SqlOutboundWebhookStore(OutboundWebhookHandler):
     def delivery_stats(self, *, cap: int | None = None) -> tuple[DeliveryStats, dict[str, DeliveryStats]]:
         return self._reports.delivery_stats(cap=cap)
 
+    def recent_attempts(
+        self, subscription_id: str, *, since: datetime, limit: int
+    ) -> list[tuple[int | None, int | None]]:
+        return self._reports.recent_attempts(subscription_id, since=since, limit=limit)
+
     def queue_gauges(self, *, now: datetime, dlq_limit: int) -> tuple[int, datetime | None]:
         return self._reports.queue_gauges(now=now, dlq_limit=dlq_limit)
 

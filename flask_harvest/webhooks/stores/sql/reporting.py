@@ -151,6 +151,24 @@ class DeliveryReports:
             result.append((stamp, int(good or 0), int(total) - int(good or 0)))
         return result
 
+    def recent_attempts(
+        self, subscription_id: str, *, since: datetime, limit: int
+    ) -> list[tuple[int | None, int | None]]:
+        # The deliveries attempted last walk (subscription_id, timestamp): a delivery's timestamp
+        # is its latest attempt's, so one attempted in the window has timestamp >= since.
+        recent = (
+            select(_dels.c.id)
+            .where(_dels.c.subscription_id == subscription_id, _dels.c.timestamp >= since)
+            .order_by(_dels.c.timestamp.desc(), _dels.c.id.desc())
+            .limit(limit)
+            .subquery()
+        )
+        query = select(_atts.c.response_status, _atts.c.elapsed_ms).where(
+            _atts.c.delivery_id.in_(select(recent.c.id)), _atts.c.started_at >= since
+        )
+        with self.db.read("read a subscription's recent attempts") as conn:
+            return [(status, elapsed) for status, elapsed in conn.execute(query).all()]
+
     def delivery_stats(self, *, cap: int | None = None) -> tuple[DeliveryStats, dict[str, DeliveryStats]]:
         if cap is None:
             # Every row: a grouped scan of the whole table (tests, small tables).

@@ -1,0 +1,92 @@
+"""Subscriptions from the console: create (the secret shown once), delete after a confirmation,
+and each subscription's health over the last hour.
+
+Thin over :class:`~flask_harvest.webhooks.operations.WebhookOperations`, as the actuator is: the
+same model checks and SSRF policy, the same errors. Every POST carries the session's CSRF token
+(the blueprint checks it).
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import timedelta
+
+from flask import redirect, request, url_for
+from werkzeug.wrappers import Response as BaseResponse
+
+from .._app import get_engine
+from .._time import utcnow
+from ..errors import HarvestError
+from ..http.admin import error_answer
+from ..webhooks.attempt_stats import AttemptStats, attempt_stats
+from ._core import dashboard, form_text, render_page
+
+#: The window of a subscription's health, and the most deliveries (those attempted last) whose
+#: attempts it reads: a busy subscription's page costs the same as a quiet one's.
+HEALTH_WINDOW = timedelta(hours=1)
+HEALTH_DELIVERIES = 1000
+#: What separates topics in the form's field.
+_TOPIC_SPLIT = re.compile(r"[\s,]+")
+
+
+def subscription_health(subscription_id: str) -> AttemptStats:
+    """The success rate and p50/p99 latency of the subscription's attempts in the last hour, over
+    the attempts of its :data:`HEALTH_DELIVERIES` deliveries attempted last."""
+    store = get_engine().operations.store
+    since = utcnow() - HEALTH_WINDOW
+    return attempt_stats(store.recent_attempts(subscription_id, since=since, limit=HEALTH_DELIVERIES))
+
+
+def _form_values() -> dict[str, str]:
+    return {
+        "target_url": form_text("target_url"),
+        "topics": form_text("topics"),
+        "description": form_text("description"),
+        "subscription_id": form_text("subscription_id", max_chars=255),
+    }
+
+
+@dashboard.route("/webhooks/subscriptions/new", methods=["GET", "POST"])
+def new_subscription() -> tuple[str, int]:
+    """The creation form; its answer shows the generated secret once (the page is ``no-store``
+    and the secret is never shown again)."""
+    if request.method == "GET":
+        return render_page("webhooks/new_subscription.html", form={}, error="")
+    values = _form_values()
+    try:
+        created = get_engine().operations.create_subscription(
+            target_url=values["target_url"],
+            event_topics=[t for t in _TOPIC_SPLIT.split(values["topics"]) if t],
+            description=values["description"],
+            subscription_id=values["subscription_id"] or None,
+        )
+    except HarvestError as exc:
+        # The form comes back with what was typed and the error; nothing was stored.
+        answer = error_answer(exc, "harvest dashboard")
+        return render_page(
+            "webhooks/new_subscription.html", status=answer.status, form=values, error=answer.message
+        )
+    return render_page(
+        "webhooks/created_subscription.html",
+        status=201,
+        subscription=created.subscription,
+        secret=created.secret,
+    )
+
+
+@dashboard.route("/webhooks/subscriptions/<subscription_id>/delete", methods=["GET", "POST"])
+def delete_subscription(subscription_id: str) -> BaseResponse | tuple[str, int]:
+    """Delete a subscription, on a confirmation page: the POST acts only with its box ticked."""
+    operations = get_engine().operations
+    found = operations.get_subscription(subscription_id)
+    if request.method == "GET":
+        return render_page("webhooks/delete_subscription.html", subscription=found, error="")
+    if form_text("confirm", max_chars=8) != "yes":
+        return render_page(
+            "webhooks/delete_subscription.html",
+            status=422,
+            subscription=found,
+            error="Tick the box to confirm; the subscription was kept.",
+        )
+    operations.remove_subscription(found.id)
+    return redirect(url_for(".subscriptions", done="deleted"), 303)
