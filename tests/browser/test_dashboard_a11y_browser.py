@@ -87,6 +87,8 @@ def pages(live_workflows: Live, browser: WebDriver) -> list[str]:
         f"/workflows/{execution_id}",
         f"/workflows/{execution_id}/fork?from_step=0",
         "/workflows/completion-deliveries/failed",
+        "/workflow-queues",
+        "/workflow-schedules",
         "/triggers",
         "/triggers/new",
         f"/triggers/{TRIGGER_ID}",
