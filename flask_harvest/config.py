@@ -213,6 +213,8 @@ def _coerce(name: str, value: Any, default: Any) -> Any:
     if kind in (int, float):
         try:
             number = kind(value)
+        except OverflowError:  # int(float("inf"))
+            raise ConfigurationError(f"{key} must be a finite number, not {value!r}") from None
         except (TypeError, ValueError):
             raise ConfigurationError(f"{key} must be a number, not {value!r}") from None
         if not math.isfinite(number):  # "nan" and "inf" parse as floats; nan <= 0 is False

@@ -103,6 +103,9 @@ def test_string_numbers_are_coerced(name: str, value: object, expected: float) -
         ("webhooks_timeout_seconds", "nan"),
         ("webhooks_deadline_seconds", float("nan")),
         ("webhooks_lease_seconds", "inf"),
+        # An integer setting given an infinite float: int() overflows rather than refusing it.
+        ("local_workers", float("inf")),
+        ("webhooks_max_attempts", float("-inf")),
         ("sweep_interval_seconds", None),
     ],
 )
