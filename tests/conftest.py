@@ -19,6 +19,7 @@ from typing import NoReturn
 import pytest
 import redis
 import sqlalchemy as sa
+from hypothesis import settings
 from sqlalchemy.engine import URL
 
 from flask_harvest.testing import CapturingReceiver
@@ -33,6 +34,13 @@ DATABASE_URL = os.environ.get(
 REDIS_URL = os.environ.get("HARVEST_TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
 TEST_DATABASE = "harvest_test"
 IN_CI = os.environ.get("CI", "").lower() == "true"
+
+# Under CI every property test draws the same examples on every run (derandomized, no example
+# database): a run that passed once passes again, and a red run is a regression, never the luck
+# of a draw. A local run explores fresh examples each time (HARVEST_PROPERTY_EXAMPLES for more).
+settings.register_profile("ci", derandomize=True, database=None)
+if IN_CI:
+    settings.load_profile("ci")
 
 
 def service_unavailable(name: str, target: str, exc: BaseException) -> NoReturn:
