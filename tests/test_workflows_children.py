@@ -4,6 +4,7 @@ a child's failure as an exception, and the parent-close policies under every way
 from __future__ import annotations
 
 import threading
+import uuid
 from datetime import timedelta
 from typing import Any
 
@@ -23,6 +24,7 @@ from flask_harvest.workflows import (
     WorkflowRegistry,
     WorkflowRunner,
 )
+from flask_harvest.workflows._children import ChildStart
 from flask_harvest.workflows._schema import executions_table
 
 from .workflow_support import (
@@ -435,18 +437,12 @@ def _race_once(h: Harness, round_number: int) -> None:
     claimed = h.store.claim(parent.execution_id, now=h.clock(), lease_seconds=LEASE)
     assert claimed is not None and claimed.lease_token is not None
     token = claimed.lease_token
-    started = h.store.start_child(
-        parent.execution_id,
-        token,
-        0,
-        name="child",
-        input=round_number,
-        workflow_id=f"race-child-{round_number}",
-        policy=P.ABANDON,
-        now=h.clock(),
+    start = ChildStart(
+        0, str(uuid.uuid4()), "child", str(round_number), f"race-child-{round_number}", P.ABANDON, None
     )
+    started = h.store.record_children(parent.execution_id, token, [start], now=h.clock())
     assert started is not None
-    child = h.store.claim(started[0].execution_id, now=h.clock(), lease_seconds=LEASE)
+    child = h.store.claim(started[0][0].execution_id, now=h.clock(), lease_seconds=LEASE)
     assert child is not None and child.lease_token is not None
     barrier = threading.Barrier(2)
     waited: list[Any] = []

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import urllib.parse
+import uuid
 from typing import Any
 
 import pytest
@@ -20,6 +21,7 @@ from flask_harvest import get_engine, workflow_service
 from flask_harvest.testing import CapturingReceiver
 from flask_harvest.triggers.definitions import CompletionTrigger
 from flask_harvest.workflows import ExecutionState, ParentClosePolicy
+from flask_harvest.workflows._children import ChildStart
 
 from .children_app import make_children_app
 from .dashboard_client import PREFIX as DASHBOARD
@@ -228,15 +230,11 @@ def _family(app: Flask) -> dict[str, str]:
             found, _ = workflow_service().runner.start("family", {"count": 1}, workflow_id="hostile-parent")
             claimed = store.claim(found.execution_id, now=workflow_service().runner.clock(), lease_seconds=30)
             assert claimed is not None and claimed.lease_token is not None
-            store.start_child(
-                found.execution_id,
-                claimed.lease_token,
-                0,
-                name="child_echo",
-                input=0,
-                workflow_id="hostile-child",
-                policy=ParentClosePolicy.TERMINATE,
-                now=workflow_service().runner.clock(),
+            start = ChildStart(
+                0, str(uuid.uuid4()), "child_echo", "0", "hostile-child", ParentClosePolicy.TERMINATE, None
+            )
+            store.record_children(
+                found.execution_id, claimed.lease_token, [start], now=workflow_service().runner.clock()
             )
         child = store.get_by_workflow_id("hostile-child")
         assert child is not None

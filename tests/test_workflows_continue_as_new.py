@@ -417,7 +417,6 @@ def test_a_recorded_fork_whose_source_did_not_continue_cannot_continue(h: Harnes
     assert rows_of(h, "fork") == [failed]
 
 
-@pytest.mark.skipif(not hasattr(WorkflowService, "fork"), reason="needs forks (WorkflowService.fork)")
 def test_a_recorded_fork_of_a_chain_replays_the_whole_chain(h: Harness) -> None:
     """A recorded fork of a chain's first run replays every run of the chain, with no side effect
     run again, ends with the chain's outcome, and notifies no one."""

@@ -13,7 +13,6 @@ child holds, and the sweeper's :meth:`ChildRuns.wake_stranded` covers the rest.
 from __future__ import annotations
 
 import logging
-import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -23,12 +22,11 @@ from sqlalchemy import Connection, exists, insert, or_, select, text, update
 from sqlalchemy.orm import aliased
 
 from .. import tracing
-from .._input import check_id
 from .._time import utcnow
 from ._leases import Leases, LeaseView
 from ._runs import Runs
-from ._schema import _OPEN, NAME_LENGTH, row_to_execution, steps_table
-from ._store_core import _OPEN_VALUES, StoreCore, TerminalTransition, _ex, check_key
+from ._schema import _OPEN, row_to_execution, steps_table
+from ._store_core import _OPEN_VALUES, StoreCore, TerminalTransition, _ex
 from .children import CHILD_STEP, WAIT_CHILD_STEP, child_outcome
 from .models import Execution, ExecutionState, JsonValue, ParentClosePolicy, decode_json, encode_json
 
@@ -42,10 +40,6 @@ _PENDING = ExecutionState.PENDING.value
 _RUNNING = ExecutionState.RUNNING.value
 # A continue-as-new chain longer than this is not followed further (the wait sees it as open).
 _MAX_CHAIN = 10_000
-
-
-class _LeaseLost(Exception):
-    """The parent's lease was lost inside a child transaction: roll it back."""
 
 
 @dataclass(frozen=True)
@@ -75,106 +69,6 @@ class ChildRuns:
         self.leases = leases
 
     # -- the parent's calls ----------------------------------------------------------------------
-
-    def start_child(
-        self,
-        parent_id: str,
-        token: str,
-        seq: int,
-        *,
-        name: str,
-        input: JsonValue,
-        workflow_id: str,
-        policy: ParentClosePolicy,
-        now: datetime,
-        deadline: datetime | None,
-        max_input_bytes: int | None,
-    ) -> tuple[Execution, LeaseView] | None:
-        """Start (or load) the child and checkpoint it at ``seq`` of the parent, in one transaction
-        guarded by the parent's lease: both land, or neither.
-
-        :returns: the child and the parent's row as read after the checkpoint, or ``None`` when the
-            parent's lease is lost (nothing was written).
-        """
-        policy = ParentClosePolicy(policy)
-        input_text = encode_json(input, field="input", max_bytes=max_input_bytes)
-        check_key("name", name)
-        check_id(workflow_id, "workflow_id", max_chars=NAME_LENGTH)
-        try:
-            with self.core.transaction("start a child workflow execution") as conn:
-                child = self._insert_child(
-                    conn, parent_id, name, input_text, workflow_id, policy, now, deadline
-                )
-                if child is None:
-                    # An open run has this workflow_id: start-or-load returns it as it is.
-                    child, _ = self.runs.start(
-                        name,
-                        input,
-                        workflow_id,
-                        now=now,
-                        deadline=deadline,
-                        max_input_bytes=max_input_bytes,
-                        conn=conn,
-                        parent=(parent_id, policy.value),
-                    )
-                ids = {"execution_id": child.execution_id, "workflow_id": child.workflow_id}
-                text_ = encode_json(ids, field="child")
-                step = self.leases._guarded_step(parent_id, token, seq, CHILD_STEP, text_, None, now)
-                if conn.execute(step).first() is None:
-                    raise _LeaseLost
-                # The guarded insert holds the parent's row (or SQLite's write lock): as read here.
-                row = conn.execute(
-                    select(_ex.c.cancel_requested, _ex.c.cancel_reason, _ex.c.deadline).where(
-                        _ex.c.execution_id == parent_id
-                    )
-                ).one()
-        except _LeaseLost:
-            return None
-        return child, LeaseView(bool(row.cancel_requested), row.cancel_reason, row.deadline)
-
-    def _insert_child(
-        self,
-        conn: Connection,
-        parent_id: str,
-        name: str,
-        input_text: str,
-        workflow_id: str,
-        policy: ParentClosePolicy,
-        now: datetime,
-        deadline: datetime | None,
-    ) -> Execution | None:
-        """The child's row, in one statement: ``None`` when an open run has its ``workflow_id``.
-
-        A child's default ``workflow_id`` is new, so the usual start's look for an open or earlier
-        run first is one statement too many; the unique index still collapses a duplicate.
-        """
-        execution_id = str(uuid.uuid4())
-        row = conn.execute(
-            self.core.db.insert(_ex)
-            .values(
-                execution_id=execution_id,
-                workflow_name=name,
-                workflow_id=workflow_id,
-                input=input_text,
-                state=_PENDING,
-                created_at=now,
-                next_run_at=now,
-                deadline=deadline,
-                attempt=0,
-                recovery_count=0,
-                cancel_requested=False,
-                trigger_depth=0,
-                parent_execution_id=parent_id,
-                parent_close_policy=policy.value,
-                trace_context=tracing.started(name),
-            )
-            .on_conflict_do_nothing(index_elements=[_ex.c.workflow_id], index_where=text(_OPEN))
-            .returning(*_ex.c)
-        ).first()
-        if row is None:
-            return None
-        self.core.note_started(conn, execution_id)
-        return row_to_execution(row)
 
     def record(
         self,

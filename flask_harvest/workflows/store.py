@@ -32,7 +32,6 @@ from .models import (
     ForkMode,
     IdReusePolicy,
     JsonValue,
-    ParentClosePolicy,
     StepRecord,
     encode_json,
 )
@@ -468,41 +467,6 @@ class SqlWorkflowStore:
         """The terminal hook of child runs (the engine registers it once): it wakes a parent
         waiting for the run that ended, and applies the parent-close policy of its open children."""
         return self._children.terminal_hook
-
-    def start_child(
-        self,
-        parent_id: str,
-        token: str,
-        seq: int,
-        *,
-        name: str,
-        input: JsonValue,
-        workflow_id: str,
-        policy: ParentClosePolicy,
-        now: datetime,
-        deadline: datetime | None = None,
-        max_input_bytes: int | None = None,
-    ) -> tuple[Execution, LeaseView] | None:
-        """Start (or load) a child of ``parent_id`` and checkpoint it at position ``seq`` of the
-        parent, in one transaction guarded by the parent's lease.
-
-        :returns: the child and the parent's row as read then, or ``None`` when the parent's lease
-            is lost (nothing was written).
-        :raises InvalidFieldError: a bad input (``InputTooLargeError`` over ``max_input_bytes``),
-            name or ``workflow_id``.
-        """
-        return self._children.start_child(
-            parent_id,
-            token,
-            seq,
-            name=name,
-            input=input,
-            workflow_id=workflow_id,
-            policy=policy,
-            now=now,
-            deadline=deadline,
-            max_input_bytes=max_input_bytes,
-        )
 
     def record_children(
         self,
