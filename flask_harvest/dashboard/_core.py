@@ -336,6 +336,17 @@ def _shared_context() -> dict[str, Any]:
     }
 
 
+def unconfirmed(template: str, kept: str, **context: Any) -> tuple[str, int] | None:
+    """The answer of a confirmation page until its box is ticked: the page for a ``GET``, the page
+    again with a 422 saying ``kept`` (what was left as it is) for a ``POST`` without the box, and
+    ``None`` once a ``POST`` confirms (the caller then acts)."""
+    if request.method == "GET":
+        return render_page(template, error="", **context)
+    if form_text("confirm", max_chars=8) != "yes":
+        return render_page(template, status=422, error=f"Tick the box to confirm; {kept}.", **context)
+    return None
+
+
 def form_text(name: str, *, required: bool = False, max_chars: int = MAX_FIELD_CHARS) -> str:
     """Return a form field's text, stripped; refuse a NUL, a lone surrogate or an over-long value
     (422 naming the field) before anything reads it."""

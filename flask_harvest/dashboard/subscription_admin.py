@@ -19,7 +19,7 @@ from .._time import utcnow
 from ..errors import HarvestError
 from ..http.admin import error_answer
 from ..webhooks.attempt_stats import AttemptStats, attempt_stats
-from ._core import dashboard, form_text, render_page
+from ._core import dashboard, form_text, render_page, unconfirmed
 
 #: The window of a subscription's health, and the most deliveries (those attempted last) whose
 #: attempts it reads: a busy subscription's page costs the same as a quiet one's.
@@ -79,14 +79,8 @@ def delete_subscription(subscription_id: str) -> BaseResponse | tuple[str, int]:
     """Delete a subscription, on a confirmation page: the POST acts only with its box ticked."""
     operations = get_engine().operations
     found = operations.get_subscription(subscription_id)
-    if request.method == "GET":
-        return render_page("webhooks/delete_subscription.html", subscription=found, error="")
-    if form_text("confirm", max_chars=8) != "yes":
-        return render_page(
-            "webhooks/delete_subscription.html",
-            status=422,
-            subscription=found,
-            error="Tick the box to confirm; the subscription was kept.",
-        )
+    page = unconfirmed("webhooks/delete_subscription.html", "the subscription was kept", subscription=found)
+    if page is not None:
+        return page
     operations.remove_subscription(found.id)
     return redirect(url_for(".subscriptions", done="deleted"), 303)

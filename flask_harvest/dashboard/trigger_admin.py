@@ -9,10 +9,10 @@ Thin over :meth:`~flask_harvest.triggers.service.TriggerService.delete`, as the 
 
 from __future__ import annotations
 
-from flask import redirect, request, url_for
+from flask import redirect, url_for
 from werkzeug.wrappers import Response as BaseResponse
 
-from ._core import dashboard, form_text, render_page
+from ._core import dashboard, unconfirmed
 from .triggers import refuse_code_defined, triggers_service
 
 
@@ -23,14 +23,8 @@ def delete_trigger(trigger_id: str) -> BaseResponse | tuple[str, int]:
     service = triggers_service()
     stored = service.get(trigger_id)
     refuse_code_defined(service, stored)
-    if request.method == "GET":
-        return render_page("triggers/delete.html", trigger=stored, error="")
-    if form_text("confirm", max_chars=8) != "yes":
-        return render_page(
-            "triggers/delete.html",
-            status=422,
-            trigger=stored,
-            error="Tick the box to confirm; the trigger was kept.",
-        )
+    page = unconfirmed("triggers/delete.html", "the trigger was kept", trigger=stored)
+    if page is not None:
+        return page
     service.delete(stored.id)
     return redirect(url_for(".triggers", done="deleted"), 303)

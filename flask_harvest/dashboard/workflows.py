@@ -22,7 +22,7 @@ from ..callbacks.service import CompletionCallbacks
 from ..engine import HarvestEngine
 from ..workflows.models import Execution, ExecutionState, JsonValue
 from ..workflows.service import WorkflowService
-from ._core import NAV, PANELS, NavEntry, Panel, dashboard, form_text, query_text, render_page
+from ._core import NAV, PANELS, NavEntry, Panel, dashboard, form_text, query_text, render_page, unconfirmed
 from .paging import PAGE_SIZE, Page, pager
 from .timeline import run_timeline
 from .when import page_now
@@ -145,19 +145,17 @@ def end_execution(execution_id: str, action: str) -> BaseResponse | tuple[str, i
     run that continued as new, the action is on its chain's last run."""
     service = workflows_service()
     found = service.last_run(execution_id)
-    if request.method == "GET":
-        return render_page("workflows/confirm.html", execution=found, action=action, explain=ACTIONS[action])
-    reason = form_text("reason", max_chars=1000) or None
-    if form_text("confirm", max_chars=8) != "yes":
-        return render_page(
-            "workflows/confirm.html",
-            status=422,
-            execution=found,
-            action=action,
-            explain=ACTIONS[action],
-            reason=reason or "",
-            error=f"Tick the box to confirm; the run was left as it is (no {action}).",
-        )
+    reason = form_text("reason", max_chars=1000) or None  # nothing on a GET
+    page = unconfirmed(
+        "workflows/confirm.html",
+        f"the run was left as it is (no {action})",
+        execution=found,
+        action=action,
+        explain=ACTIONS[action],
+        reason=reason or "",
+    )
+    if page is not None:
+        return page
     if action == "cancel":
         service.cancel(found.execution_id, reason)
     else:
