@@ -192,7 +192,7 @@ class ChildRuns:
                 else:
                     outcome = child_outcome(child.state, child.output, child.error)
                 text = encode_json(outcome, field="child outcome")
-                step = self.leases._guarded_step(parent_id, token, seq, WAIT_CHILD_STEP, text, None, now)
+                step = self.leases.guarded_step(parent_id, token, seq, WAIT_CHILD_STEP, text, None, now)
                 if conn.execute(step).first() is None:
                     return ChildWait()
                 return ChildWait(outcome=outcome, lease=lease)

@@ -105,12 +105,12 @@ class Leases:
         with self.core.transaction("record a workflow step") as conn:
             return (
                 conn.execute(
-                    self._guarded_step(execution_id, token, seq, name, output_text, error, now)
+                    self.guarded_step(execution_id, token, seq, name, output_text, error, now)
                 ).first()
                 is not None
             )
 
-    def _guarded_step(
+    def guarded_step(
         self,
         execution_id: str,
         token: str,
@@ -172,7 +172,7 @@ class Leases:
                 ).first()
                 if row is None:
                     return None
-            step = self._guarded_step(execution_id, token, seq, name, output_text, error, now)
+            step = self.guarded_step(execution_id, token, seq, name, output_text, error, now)
             if conn.execute(step).first() is None:
                 return None
             if lease_seconds is None:
