@@ -14,10 +14,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError
+
 from .errors import ConfigurationError
 from .outbound.backoff import RetryPolicy
 from .outbound.signing import DEFAULT_SIGNATURE_HEADER
 from .outbound.ssrf import SsrfPolicy, parse_cidrs
+from .shards import MAX_SHARDS
 
 
 @dataclass(frozen=True)
@@ -103,6 +107,9 @@ class Settings:
     #: Workflow queues and their limits: a mapping (or its JSON) of queue name to
     #: ``{"concurrency": n, "rate_limit": [limit, seconds]}``; they win over ``harvest.queue()``.
     workflow_queues: str = ""
+    #: The databases workflow runs are spread over (shards): a list (or a comma-separated string)
+    #: of SQLAlchemy URLs, shard 0 first. Empty (the default): every run lives in the app's database.
+    workflow_shards: str = ""
     #: The longest ``?wait=N`` the result route holds a request open for, in seconds.
     workflow_result_max_wait_seconds: float = 30.0
     #: The deepest chain of completion triggers: a target whose trigger depth (1 for a target of a
@@ -232,7 +239,7 @@ def _coerce(name: str, value: Any, default: Any) -> Any:
         except (TypeError, ValueError) as exc:
             raise ConfigurationError(f"{key} must map queue names to JSON limits ({exc})") from None
     if name.endswith(
-        ("_cidrs", "_allowlist")
+        ("_cidrs", "_allowlist", "_shards")
     ):  # a network list: a comma-separated string, or a list of strings
         if isinstance(value, list | tuple) and all(isinstance(item, str) for item in value):
             return ",".join(value)
@@ -274,6 +281,7 @@ def load_settings(config: Mapping[str, Any], overrides: Mapping[str, Any]) -> Se
             raise ConfigurationError(
                 f"{KEYS[name]} must list networks such as '10.1.0.0/16, fd00::/8' ({exc})"
             ) from None
+    shard_urls(settings)
     token = settings.actuator_token
     if token and (len(token.strip()) < MIN_ACTUATOR_TOKEN_LENGTH or token != token.strip()):
         # A guessable token opens the admin API; "Bearer " plus spaces must never be a credential.
@@ -320,3 +328,25 @@ def load_settings(config: Mapping[str, Any], overrides: Mapping[str, Any]) -> Se
             f"{KEYS['metrics_path']} must be a plain path such as '/metrics' (letters, digits, -._~/)"
         )
     return settings
+
+
+def shard_urls(settings: Settings) -> list[str]:
+    """The URLs of ``HARVEST_WORKFLOW_SHARDS``, in order (empty when runs are not sharded).
+
+    :raises ConfigurationError: an entry is not a PostgreSQL or SQLite URL, or there are more than
+        :data:`~flask_harvest.shards.MAX_SHARDS` (the message never shows a password).
+    """
+    key = KEYS["workflow_shards"]
+    urls = [part.strip() for part in settings.workflow_shards.split(",") if part.strip()]
+    if len(urls) > MAX_SHARDS:
+        raise ConfigurationError(f"{key} lists {len(urls)} databases; at most {MAX_SHARDS}")
+    for index, url in enumerate(urls):
+        try:
+            backend = make_url(url).get_backend_name()
+        except ArgumentError:
+            raise ConfigurationError(f"{key} entry {index} is not a database URL") from None
+        if backend not in ("postgresql", "sqlite"):
+            raise ConfigurationError(
+                f"{key} entry {index} must be a PostgreSQL or SQLite URL, not a {backend!r} one"
+            )
+    return urls

@@ -40,6 +40,7 @@ from .workflows.registry import WorkflowRegistry
 from .workflows.runner import WORKFLOW_JOB, WorkflowRunner
 from .workflows.schedules import WorkflowSchedules, schedule_grace
 from .workflows.service import WorkflowService
+from .workflows.sharded import ShardedWorkflowStore
 from .workflows.store import SqlWorkflowStore
 
 #: Wraps every job and sweep the engine runs on its own threads (the extension passes
@@ -101,6 +102,8 @@ class HarvestEngine:
             # the database engine is often shared (Flask-SQLAlchemy's), and outlives this one.
             if self.triggers is not None:
                 self.triggers.firing.close()
+            if self.workflows is not None and isinstance(self.workflows.store, ShardedWorkflowStore):
+                self.workflows.store.close()
 
 
 def build_engine(
@@ -173,7 +176,8 @@ def add_workflows(
     if engine.workflows is not None:
         raise ConfigurationError("this engine runs workflows already: add them once")
     settings = engine.settings
-    new_pool_in_each_child(store.engine)  # as build_engine does for the webhook store's
+    for sql in store.shards.engines if isinstance(store, ShardedWorkflowStore) else [store.engine]:
+        new_pool_in_each_child(sql)  # as build_engine does for the webhook store's
     runner = WorkflowRunner(
         store,
         registry,

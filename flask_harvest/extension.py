@@ -25,9 +25,9 @@ from . import signals
 from ._app import EXTENSION_KEY, get_engine, trigger_service, workflow_service
 from .callbacks.api import completion_blueprint
 from .callbacks.service import CallbackListener
-from .callbacks.store import CompletionDelivery
+from .callbacks.store import CompletionDelivery, SqlCallbackStore
 from .cli import harvest_cli
-from .config import KEYS, Settings, load_settings
+from .config import KEYS, Settings, load_settings, shard_urls
 from .dashboard import install_dashboard
 from .dashboard._core import check_dashboard_config
 from .engine import AdminAccess, Authorizer, HarvestEngine, add_triggers, add_workflows, build_engine
@@ -52,7 +52,7 @@ from .workflows.queues import QueueSpec, parse_queue_settings
 from .workflows.registry import WorkflowFunction, WorkflowRegistry
 from .workflows.schedules_http import install_schedules
 from .workflows.service import WorkflowHandle, WorkflowService
-from .workflows.store import SqlWorkflowStore
+from .workflows.sharded import ShardedWorkflowStore, open_workflow_store
 
 if TYPE_CHECKING:
     from flask_sqlalchemy import SQLAlchemy
@@ -225,9 +225,15 @@ class Harvest:
 
     def _add_workflows(self, app: Flask, engine: HarvestEngine, sql: SqlEngine) -> None:
         settings = engine.settings
-        store = SqlWorkflowStore(sql)
+        store = open_workflow_store(sql, shard_urls(settings))
         if self._create_tables:
             store.ensure_schema()
+        if isinstance(store, ShardedWorkflowStore):
+            try:
+                self._prepare_shards(store)
+            except BaseException:
+                store.close()
+                raise
         service = add_workflows(engine, store, self.registry)
         store.hooks.register(_finished_signal(app))
         app.register_blueprint(workflows_api, url_prefix=settings.workflow_api_prefix)
@@ -253,6 +259,15 @@ class Harvest:
         triggers = add_triggers(engine, trigger_store, listener=_fire_listener(app))
         triggers.sync(self._static_triggers)
         app.register_blueprint(trigger_admin, url_prefix=settings.workflow_api_prefix)
+
+    def _prepare_shards(self, store: ShardedWorkflowStore) -> None:
+        if self._create_tables:
+            # Callback deliveries, trigger fires and definitions live beside their runs.
+            for shard_engine in store.shards.engines:
+                SqlCallbackStore(shard_engine).ensure_schema()
+                if self._want_triggers is not False:
+                    SqlTriggerStore(shard_engine).ensure_schema()
+        store.check_layout()
 
     def workflow(
         self,

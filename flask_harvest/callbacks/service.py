@@ -221,7 +221,7 @@ class CompletionCallbacks:
                     },
                 )
                 continue
-            delivery_id = new_delivery_id()
+            delivery_id = new_delivery_id(execution.execution_id)
             rows.append(
                 NewDelivery(
                     execution.execution_id,

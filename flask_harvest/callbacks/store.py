@@ -23,6 +23,7 @@ from .._sql import SqlDatabase
 from ..outbound.attempt import DeliveryState, Verdict
 from ..outbound.backoff import RetryPolicy
 from ..outbound.ssrf import redact_url
+from ..shards import new_id_beside
 from ._schema import CALLBACK_TABLES, dead_letters_table, deliveries_table
 from .outcome import callback_retry_policy, dead_letter_reason
 
@@ -156,8 +157,9 @@ def _update_held(delivery: CompletionDelivery) -> Update:
     )
 
 
-def new_delivery_id() -> str:
-    return str(uuid.uuid4())
+def new_delivery_id(execution_id: str) -> str:
+    """A fresh delivery id on the shard of its execution (a plain UUID when there are no shards)."""
+    return new_id_beside(execution_id)
 
 
 class SqlCallbackStore:

@@ -9,7 +9,6 @@ second successor, whatever worker dies when.
 
 from __future__ import annotations
 
-import uuid
 from datetime import datetime
 from typing import Any
 
@@ -64,7 +63,7 @@ class Chains:
         :param input_text: the successor's input, already encoded by ``encode_json``.
         :returns: ``(closed run, successor)``, or ``None`` when the guard refused (nothing changed).
         """
-        successor_id = str(uuid.uuid4())
+        successor_id = self.core.new_execution_id()
         guard = [
             _ex.c.state == _RUNNING,
             _ex.c.lease_token == token,

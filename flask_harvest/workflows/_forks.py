@@ -3,7 +3,6 @@ before the fork point are copied from the source in the transaction that inserts
 
 from __future__ import annotations
 
-import uuid
 from datetime import datetime
 
 from sqlalchemy import func, literal, select
@@ -39,7 +38,7 @@ class Forks:
         check_from_step(from_step)
         if id_problem(source_id) is not None:
             raise ExecutionNotFoundError(source_id)
-        execution_id = str(uuid.uuid4())
+        execution_id = self.core.new_execution_id()
         with self.core.transaction("fork a workflow execution") as conn:
             source = conn.execute(select(_ex).where(_ex.c.execution_id == source_id)).first()
             if source is None:

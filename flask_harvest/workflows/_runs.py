@@ -71,7 +71,7 @@ class Runs:
                     return row_to_execution(found), False
                 if found is not None:
                     _check_reuse(key, policy, found.execution_id, found.state)
-                execution_id = str(uuid.uuid4())
+                execution_id = self.core.new_execution_id()
                 values = {
                     "execution_id": execution_id,
                     "workflow_name": name,

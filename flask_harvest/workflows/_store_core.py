@@ -22,6 +22,7 @@ from .. import tracing
 from .._input import check_text
 from .._sql import SqlDatabase, UTCDateTime
 from ..errors import InvalidFieldError, InvalidStateError
+from ..shards import new_id
 from ._schema import NAME_LENGTH, WORKFLOW_TABLES, executions_table, row_to_execution
 from .hooks import TerminalHooks, pop_after_commit
 from .models import OPEN_STATES, Execution, ExecutionState, JsonValue, encode_json, storable_text
@@ -49,15 +50,27 @@ class StoreCore:
     :param on_started: called after commit with the ids of the executions that terminal hooks
         started inside a transaction the store owns (bind it to the job backend's schedule); errors
         are logged, and the sweeper's due scan queues those executions anyway.
+    :param shard: the database's place in ``HARVEST_WORKFLOW_SHARDS`` (its ids carry it), or
+        ``None`` when the deployment is not sharded.
     """
 
     def __init__(
-        self, engine: Engine, *, hooks: TerminalHooks | None = None, on_started: OnStarted | None = None
+        self,
+        engine: Engine,
+        *,
+        hooks: TerminalHooks | None = None,
+        on_started: OnStarted | None = None,
+        shard: int | None = None,
     ) -> None:
         self.db = SqlDatabase(engine, owner="SqlWorkflowStore")
         self.engine = engine
         self.hooks = hooks if hooks is not None else TerminalHooks()
         self.on_started = on_started
+        self.shard = shard
+
+    def new_execution_id(self) -> str:
+        """A fresh execution id, marked with this database's shard when there are shards."""
+        return new_id(self.shard)
 
     @contextmanager
     def transaction(self, action: str, conn: Connection | None = None) -> Iterator[Connection]:

@@ -19,7 +19,6 @@ from __future__ import annotations
 import logging
 import math
 import time
-import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -30,6 +29,7 @@ from .. import tracing
 from .._input import check_id, text_problem
 from ..errors import InvalidFieldError, InvalidStateError
 from ..outbound.backoff import retry_delay_ms
+from ..shards import new_id_beside
 from .children import CHILD_STEP, WAIT_CHILD_STEP, ChildHandle, child_result, child_workflow_id
 from .errors import ForkNotRecordedError, NonDeterminismError, StepFailedError, WorkflowError
 from .models import (
@@ -393,7 +393,7 @@ class WorkflowContext:
         now = self._clock()
         start = ChildStart(
             seq,
-            str(uuid.uuid4()),
+            new_id_beside(self.execution_id),
             name,
             input_text,
             child_id,

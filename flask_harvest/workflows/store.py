@@ -52,12 +52,20 @@ class SqlWorkflowStore:
     :param on_started: called after commit with the ids of the executions that terminal hooks
         started inside a transaction the store owns (bind it to the job backend's schedule); errors
         are logged, and the sweeper's due scan queues those executions anyway.
+    :param shard: the database's place among ``HARVEST_WORKFLOW_SHARDS`` (see
+        :mod:`flask_harvest.shards`), or ``None`` when the deployment is not sharded.
     """
 
     def __init__(
-        self, engine: Engine, *, hooks: TerminalHooks | None = None, on_started: OnStarted | None = None
+        self,
+        engine: Engine,
+        *,
+        hooks: TerminalHooks | None = None,
+        on_started: OnStarted | None = None,
+        shard: int | None = None,
     ) -> None:
-        self._core = StoreCore(engine, hooks=hooks, on_started=on_started)
+        self._core = StoreCore(engine, hooks=hooks, on_started=on_started, shard=shard)
+        self.shard = shard
         self.db = self._core.db
         self.engine = engine
         self._terminal = TerminalTransition(self._core)
