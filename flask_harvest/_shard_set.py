@@ -17,13 +17,13 @@ from collections.abc import Callable, Sequence
 from datetime import datetime, timezone
 from typing import TypeVar
 
-from sqlalchemy import Column, Connection, Engine, Integer, Table, select
+from sqlalchemy import Column, Connection, Engine, Integer, Table, inspect, select
 
 from ._sql import SqlDatabase, UTCDateTime, metadata
 from .errors import ConfigurationError, StoreError
 from .shards import MAX_SHARDS, shard_for_key, shard_of_id
 
-__all__ = ["ShardSet", "shard_map_table"]
+__all__ = ["ShardSet", "check_unsharded", "shard_map_table"]
 
 log = logging.getLogger(__name__)
 
@@ -189,3 +189,22 @@ class ShardSet:
                         "shorter list would lose them; restore the list (shards are added only to a "
                         "new deployment)"
                     )
+
+
+def check_unsharded(engine: Engine) -> None:
+    """Refuse to use a database alone that is one shard of several (its runs' siblings are on the
+    other shards, and its ids and routing assume them).
+
+    :raises ConfigurationError: the database's shard map says it is a shard of a longer list.
+    """
+    db = SqlDatabase(engine, owner="flask-harvest")
+    with db.read("check the shard map") as conn:
+        if not inspect(conn).has_table(shard_map_table.name):
+            return
+        row = conn.execute(select(shard_map_table)).first()
+    if row is not None and row.shard_count > 1:
+        where = engine.url.render_as_string(hide_password=True)
+        raise ConfigurationError(
+            f"the database {where} is shard {row.shard} of {row.shard_count}: set HARVEST_WORKFLOW_SHARDS "
+            "to the list it was first used with"
+        )

@@ -23,6 +23,7 @@ from sqlalchemy import Engine as SqlEngine
 
 from . import signals
 from ._app import EXTENSION_KEY, get_engine, trigger_service, workflow_service
+from ._shard_set import check_unsharded
 from .callbacks.api import completion_blueprint
 from .callbacks.service import CallbackListener
 from .callbacks.store import CompletionDelivery, SqlCallbackStore
@@ -228,7 +229,9 @@ class Harvest:
         store = open_workflow_store(sql, shard_urls(settings))
         if self._create_tables:
             store.ensure_schema()
-        if isinstance(store, ShardedWorkflowStore):
+        if not isinstance(store, ShardedWorkflowStore):
+            check_unsharded(sql)
+        else:
             try:
                 self._prepare_shards(store)
             except BaseException:

@@ -200,3 +200,28 @@ def test_shard_settings_are_checked(entries: list[str]) -> None:
         return
     loaded = load_settings({"HARVEST_WORKFLOW_SHARDS": entries}, {})
     assert loaded.workflow_shards.count(",") == max(len(entries) - 1, 0)
+
+
+def test_one_shard_of_several_cannot_be_used_alone(pg_shards: list[str]) -> None:
+    _sharded_app(pg_shards)
+    with pytest.raises(ConfigurationError, match="is shard 1 of 3"):
+        make_workflow_app(pg_shards[1])
+
+
+def test_the_sharded_store_routes_every_call_of_the_single_store() -> None:
+    """Every public method of SqlWorkflowStore is routed by ShardedWorkflowStore: none falls
+    through to the base, which would act on shard 0 alone."""
+    import inspect
+
+    from flask_harvest.workflows.store import SqlWorkflowStore
+
+    public = {
+        name
+        for name, value in vars(SqlWorkflowStore).items()
+        if not name.startswith("_") and not isinstance(value, staticmethod)
+    }
+    assert public - set(vars(ShardedWorkflowStore)) == set()
+    assert "started_in" in vars(SqlWorkflowStore)  # per-connection, the same on every shard
+    assert inspect.signature(ShardedWorkflowStore.start).parameters.keys() == (
+        inspect.signature(SqlWorkflowStore.start).parameters.keys()
+    )
