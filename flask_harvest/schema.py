@@ -1,7 +1,7 @@
 """Every flask-harvest table, for migrations: one :data:`metadata` and the DDL that creates it all.
 
 Give :data:`metadata` to Alembic (or Flask-Migrate) as a ``target_metadata`` to autogenerate
-migrations for the webhook, outbox, workflow and completion-trigger tables, or apply
+migrations for the webhook, outbox, workflow, completion-trigger and shard-map tables, or apply
 :func:`schema_sql`'s DDL yourself.
 Each store's ``ensure_schema()`` creates only its own tables.
 """
@@ -11,6 +11,7 @@ from __future__ import annotations
 from sqlalchemy import Table
 
 from . import _sql
+from ._shard_set import shard_map_table
 from ._sql import metadata
 from .callbacks._schema import CALLBACK_TABLES
 from .triggers._schema import TRIGGER_TABLES
@@ -27,6 +28,7 @@ ALL_TABLES: tuple[Table, ...] = (
     *SCHEDULE_TABLES,
     *CALLBACK_TABLES,
     *TRIGGER_TABLES,
+    shard_map_table,
 )
 
 
