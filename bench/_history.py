@@ -1,5 +1,7 @@
-"""A delivery table with history, seeded in PostgreSQL by ``INSERT ... SELECT generate_series``:
-what S13 (flat costs as history grows) and S16 (dashboard render time) measure against.
+"""A history seeded in PostgreSQL by ``INSERT ... SELECT generate_series``: deliveries (each with
+its attempt) and, as many, workflow executions (each with its steps, a completion-callback delivery
+and a trigger fire), what S13 (flat costs as history grows) and S16 (the console's render time)
+measure against.
 
 A database seeded with a spec (history rows, pending rows, the schema's DDL) records it in a table
 of its own, so a second scenario of the run (or the next run) finds it seeded and reuses it instead
@@ -11,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -18,12 +21,16 @@ from typing import Any
 import sqlalchemy as sa
 from flask import Flask
 
+from flask_harvest._sql import metadata, schema_sql
+from flask_harvest.callbacks._schema import deliveries_table as callbacks_table
+from flask_harvest.triggers._schema import fires_table, triggers_table
 from flask_harvest.webhooks.stores.sql import (
     WEBHOOK_SCHEMA_SQL,
     attempts_table,
     deliveries_table,
     subscriptions_table,
 )
+from flask_harvest.workflows._schema import executions_table, steps_table
 
 from ._report import Context
 from ._services import DATABASE_URL, drop_database, ensure_database, reset_database
@@ -43,6 +50,28 @@ PENDING_DUE_SPAN = 600
 SMALL_HISTORY = 1_000
 #: Due pending rows in both databases: the same backlog, with or without the history.
 PENDING = 10_000
+
+#: The workflows the executions are spread over (S16's app registers them).
+WORKFLOWS = [f"bench_flow_{n}" for n in range(5)]
+#: Steps each execution recorded.
+STEPS = 3
+#: One execution in this many failed, one in CANCELLED_EVERY was cancelled; the rest completed.
+FAILED_EVERY = 12
+CANCELLED_EVERY = 100
+#: One execution in this many is a parent, whose next CHILDREN executions are its child runs.
+PARENT_EVERY = 10
+CHILDREN = 3
+#: One execution in this many ran through :data:`QUEUE`.
+QUEUED_EVERY = 5
+QUEUE = "bench_queue"
+#: Runs waiting in :data:`QUEUE` in both databases (open, so not history).
+QUEUE_WAITING = 100
+#: One completion-callback delivery in this many failed (the others were delivered).
+CALLBACK_FAILED_EVERY = 30
+#: Every execution was decided by one trigger: the one declared in code (even rows) or the one
+#: registered through the admin API (odd rows); 3 in 10 were skipped by their condition.
+CODE_TRIGGER_ID = "5e1f0000-0000-4000-8000-000000000001"
+STORED_TRIGGER_ID = "5e1f0000-0000-4000-8000-000000000002"
 
 _MARKER = "bench_history_seed"
 
@@ -71,9 +100,26 @@ def database_url(suffix: str) -> str:
     return url.set(database=f"{url.database}_{suffix}").render_as_string(hide_password=False)
 
 
+def execution_id(number: int) -> str:
+    """The id of history execution ``number`` (1 is the oldest), as the seeding makes it."""
+    return str(uuid.UUID(hashlib.md5(f"e{number}".encode()).hexdigest()))  # noqa: S324 (an id, not a secret)
+
+
+def waiting_execution_id(number: int) -> str:
+    """The id of open run ``number`` waiting in :data:`QUEUE` (1 is the newest)."""
+    return str(uuid.UUID(hashlib.md5(f"q{number}".encode()).hexdigest()))  # noqa: S324 (an id, not a secret)
+
+
+def delivery_id(number: int) -> str:
+    """The id of history delivery ``number`` (1 is the oldest), as the seeding makes it."""
+    return "dlv_" + hashlib.md5(f"h{number}".encode()).hexdigest()  # noqa: S324 (an id, not a secret)
+
+
 def _spec(history: int, pending: int) -> str:
-    schema = hashlib.sha256(WEBHOOK_SCHEMA_SQL.encode()).hexdigest()[:16]
-    return f"history={history} pending={pending} subscriptions={SUBSCRIPTIONS} schema={schema} v2"
+    # Every table's DDL: an index added or dropped anywhere seeds afresh.
+    ddl = WEBHOOK_SCHEMA_SQL + schema_sql(metadata.sorted_tables)
+    schema = hashlib.sha256(ddl.encode()).hexdigest()[:16]
+    return f"history={history} pending={pending} subscriptions={SUBSCRIPTIONS} schema={schema} workflows v3"
 
 
 def seeded(url: str, *, history: int, pending: int) -> History:
@@ -154,12 +200,89 @@ def _seed(engine: sa.Engine, history: int, pending: int) -> None:
                     secs => CAST(:due_span AS float8) * (:pending - n) / :pending) AS ts) AS t""",  # noqa: S608
     ]
     with engine.begin() as conn:
-        for statement in statements:
-            conn.execute(sa.text(statement), params)
+        for statement in [*statements, *_workflow_statements()]:
+            conn.execute(sa.text(statement), {**params, **_WORKFLOW_PARAMS})
     # As autovacuum soon would: statistics for the planner, and the visibility map that lets
     # index-only scans skip the heap.
+    tables = [subs, dels, atts, executions_table.name, steps_table.name, callbacks_table.name]
     with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
-        conn.exec_driver_sql(f"VACUUM ANALYZE {subs}, {dels}, {atts}")
+        conn.exec_driver_sql(f"VACUUM ANALYZE {', '.join([*tables, triggers_table.name, fires_table.name])}")
+
+
+_WORKFLOW_PARAMS = {
+    "flows": WORKFLOWS,
+    "steps": STEPS,
+    "queue": QUEUE,
+    "waiting": QUEUE_WAITING,
+    "code_trigger": CODE_TRIGGER_ID,
+    "stored_trigger": STORED_TRIGGER_ID,
+}
+
+
+def _workflow_statements() -> list[str]:
+    """The executions of the history (as many as its deliveries, over the same days, oldest first),
+    each with its steps, a completion-callback delivery and a trigger's fire; the two triggers;
+    and :data:`QUEUE_WAITING` open runs waiting in :data:`QUEUE`."""
+    ex, st, cb = executions_table.name, steps_table.name, callbacks_table.name
+    trg, fires = triggers_table.name, fires_table.name
+    now = "now() AT TIME ZONE 'UTC'"
+    # Row n's time, as the deliveries': the newest row is the last one written.
+    at = f"""LATERAL (SELECT {now}
+        - make_interval(secs => CAST(:span AS float8) * (:history - n) / :history) AS ts) AS t"""
+    eid = "md5('e' || n)::uuid::text"
+    return [
+        f"""INSERT INTO {trg} (id, source_workflow_name, terminal_states, target_workflow_name,
+                input_mapping, condition, created_at, updated_at)
+            VALUES (:code_trigger, '{WORKFLOWS[0]}', '["Completed"]', '{WORKFLOWS[1]}',
+                    '{{"type":"Passthrough"}}', NULL, {now} - interval '30 days', {now} - interval '30 days'),
+                (:stored_trigger, '{WORKFLOWS[2]}', '["Completed","Failed"]', '{WORKFLOWS[3]}',
+                    '{{"type":"Passthrough"}}', NULL, {now} - interval '20 days',
+                    {now} - interval '20 days')""",  # noqa: S608
+        f"""INSERT INTO {ex} (execution_id, workflow_name, workflow_id, input, output, error, state,
+                created_at, started_at, completed_at, attempt, recovery_count, cancel_requested,
+                trigger_depth, parent_execution_id, parent_close_policy, queue_name, priority)
+            SELECT {eid}, (CAST(:flows AS varchar[]))[1 + n % {len(WORKFLOWS)}], 'wf-' || n,
+                '{{"order_id": "ord_' || n || '", "total": 4200}}',
+                CASE WHEN n % {CANCELLED_EVERY} <> 0 AND n % {FAILED_EVERY} <> 0 THEN '{{"ok": true}}' END,
+                CASE WHEN n % {CANCELLED_EVERY} <> 0 AND n % {FAILED_EVERY} = 0
+                    THEN 'RuntimeError: the payment service answered 503' END,
+                CASE WHEN n % {CANCELLED_EVERY} = 0 THEN 'Cancelled'
+                    WHEN n % {FAILED_EVERY} = 0 THEN 'Failed' ELSE 'Completed' END,
+                t.ts, t.ts, t.ts + interval '2 seconds', 1, 0, n % {CANCELLED_EVERY} = 0, 0,
+                CASE WHEN n % {PARENT_EVERY} BETWEEN 1 AND {CHILDREN}
+                    THEN md5('e' || (n - n % {PARENT_EVERY}))::uuid::text END,
+                CASE WHEN n % {PARENT_EVERY} BETWEEN 1 AND {CHILDREN} THEN 'Terminate' END,
+                CASE WHEN n % {QUEUED_EVERY} = {QUEUED_EVERY - 1} THEN :queue END, 0
+            FROM generate_series(1, :history) AS n, {at}""",  # noqa: S608
+        f"""INSERT INTO {ex} (execution_id, workflow_name, workflow_id, input, state, created_at,
+                next_run_at, attempt, recovery_count, cancel_requested, trigger_depth, queue_name,
+                priority)
+            SELECT md5('q' || n)::uuid::text, '{WORKFLOWS[4]}', 'wf-waiting-' || n, '{{"n": ' || n || '}}',
+                'Pending', {now} - make_interval(secs => n), {now} - make_interval(secs => n), 0, 0,
+                false, 0, :queue, 0
+            FROM generate_series(1, :waiting) AS n""",  # noqa: S608
+        f"""INSERT INTO {st} (execution_id, seq, name, output, error, created_at)
+            SELECT {eid}, s, 'step' || s, '{{"n": ' || s || '}}', NULL,
+                t.ts + make_interval(secs => 0.5 * s)
+            FROM generate_series(1, :history) AS n, {at}, generate_series(0, :steps - 1) AS s""",  # noqa: S608
+        f"""INSERT INTO {cb} (delivery_id, execution_id, callback_index, target_url, filter, state,
+                attempts, max_attempts, initial_backoff_ms, max_backoff_ms, body, last_status,
+                last_error, created_at, updated_at, delivered_at)
+            SELECT md5('c' || n)::uuid::text, {eid}, 0, 'http://127.0.0.1:9/completed', '{{}}',
+                CASE WHEN n % {CALLBACK_FAILED_EVERY} = 0 THEN 'FAILED' ELSE 'DELIVERED' END,
+                CASE WHEN n % {CALLBACK_FAILED_EVERY} = 0 THEN 5 ELSE 1 END, 5, 1000, 60000,
+                '{{"execution_id": "' || {eid} || '"}}',
+                CASE WHEN n % {CALLBACK_FAILED_EVERY} = 0 THEN 500 ELSE 200 END,
+                CASE WHEN n % {CALLBACK_FAILED_EVERY} = 0 THEN 'HTTP 500' END,
+                t.ts + interval '2 seconds', t.ts + interval '3 seconds',
+                CASE WHEN n % {CALLBACK_FAILED_EVERY} <> 0 THEN t.ts + interval '3 seconds' END
+            FROM generate_series(1, :history) AS n, {at}""",  # noqa: S608
+        f"""INSERT INTO {fires} (source_exec_id, trigger_id, fired_at, outcome, target_execution_id)
+            SELECT {eid}, CASE WHEN n % 2 = 0 THEN :code_trigger ELSE :stored_trigger END,
+                t.ts + interval '2 seconds', CASE WHEN n % 10 < 3 THEN 'condition_unmet' END,
+                CASE WHEN n % 10 >= 3 AND n < :history THEN md5('e' || (n + 1))::uuid::text END
+            FROM generate_series(1, :history) AS n, {at}""",  # noqa: S608
+    ]
 
 
 def history_apps(

@@ -15,7 +15,7 @@ from sqlalchemy import Integer, Select, Table, bindparam, func, literal, select
 from sqlalchemy.engine import Connection
 from sqlalchemy.sql.elements import ColumnElement
 
-__all__ = ["bounded_counts"]
+__all__ = ["bounded_count", "bounded_counts"]
 
 #: Counts per statement: SQLite allows 2,000 result columns; stay well under it.
 _PER_STATEMENT = 200
@@ -31,6 +31,16 @@ def _statement(table: Table, conditions: Sequence[ColumnElement[bool]]) -> Selec
         bounded = select(literal(1)).select_from(table).where(condition).limit(cap).subquery()
         counts.append(select(func.count()).select_from(bounded).scalar_subquery().label(f"c{index}"))
     return select(*counts)
+
+
+def bounded_count(conn: Connection, query: Select[Any], *, cap: int) -> int:
+    """How many rows ``query`` returns, reading at most ``cap`` of them (a count equal to ``cap``
+    means "at least"): a list page's total, whose filters are parameters (so, unlike
+    :func:`bounded_counts`' statements, it is not kept built; SQLAlchemy caches its compiled form)."""
+    bounded = query.limit(bindparam("cap", type_=Integer)).subquery()
+    return int(
+        conn.execute(select(func.count()).select_from(bounded), {"cap": max(0, int(cap))}).scalar_one()
+    )
 
 
 def bounded_counts(

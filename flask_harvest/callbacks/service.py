@@ -421,6 +421,11 @@ class CompletionCallbacks:
         more = len(rows) > limit
         return page, encode_position(page[-1].updated_at, page[-1].delivery_id) if more else None
 
+    def count_failed(self, *, cap: int = 1000) -> int:
+        """How many ``FAILED`` deliveries :meth:`failed_page` lists, counting at most ``cap`` (one
+        bounded index walk; a count equal to ``cap`` means "at least")."""
+        return self.store.count_failed(cap=cap)
+
     def redrive_selected(self, delivery_ids: Sequence[str]) -> list[CompletionDelivery]:
         """Redrive the chosen ``FAILED`` deliveries (same ids, same bytes, a fresh budget, due
         now); return those redriven (one not failed, or unknown, is left as it is).

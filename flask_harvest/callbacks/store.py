@@ -14,11 +14,11 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Connection, Engine, Update, and_, delete, or_, select, update
+from sqlalchemy import Connection, Engine, Update, and_, delete, literal, or_, select, update
 from sqlalchemy.engine import Row
 
 from .. import tracing
-from .._bounded import bounded_counts
+from .._bounded import bounded_count, bounded_counts
 from .._sql import SqlDatabase
 from ..outbound.attempt import DeliveryState, Verdict
 from ..outbound.backoff import RetryPolicy
@@ -341,6 +341,13 @@ class SqlCallbackStore:
                 key=("completion deliveries by state",),
             )
         return dict(zip(states, counts, strict=True))
+
+    def count_failed(self, *, cap: int) -> int:
+        """How many deliveries :meth:`failed_page` lists, counting at most ``cap`` (a bounded walk
+        of the index its pages walk)."""
+        query = select(literal(1)).select_from(_d).where(_d.c.state == _FAILED)
+        with self.db.read("count failed completion deliveries") as conn:
+            return bounded_count(conn, query, cap=cap)
 
     def failed_page(
         self, *, limit: int, before: tuple[datetime, str] | None = None

@@ -49,7 +49,14 @@ def failed_callbacks() -> tuple[str, int]:
     return render_page(
         "workflows/failed_callbacks.html",
         page=page,
-        pages=pager("harvest_dashboard.failed_callbacks", {}, cursor, page, fetch),
+        pages=pager(
+            "harvest_dashboard.failed_callbacks",
+            {},
+            cursor,
+            page,
+            fetch,
+            lambda cap: service.count_failed(cap=cap),
+        ),
     )
 
 

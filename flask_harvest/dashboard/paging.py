@@ -4,8 +4,9 @@ previous and next links and "51-100 of 1,000+", with an en dash).
 The cursors and the keyset walks behind them belong to the services the pages call
 (``WebhookOperations``, ``WorkflowService``, ``TriggerService``), which the admin APIs share. A
 keyset cursor only goes forward, so a page's link carries the cursors of the pages before it (its
-*trail*, the last :data:`TRAIL_KEPT`) and its number; the total is a bounded count
-(:func:`capped_count`), never a ``COUNT(*)`` of a table.
+*trail*, the last :data:`TRAIL_KEPT`) and its number; the total is a bounded count, never a
+``COUNT(*)`` of a table: the service's own (:data:`Count`, one statement that reads at most
+:data:`COUNT_CAP` index entries) where it has one, else :func:`capped_count` over its pages.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from ..errors import InvalidFieldError
 T = TypeVar("T")
 __all__ = [
     "COUNT_CAP", "PAGE_SIZE", "PAGING_ARGS", "TRAIL_KEPT",
-    "Page", "Pager", "capped_count", "pager", "range_text",
+    "Count", "Page", "Pager", "capped_count", "pager", "range_text",
 ]  # fmt: skip
 #: Rows on one dashboard list page.
 PAGE_SIZE = 50
@@ -42,6 +43,8 @@ _MARK = "~"
 
 #: ``fetch(cursor, limit)``: one page of a list with its filters, and the next page's cursor.
 Fetch = Callable[[str | None, int], tuple[Sequence[Any], str | None]]
+#: ``count(cap)``: how many rows the list with its filters has, counting at most ``cap``.
+Count = Callable[[int], int]
 
 
 @dataclass(frozen=True)
@@ -102,9 +105,17 @@ def _read_position() -> tuple[int, list[str]]:
     return int(number_text), _trail(trail_text)
 
 
-def pager(endpoint: str, args: Mapping[str, str], cursor: str | None, page: Page[Any], fetch: Fetch) -> Pager:
+def pager(
+    endpoint: str,
+    args: Mapping[str, str],
+    cursor: str | None,
+    page: Page[Any],
+    fetch: Fetch,
+    count: Count | None = None,
+) -> Pager:
     """The pager of the current list page: ``endpoint`` with the filters ``args``, at ``cursor``
-    (``None`` on the first page), showing ``page``; ``fetch`` reads the same list for the count."""
+    (``None`` on the first page), showing ``page``; ``count`` counts the same list, or else
+    ``fetch`` reads it for the count (up to :data:`COUNT_CAP` rows, each built as the page's)."""
     number, trail = _read_position()
     if cursor is None:
         number, trail = 1, []  # the first page, whatever else the link says
@@ -118,6 +129,9 @@ def pager(endpoint: str, args: Mapping[str, str], cursor: str | None, page: Page
 
     if cursor is None and page.next_cursor is None:
         total, capped = len(page.items), False  # the whole list is on this page: nothing to count
+    elif count is not None:
+        counted = count(COUNT_CAP + 1)  # one past the cap tells "1,000+" from "1,000"
+        total, capped = min(counted, COUNT_CAP), counted > COUNT_CAP
     else:
         total, capped = capped_count(fetch)
     return Pager(

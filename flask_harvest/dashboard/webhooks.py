@@ -267,6 +267,16 @@ def deliveries() -> tuple[str, int]:
             until=until,
         )
 
+    def count(cap: int) -> int:
+        return get_engine().operations.count_deliveries(
+            state=DeliveryState(state) if state else None,
+            subscription_id=subscription_id,
+            topic=topic,
+            since=since,
+            until=until,
+            cap=cap,
+        )
+
     items, next_cursor = fetch(cursor, PAGE_SIZE)
     shown = {
         "state": state or "",
@@ -287,7 +297,9 @@ def deliveries() -> tuple[str, int]:
         ),
         states=STATES,
         filters=shown,
-        pages=pager("harvest_dashboard.deliveries", next_args, cursor, Page(items, next_cursor), fetch),
+        pages=pager(
+            "harvest_dashboard.deliveries", next_args, cursor, Page(items, next_cursor), fetch, count
+        ),
         # The dead-lettered rows shown get a checkbox (dlq_select.replay_selected).
         dlq_shown=[item.id for item in items if item.state is DeliveryState.DLQ],
     )

@@ -459,6 +459,31 @@ class WebhookOperations:
             self.store.list_delivery_summaries, state, limit, cursor, subscription_id, topic, since, until
         )
 
+    def count_deliveries(
+        self,
+        *,
+        state: DeliveryState | None = None,
+        subscription_id: str | None = None,
+        topic: str | None = None,
+        since: datetime | None = None,
+        until: datetime | None = None,
+        cap: int = 1000,
+    ) -> int:
+        """How many deliveries :meth:`delivery_summaries_page` lists with these filters, counting at
+        most ``cap`` (a count equal to ``cap`` means "at least"): a list page's total, in one
+        bounded read (the SQL store's is one statement), with the listing's checks."""
+        since, until = _window(since, "since"), _window(until, "until")
+        if since is not None and until is not None and since >= until:
+            raise InvalidFieldError("since", "must be earlier than until")
+        return self.store.count_deliveries(
+            cap=cap,
+            state=state,
+            subscription_id=_filter(subscription_id, "subscription_id"),
+            topic=_filter(topic, "topic"),
+            since=since,
+            until=until,
+        )
+
     def _page(
         self,
         listing: Callable[..., list[_Listed]],

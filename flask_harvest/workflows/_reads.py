@@ -9,8 +9,9 @@ from datetime import datetime
 from typing import Any
 
 from sqlalchemy import Integer, Select, bindparam, func, literal, or_, select
+from sqlalchemy.sql.elements import ColumnElement
 
-from .._bounded import bounded_counts
+from .._bounded import bounded_count, bounded_counts
 from .._input import id_problem
 from ._schema import row_to_execution, row_to_step, steps_table
 from ._store_core import StoreCore, _ex, check_key
@@ -55,12 +56,7 @@ class ExecutionReads:
         cursor: ExecutionCursor | None = None,
         limit: int = 100,
     ) -> list[Execution]:
-        query = select(_ex)
-        if name is not None:
-            check_key("name", name)
-            query = query.where(_ex.c.workflow_name == name)
-        if state is not None:
-            query = query.where(_ex.c.state == ExecutionState(state).value)
+        query = select(_ex).where(*_listed(name, state))
         if cursor is not None:
             created, last_id = cursor
             query = query.where(
@@ -71,6 +67,13 @@ class ExecutionReads:
         query = query.order_by(_ex.c.created_at.desc(), _ex.c.execution_id.desc()).limit(max(0, limit))
         with self.core.transaction("list workflow executions") as conn:
             return [row_to_execution(row) for row in conn.execute(query).all()]
+
+    def count_executions(
+        self, *, name: str | None = None, state: ExecutionState | None = None, cap: int
+    ) -> int:
+        query = select(literal(1)).select_from(_ex).where(*_listed(name, state))
+        with self.core.db.read("count workflow executions") as conn:
+            return bounded_count(conn, query, cap=cap)
 
     def count_states(self, *, cap: int) -> dict[ExecutionState, int]:
         with self.core.db.read("count workflow executions by state") as conn:
@@ -108,6 +111,17 @@ class ExecutionReads:
                 select(_steps).where(_steps.c.execution_id == execution_id, _steps.c.seq == seq)
             ).first()
         return row_to_step(row) if row is not None else None
+
+
+def _listed(name: str | None, state: ExecutionState | None) -> list[ColumnElement[bool]]:
+    """The listing's filters (by workflow name, by state), for its pages and its count."""
+    conditions = []
+    if name is not None:
+        check_key("name", name)
+        conditions.append(_ex.c.workflow_name == name)
+    if state is not None:
+        conditions.append(_ex.c.state == ExecutionState(state).value)
+    return conditions
 
 
 @functools.cache

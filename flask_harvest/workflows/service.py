@@ -268,18 +268,21 @@ class WorkflowService:
         """
         if not 1 <= limit <= 500:
             raise InvalidFieldError("limit", "must be between 1 and 500")
-        try:
-            chosen = ExecutionState(state) if state is not None else None
-        except ValueError:
-            raise InvalidFieldError(
-                "state", f"must be one of {', '.join(s.value for s in ExecutionState)}"
-            ) from None
-        if name is not None:
-            check_text(name, "name")
+        chosen = _listed_state(name, state)
         position = decode_cursor(cursor) if cursor else None
         rows = self.store.list_executions(name=name, state=chosen, cursor=position, limit=limit + 1)
         page = rows[:limit]
         return page, encode_cursor(page[-1]) if len(rows) > limit else None
+
+    def count_executions(
+        self, *, name: str | None = None, state: ExecutionState | str | None = None, cap: int = 1000
+    ) -> int:
+        """Return how many executions :meth:`list_executions` lists with these filters, counting at
+        most ``cap`` (one bounded index walk; a count equal to ``cap`` means "at least").
+
+        :raises InvalidFieldError: an unknown state.
+        """
+        return self.store.count_executions(name=name, state=_listed_state(name, state), cap=cap)
 
     def state_counts(self, *, cap: int = 10_000) -> dict[ExecutionState, int]:
         """Return how many executions are in each state, each count stopping at ``cap`` (a count
@@ -446,3 +449,16 @@ class WorkflowHandle:
     def terminate(self, reason: str | None = None) -> Execution:
         """Terminate the execution (see :meth:`WorkflowService.terminate`)."""
         return self._service.terminate(self.execution_id, reason)
+
+
+def _listed_state(name: str | None, state: ExecutionState | str | None) -> ExecutionState | None:
+    """The listing's filters checked: the state as a member (``None`` for any)."""
+    try:
+        chosen = ExecutionState(state) if state is not None else None
+    except ValueError:
+        raise InvalidFieldError(
+            "state", f"must be one of {', '.join(s.value for s in ExecutionState)}"
+        ) from None
+    if name is not None:
+        check_text(name, "name")
+    return chosen

@@ -184,6 +184,17 @@ class SqlWorkflowStore:
         """
         return self._reads.list_executions(name=name, state=state, cursor=cursor, limit=limit)
 
+    def count_executions(
+        self, *, name: str | None = None, state: ExecutionState | None = None, cap: int
+    ) -> int:
+        """Return how many executions :meth:`list_executions` lists with these filters, counting at
+        most ``cap`` (a bounded walk of the index its pages walk: a count equal to ``cap`` means
+        "at least").
+
+        :raises InvalidFieldError: ``name`` is not text a workflow name could be.
+        """
+        return self._reads.count_executions(name=name, state=state, cap=cap)
+
     def count_states(self, *, cap: int) -> dict[ExecutionState, int]:
         """Return how many executions are in each state, counting at most ``cap`` of each.
 

@@ -408,6 +408,26 @@ class OutboundWebhookHandler(abc.ABC):
         )
         return [DeliverySummary.of(delivery) for delivery in listed]
 
+    def count_deliveries(
+        self,
+        *,
+        cap: int,
+        state: DeliveryState | None = None,
+        subscription_id: str | None = None,
+        topic: str | None = None,
+        since: datetime | None = None,
+        until: datetime | None = None,
+    ) -> int:
+        """Return how many deliveries :meth:`list_deliveries` lists with these filters, counting at
+        most ``cap`` (a count equal to ``cap`` means "at least"): a list page's total. A store may
+        count in one bounded statement; this default lists up to ``cap`` summaries."""
+        if cap < 1:
+            return 0
+        listed = self.list_delivery_summaries(
+            limit=cap, state=state, subscription_id=subscription_id, topic=topic, since=since, until=until
+        )
+        return len(listed)
+
     @abc.abstractmethod
     def attempts_per_minute(self, *, since: datetime, until: datetime) -> list[tuple[datetime, int, int]]:
         """Return ``(minute, succeeded, failed)`` for each minute in ``[since, until)`` with attempts

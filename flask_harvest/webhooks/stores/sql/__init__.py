@@ -212,6 +212,19 @@ class SqlOutboundWebhookStore(OutboundWebhookHandler):
         page = DeliveryPage(limit, before, state, subscription_id, topic, since, until)
         return self._reports.list_delivery_summaries(page)
 
+    def count_deliveries(
+        self,
+        *,
+        cap: int,
+        state: DeliveryState | None = None,
+        subscription_id: str | None = None,
+        topic: str | None = None,
+        since: datetime | None = None,
+        until: datetime | None = None,
+    ) -> int:
+        page = DeliveryPage(max(0, cap), None, state, subscription_id, topic, since, until)
+        return self._reports.count_deliveries(page)
+
     def attempts_per_minute(self, *, since: datetime, until: datetime) -> list[tuple[datetime, int, int]]:
         return self._reports.attempts_per_minute(since=since, until=until)
 

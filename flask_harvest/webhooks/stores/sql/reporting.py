@@ -128,6 +128,14 @@ class DeliveryReports:
             )
         ]
 
+    def count_deliveries(self, page: DeliveryPage) -> int:
+        # The page's own walk (same filters, same order, so the same index), of page.limit rows.
+        query = page.narrow(select(literal(1)).select_from(_dels))
+        if query is None:
+            return 0
+        counted = select(func.count()).select_from(query.subquery())
+        return int(self._list(counted, page.by_key)[0][0])
+
     def _list(self, query: Select[Any], by_key: bool) -> Sequence[Any]:
         if not (by_key and self._custom_plans):
             with self.db.read("list deliveries") as conn:
