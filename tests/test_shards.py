@@ -146,6 +146,8 @@ def test_lists_and_counts_across_shards_are_the_union(pg_shards: list[str]) -> N
         assert keys == sorted(keys, reverse=True)
         assert store.count_states(cap=1000)[S.COMPLETED] == 9
         assert store.count_states(cap=4)[S.COMPLETED] == 4  # capped counts stay "at least"
+        assert store.count_executions(cap=1000) == 9
+        assert store.count_executions(state=S.COMPLETED, cap=5) == 5
         for execution_id in started:
             assert store.get(execution_id) is not None
             assert store.get_by_workflow_id(store.get(execution_id).workflow_id) is not None  # type: ignore[union-attr]

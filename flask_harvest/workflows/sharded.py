@@ -196,6 +196,12 @@ class ShardedWorkflowStore(SqlWorkflowStore):
         merged = heapq.merge(*pages, key=lambda e: (e.created_at, e.execution_id), reverse=True)
         return list(itertools.islice(merged, max(limit, 0)))
 
+    def count_executions(
+        self, *, name: str | None = None, state: ExecutionState | None = None, cap: int
+    ) -> int:
+        counts = self._read_all(lambda s: s.count_executions(name=name, state=state, cap=cap))
+        return min(sum(counts), cap)
+
     def count_states(self, *, cap: int) -> dict[ExecutionState, int]:
         totals: dict[ExecutionState, int] = {}
         for counts in self._read_all(lambda s: s.count_states(cap=cap)):
