@@ -46,7 +46,7 @@ HISTORY_DAYS = 10
 #: Pending rows became due over this many seconds before the seeding.
 PENDING_DUE_SPAN = 600
 
-#: The baseline's history (S13, S16): a full DLQ page, next to nothing else.
+#: The baseline's history (S13, S16): a few pages of DLQ, next to nothing else.
 SMALL_HISTORY = 1_000
 #: Due pending rows in both databases: the same backlog, with or without the history.
 PENDING = 10_000
@@ -68,6 +68,8 @@ QUEUE = "bench_queue"
 QUEUE_WAITING = 100
 #: One completion-callback delivery in this many failed (the others were delivered).
 CALLBACK_FAILED_EVERY = 30
+#: Rows on a page of the console's lists.
+CONSOLE_PAGE = 50
 #: Every execution was decided by one trigger: the one declared in code (even rows) or the one
 #: registered through the admin API (odd rows); 3 in 10 were skipped by their condition.
 CODE_TRIGGER_ID = "5e1f0000-0000-4000-8000-000000000001"
@@ -119,7 +121,7 @@ def _spec(history: int, pending: int) -> str:
     # Every table's DDL: an index added or dropped anywhere seeds afresh.
     ddl = WEBHOOK_SCHEMA_SQL + schema_sql(metadata.sorted_tables)
     schema = hashlib.sha256(ddl.encode()).hexdigest()[:16]
-    return f"history={history} pending={pending} subscriptions={SUBSCRIPTIONS} schema={schema} workflows v3"
+    return f"history={history} pending={pending} subscriptions={SUBSCRIPTIONS} schema={schema} workflows v4"
 
 
 def seeded(url: str, *, history: int, pending: int) -> History:
@@ -151,6 +153,13 @@ def seeded(url: str, *, history: int, pending: int) -> History:
     return History(url, history, pending, time.perf_counter() - started)
 
 
+def _every(rate: int, history: int) -> int:
+    """One row in ``rate`` (or more often in a small history): the DLQ and the failed callbacks
+    span several console pages at every size, so both sizes render a list page with the same
+    statements (a list that fits on one page sends no count)."""
+    return max(1, min(rate, history // (3 * CONSOLE_PAGE)))
+
+
 def _seed(engine: sa.Engine, history: int, pending: int) -> None:
     subs, dels, atts = subscriptions_table.name, deliveries_table.name, attempts_table.name
     params = {
@@ -159,7 +168,7 @@ def _seed(engine: sa.Engine, history: int, pending: int) -> None:
         "pending": pending,
         "span": HISTORY_DAYS * 86_400,
         "due_span": PENDING_DUE_SPAN,
-        "dlq_every": DLQ_EVERY,
+        "dlq_every": _every(DLQ_EVERY, history),
         "topics": TOPICS,
     }
     # Ids as random as uuid4's (md5 of the row number); the same in every database seeded alike.
@@ -200,7 +209,7 @@ def _seed(engine: sa.Engine, history: int, pending: int) -> None:
                     secs => CAST(:due_span AS float8) * (:pending - n) / :pending) AS ts) AS t""",  # noqa: S608
     ]
     with engine.begin() as conn:
-        for statement in [*statements, *_workflow_statements()]:
+        for statement in [*statements, *_workflow_statements(history)]:
             conn.execute(sa.text(statement), {**params, **_WORKFLOW_PARAMS})
     # As autovacuum soon would: statistics for the planner, and the visibility map that lets
     # index-only scans skip the heap.
@@ -219,10 +228,11 @@ _WORKFLOW_PARAMS = {
 }
 
 
-def _workflow_statements() -> list[str]:
+def _workflow_statements(history: int) -> list[str]:
     """The executions of the history (as many as its deliveries, over the same days, oldest first),
     each with its steps, a completion-callback delivery and a trigger's fire; the two triggers;
     and :data:`QUEUE_WAITING` open runs waiting in :data:`QUEUE`."""
+    callback_failed_every = _every(CALLBACK_FAILED_EVERY, history)
     ex, st, cb = executions_table.name, steps_table.name, callbacks_table.name
     trg, fires = triggers_table.name, fires_table.name
     now = "now() AT TIME ZONE 'UTC'"
@@ -269,13 +279,13 @@ def _workflow_statements() -> list[str]:
                 attempts, max_attempts, initial_backoff_ms, max_backoff_ms, body, last_status,
                 last_error, created_at, updated_at, delivered_at)
             SELECT md5('c' || n)::uuid::text, {eid}, 0, 'http://127.0.0.1:9/completed', '{{}}',
-                CASE WHEN n % {CALLBACK_FAILED_EVERY} = 0 THEN 'FAILED' ELSE 'DELIVERED' END,
-                CASE WHEN n % {CALLBACK_FAILED_EVERY} = 0 THEN 5 ELSE 1 END, 5, 1000, 60000,
+                CASE WHEN n % {callback_failed_every} = 0 THEN 'FAILED' ELSE 'DELIVERED' END,
+                CASE WHEN n % {callback_failed_every} = 0 THEN 5 ELSE 1 END, 5, 1000, 60000,
                 '{{"execution_id": "' || {eid} || '"}}',
-                CASE WHEN n % {CALLBACK_FAILED_EVERY} = 0 THEN 500 ELSE 200 END,
-                CASE WHEN n % {CALLBACK_FAILED_EVERY} = 0 THEN 'HTTP 500' END,
+                CASE WHEN n % {callback_failed_every} = 0 THEN 500 ELSE 200 END,
+                CASE WHEN n % {callback_failed_every} = 0 THEN 'HTTP 500' END,
                 t.ts + interval '2 seconds', t.ts + interval '3 seconds',
-                CASE WHEN n % {CALLBACK_FAILED_EVERY} <> 0 THEN t.ts + interval '3 seconds' END
+                CASE WHEN n % {callback_failed_every} <> 0 THEN t.ts + interval '3 seconds' END
             FROM generate_series(1, :history) AS n, {at}""",  # noqa: S608
         f"""INSERT INTO {fires} (source_exec_id, trigger_id, fired_at, outcome, target_execution_id)
             SELECT {eid}, CASE WHEN n % 2 = 0 THEN :code_trigger ELSE :stored_trigger END,
