@@ -160,6 +160,15 @@ def _every(rate: int, history: int) -> int:
     return max(1, min(rate, history // (3 * CONSOLE_PAGE)))
 
 
+def _dlq_every(history: int) -> int:
+    """:func:`_every` for the DLQ, dividing ``history`` so the newest delivery is dead-lettered at
+    every size (S16 opens it)."""
+    every = _every(DLQ_EVERY, history)
+    while history % every:
+        every -= 1
+    return every
+
+
 def _seed(engine: sa.Engine, history: int, pending: int) -> None:
     subs, dels, atts = subscriptions_table.name, deliveries_table.name, attempts_table.name
     params = {
@@ -168,7 +177,7 @@ def _seed(engine: sa.Engine, history: int, pending: int) -> None:
         "pending": pending,
         "span": HISTORY_DAYS * 86_400,
         "due_span": PENDING_DUE_SPAN,
-        "dlq_every": _every(DLQ_EVERY, history),
+        "dlq_every": _dlq_every(history),
         "topics": TOPICS,
     }
     # Ids as random as uuid4's (md5 of the row number); the same in every database seeded alike.
