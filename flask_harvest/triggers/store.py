@@ -234,7 +234,7 @@ class SqlTriggerStore:
                 self._put(conn, row)
 
     def _put(self, conn: Connection, row: StoredTrigger) -> None:
-        values = {name: getattr(row, name) for name in _t.c.keys()}
+        values = {column.name: getattr(row, column.name) for column in _t.c}
         stmt = self.db.insert(_t).values(values)
         conn.execute(stmt.on_conflict_do_update(index_elements=[_t.c.id], set_=values))
 
@@ -376,11 +376,13 @@ class SqlTriggerStore:
         :returns: the row's id.
         """
         row_id = start.id or str(uuid.uuid4())
-        values = {name: getattr(start, name) for name in _o.c.keys()}
+        values = {column.name: getattr(start, column.name) for column in _o.c}
         conn.execute(self.db.insert(_o).values({**values, "id": row_id}))
         return row_id
 
-    def take_outbox(self, conn: Connection, *, limit: int, ids: Sequence[str] | None = None) -> list[OutboxStart]:
+    def take_outbox(
+        self, conn: Connection, *, limit: int, ids: Sequence[str] | None = None
+    ) -> list[OutboxStart]:
         """The oldest waiting starts (among ``ids``, or any), at most ``limit``, in the caller's
         transaction. On PostgreSQL they stay locked until it ends and rows another transaction
         holds are skipped: two drainers never take the same row at once."""
@@ -391,9 +393,7 @@ class SqlTriggerStore:
             query = query.with_for_update(skip_locked=True)
         return [OutboxStart(**row._mapping) for row in conn.execute(query).all()]
 
-    def started_outbox(
-        self, conn: Connection, start: OutboxStart, target_execution_id: str
-    ) -> None:
+    def started_outbox(self, conn: Connection, start: OutboxStart, target_execution_id: str) -> None:
         """Delete a start's row once its target runs, and name the target on its ledger row."""
         conn.execute(delete(_o).where(_o.c.id == start.id))
         self.set_target(conn, start.source_exec_id, start.trigger_id, target_execution_id)
