@@ -138,6 +138,9 @@ class TriggerOutbox:
         events: list[FireEvent] = []
         left = 0
         down: set[int] = set()
+        # The rows stay locked while their targets start (short transactions on other databases,
+        # never an outside call): the lock is what keeps a second drainer off them. A shard that
+        # failed lately is not even tried, so a down shard holds them for no connect timeout.
         with store.db.transaction("drain the completion trigger outbox") as conn:
             for row in store.take_outbox(conn, limit=self.batch, ids=ids):
                 if row.target_shard in down or not self.shards.available(row.target_shard):
