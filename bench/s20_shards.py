@@ -149,6 +149,21 @@ def _rows(engines: Sequence[sa.Engine], name: str) -> list[Any]:
     return rows
 
 
+def _settle(engines: Sequence[sa.Engine], count: int, source: str, target: str) -> None:
+    """Wait until every source has ended and every target exists, or nothing moved for 10 s (a
+    build that refuses cross-shard targets never starts them, and their sources never end)."""
+    last: tuple[int, int] | None = None
+    still = time.monotonic()
+    while time.monotonic() - still < 10:
+        ended = sum(1 for r in _rows(engines, source) if r.completed_at is not None)
+        now = (ended, len(_rows(engines, target)))
+        if now[0] >= count and now[1] >= count:
+            return
+        if now != last:
+            last, still = now, time.monotonic()
+        time.sleep(0.5)
+
+
 def _trigger_latency(ctx: Context, seconds: float, per_second: float) -> dict[str, Any]:
     """Sources at ``per_second`` for ``seconds`` on three shards; each target's start latency."""
     from . import _trigger_app
@@ -176,12 +191,7 @@ def _trigger_latency(ctx: Context, seconds: float, per_second: float) -> dict[st
             if starter.error is not None:
                 raise starter.error
 
-            def settled() -> bool:
-                sources = [r for r in _rows(engines, _trigger_app.SOURCE) if r.completed_at is not None]
-                return len(sources) >= count and len(_rows(engines, _trigger_app.TARGET)) >= count
-
-            # Targets that never come (a build that refuses cross-shard targets) end the wait.
-            _workers.wait_for(settled, timeout=60, interval=0.5)
+            _settle(engines, count, _trigger_app.SOURCE, _trigger_app.TARGET)
         finally:
             _workers.stop_all(running)
         sources = _rows(engines, _trigger_app.SOURCE)
