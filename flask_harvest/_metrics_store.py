@@ -163,6 +163,12 @@ def _fires(engine: HarvestEngine) -> Iterator[Metric]:
     for outcome, count in zip(outcomes, counts, strict=True):
         family.add_metric([FIRE_OUTCOMES[outcome]], count)
     yield family
+    yield GaugeMetricFamily(
+        "harvest_completion_trigger_outbox",
+        "Cross-shard completion-trigger target starts waiting in the outbox, on every shard "
+        f"(counted up to {limit}).",
+        value=engine.triggers.store.count_outbox(cap=limit),
+    )
 
 
 def _workers(engine: HarvestEngine) -> Iterator[Metric]:

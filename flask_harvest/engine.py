@@ -26,7 +26,9 @@ from .jobs.rq import RqBackend, job_timeout_for
 from .outbound.transport import Transport
 from .sweeper import Sweeper, SweepReport
 from .triggers.firing import FireListener, TriggerFiring
+from .triggers.outbox import TriggerOutbox
 from .triggers.service import TriggerService
+from .triggers.sharded import ShardedTriggerStore
 from .triggers.store import SqlTriggerStore
 from .webhooks import sweeper as webhook_sweeps
 from .webhooks.delivery import WEBHOOK_JOB, AttemptListener, DeliveryRunner
@@ -221,10 +223,14 @@ def add_triggers(
     engine: HarvestEngine, store: SqlTriggerStore, *, listener: FireListener | None = None
 ) -> TriggerService:
     """Add completion triggers to ``engine``: a terminal hook on its workflows and a sweeper step
-    that purges old fires rows (``HARVEST_TRIGGER_FIRES_RETENTION_SECONDS``).
+    that purges old fires rows (``HARVEST_TRIGGER_FIRES_RETENTION_SECONDS``). With shards, also the
+    cross-shard outbox and its sweeper step, and a step that repairs the shards' definitions.
 
+    :param store: the trigger store; with shards, one on every shard
+        (:func:`~flask_harvest.triggers.sharded.open_trigger_store`).
     :param listener: told about every fire outcome once its transaction committed.
-    :raises ConfigurationError: the engine has no workflows, or has triggers already.
+    :raises ConfigurationError: the engine has no workflows, or has triggers already, or its
+        workflows are sharded and ``store`` is not.
     """
     workflows = engine.workflows
     if workflows is None:
@@ -233,6 +239,14 @@ def add_triggers(
         raise ConfigurationError("this engine has completion triggers already: add them once")
     settings = engine.settings
     registry = workflows.registry
+    outbox: TriggerOutbox | None = None
+    if isinstance(workflows.store, ShardedWorkflowStore):
+        if not isinstance(store, ShardedTriggerStore):
+            raise ConfigurationError(
+                "the workflows are sharded: give add_triggers a trigger store on every shard "
+                "(open_trigger_store(workflow_store))"
+            )
+        outbox = TriggerOutbox(store, workflows.store.shards, workflows.runner.start)
     firing = TriggerFiring(
         store,
         workflows.runner.start,
@@ -241,11 +255,16 @@ def add_triggers(
         max_input_bytes=settings.workflow_max_input_bytes,
         place=workflows.runner.placement,
         listener=listener,
+        cross_shard=outbox,
     )
     retention = settings.trigger_fires_retention_seconds or None
     engine.triggers = TriggerService(store, firing, workflows, retention_seconds=retention)
     workflows.hooks.register(firing)
     engine.sweeper.add_step("trigger-fires", partial(_purge_fires, engine.triggers))
+    if outbox is not None and isinstance(store, ShardedTriggerStore):
+        outbox.listener = firing.report
+        engine.sweeper.add_step("completion-triggers-outbox", partial(_drain_trigger_outbox, outbox))
+        engine.sweeper.add_step("trigger-definitions", partial(_repair_triggers, store))
     return engine.triggers
 
 
@@ -257,6 +276,15 @@ def _wake_stranded_parents(store: SqlWorkflowStore, runner: WorkflowRunner) -> S
 
 def _purge_fires(service: TriggerService) -> SweepReport:
     return SweepReport(fires_purged=service.purge_fires())
+
+
+def _drain_trigger_outbox(outbox: TriggerOutbox) -> SweepReport:
+    drained = outbox.enforce_completion_triggers_outbox()
+    return SweepReport(trigger_starts=drained.started, trigger_starts_waiting=drained.left)
+
+
+def _repair_triggers(store: ShardedTriggerStore) -> SweepReport:
+    return SweepReport(triggers_repaired=store.repair())
 
 
 def _add_callbacks(engine: HarvestEngine, store: SqlWorkflowStore, service: WorkflowService) -> None:

@@ -38,6 +38,7 @@ from .triggers.admin import trigger_admin
 from .triggers.definitions import CompletionTrigger
 from .triggers.firing import FireEvent, FireListener
 from .triggers.service import TriggerService
+from .triggers.sharded import open_trigger_store
 from .triggers.store import SqlTriggerStore
 from .webhooks.actuator import actuator
 from .webhooks.delivery import AttemptListener
@@ -256,7 +257,7 @@ class Harvest:
             )
         if self._want_triggers is False:
             return
-        trigger_store = SqlTriggerStore(service.store.engine)
+        trigger_store = open_trigger_store(service.store)
         if self._create_tables:
             trigger_store.ensure_schema()
         triggers = add_triggers(engine, trigger_store, listener=_fire_listener(app))

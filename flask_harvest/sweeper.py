@@ -41,6 +41,12 @@ class SweepReport:
     fires_purged: int = 0
     #: Workflow runs started by their schedules (one per cron tick).
     scheduled: int = 0
+    #: Cross-shard completion-trigger targets started from the outbox by this sweep.
+    trigger_starts: int = 0
+    #: Cross-shard completion-trigger starts left in the outbox (a target shard is down).
+    trigger_starts_waiting: int = 0
+    #: Completion-trigger definitions written to or deleted from shards to match shard 0.
+    triggers_repaired: int = 0
 
     def __add__(self, other: SweepReport) -> SweepReport:
         return SweepReport(

@@ -89,6 +89,13 @@ def sweep_command() -> None:
         )
     if report.scheduled:
         line += f"; started {report.scheduled} scheduled workflow run(s)"
+    if report.trigger_starts or report.trigger_starts_waiting:
+        line += (
+            f"; started {report.trigger_starts} completion-trigger target(s) on other shards "
+            f"({report.trigger_starts_waiting} still waiting)"
+        )
+    if report.triggers_repaired:
+        line += f"; repaired {report.triggers_repaired} completion trigger(s) on shards"
     click.echo(line)
 
 

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from sqlalchemy import Column, Index, Integer, PrimaryKeyConstraint, String, Table, Text
+from sqlalchemy import BigInteger, Column, Index, Integer, PrimaryKeyConstraint, String, Table, Text
 
 from .._sql import UTCDateTime, metadata
 from .definitions import MAX_NAME_LENGTH
 
-__all__ = ["TRIGGER_TABLES", "fires_table", "triggers_table"]
+__all__ = ["TRIGGER_TABLES", "fires_table", "outbox_table", "triggers_table"]
 
 #: Ids are UUIDs in their 36-character text form.
 ID_LENGTH = 36
@@ -55,5 +55,33 @@ fires_table = Table(
     Index("ix_harvest_completion_trigger_fires_outcome", "outcome"),
 )
 
+# Cross-shard target starts not made yet: a row is written on the source's shard in its terminal
+# transaction, beside the ledger row, when the target's workflow_id routes to another shard, and
+# deleted once the target started there (see triggers/outbox.py). Each row carries everything the
+# start needs, so a drainer reads nothing else (the trigger may have been deleted since).
+outbox_table = Table(
+    "harvest_completion_trigger_outbox",
+    metadata,
+    Column("id", String(ID_LENGTH), primary_key=True),
+    Column("source_exec_id", String(ID_LENGTH), nullable=False),
+    Column("trigger_id", String(ID_LENGTH), nullable=False),
+    Column("target_shard", Integer, nullable=False),
+    Column("target_workflow_name", String(MAX_NAME_LENGTH), nullable=False),
+    Column("target_workflow_id", String(MAX_NAME_LENGTH), nullable=False),
+    Column("target_input", Text, nullable=False),
+    Column("queue_name", String(MAX_NAME_LENGTH), nullable=True),
+    Column("concurrency_key", String(MAX_NAME_LENGTH), nullable=True),
+    Column("concurrency_limit", Integer, nullable=True),
+    # An integer as on the triggers table (NULL: the target workflow's default priority).
+    Column("priority", Integer, nullable=True),
+    Column("max_workflow_input_bytes", BigInteger, nullable=False),
+    # The target's trigger depth (the source's plus one), so the chain limit holds across shards.
+    Column("trigger_depth", Integer, nullable=False),
+    Column("created_at", UTCDateTime, nullable=False),
+    # The drain takes the oldest rows first; retention asks whether a fire's row is still here.
+    Index("ix_harvest_completion_trigger_outbox_created", "created_at", "id"),
+    Index("ix_harvest_completion_trigger_outbox_source", "source_exec_id", "trigger_id"),
+)
+
 #: The completion-trigger tables, in creation order.
-TRIGGER_TABLES = (triggers_table, fires_table)
+TRIGGER_TABLES = (triggers_table, fires_table, outbox_table)

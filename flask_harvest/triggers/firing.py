@@ -18,7 +18,11 @@ that moved the source to its terminal state:
    the transaction that wrote it starts the target, through start-or-load with the
    deterministic ``workflow_id`` ``completion-trigger-{trigger_id}-{source_exec_id}`` and the
    source's trigger depth plus one. Its job is queued after commit (the store's ``on_started``),
-   and the sweeper's due scan covers a lost enqueue.
+   and the sweeper's due scan covers a lost enqueue;
+7. with shards, a target whose ``workflow_id`` routes to another shard than the source's is not
+   started in the transaction: a cross-shard outbox row is written beside the ledger row instead
+   (outcome ``deferred``), and :mod:`~flask_harvest.triggers.outbox` starts it after the commit
+   (reporting ``started`` then, and naming the target on the ledger row), or its sweeper step does.
 
 What happened is reported to the listener as :class:`FireEvent` values once the transaction
 commits (never for a transaction that rolled back).
@@ -44,7 +48,7 @@ from ..workflows.models import Execution, ExecutionState, JsonValue, encode_json
 from .conditions import evaluate, parse_condition
 from .definitions import parse_terminal_states
 from .mappings import InputMapping, SourceOutcome, apply_mapping, parse_mapping
-from .store import SqlTriggerStore, StoredTrigger, loads_column
+from .store import OutboxStart, SqlTriggerStore, StoredTrigger, loads_column
 
 __all__ = [
     "FireEvent",
@@ -68,6 +72,8 @@ class FireOutcome(str, enum.Enum):
     VALIDATION_FAILED = "validation_failed"
     PAYLOAD_TOO_LARGE = "payload_too_large"
     CHAIN_DEPTH_EXCEEDED = "chain_depth_exceeded"
+    #: Fired, the target on another shard: its start waits in the outbox (``started`` follows).
+    DEFERRED = "deferred"
 
 
 class SkipReason(str, enum.Enum):
@@ -113,6 +119,18 @@ class Starter(Protocol):
     ) -> tuple[Execution, bool]: ...
 
 
+class CrossShard(Protocol):
+    """Where a target starts when the workflows are sharded (:class:`~.outbox.TriggerOutbox`)."""
+
+    def target_shard(self, conn: Connection, workflow_id: str) -> int | None:
+        """The target's shard when it is not ``conn``'s (the start must wait), else ``None``."""
+        ...
+
+    def defer(self, conn: Connection, start: OutboxStart) -> None:
+        """Write the start in ``conn``'s transaction, to be made after the commit."""
+        ...
+
+
 #: Checks a target start's queue fields (``WorkflowRunner.placement``); raises
 #: :class:`~flask_harvest.errors.InvalidFieldError` (an unknown queue) to refuse them.
 Placer = Callable[..., object]
@@ -150,6 +168,8 @@ class TriggerFiring:
     :param listener: told about each event once its transaction committed.
     :param place: checks the target start's queue fields before anything is written (an unknown
         queue is ``validation_failed``); none: not checked.
+    :param cross_shard: with shards, how a target on another shard than the source's is started;
+        none: every target starts in the source's transaction.
     """
 
     def __init__(
@@ -163,8 +183,10 @@ class TriggerFiring:
         listener: FireListener | None = None,
         clock: Callable[[], datetime] = utcnow,
         place: Placer | None = None,
+        cross_shard: CrossShard | None = None,
     ) -> None:
         self.place = place
+        self.cross_shard = cross_shard
         self.store = store
         self.start = start
         self.knows = knows
@@ -174,17 +196,21 @@ class TriggerFiring:
         self.clock = clock
         self.counters = TriggerCounters()
         self._key = f"harvest_trigger_events_{id(self)}"
-        event.listen(store.engine, "commit", self._committed)
-        event.listen(store.engine, "rollback", self._rolled_back)
+        # Every database a terminal transaction may be on (each shard's).
+        self._engines = store.engines
+        for engine in self._engines:
+            event.listen(engine, "commit", self._committed)
+            event.listen(engine, "rollback", self._rolled_back)
 
     def __repr__(self) -> str:
         return f"<TriggerFiring max_chain_depth={self.max_chain_depth}>"
 
     def close(self) -> None:
         """Stop listening to the engine's transactions."""
-        for name, fn in (("commit", self._committed), ("rollback", self._rolled_back)):
-            if event.contains(self.store.engine, name, fn):
-                event.remove(self.store.engine, name, fn)
+        for engine in self._engines:
+            for name, fn in (("commit", self._committed), ("rollback", self._rolled_back)):
+                if event.contains(engine, name, fn):
+                    event.remove(engine, name, fn)
 
     def __call__(self, conn: Connection, execution: Execution) -> None:
         self.evaluate(conn, execution)
@@ -287,10 +313,32 @@ class TriggerFiring:
             return outcome(kind)
         if not self.store.record_fire(conn, exec_id, trigger_id, outcome=None, now=now):
             return outcome(FireOutcome.DEDUPED)
+        workflow_id = target_workflow_id(trigger_id, exec_id)
+        elsewhere = self.cross_shard.target_shard(conn, workflow_id) if self.cross_shard else None
+        if self.cross_shard is not None and elsewhere is not None:
+            self.cross_shard.defer(
+                conn,
+                OutboxStart(
+                    source_exec_id=exec_id,
+                    trigger_id=trigger_id,
+                    target_shard=elsewhere,
+                    target_workflow_name=stored.target_workflow_name,
+                    target_workflow_id=workflow_id,
+                    target_input=encode_json(target_input, field="input", max_bytes=self.max_input_bytes),
+                    max_workflow_input_bytes=self.max_input_bytes,
+                    trigger_depth=depth,
+                    created_at=now,
+                    queue_name=stored.queue_name,
+                    concurrency_key=stored.concurrency_key,
+                    concurrency_limit=stored.concurrency_limit,
+                    priority=stored.priority,
+                ),
+            )
+            return outcome(FireOutcome.DEFERRED)
         target, created = self.start(
             stored.target_workflow_name,
             target_input,
-            workflow_id=target_workflow_id(trigger_id, exec_id),
+            workflow_id=workflow_id,
             trigger_depth=depth,
             conn=conn,
             **stored.start_queue(),
@@ -336,12 +384,16 @@ class TriggerFiring:
     def _committed(self, conn: Any) -> None:
         events: list[FireEvent] = conn.info.pop(self._key, [])
         for fired in events:
-            self.counters.count(fired)
-            if self.listener is not None:
-                try:
-                    self.listener(fired)
-                except Exception:
-                    logger.warning("a completion trigger listener failed on %s", fired, exc_info=True)
+            self.report(fired)
+
+    def report(self, fired: FireEvent) -> None:
+        """Count ``fired`` and tell the listener (its transaction has committed)."""
+        self.counters.count(fired)
+        if self.listener is not None:
+            try:
+                self.listener(fired)
+            except Exception:
+                logger.warning("a completion trigger listener failed on %s", fired, exc_info=True)
 
     def _rolled_back(self, conn: Any) -> None:
         conn.info.pop(self._key, None)

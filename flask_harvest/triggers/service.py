@@ -6,6 +6,7 @@ builds it and plugs its :class:`~.firing.TriggerFiring` into the workflow store'
 
 from __future__ import annotations
 
+import logging
 import uuid
 from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
@@ -16,6 +17,7 @@ from .._time import utcnow
 from ..errors import InvalidFieldError, InvalidStateError, NotFoundError
 from ..http.cursor import decode_position, encode_position
 from ..workflows.errors import ExecutionNotFoundError
+from ..workflows.hooks import pop_after_commit
 from ..workflows.service import WorkflowService
 from ..workflows.store import SqlWorkflowStore
 from .definitions import CompletionTrigger, trigger_to_json
@@ -23,6 +25,8 @@ from .firing import FireEvent, TriggerCounters, TriggerFiring
 from .store import Fire, SqlTriggerStore, StoredTrigger
 
 __all__ = ["TriggerNotFoundError", "TriggerService", "fire_to_json", "stored_to_json"]
+
+logger = logging.getLogger(__name__)
 
 #: The most rows (fires or triggers) one listing returns.
 MAX_LIST_LIMIT = 500
@@ -194,15 +198,24 @@ class TriggerService:
             raise InvalidStateError(
                 f"workflow execution {execution_id} is {execution.state.value}: triggers fire when it ends"
             )
-        with self.store.db.transaction("evaluate completion triggers") as conn:
+        # On the source's shard: its ledger rows and a same-shard target live there.
+        db = self.store.of_execution(execution.execution_id).db
+        with db.transaction("evaluate completion triggers") as conn:
             events = self.firing.evaluate(conn, execution)
             started = SqlWorkflowStore.started_in(conn)
+            after = pop_after_commit(conn)
         self.workflows.runner.schedule_started(started)
+        for action in after:  # a cross-shard start's first attempt; the sweeper covers a failure
+            try:
+                action()
+            except Exception:
+                logger.warning("harvest: an after-commit action failed; the sweeper covers it", exc_info=True)
         return events
 
     def purge_fires(self) -> int:
-        """Delete fires rows older than the retention horizon whose source execution is gone;
-        with no horizon, none. :returns: how many were deleted."""
+        """Delete fires rows older than the retention horizon whose source execution is gone and
+        whose cross-shard start is not waiting in the outbox; with no horizon, none.
+        :returns: how many were deleted."""
         if self.retention_seconds is None:
             return 0
         return self.store.purge_fires(before=self.clock() - timedelta(seconds=self.retention_seconds))

@@ -8,12 +8,13 @@ on both databases, without an error that would abort the caller's PostgreSQL tra
 from __future__ import annotations
 
 import json
+import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Connection, Engine, delete, exists, select, update
+from sqlalchemy import Connection, Engine, delete, exists, select, true, update
 from sqlalchemy.engine import Row
 from sqlalchemy.sql.elements import ColumnElement
 
@@ -21,15 +22,23 @@ from .._bounded import bounded_counts
 from .._sql import SqlDatabase, after_position
 from ..errors import InvalidFieldError
 from ..workflows._schema import executions_table
-from ._schema import TRIGGER_TABLES, fires_table, triggers_table
+from ._schema import TRIGGER_TABLES, fires_table, outbox_table, triggers_table
 from .conditions import condition_to_json, parse_condition
 from .definitions import QUEUE_FIELDS, CompletionTrigger, parse_terminal_states
 from .mappings import mapping_to_json, parse_mapping
 
-__all__ = ["FAILED_START_OUTCOMES", "Fire", "SqlTriggerStore", "StoredTrigger", "loads_column"]
+__all__ = [
+    "FAILED_START_OUTCOMES",
+    "Fire",
+    "OutboxStart",
+    "SqlTriggerStore",
+    "StoredTrigger",
+    "loads_column",
+]
 
 _t = triggers_table
 _f = fires_table
+_o = outbox_table
 _HINT = "create the tables with SqlTriggerStore.ensure_schema() (Harvest does it at init_app)"
 #: Ledger outcomes of a target that could not be started (an unknown target workflow, a mapped input
 #: it cannot take). Such a row shows the failure to operators but leaves the pair open: a later
@@ -108,6 +117,39 @@ class StoredTrigger:
         }
 
 
+@dataclass(frozen=True)
+class OutboxStart:
+    """A cross-shard target start waiting in the outbox: everything the start needs.
+
+    :param target_input: the mapped input, as JSON text (checked against the limit at fire time).
+    :param id: the row's id; a fresh one when not given.
+    """
+
+    source_exec_id: str
+    trigger_id: str
+    target_shard: int
+    target_workflow_name: str
+    target_workflow_id: str
+    target_input: str
+    queue_name: str | None
+    concurrency_key: str | None
+    concurrency_limit: int | None
+    priority: int | None
+    max_workflow_input_bytes: int
+    trigger_depth: int
+    created_at: datetime
+    id: str = ""
+
+    def start_queue(self) -> dict[str, Any]:
+        """The start's queue fields, by the names ``WorkflowRunner.start`` takes them."""
+        return {
+            "queue": self.queue_name,
+            "concurrency_key": self.concurrency_key,
+            "concurrency_limit": self.concurrency_limit,
+            "priority": self.priority,
+        }
+
+
 def loads_column(text: str, field: str) -> Any:
     try:
         return json.loads(text)
@@ -132,6 +174,19 @@ class SqlTriggerStore:
 
     def __repr__(self) -> str:
         return f"<SqlTriggerStore {self.engine.url.render_as_string(hide_password=True)}>"
+
+    @property
+    def engines(self) -> list[Engine]:
+        """Every database a source's terminal transaction may be on (one here; each shard's)."""
+        return [self.engine]
+
+    def on_shard(self, shard: int) -> SqlTriggerStore:
+        """The store of one shard's database (this one: it is shard 0 when there are no shards)."""
+        return self
+
+    def of_execution(self, execution_id: str) -> SqlTriggerStore:
+        """The store of the database an execution's terminal transaction runs on."""
+        return self
 
     def ensure_schema(self) -> None:
         """Create the completion-trigger tables and indexes where they do not exist yet."""
@@ -168,6 +223,38 @@ class SqlTriggerStore:
         conn.execute(stmt)
         row = conn.execute(select(_t).where(_t.c.id == trigger.id)).one()
         return _row(row).parse()
+
+    def put(self, rows: Sequence[StoredTrigger]) -> None:
+        """Write ``rows`` exactly as another database holds them (timestamps too), replacing rows
+        with the same ids: how a shard gets shard 0's definitions."""
+        if not rows:
+            return
+        with self.db.transaction("copy completion triggers") as conn:
+            for row in rows:
+                self._put(conn, row)
+
+    def _put(self, conn: Connection, row: StoredTrigger) -> None:
+        values = {name: getattr(row, name) for name in _t.c.keys()}
+        stmt = self.db.insert(_t).values(values)
+        conn.execute(stmt.on_conflict_do_update(index_elements=[_t.c.id], set_=values))
+
+    def mirror(self, rows: Sequence[StoredTrigger]) -> int:
+        """Make this database's definitions exactly ``rows`` (shard 0's): write what is missing or
+        differs, delete what ``rows`` lacks (with its fires rows, as :meth:`delete` does).
+
+        :returns: how many definitions were written or deleted.
+        """
+        wanted = {row.id: row for row in rows}
+        with self.db.transaction("repair the completion triggers") as conn:
+            held = {row.id: _row(row) for row in conn.execute(select(_t)).all()}
+            changed = [row for key, row in wanted.items() if held.get(key) != row]
+            for row in changed:
+                self._put(conn, row)
+            gone = [key for key in held if key not in wanted]
+            if gone:
+                conn.execute(delete(_f).where(_f.c.trigger_id.in_(gone)))
+                conn.execute(delete(_t).where(_t.c.id.in_(gone)))
+        return len(changed) + len(gone)
 
     def get(self, trigger_id: str) -> StoredTrigger | None:
         """Return the stored row of a trigger, or ``None``."""
@@ -267,15 +354,55 @@ class SqlTriggerStore:
             return bounded_counts(conn, _f, conditions, cap=cap, key=("trigger fires by outcome", wanted))
 
     def purge_fires(self, *, before: datetime) -> int:
-        """Delete ledger rows decided before ``before`` whose source execution no longer exists.
+        """Delete ledger rows decided before ``before`` whose source execution no longer exists and
+        whose cross-shard target start is not waiting in the outbox.
 
         :returns: how many rows were deleted.
         """
         ex = executions_table
         source_exists = exists().where(ex.c.execution_id == _f.c.source_exec_id)
+        start_waits = exists().where(
+            _o.c.source_exec_id == _f.c.source_exec_id, _o.c.trigger_id == _f.c.trigger_id
+        )
         with self.db.transaction("purge completion trigger fires") as conn:
-            result = conn.execute(delete(_f).where(_f.c.fired_at < before, ~source_exists))
+            result = conn.execute(delete(_f).where(_f.c.fired_at < before, ~source_exists, ~start_waits))
         return int(result.rowcount or 0)
+
+    # -- the cross-shard outbox ----------------------------------------------------------------
+
+    def write_outbox(self, conn: Connection, start: OutboxStart) -> str:
+        """Insert a cross-shard start in the caller's transaction (the source's terminal one).
+
+        :returns: the row's id.
+        """
+        row_id = start.id or str(uuid.uuid4())
+        values = {name: getattr(start, name) for name in _o.c.keys()}
+        conn.execute(self.db.insert(_o).values({**values, "id": row_id}))
+        return row_id
+
+    def take_outbox(self, conn: Connection, *, limit: int, ids: Sequence[str] | None = None) -> list[OutboxStart]:
+        """The oldest waiting starts (among ``ids``, or any), at most ``limit``, in the caller's
+        transaction. On PostgreSQL they stay locked until it ends and rows another transaction
+        holds are skipped: two drainers never take the same row at once."""
+        query = select(_o).order_by(_o.c.created_at, _o.c.id).limit(max(limit, 0))
+        if ids is not None:
+            query = query.where(_o.c.id.in_(list(ids)))
+        if self.db.postgres:
+            query = query.with_for_update(skip_locked=True)
+        return [OutboxStart(**row._mapping) for row in conn.execute(query).all()]
+
+    def started_outbox(
+        self, conn: Connection, start: OutboxStart, target_execution_id: str
+    ) -> None:
+        """Delete a start's row once its target runs, and name the target on its ledger row."""
+        conn.execute(delete(_o).where(_o.c.id == start.id))
+        self.set_target(conn, start.source_exec_id, start.trigger_id, target_execution_id)
+
+    def count_outbox(self, *, cap: int) -> int:
+        """How many starts wait in the outbox, counting at most ``cap`` (a metrics scrape's read)."""
+        with self.db.read("count the completion trigger outbox") as conn:
+            counts = bounded_counts(conn, _o, lambda: [true()], cap=cap, key=("trigger outbox",))
+        return counts[0]
 
 
 def _values(trigger: CompletionTrigger) -> dict[str, Any]:
