@@ -44,6 +44,7 @@ SCENARIOS = {
     "S17": "bench.s17_fanout",
     "S18": "bench.s18_queue_cost",
     "S19": "bench.s19_metrics_scrape",
+    "S20": "bench.s20_shards",
 }
 
 
