@@ -246,7 +246,7 @@ def add_triggers(
                 "the workflows are sharded: give add_triggers a trigger store on every shard "
                 "(open_trigger_store(workflow_store))"
             )
-        outbox = TriggerOutbox(store, workflows.store.shards, workflows.runner.start)
+        outbox = TriggerOutbox(store, workflows.store.shards, workflows.runner.start, known=registry.names)
     firing = TriggerFiring(
         store,
         workflows.runner.start,

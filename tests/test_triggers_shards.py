@@ -228,7 +228,11 @@ class Deployment:
         self.triggers.ensure_schema()
         self.events: list[FireEvent] = []
         self.outbox = TriggerOutbox(
-            self.triggers, self.shards, self.runner.start, listener=self.events.append
+            self.triggers,
+            self.shards,
+            self.runner.start,
+            listener=self.events.append,
+            known=self.registry.names,
         )
 
     def close(self) -> None:
@@ -286,20 +290,22 @@ def test_a_worker_killed_after_the_source_commit_leaves_one_target_after_the_swe
     assert _runs_of(d.urls, wid) == runs
 
 
-def _write_starts(d: Deployment, count: int, *, source_shard: int = 0) -> list[OutboxStart]:
+def _write_starts(
+    d: Deployment, count: int, *, source_shard: int = 0, name: str = "target", first: int = 0
+) -> list[OutboxStart]:
     """``count`` waiting cross-shard starts on ``source_shard`` (with their fire rows), as a source's
     terminal transaction writes them."""
     starts = []
     store = d.triggers.on_shard(source_shard)
     with store.db.transaction("write starts") as conn:
-        for i in range(count):
+        for i in range(first, first + count):
             source_exec_id = f"s{source_shard}-{i:032x}"
             wid = target_workflow_id("t-1", source_exec_id)
             start = OutboxStart(
                 source_exec_id=source_exec_id,
                 trigger_id="t-1",
                 target_shard=shard_for_key(wid, 3),
-                target_workflow_name="target",
+                target_workflow_name=name,
                 target_workflow_id=wid,
                 target_input=json.dumps({"i": i}),
                 queue_name=None,
@@ -483,3 +489,19 @@ def test_registration_reaches_every_shard_and_the_sweeper_repairs_one_that_was_d
     assert _sweep(app).triggers_repaired == 0
     rows = [_query(url, sa.select(triggers_table)) for url in pg_shards]
     assert rows[2] == rows[0]  # every column, timestamps too
+
+
+def test_starts_of_a_workflow_this_process_does_not_know_never_crowd_out_the_others(
+    deployment: Deployment,
+) -> None:
+    """Rows whose target workflow no process here knows (a deployment rolling out) wait for one
+    that does, and a drain's batch takes only the rows it can start."""
+    d = deployment
+    retired = _write_starts(d, 3, name="retired")
+    known = _write_starts(d, 2, first=3)
+    d.outbox.batch = 2
+    drained = d.outbox.enforce_completion_triggers_outbox()
+    assert drained.started == 2
+    for start in known:
+        assert len(_runs_of(d.urls, start.target_workflow_id)) == 1
+    assert sorted(row.target_workflow_name for row in _outbox(d.urls)) == ["retired"] * len(retired)

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from functools import partial
 from typing import Protocol
@@ -56,6 +56,7 @@ class OutsideStarter(Protocol):
         concurrency_key: str | None = None,
         concurrency_limit: int | None = None,
         priority: int | None = None,
+        max_input_bytes: int | None = None,
     ) -> tuple[Execution, bool]: ...
 
 
@@ -78,6 +79,8 @@ class TriggerOutbox:
     :param start: starts a target on the shard its ``workflow_id`` routes to.
     :param listener: told about each start once its row is gone (``started``, or ``deduped`` when
         an earlier attempt had started it); the firing's reporter.
+    :param known: the workflows this process can start: a drain takes only their rows, so rows
+        of a workflow it does not know (a deployment rolling out) never crowd out the others.
     """
 
     def __init__(
@@ -87,8 +90,10 @@ class TriggerOutbox:
         start: OutsideStarter,
         *,
         listener: Callable[[FireEvent], None] | None = None,
+        known: Callable[[], Collection[str]] | None = None,
         batch: int = BATCH,
     ) -> None:
+        self.known = known
         self.store = store
         self.shards = shards
         self.start = start
@@ -142,7 +147,8 @@ class TriggerOutbox:
         # never an outside call): the lock is what keeps a second drainer off them. A shard that
         # failed lately is not even tried, so a down shard holds them for no connect timeout.
         with store.db.transaction("drain the completion trigger outbox") as conn:
-            for row in store.take_outbox(conn, limit=self.batch, ids=ids):
+            names = None if self.known is None else list(self.known())
+            for row in store.take_outbox(conn, limit=self.batch, ids=ids, names=names):
                 if row.target_shard in down or not self.shards.available(row.target_shard):
                     left += 1
                     continue
@@ -194,6 +200,8 @@ class TriggerOutbox:
                 # even when the first has ended since.
                 policy=IdReusePolicy.REJECT_DUPLICATE,
                 trigger_depth=row.trigger_depth,
+                # The limit the fire checked the input against, whatever this process's is.
+                max_input_bytes=row.max_workflow_input_bytes,
                 **row.start_queue(),
             )
         except WorkflowIdReusedError as exc:

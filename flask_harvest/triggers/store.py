@@ -381,14 +381,22 @@ class SqlTriggerStore:
         return row_id
 
     def take_outbox(
-        self, conn: Connection, *, limit: int, ids: Sequence[str] | None = None
+        self,
+        conn: Connection,
+        *,
+        limit: int,
+        ids: Sequence[str] | None = None,
+        names: Sequence[str] | None = None,
     ) -> list[OutboxStart]:
-        """The oldest waiting starts (among ``ids``, or any), at most ``limit``, in the caller's
-        transaction. On PostgreSQL they stay locked until it ends and rows another transaction
-        holds are skipped: two drainers never take the same row at once."""
+        """The oldest waiting starts (among ``ids``, or any; of the target workflows ``names``, or
+        any), at most ``limit``, in the caller's transaction. On PostgreSQL they stay locked until
+        it ends and rows another transaction holds are skipped: two drainers never take the same
+        row at once."""
         query = select(_o).order_by(_o.c.created_at, _o.c.id).limit(max(limit, 0))
         if ids is not None:
             query = query.where(_o.c.id.in_(list(ids)))
+        if names is not None:
+            query = query.where(_o.c.target_workflow_name.in_(list(names)))
         if self.db.postgres:
             query = query.with_for_update(skip_locked=True)
         return [OutboxStart(**row._mapping) for row in conn.execute(query).all()]

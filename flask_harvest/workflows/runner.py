@@ -161,6 +161,7 @@ class WorkflowRunner:
         concurrency_key: str | None = None,
         concurrency_limit: int | None = None,
         priority: int | None = None,
+        max_input_bytes: int | None = None,
     ) -> tuple[Execution, bool]:
         """Start a run of the registered workflow ``name`` (or load the open run of ``workflow_id``).
 
@@ -172,6 +173,8 @@ class WorkflowRunner:
         :param concurrency_key: runs of the queue sharing this key run at most
             ``concurrency_limit`` (default 1) at once.
         :param priority: lower runs first among the queue's due runs (default: the workflow's).
+        :param max_input_bytes: the largest input accepted (default: the runner's); a start decided
+            elsewhere (a cross-shard trigger start) keeps the limit it was checked against.
         :returns: ``(execution, created)``.
         :raises UnknownWorkflowError: no workflow is registered as ``name``.
         :raises UnknownQueueError: the queue is not declared.
@@ -198,7 +201,7 @@ class WorkflowRunner:
             deadline=deadline,
             trigger_depth=trigger_depth,
             completion_callbacks=completion_callbacks,
-            max_input_bytes=self.max_input_bytes,
+            max_input_bytes=self.max_input_bytes if max_input_bytes is None else max_input_bytes,
             conn=conn,
             queue=placement,
         )
