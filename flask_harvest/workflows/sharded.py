@@ -25,7 +25,7 @@ from sqlalchemy import Connection, Engine, create_engine
 from sqlalchemy.engine import make_url
 
 from .._shard_set import ShardSet
-from ..errors import InvalidStateError
+from ..errors import InvalidStateError, StoreError
 from ._chain import MAX_CHAIN
 from ._children import ChildStart, ChildWait
 from ._leases import LeaseView
@@ -337,9 +337,15 @@ class ShardedWorkflowStore(SqlWorkflowStore):
             shard = (first + offset) % self.shards.count
             if not self.shards.available(shard):
                 continue
-            part = self.stores[shard].claim_queued(
-                spec, count=count - len(claimed), clock=clock, lease_seconds=lease_seconds
-            )
+            try:
+                part = self.stores[shard].claim_queued(
+                    spec, count=count - len(claimed), clock=clock, lease_seconds=lease_seconds
+                )
+            except StoreError as exc:
+                # What the other shards claimed is committed: return it, never lose it to an error.
+                self.shards.failed(shard, exc)
+                continue
+            self.shards.succeeded(shard)
             claimed += part.claimed
             if part.retry_at is not None:
                 retry.append(part.retry_at)
