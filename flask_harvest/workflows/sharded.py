@@ -250,8 +250,17 @@ class ShardedWorkflowStore(SqlWorkflowStore):
         for execution_id in execution_ids:
             by_shard.setdefault(self.shards.for_id(execution_id), []).append(execution_id)
         claimed: list[Execution] = []
+        failure: StoreError | None = None
         for shard, ids in sorted(by_shard.items()):
-            claimed += self.stores[shard].claim_many(ids, now=now, lease_seconds=lease_seconds)
+            try:
+                claimed += self.stores[shard].claim_many(ids, now=now, lease_seconds=lease_seconds)
+            except StoreError as exc:
+                # The other shards' claims are committed: run them, and leave these runs due
+                # (the sweeper queues them again) rather than lose the claims to this error.
+                self.shards.failed(shard, exc)
+                failure = exc
+        if failure is not None and not claimed:
+            raise failure
         return sorted(claimed, key=lambda e: e.execution_id)
 
     def renew(
