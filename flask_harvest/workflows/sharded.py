@@ -19,6 +19,7 @@ import itertools
 import uuid
 from collections.abc import Callable, Sequence
 from datetime import datetime
+from functools import partial
 from typing import TypeVar
 
 from sqlalchemy import Connection, Engine, create_engine
@@ -239,14 +240,20 @@ class ShardedWorkflowStore(SqlWorkflowStore):
     def claim_many(
         self, execution_ids: Sequence[str], *, now: datetime, lease_seconds: float
     ) -> list[Execution]:
-        """:meth:`SqlWorkflowStore.claim_many` on each shard the ids name, in id order."""
+        """:meth:`SqlWorkflowStore.claim_many` on each shard the ids name, in id order. A job's
+        runs on a shard that is down are left there (the sweeper queues them once it is back), so
+        that they neither fail nor hold up the job's runs on the other shards."""
         by_shard: dict[int, list[str]] = {}
         for execution_id in execution_ids:
             by_shard.setdefault(self.shards.for_id(execution_id), []).append(execution_id)
-        claimed: list[Execution] = []
-        for shard, ids in sorted(by_shard.items()):
-            claimed += self.stores[shard].claim_many(ids, now=now, lease_seconds=lease_seconds)
-        return sorted(claimed, key=lambda e: e.execution_id)
+        parts = self.shards.each(
+            "claim runs",
+            lambda shard: self.stores[shard].claim_many(
+                by_shard[shard], now=now, lease_seconds=lease_seconds
+            ),
+            only=by_shard,
+        )
+        return sorted(itertools.chain.from_iterable(parts), key=lambda e: e.execution_id)
 
     def renew(
         self, execution_id: str, token: str, *, now: datetime, lease_seconds: float
@@ -329,18 +336,32 @@ class ShardedWorkflowStore(SqlWorkflowStore):
             if len(claimed) >= count:
                 break
             shard = (first + offset) % self.shards.count
-            if not self.shards.available(shard):
-                continue
-            part = self.stores[shard].claim_queued(
-                spec, count=count - len(claimed), clock=clock, lease_seconds=lease_seconds
+            parts = self.shards.each(
+                "claim queued runs",
+                partial(self._claim_queued_on, spec, count - len(claimed), clock, lease_seconds),
+                only=[shard],
             )
-            claimed += part.claimed
-            if part.retry_at is not None:
-                retry.append(part.retry_at)
+            for part in parts:  # none when the shard is down
+                claimed += part.claimed
+                if part.retry_at is not None:
+                    retry.append(part.retry_at)
         return QueueClaim(claimed, min(retry) if retry else None)
 
+    def _claim_queued_on(
+        self,
+        spec: QueueSpec,
+        count: int,
+        clock: Callable[[], datetime],
+        lease_seconds: float,
+        shard: int,
+    ) -> QueueClaim:
+        return self.stores[shard].claim_queued(spec, count=count, clock=clock, lease_seconds=lease_seconds)
+
     def queue_counts(self, queue_name: str, *, now: datetime, cap: int) -> QueueCounts:
-        parts = self._read_all(lambda s: s.queue_counts(queue_name, now=now, cap=cap))
+        """The sums of the shards that answer: the queue's sweep and claims go on while one is down."""
+        parts = self._sweep_all(
+            "count a queue's runs", lambda s: s.queue_counts(queue_name, now=now, cap=cap)
+        )
         return QueueCounts(
             running=min(sum(p.running for p in parts), cap),
             waiting=min(sum(p.waiting for p in parts), cap),
@@ -357,8 +378,9 @@ class ShardedWorkflowStore(SqlWorkflowStore):
         return rows
 
     def waiting(self, queue_name: str, *, now: datetime, limit: int) -> list[str]:
-        """Each shard's best waiting runs, taken in turns (shard 0's best, shard 1's best, ...)."""
-        parts = self._read_all(lambda s: s.waiting(queue_name, now=now, limit=limit))
+        """Each shard's best waiting runs, taken in turns (shard 0's best, shard 1's best, ...), of
+        the shards that answer."""
+        parts = self._sweep_all("list a queue's runs", lambda s: s.waiting(queue_name, now=now, limit=limit))
         turns = itertools.chain.from_iterable(itertools.zip_longest(*parts))
         return [execution_id for execution_id in turns if execution_id is not None][: max(limit, 0)]
 
