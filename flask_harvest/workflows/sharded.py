@@ -125,6 +125,9 @@ class ShardedWorkflowStore(SqlWorkflowStore):
 
     # -- starting ------------------------------------------------------------------------------
 
+    def can_start_in(self, conn: Connection, workflow_id: str) -> bool:
+        return self.shards.index_of(conn) == self.shards.for_key(workflow_id)
+
     def start(
         self,
         name: str,
@@ -369,13 +372,14 @@ class ShardedWorkflowStore(SqlWorkflowStore):
         )
 
     def pending_rows(self, execution_ids: Sequence[str]) -> list[PendingRow]:
+        """Of the shards that answer: a job's misses on a shard that is down wait for the sweeper."""
         by_shard: dict[int, list[str]] = {}
         for execution_id in execution_ids:
             by_shard.setdefault(self.shards.for_id(execution_id), []).append(execution_id)
-        rows: list[PendingRow] = []
-        for shard, ids in sorted(by_shard.items()):
-            rows += self.stores[shard].pending_rows(ids)
-        return rows
+        parts = self.shards.each(
+            "read queued runs", lambda shard: self.stores[shard].pending_rows(by_shard[shard]), only=by_shard
+        )
+        return list(itertools.chain.from_iterable(parts))
 
     def waiting(self, queue_name: str, *, now: datetime, limit: int) -> list[str]:
         """Each shard's best waiting runs, taken in turns (shard 0's best, shard 1's best, ...), of
