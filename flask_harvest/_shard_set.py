@@ -14,12 +14,13 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
-from datetime import datetime, timezone
+from datetime import datetime
 from typing import TypeVar
 
 from sqlalchemy import Column, Connection, Engine, Integer, Table, select
 
 from ._sql import SqlDatabase, UTCDateTime, metadata
+from ._time import utcnow
 from .errors import ConfigurationError, StoreError
 from .shards import MAX_SHARDS, shard_for_key, shard_of_id
 
@@ -161,7 +162,7 @@ class ShardSet:
         :raises ConfigurationError: a shard was first used at another place, or with another number
             of shards, or holds runs made before it was a shard.
         """
-        stamp = now or datetime.now(timezone.utc)
+        stamp = now or utcnow()
         for shard, engine in enumerate(self.engines):
             db = SqlDatabase(engine, owner="HARVEST_WORKFLOW_SHARDS")
             db.create_tables([shard_map_table], what="the shard map")
