@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime
 from typing import TypeVar
 
@@ -135,12 +135,13 @@ class ShardSet:
             if self._paused.pop(shard, None) is not None:
                 log.info("harvest: shard %d is available again", shard)
 
-    def each(self, action: str, work: Callable[[int], T]) -> list[T]:
-        """Run ``work(shard)`` on every shard that has not failed lately, and return the results of
-        those that succeeded. A shard whose database fails (:class:`StoreError`) is skipped for a
-        while (:meth:`failed`): a sweep neither waits for nor fails on a shard that is down."""
+    def each(self, action: str, work: Callable[[int], T], *, only: Iterable[int] | None = None) -> list[T]:
+        """Run ``work(shard)`` on every shard (or those in ``only``) that has not failed lately, and
+        return the results of those that succeeded. A shard whose database fails
+        (:class:`StoreError`) is skipped for a while (:meth:`failed`): a sweep neither waits for nor
+        fails on a shard that is down."""
         results: list[T] = []
-        for shard in range(self.count):
+        for shard in range(self.count) if only is None else sorted(set(only)):
             if not self.available(shard):
                 continue
             try:

@@ -14,9 +14,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy.engine import make_url
-from sqlalchemy.exc import ArgumentError
-
 from .errors import ConfigurationError
 from .outbound.backoff import RetryPolicy
 from .outbound.signing import DEFAULT_SIGNATURE_HEADER
@@ -341,12 +338,17 @@ def shard_urls(settings: Settings) -> list[str]:
     if len(urls) > MAX_SHARDS:
         raise ConfigurationError(f"{key} lists {len(urls)} databases; at most {MAX_SHARDS}")
     for index, url in enumerate(urls):
-        try:
-            backend = make_url(url).get_backend_name()
-        except ArgumentError:
-            raise ConfigurationError(f"{key} entry {index} is not a database URL") from None
-        if backend not in ("postgresql", "sqlite"):
+        scheme = _DATABASE_URL.match(url)
+        if scheme is None:
             raise ConfigurationError(
-                f"{key} entry {index} must be a PostgreSQL or SQLite URL, not a {backend!r} one"
+                f"{key} entry {index} is not a database URL such as postgresql+psycopg://user@host/db"
+            )
+        if scheme.group(1) not in ("postgresql", "sqlite"):
+            raise ConfigurationError(
+                f"{key} entry {index} must be a PostgreSQL or SQLite URL, not a {scheme.group(1)!r} one"
             )
     return urls
+
+
+#: A SQLAlchemy URL's start: ``backend[+driver]://``; the engine parses the rest when it connects.
+_DATABASE_URL = re.compile(r"([a-z][a-z0-9]*)(?:\+[a-z0-9_]+)?://")

@@ -17,6 +17,7 @@ import redis
 
 from ._sql import new_pool_in_each_child
 from .callbacks.service import CALLBACK_JOB, CompletionCallbacks
+from .callbacks.sharded import ShardedCallbackStore
 from .callbacks.store import SqlCallbackStore
 from .config import KEYS, Settings
 from .errors import ConfigurationError
@@ -289,9 +290,15 @@ def _repair_triggers(store: ShardedTriggerStore) -> SweepReport:
 
 def _add_callbacks(engine: HarvestEngine, store: SqlWorkflowStore, service: WorkflowService) -> None:
     """Completion callbacks: a start preparer, a terminal hook, a job kind and a sweeper step."""
+    # A delivery row lives on its run's shard (inserted in the run's terminal transaction).
+    deliveries = (
+        ShardedCallbackStore(store.shards)
+        if isinstance(store, ShardedWorkflowStore)
+        else SqlCallbackStore(store.engine)
+    )
     callbacks = CompletionCallbacks(
         engine.settings,
-        SqlCallbackStore(store.engine),
+        deliveries,
         engine.backend,
         engine.transport,
     )

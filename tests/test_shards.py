@@ -227,3 +227,19 @@ def test_the_sharded_store_routes_every_call_of_the_single_store() -> None:
     assert inspect.signature(ShardedWorkflowStore.start).parameters.keys() == (
         inspect.signature(SqlWorkflowStore.start).parameters.keys()
     )
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        "postgresql://user:hunter2@host:notaport/db",
+        "sqlite+nosuchdriver:///x.db",
+        "postgresql+nosuchdriver://user:hunter2@h/db",
+    ],
+)
+def test_an_unusable_shard_url_is_a_configuration_error_without_its_password(
+    bad: str, pg_shards: list[str]
+) -> None:
+    with pytest.raises(ConfigurationError, match="HARVEST_WORKFLOW_SHARDS entry 1") as caught:
+        make_workflow_app(pg_shards[0], HARVEST_WORKFLOW_SHARDS=[pg_shards[0], bad])
+    assert "hunter2" not in str(caught.value)

@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
+from sqlalchemy import Connection
+
 from .._input import id_problem
 from .._time import utcnow
 from ..errors import HarvestError, StoreError
@@ -24,7 +26,7 @@ from ..sweeper import SweepReport
 from ._schedule_store import ScheduleNotFoundError, ScheduleRow, SqlScheduleStore
 from .cron import MAX_COUNTED, CronSchedule, plan_ticks, tick_iso
 from .errors import WorkflowIdReusedError
-from .models import IdReusePolicy
+from .models import Execution, IdReusePolicy
 from .service import WorkflowService
 from .store import SqlWorkflowStore
 
@@ -160,24 +162,42 @@ class WorkflowSchedules:
             return 0
         runner = self.workflows.runner
         callbacks = self.workflows.prepared_callbacks(None)
+
+        def start(tick: datetime, conn: Connection | None) -> Execution | None:
+            # Refused: this tick's run was started (and maybe has ended) already.
+            with contextlib.suppress(WorkflowIdReusedError):
+                execution, new = runner.start(
+                    row.name,
+                    {"scheduled_at": tick_iso(tick)},
+                    workflow_id=scheduled_workflow_id(row.name, tick),
+                    policy=IdReusePolicy.REJECT_DUPLICATE,
+                    completion_callbacks=callbacks,
+                    conn=conn,
+                )
+                return execution if new else None
+            return None
+
         created: list[str] = []
         with self.store.db.transaction("start scheduled workflow runs") as conn:
+            # A tick whose run lives on another shard cannot join this transaction: it starts on
+            # its own first, so a crash before the advance below commits leaves the tick to the
+            # next sweep, whose start of the same workflow_id is refused as a duplicate.
+            elsewhere = [
+                t
+                for t in plan.start
+                if not self.workflows.store.can_start_in(conn, scheduled_workflow_id(row.name, t))
+            ]
+            created += [e.execution_id for t in elsewhere if (e := start(t, None)) is not None]
             if not self.store.advance(conn, row, plan.last, now=now):
                 return 0  # another sweep handled these ticks
             try:
                 for tick in plan.start:
-                    # Refused: this tick's run was started (and has ended) already.
-                    with contextlib.suppress(WorkflowIdReusedError):
-                        runner.start(
-                            row.name,
-                            {"scheduled_at": tick_iso(tick)},
-                            workflow_id=scheduled_workflow_id(row.name, tick),
-                            policy=IdReusePolicy.REJECT_DUPLICATE,
-                            completion_callbacks=callbacks,
-                            conn=conn,
-                        )
+                    if tick not in elsewhere:
+                        start(tick, conn)
             finally:
-                created = SqlWorkflowStore.started_in(conn)
+                here = SqlWorkflowStore.started_in(conn)
+        runner.schedule_started(here)
+        created += here
         if plan.skipped:
             more = "or more " if plan.skipped >= MAX_COUNTED else ""
             logger.warning(
@@ -189,7 +209,6 @@ class WorkflowSchedules:
                 tick_iso(plan.skipped_until) if plan.skipped_until else "?",
                 self.catchup,
             )
-        runner.schedule_started(created)
         return len(created)
 
     # -- operators -----------------------------------------------------------------------------

@@ -19,13 +19,15 @@ import itertools
 import uuid
 from collections.abc import Callable, Sequence
 from datetime import datetime
+from functools import partial
 from typing import TypeVar
 
 from sqlalchemy import Connection, Engine, create_engine
 from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError
 
 from .._shard_set import ShardSet
-from ..errors import InvalidStateError, StoreError
+from ..errors import ConfigurationError, InvalidStateError
 from ._chain import MAX_CHAIN
 from ._children import ChildStart, ChildWait
 from ._leases import LeaseView
@@ -123,6 +125,9 @@ class ShardedWorkflowStore(SqlWorkflowStore):
         return self.shards.index_of(conn)
 
     # -- starting ------------------------------------------------------------------------------
+
+    def can_start_in(self, conn: Connection, workflow_id: str) -> bool:
+        return self.shards.index_of(conn) == self.shards.for_key(workflow_id)
 
     def start(
         self,
@@ -245,23 +250,20 @@ class ShardedWorkflowStore(SqlWorkflowStore):
     def claim_many(
         self, execution_ids: Sequence[str], *, now: datetime, lease_seconds: float
     ) -> list[Execution]:
-        """:meth:`SqlWorkflowStore.claim_many` on each shard the ids name, in id order."""
+        """:meth:`SqlWorkflowStore.claim_many` on each shard the ids name, in id order. A job's
+        runs on a shard that is down are left there (the sweeper queues them once it is back), so
+        that they neither fail nor hold up the job's runs on the other shards."""
         by_shard: dict[int, list[str]] = {}
         for execution_id in execution_ids:
             by_shard.setdefault(self.shards.for_id(execution_id), []).append(execution_id)
-        claimed: list[Execution] = []
-        failure: StoreError | None = None
-        for shard, ids in sorted(by_shard.items()):
-            try:
-                claimed += self.stores[shard].claim_many(ids, now=now, lease_seconds=lease_seconds)
-            except StoreError as exc:
-                # The other shards' claims are committed: run them, and leave these runs due
-                # (the sweeper queues them again) rather than lose the claims to this error.
-                self.shards.failed(shard, exc)
-                failure = exc
-        if failure is not None and not claimed:
-            raise failure
-        return sorted(claimed, key=lambda e: e.execution_id)
+        parts = self.shards.each(
+            "claim runs",
+            lambda shard: self.stores[shard].claim_many(
+                by_shard[shard], now=now, lease_seconds=lease_seconds
+            ),
+            only=by_shard,
+        )
+        return sorted(itertools.chain.from_iterable(parts), key=lambda e: e.execution_id)
 
     def renew(
         self, execution_id: str, token: str, *, now: datetime, lease_seconds: float
@@ -344,24 +346,32 @@ class ShardedWorkflowStore(SqlWorkflowStore):
             if len(claimed) >= count:
                 break
             shard = (first + offset) % self.shards.count
-            if not self.shards.available(shard):
-                continue
-            try:
-                part = self.stores[shard].claim_queued(
-                    spec, count=count - len(claimed), clock=clock, lease_seconds=lease_seconds
-                )
-            except StoreError as exc:
-                # What the other shards claimed is committed: return it, never lose it to an error.
-                self.shards.failed(shard, exc)
-                continue
-            self.shards.succeeded(shard)
-            claimed += part.claimed
-            if part.retry_at is not None:
-                retry.append(part.retry_at)
+            parts = self.shards.each(
+                "claim queued runs",
+                partial(self._claim_queued_on, spec, count - len(claimed), clock, lease_seconds),
+                only=[shard],
+            )
+            for part in parts:  # none when the shard is down
+                claimed += part.claimed
+                if part.retry_at is not None:
+                    retry.append(part.retry_at)
         return QueueClaim(claimed, min(retry) if retry else None)
 
+    def _claim_queued_on(
+        self,
+        spec: QueueSpec,
+        count: int,
+        clock: Callable[[], datetime],
+        lease_seconds: float,
+        shard: int,
+    ) -> QueueClaim:
+        return self.stores[shard].claim_queued(spec, count=count, clock=clock, lease_seconds=lease_seconds)
+
     def queue_counts(self, queue_name: str, *, now: datetime, cap: int) -> QueueCounts:
-        parts = self._read_all(lambda s: s.queue_counts(queue_name, now=now, cap=cap))
+        """The sums of the shards that answer: the queue's sweep and claims go on while one is down."""
+        parts = self._sweep_all(
+            "count a queue's runs", lambda s: s.queue_counts(queue_name, now=now, cap=cap)
+        )
         return QueueCounts(
             running=min(sum(p.running for p in parts), cap),
             waiting=min(sum(p.waiting for p in parts), cap),
@@ -369,17 +379,19 @@ class ShardedWorkflowStore(SqlWorkflowStore):
         )
 
     def pending_rows(self, execution_ids: Sequence[str]) -> list[PendingRow]:
+        """Of the shards that answer: a job's misses on a shard that is down wait for the sweeper."""
         by_shard: dict[int, list[str]] = {}
         for execution_id in execution_ids:
             by_shard.setdefault(self.shards.for_id(execution_id), []).append(execution_id)
-        rows: list[PendingRow] = []
-        for shard, ids in sorted(by_shard.items()):
-            rows += self.stores[shard].pending_rows(ids)
-        return rows
+        parts = self.shards.each(
+            "read queued runs", lambda shard: self.stores[shard].pending_rows(by_shard[shard]), only=by_shard
+        )
+        return list(itertools.chain.from_iterable(parts))
 
     def waiting(self, queue_name: str, *, now: datetime, limit: int) -> list[str]:
-        """Each shard's best waiting runs, taken in turns (shard 0's best, shard 1's best, ...)."""
-        parts = self._read_all(lambda s: s.waiting(queue_name, now=now, limit=limit))
+        """Each shard's best waiting runs, taken in turns (shard 0's best, shard 1's best, ...), of
+        the shards that answer."""
+        parts = self._sweep_all("list a queue's runs", lambda s: s.waiting(queue_name, now=now, limit=limit))
         turns = itertools.chain.from_iterable(itertools.zip_longest(*parts))
         return [execution_id for execution_id in turns if execution_id is not None][: max(limit, 0)]
 
@@ -490,10 +502,19 @@ def open_workflow_store(app_engine: Engine, urls: Sequence[str]) -> SqlWorkflowS
     if not urls:
         return SqlWorkflowStore(app_engine)
     own = app_engine.url.render_as_string(hide_password=False)
-    engines = [
-        app_engine if make_url(url).render_as_string(hide_password=False) == own else _engine(url)
-        for url in urls
-    ]
+    engines: list[Engine] = []
+    for index, url in enumerate(urls):
+        try:
+            same = make_url(url).render_as_string(hide_password=False) == own
+            engines.append(app_engine if same else _engine(url))
+        except (ArgumentError, ValueError, ImportError) as exc:
+            for made in engines:
+                if made is not app_engine:
+                    made.dispose()
+            # The exception's text may hold the URL and its password: only its kind is shown.
+            raise ConfigurationError(
+                f"HARVEST_WORKFLOW_SHARDS entry {index} is not a usable database URL ({type(exc).__name__})"
+            ) from None
     return ShardedWorkflowStore(ShardSet(engines, owned=[e for e in engines if e is not app_engine]))
 
 

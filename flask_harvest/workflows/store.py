@@ -106,6 +106,11 @@ class SqlWorkflowStore:
         transaction: schedule them once it has committed."""
         return StoreCore.started_in(conn)
 
+    def can_start_in(self, conn: Connection, workflow_id: str) -> bool:
+        """Whether a start of ``workflow_id`` may join ``conn``'s transaction (with shards, only on
+        the database it routes to)."""
+        return True
+
     def ensure_schema(self) -> None:
         """Create the workflow tables and indexes where they do not exist yet."""
         self._core.ensure_schema()
