@@ -233,11 +233,16 @@ class ShardedWorkflowStore(SqlWorkflowStore):
 
     # -- running -------------------------------------------------------------------------------
 
-    def claim(self, execution_id: str, *, now: datetime, lease_seconds: float) -> Execution | None:
-        return self._of(execution_id).claim(execution_id, now=now, lease_seconds=lease_seconds)
+    def claim(
+        self, execution_id: str, *, now: datetime, lease_seconds: float, alone: bool = False
+    ) -> Execution | None:
+        return self._of(execution_id).claim(execution_id, now=now, lease_seconds=lease_seconds, alone=alone)
+
+    def run_alone(self, execution_id: str, token: str, *, now: datetime, lease_seconds: float) -> bool:
+        return self._of(execution_id).run_alone(execution_id, token, now=now, lease_seconds=lease_seconds)
 
     def claim_many(
-        self, execution_ids: Sequence[str], *, now: datetime, lease_seconds: float
+        self, execution_ids: Sequence[str], *, now: datetime, lease_seconds: float, alone: bool = False
     ) -> list[Execution]:
         """:meth:`SqlWorkflowStore.claim_many` on each shard the ids name, in id order."""
         by_shard: dict[int, list[str]] = {}
@@ -245,7 +250,7 @@ class ShardedWorkflowStore(SqlWorkflowStore):
             by_shard.setdefault(self.shards.for_id(execution_id), []).append(execution_id)
         claimed: list[Execution] = []
         for shard, ids in sorted(by_shard.items()):
-            claimed += self.stores[shard].claim_many(ids, now=now, lease_seconds=lease_seconds)
+            claimed += self.stores[shard].claim_many(ids, now=now, lease_seconds=lease_seconds, alone=alone)
         return sorted(claimed, key=lambda e: e.execution_id)
 
     def renew(
@@ -318,7 +323,13 @@ class ShardedWorkflowStore(SqlWorkflowStore):
     # -- queues --------------------------------------------------------------------------------
 
     def claim_queued(
-        self, spec: QueueSpec, *, count: int, clock: Callable[[], datetime], lease_seconds: float
+        self,
+        spec: QueueSpec,
+        *,
+        count: int,
+        clock: Callable[[], datetime],
+        lease_seconds: float,
+        alone: bool = False,
     ) -> QueueClaim:
         """Claim from each shard's part of the queue in turn, starting one shard further on each
         call so no shard's runs wait behind another's. A queue's limits hold on each shard."""
@@ -332,7 +343,7 @@ class ShardedWorkflowStore(SqlWorkflowStore):
             if not self.shards.available(shard):
                 continue
             part = self.stores[shard].claim_queued(
-                spec, count=count - len(claimed), clock=clock, lease_seconds=lease_seconds
+                spec, count=count - len(claimed), clock=clock, lease_seconds=lease_seconds, alone=alone
             )
             claimed += part.claimed
             if part.retry_at is not None:
