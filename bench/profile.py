@@ -322,11 +322,10 @@ def profile_workflow_breakdown(count: int, seconds: int, gil: bool, concurrency:
         worker.stop()
     phases: Counter[str] = Counter()
     for line in out.read_text().splitlines():
-        stack, _, number = line.rpartition(" ")
-        frames = stack.split(";")
-        phase = _run_phase(frames)
+        stack, _, samples = line.rpartition(" ")
+        phase = _run_phase(stack.split(";"))
         if phase is not None:
-            phases[phase] += int(number)
+            phases[phase] += int(samples)
     rate_hz = 200
     per_run = {name: 1000 * samples / rate_hz / max(1, runs) for name, samples in phases.items()}
     print(
