@@ -41,8 +41,10 @@ SUBSCRIPTIONS = 20
 TOPICS = 5
 #: One history row in this many is dead-lettered; the others were delivered.
 DLQ_EVERY = 20
-#: The history spans this many days up to the seeding, so the last hour holds its share.
-HISTORY_DAYS = 10
+#: The history grew by this many rows a day up to the seeding, at every size: both sizes have the
+#: same recent traffic (about 42 rows in the last hour), so pages that read the last hour compare
+#: the same work, and only the depth of the history differs (1,000 rows: a day; 1,000,000: 1,000 days).
+ROWS_PER_DAY = 1_000
 #: Pending rows became due over this many seconds before the seeding.
 PENDING_DUE_SPAN = 600
 
@@ -121,7 +123,7 @@ def _spec(history: int, pending: int) -> str:
     # Every table's DDL: an index added or dropped anywhere seeds afresh.
     ddl = WEBHOOK_SCHEMA_SQL + schema_sql(metadata.sorted_tables)
     schema = hashlib.sha256(ddl.encode()).hexdigest()[:16]
-    return f"history={history} pending={pending} subscriptions={SUBSCRIPTIONS} schema={schema} workflows v4"
+    return f"history={history} pending={pending} subscriptions={SUBSCRIPTIONS} schema={schema} workflows v5"
 
 
 def seeded(url: str, *, history: int, pending: int) -> History:
@@ -175,7 +177,7 @@ def _seed(engine: sa.Engine, history: int, pending: int) -> None:
         "subs": [subscription_id(n) for n in range(SUBSCRIPTIONS)],
         "history": history,
         "pending": pending,
-        "span": HISTORY_DAYS * 86_400,
+        "span": history * 86_400 // ROWS_PER_DAY,
         "due_span": PENDING_DUE_SPAN,
         "dlq_every": _dlq_every(history),
         "topics": TOPICS,
