@@ -3,6 +3,7 @@ land and run on their shard's database, reads across shards, and the start-up la
 
 from __future__ import annotations
 
+import inspect
 import subprocess
 import sys
 import uuid
@@ -213,8 +214,6 @@ def test_one_shard_of_several_cannot_be_used_alone(pg_shards: list[str]) -> None
 def test_the_sharded_store_routes_every_call_of_the_single_store() -> None:
     """Every public method of SqlWorkflowStore is routed by ShardedWorkflowStore: none falls
     through to the base, which would act on shard 0 alone."""
-    import inspect
-
     from flask_harvest.workflows.store import SqlWorkflowStore
 
     public = {
@@ -243,3 +242,41 @@ def test_an_unusable_shard_url_is_a_configuration_error_without_its_password(
     with pytest.raises(ConfigurationError, match="HARVEST_WORKFLOW_SHARDS entry 1") as caught:
         make_workflow_app(pg_shards[0], HARVEST_WORKFLOW_SHARDS=[pg_shards[0], bad])
     assert "hunter2" not in str(caught.value)
+
+
+def _unrouted(base: type, sharded: type) -> set[str]:
+    public = {n for n, v in vars(base).items() if not n.startswith("_") and not isinstance(v, staticmethod)}
+    return public - set(vars(sharded))
+
+
+def test_the_sharded_callback_store_routes_every_call_of_the_single_store() -> None:
+    from flask_harvest.callbacks.sharded import ShardedCallbackStore
+    from flask_harvest.callbacks.store import SqlCallbackStore
+
+    assert _unrouted(SqlCallbackStore, ShardedCallbackStore) == set()
+
+
+def test_the_sharded_trigger_store_leaves_only_shard_0_reads_and_calls_on_a_connection() -> None:
+    """What the sharded trigger store does not route either reads shard 0 (definitions are read
+    there), writes one database it is asked to, or works in the caller's transaction (on the
+    source's shard)."""
+    from flask_harvest.triggers.sharded import ShardedTriggerStore
+    from flask_harvest.triggers.store import SqlTriggerStore
+
+    shard_0_reads = {"get", "list_triggers"}
+    one_database = {"put", "mirror"}
+    in_the_callers_transaction = {
+        "fire_decided",
+        "for_source",
+        "record_fire",
+        "set_target",
+        "started_outbox",
+        "take_outbox",
+        "write_outbox",
+    }
+    for name in in_the_callers_transaction:
+        assert "conn" in inspect.signature(getattr(SqlTriggerStore, name)).parameters, name
+    assert (
+        _unrouted(SqlTriggerStore, ShardedTriggerStore)
+        == shard_0_reads | one_database | in_the_callers_transaction
+    )

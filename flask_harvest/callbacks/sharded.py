@@ -14,6 +14,7 @@ import heapq
 import itertools
 from collections.abc import Sequence
 from datetime import datetime
+from functools import partial
 from typing import Any
 
 from sqlalchemy import Connection
@@ -67,11 +68,21 @@ class ShardedCallbackStore(SqlCallbackStore):
         self, ids: Sequence[str] | None, *, now: datetime, lease_seconds: float, limit: int = 100
     ) -> list[CompletionDelivery]:
         if ids is None:
-            parts = self.shards.each(
-                "claim completion deliveries",
-                lambda s: self.stores[s].claim(None, now=now, lease_seconds=lease_seconds, limit=limit),
-            )
-            return list(itertools.chain.from_iterable(parts))[:limit]
+            # Shard by shard, each for what is left of ``limit``: a claim is committed once made,
+            # so a row claimed beyond it would wait out its lease unsent.
+            claimed: list[CompletionDelivery] = []
+            for shard in range(self.shards.count):
+                left = limit - len(claimed)
+                if left <= 0:
+                    break
+                claimed += itertools.chain.from_iterable(
+                    self.shards.each(
+                        "claim completion deliveries",
+                        partial(self._claim_any, now=now, lease_seconds=lease_seconds, limit=left),
+                        only=[shard],
+                    )
+                )
+            return claimed
         groups = self._by_shard(ids)
         # A job's rows on a shard that is down stay due there; the sweeper queues them once it is back.
         parts = self.shards.each(
@@ -80,6 +91,11 @@ class ShardedCallbackStore(SqlCallbackStore):
             only=groups,
         )
         return list(itertools.chain.from_iterable(parts))
+
+    def _claim_any(
+        self, shard: int, *, now: datetime, lease_seconds: float, limit: int
+    ) -> list[CompletionDelivery]:
+        return self.stores[shard].claim(None, now=now, lease_seconds=lease_seconds, limit=limit)
 
     def record(
         self, delivery: CompletionDelivery, outcome: Verdict, *, now: datetime
@@ -110,6 +126,9 @@ class ShardedCallbackStore(SqlCallbackStore):
         # Each shard counts at most ``cap``; the sum keeps the same "at least ``cap``" meaning.
         return {state: min(n, cap) for state, n in totals.items()}
 
+    def count_failed(self, *, cap: int) -> int:
+        return min(sum(store.count_failed(cap=cap) for store in self.stores), cap)
+
     def failed_page(
         self, *, limit: int, before: tuple[datetime, str] | None = None
     ) -> list[CompletionDelivery]:
@@ -139,7 +158,11 @@ class ShardedCallbackStore(SqlCallbackStore):
     ) -> list[CompletionDelivery]:
         redriven: list[CompletionDelivery] = []
         for store in self.stores:
-            redriven += store.redrive_failed(now=now, window_seconds=window_seconds, limit=limit)
+            if len(redriven) >= limit:
+                break
+            redriven += store.redrive_failed(
+                now=now, window_seconds=window_seconds, limit=limit - len(redriven)
+            )
         return redriven
 
 
