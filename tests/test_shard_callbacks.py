@@ -84,6 +84,8 @@ def _keys_on_every_shard(per_shard: int, prefix: str) -> list[str]:
 def test_deliveries_stay_on_their_runs_shard_and_are_delivered_and_redriven(
     pg_shards: list[str], receiver: CapturingReceiver
 ) -> None:
+    """Rule: no cross-shard delivery fan-out: a delivery row lives on the same shard as its owning
+    execution, and is claimed, delivered and redriven there."""
     app = _app(pg_shards)
     callbacks = _callbacks(app)
     assert isinstance(callbacks.store, ShardedCallbackStore)
