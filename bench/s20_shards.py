@@ -1,7 +1,8 @@
 """S20: what workflow shards cost, in S9's setup (the same 3-step no-op workflow, N runs started at
 once before 2 ``flask harvest worker`` processes x ``--concurrency 32`` start), on (a) the unsharded
-deployment (runs in the app's database), (b) one shard (``HARVEST_WORKFLOW_SHARDS`` with one URL, a
-database of its own) and (c) three shards (three databases on the same PostgreSQL server).
+deployment (runs in the app's database), (b) one shard listed by the app's own database URL (the
+same database and engine: the router alone), (c) one shard on a database of its own and (d) three
+shards (three databases on the same PostgreSQL server).
 Rounds alternate, best of each.
 
 Then the cross-shard trigger latency: on three shards, a source workflow that ends at once is
@@ -99,7 +100,11 @@ def _drain(ctx: Context, variant: str, count: int, tag: str) -> dict[str, float]
     reset_all(ctx.engine)
     config: dict[str, Any] = {}
     engines = [ctx.engine]
-    if variant != "unsharded":
+    if variant == "1-own":
+        # One shard listed by the app's own database URL: the same database and engine as the
+        # unsharded deployment, so the difference is the router alone.
+        config["HARVEST_WORKFLOW_SHARDS"] = [ctx.engine.url.render_as_string(hide_password=False)]
+    elif variant != "unsharded":
         urls = shard_urls(int(variant))
         engines = _reset_shards(urls)
         config["HARVEST_WORKFLOW_SHARDS"] = urls
@@ -111,6 +116,11 @@ def _drain(ctx: Context, variant: str, count: int, tag: str) -> dict[str, float]
             for number in range(count):
                 service.start(NOOP3, {"n": number})
         start_seconds = time.perf_counter() - begun
+        # As S9 does: statistics for the tables the runs were just written to (a claim's plan on
+        # a table without them walks every pending run), on every database of the layout.
+        for engine in engines:
+            with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+                conn.execute(sa.text("ANALYZE"))
         running = _workers_for(ctx, "bench._app:create_app", config, tag)
         try:
             done = _workers.wait_for(
@@ -237,7 +247,7 @@ def _trigger_latency(ctx: Context, seconds: float, per_second: float) -> dict[st
 def run(ctx: Context) -> Result:
     count = ctx.pick(2000, 300)
     rounds = ctx.pick(2, 1)
-    variants = ("unsharded", "1", "3")
+    variants = ("unsharded", "1-own", "1", "3")
     results: dict[str, list[dict[str, float]]] = {v: [] for v in variants}
     for number in range(rounds):
         for variant in variants:
@@ -245,14 +255,20 @@ def run(ctx: Context) -> Result:
     best = {v: max(results[v], key=lambda r: r["workflows_per_s"]) for v in variants}
     plain = best["unsharded"]
     result = Result()
-    for variant, goal in (("1", f"<= {LIMIT}x the cost of unsharded"), ("3", "report")):
+    one_shard = f"<= {LIMIT}x the cost of unsharded"
+    labels = {
+        "1-own": "1 shard (the app's own database)",
+        "1": "1 shard (a database of its own)",
+        "3": "3 shards",
+    }
+    for variant, goal in (("1-own", one_shard), ("1", one_shard), ("3", "report")):
         mine = best[variant]
         ratio = mine["workflows_per_s"] / plain["workflows_per_s"]
-        met = ratio >= 1 / LIMIT and not math.isnan(ratio) if variant == "1" else None
+        met = ratio >= 1 / LIMIT and not math.isnan(ratio) if variant != "3" else None
         result.rows.append(
             Row(
                 ID,
-                f"workflows/s, {variant} shard{'s' if variant != '1' else ''}, {count:,} started at once",
+                f"workflows/s, {labels[variant]}, {count:,} started at once",
                 mine["workflows_per_s"],
                 "/s",
                 goal,
