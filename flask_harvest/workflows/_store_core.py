@@ -20,6 +20,7 @@ from sqlalchemy import ColumnElement, Connection, Engine, func, literal, update
 
 from .. import tracing
 from .._input import check_text
+from .._shard_set import shard_map_table
 from .._sql import SqlDatabase, UTCDateTime
 from ..errors import InvalidFieldError, InvalidStateError
 from ..shards import new_id
@@ -119,7 +120,9 @@ class StoreCore:
 
     def ensure_schema(self) -> None:
         """Create the workflow tables and indexes where they do not exist yet."""
-        self.db.create_tables(WORKFLOW_TABLES, what="the workflow tables")
+        # The shard map too: a deployment that lists this database as a shard later (or reads it
+        # at start-up to refuse using one shard of several alone) finds it in place.
+        self.db.create_tables([*WORKFLOW_TABLES, shard_map_table], what="the workflow tables")
 
 
 class TerminalTransition:
