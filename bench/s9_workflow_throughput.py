@@ -3,10 +3,7 @@ through the documented production setup (2 ``flask harvest worker`` processes), 
 Transact running the same workflow through a DBOS queue with 2 worker processes (worker
 concurrency 32, 50 ms polling) on the same PostgreSQL. Runs alternate, best of each.
 
-Throughput is counted from the completion times the rows record, first to last. Ours runs twice
-per round: at the default settings (``HARVEST_WORKFLOW_CONCURRENCY`` at its default) and at the
-bench app's tuned 32. The tables are analyzed once the runs are started, before the workers
-start, as a database in service has statistics (a table emptied by TRUNCATE has none).
+Throughput is counted from the completion times the rows record, first to last.
 
 Goal (issue 13): at least 2x DBOS's workflows/s.
 """
@@ -17,10 +14,6 @@ import math
 import sys
 import time
 from collections.abc import Callable
-
-import sqlalchemy as sa
-
-from flask_harvest.config import Settings
 
 from . import _dbos_app, _workers
 from ._report import Context, Result, Row, rate
@@ -37,8 +30,6 @@ from ._workflow_runs import (
 ID = "S9"
 TITLE = "workflow throughput, N started at once, ours vs DBOS"
 STEPS = 3
-#: What a user who follows the docs gets.
-DEFAULT_WORKFLOW_CONCURRENCY = Settings().workflow_concurrency
 
 
 def _drain(
@@ -46,14 +37,11 @@ def _drain(
     count: int,
     finished: Callable[[], dict[str, tuple[float, float]]],
     workers: Callable[[], list[_workers.WorkerProcess]],
-    engine: sa.Engine,
 ) -> dict[str, float]:
     begun = time.perf_counter()
     for number in range(count):
         start(number)
     start_seconds = time.perf_counter() - begun
-    with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
-        conn.execute(sa.text("ANALYZE"))
     running = workers()
     try:
         done = _workers.wait_for(lambda: len(finished()) >= count, timeout=count / 5 + 60, interval=0.25)
@@ -78,30 +66,17 @@ def run(ctx: Context) -> Result:
     dbos_engine = dbos_prepare()
     client = _dbos_app.client()
     ours: list[dict[str, float]] = []
-    defaults: list[dict[str, float]] = []
     theirs: list[dict[str, float]] = []
-    default_config: dict[str, object] = {"HARVEST_WORKFLOW_CONCURRENCY": DEFAULT_WORKFLOW_CONCURRENCY}
     try:
         for number in range(rounds):
             reset_all(ctx.engine)
             app = ctx.app()
-            defaults.append(
-                _drain(
-                    harvest_starter(app),
-                    count,
-                    lambda: harvest_finished(ctx.engine),
-                    lambda: harvest_workers(ctx.log_dir, f"s9-d{number}", default_config),  # noqa: B023
-                    ctx.engine,
-                )
-            )
-            reset_all(ctx.engine)
             ours.append(
                 _drain(
                     harvest_starter(app),
                     count,
                     lambda: harvest_finished(ctx.engine),
                     lambda: harvest_workers(ctx.log_dir, f"s9-{number}"),  # noqa: B023 (called at once)
-                    ctx.engine,
                 )
             )
             _dbos_app.reset(dbos_engine)
@@ -111,36 +86,19 @@ def run(ctx: Context) -> Result:
                     count,
                     lambda: _dbos_app.finished_times(dbos_engine),
                     lambda: dbos_workers(ctx.log_dir, f"s9-{number}"),  # noqa: B023 (called at once)
-                    dbos_engine,
                 )
             )
     finally:
         client.destroy()
         dbos_engine.dispose()
     best = max(ours, key=lambda r: r["workflows_per_s"])
-    best_default = max(defaults, key=lambda r: r["workflows_per_s"])
     base = max(theirs, key=lambda r: r["workflows_per_s"])
     ratio = best["workflows_per_s"] / base["workflows_per_s"]
-    default_ratio = best_default["workflows_per_s"] / base["workflows_per_s"]
     result = Result()
     result.rows += [
         Row(
             ID,
-            f"workflows/s at the default settings (workflow concurrency {DEFAULT_WORKFLOW_CONCURRENCY}), "
-            f"{count:,} started at once",
-            best_default["workflows_per_s"],
-            "/s",
-            ">= 2x DBOS",
-            default_ratio >= 2 and not math.isnan(default_ratio),
-            baseline=base["workflows_per_s"],
-            baseline_label="DBOS",
-            ratio=default_ratio,
-            note=f"best of {rounds}; worker CPU {best_default['worker_cpu_ms_per_workflow']:.1f} vs "
-            f"{base['worker_cpu_ms_per_workflow']:.1f} ms per workflow",
-        ),
-        Row(
-            ID,
-            f"workflows/s, 2 processes, workflow concurrency 32, {count:,} started at once",
+            f"workflows/s, 2 processes, {count:,} started at once",
             best["workflows_per_s"],
             "/s",
             ">= 2x DBOS",
@@ -174,14 +132,7 @@ def run(ctx: Context) -> Result:
             ratio=best["start_ms_each"] / base["start_ms_each"],
         ),
     ]
-    result.details = {
-        "count": count,
-        "rounds": rounds,
-        "harvest_default": defaults,
-        "default_workflow_concurrency": DEFAULT_WORKFLOW_CONCURRENCY,
-        "harvest": ours,
-        "dbos": theirs,
-    }
+    result.details = {"count": count, "rounds": rounds, "harvest": ours, "dbos": theirs}
     return result
 
 

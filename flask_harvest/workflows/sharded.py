@@ -244,16 +244,11 @@ class ShardedWorkflowStore(SqlWorkflowStore):
 
     # -- running -------------------------------------------------------------------------------
 
-    def claim(
-        self, execution_id: str, *, now: datetime, lease_seconds: float, alone: bool = False
-    ) -> Execution | None:
-        return self._of(execution_id).claim(execution_id, now=now, lease_seconds=lease_seconds, alone=alone)
-
-    def run_alone(self, execution_id: str, token: str, *, now: datetime, lease_seconds: float) -> bool:
-        return self._of(execution_id).run_alone(execution_id, token, now=now, lease_seconds=lease_seconds)
+    def claim(self, execution_id: str, *, now: datetime, lease_seconds: float) -> Execution | None:
+        return self._of(execution_id).claim(execution_id, now=now, lease_seconds=lease_seconds)
 
     def claim_many(
-        self, execution_ids: Sequence[str], *, now: datetime, lease_seconds: float, alone: bool = False
+        self, execution_ids: Sequence[str], *, now: datetime, lease_seconds: float
     ) -> list[Execution]:
         """:meth:`SqlWorkflowStore.claim_many` on each shard the ids name, in id order. A job's
         runs on a shard that is down are left there (the sweeper queues them once it is back), so
@@ -264,7 +259,7 @@ class ShardedWorkflowStore(SqlWorkflowStore):
         parts = self.shards.each(
             "claim runs",
             lambda shard: self.stores[shard].claim_many(
-                by_shard[shard], now=now, lease_seconds=lease_seconds, alone=alone
+                by_shard[shard], now=now, lease_seconds=lease_seconds
             ),
             only=by_shard,
         )
@@ -340,13 +335,7 @@ class ShardedWorkflowStore(SqlWorkflowStore):
     # -- queues --------------------------------------------------------------------------------
 
     def claim_queued(
-        self,
-        spec: QueueSpec,
-        *,
-        count: int,
-        clock: Callable[[], datetime],
-        lease_seconds: float,
-        alone: bool = False,
+        self, spec: QueueSpec, *, count: int, clock: Callable[[], datetime], lease_seconds: float
     ) -> QueueClaim:
         """Claim from each shard's part of the queue in turn, starting one shard further on each
         call so no shard's runs wait behind another's. A queue's limits hold on each shard."""
@@ -359,7 +348,7 @@ class ShardedWorkflowStore(SqlWorkflowStore):
             shard = (first + offset) % self.shards.count
             parts = self.shards.each(
                 "claim queued runs",
-                partial(self._claim_queued_on, spec, count - len(claimed), clock, lease_seconds, alone),
+                partial(self._claim_queued_on, spec, count - len(claimed), clock, lease_seconds),
                 only=[shard],
             )
             for part in parts:  # none when the shard is down
@@ -374,12 +363,9 @@ class ShardedWorkflowStore(SqlWorkflowStore):
         count: int,
         clock: Callable[[], datetime],
         lease_seconds: float,
-        alone: bool,
         shard: int,
     ) -> QueueClaim:
-        return self.stores[shard].claim_queued(
-            spec, count=count, clock=clock, lease_seconds=lease_seconds, alone=alone
-        )
+        return self.stores[shard].claim_queued(spec, count=count, clock=clock, lease_seconds=lease_seconds)
 
     def queue_counts(self, queue_name: str, *, now: datetime, cap: int) -> QueueCounts:
         """The sums of the shards that answer: the queue's sweep and claims go on while one is down."""
