@@ -116,7 +116,7 @@ def _drain(ctx: Context, variant: str, count: int, tag: str) -> dict[str, float]
             for number in range(count):
                 service.start(NOOP3, {"n": number})
         start_seconds = time.perf_counter() - begun
-        # As S9 does: statistics for the tables the runs were just written to (a claim's plan on
+        # Statistics for the tables the runs were just written to (a claim's plan on
         # a table without them walks every pending run), on every database of the layout.
         for engine in engines:
             with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
