@@ -107,6 +107,13 @@ class ShardSet:
         shard = shard_of_id(identifier, self.count)
         return 0 if shard is None else shard
 
+    def group(self, identifiers: Sequence[str]) -> dict[int, list[str]]:
+        """``identifiers`` by the shard each was made on (see :meth:`for_id`), in their order."""
+        groups: dict[int, list[str]] = {}
+        for identifier in identifiers:
+            groups.setdefault(self.for_id(identifier), []).append(identifier)
+        return groups
+
     def index_of(self, conn: Connection) -> int | None:
         """The shard whose database ``conn`` is on, or ``None`` if it is on none of them."""
         for index, engine in enumerate(self.engines):

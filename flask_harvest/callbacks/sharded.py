@@ -42,12 +42,6 @@ class ShardedCallbackStore(SqlCallbackStore):
     def _of(self, identifier: object) -> SqlCallbackStore:
         return self.stores[self.shards.for_id(identifier)]
 
-    def _by_shard(self, ids: Sequence[str]) -> dict[int, list[str]]:
-        groups: dict[int, list[str]] = {}
-        for identifier in ids:
-            groups.setdefault(self.shards.for_id(identifier), []).append(identifier)
-        return groups
-
     def ensure_schema(self) -> None:
         for store in self.stores:
             store.ensure_schema()
@@ -83,7 +77,7 @@ class ShardedCallbackStore(SqlCallbackStore):
                     )
                 )
             return claimed
-        groups = self._by_shard(ids)
+        groups = self.shards.group(ids)
         # A job's rows on a shard that is down stay due there; the sweeper queues them once it is back.
         parts = self.shards.each(
             "claim completion deliveries",
@@ -140,7 +134,7 @@ class ShardedCallbackStore(SqlCallbackStore):
 
     def redrive_selected(self, delivery_ids: Sequence[str], *, now: datetime) -> list[CompletionDelivery]:
         redriven: list[CompletionDelivery] = []
-        for shard, ids in sorted(self._by_shard(delivery_ids).items()):
+        for shard, ids in sorted(self.shards.group(delivery_ids).items()):
             redriven += self.stores[shard].redrive_selected(ids, now=now)
         return redriven
 

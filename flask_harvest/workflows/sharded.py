@@ -253,9 +253,7 @@ class ShardedWorkflowStore(SqlWorkflowStore):
         """:meth:`SqlWorkflowStore.claim_many` on each shard the ids name, in id order. A job's
         runs on a shard that is down are left there (the sweeper queues them once it is back), so
         that they neither fail nor hold up the job's runs on the other shards."""
-        by_shard: dict[int, list[str]] = {}
-        for execution_id in execution_ids:
-            by_shard.setdefault(self.shards.for_id(execution_id), []).append(execution_id)
+        by_shard = self.shards.group(execution_ids)
         parts = self.shards.each(
             "claim runs",
             lambda shard: self.stores[shard].claim_many(
@@ -380,9 +378,7 @@ class ShardedWorkflowStore(SqlWorkflowStore):
 
     def pending_rows(self, execution_ids: Sequence[str]) -> list[PendingRow]:
         """Of the shards that answer: a job's misses on a shard that is down wait for the sweeper."""
-        by_shard: dict[int, list[str]] = {}
-        for execution_id in execution_ids:
-            by_shard.setdefault(self.shards.for_id(execution_id), []).append(execution_id)
+        by_shard = self.shards.group(execution_ids)
         parts = self.shards.each(
             "read queued runs", lambda shard: self.stores[shard].pending_rows(by_shard[shard]), only=by_shard
         )
