@@ -280,3 +280,35 @@ def test_the_sharded_trigger_store_leaves_only_shard_0_reads_and_calls_on_a_conn
         _unrouted(SqlTriggerStore, ShardedTriggerStore)
         == shard_0_reads | one_database | in_the_callers_transaction
     )
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.one_of(st.text(), st.lists(st.text(), max_size=5), st.integers(), st.floats(), st.none()))
+def test_any_shard_setting_loads_or_is_a_configuration_error(value: object) -> None:
+    """Hostile values (NUL, lone surrogates, huge numbers, any text) never escape as anything but
+    a ConfigurationError naming the setting."""
+    from flask_harvest.config import load_settings, shard_urls
+
+    refusal = ""
+    try:
+        loaded = load_settings({"HARVEST_WORKFLOW_SHARDS": value}, {})
+    except ConfigurationError as exc:
+        refusal = str(exc)
+    if refusal:
+        assert "HARVEST_WORKFLOW_SHARDS" in refusal
+        return
+    for url in shard_urls(loaded):
+        assert url.split("://")[0].split("+")[0] in ("postgresql", "sqlite")
+
+
+@given(st.lists(st.one_of(st.text(max_size=40), st.integers(), st.none()), max_size=20))
+def test_grouping_ids_by_shard_keeps_every_id_once_in_order(identifiers: list[object]) -> None:
+    from flask_harvest._shard_set import ShardSet
+
+    shards = ShardSet([sa.create_engine(f"sqlite:///file{i}.db") for i in range(3)])
+    texts = [i for i in identifiers if isinstance(i, str)]
+    groups = shards.group(texts)
+    assert sorted(i for ids in groups.values() for i in ids) == sorted(texts)
+    for shard, ids in groups.items():
+        assert 0 <= shard < 3 and ids == [i for i in texts if shards.for_id(i) == shard]
+    assert all(0 <= shards.for_id(i) < 3 for i in identifiers)
