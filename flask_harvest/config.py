@@ -53,6 +53,12 @@ class Settings:
     sweep_interval_seconds: float = 5.0
     #: Seconds the old secret keeps signing deliveries after a rotation.
     webhooks_secret_grace_seconds: float = 24 * 3600.0
+    #: What dispatch does with a payload that does not match its event type's schema (see the
+    #: event catalog): ``refuse`` (raise, write nothing; the default) or ``warn`` (log, and send).
+    event_validation: str = "refuse"
+    #: Refuse to dispatch a topic that is not an event type in the catalog. Off by default: a topic
+    #: without a type is sent unchecked, as it is with no catalog at all.
+    event_catalog_strict: bool = False
     #: URL prefix of the actuator blueprint.
     actuator_prefix: str = "/actuator/webhooks"
     #: Bearer token that opens the actuator; with none (and no authorizer) every route is refused.
@@ -201,6 +207,8 @@ PREFIX = "HARVEST_"
 #: The ``HARVEST_*`` key of each setting, e.g. ``KEYS["jobs_backend"] == "HARVEST_JOBS_BACKEND"``.
 KEYS = {f.name: PREFIX + f.name.upper() for f in dataclasses.fields(Settings)}
 JOBS_BACKENDS = ("local", "rq")
+#: The values of ``HARVEST_EVENT_VALIDATION``.
+EVENT_VALIDATION_MODES = ("refuse", "warn")
 #: Settings whose ``0`` means "never" rather than being refused.
 _ZERO_MEANS_NEVER = frozenset({"trigger_fires_retention_seconds", "workflow_schedule_catchup"})
 
@@ -270,6 +278,11 @@ def load_settings(config: Mapping[str, Any], overrides: Mapping[str, Any]) -> Se
     if settings.jobs_backend not in JOBS_BACKENDS:
         raise ConfigurationError(
             f"{KEYS['jobs_backend']} must be one of {', '.join(JOBS_BACKENDS)}, not {settings.jobs_backend!r}"
+        )
+    if settings.event_validation not in EVENT_VALIDATION_MODES:
+        raise ConfigurationError(
+            f"{KEYS['event_validation']} must be one of {', '.join(EVENT_VALIDATION_MODES)}, "
+            f"not {settings.event_validation!r}"
         )
     for name in ("webhooks_allow_cidrs", "webhooks_deny_cidrs"):
         try:

@@ -32,6 +32,7 @@ from .triggers.service import TriggerService
 from .triggers.sharded import ShardedTriggerStore
 from .triggers.store import SqlTriggerStore
 from .webhooks import sweeper as webhook_sweeps
+from .webhooks.catalog import EventCatalog
 from .webhooks.delivery import WEBHOOK_JOB, AttemptListener, DeliveryRunner
 from .webhooks.manager import Delegate, OutboundWebhookManager, SkipListener
 from .webhooks.operations import WebhookOperations
@@ -118,6 +119,7 @@ def build_engine(
     on_attempt: AttemptListener | None = None,
     on_skipped: SkipListener | None = None,
     access: AdminAccess | None = None,
+    catalog: EventCatalog | None = None,
 ) -> HarvestEngine:
     """Assemble an engine from settings and a store.
 
@@ -125,6 +127,7 @@ def build_engine(
     :param job_context: entered around each job and sweep run on the engine's own threads.
     :param on_attempt: told about every recorded attempt (the extension sends signals).
     :param on_skipped: told about deliveries a dispatch skipped.
+    :param catalog: the event types payloads are checked against (none: an empty catalog).
     """
     jobs = JobKinds()
     sweeper = Sweeper()
@@ -143,7 +146,7 @@ def build_engine(
         new_pool_in_each_child(capabilities.engine)
     outbox = SqlOutbox(capabilities.engine) if capabilities.transactions and capabilities.engine else None
     manager = OutboundWebhookManager(
-        store, backend, settings, outbox=outbox, delegate=delegate, on_skipped=on_skipped
+        store, backend, settings, outbox=outbox, delegate=delegate, on_skipped=on_skipped, catalog=catalog
     )
     jobs.register(WEBHOOK_JOB, runner.run_many)
     sweeper.add_step(

@@ -188,3 +188,36 @@ class SignatureVerificationError(HarvestError):
         super().__init__(message)
         self.reason = reason
         self.message = message
+
+
+class EventTypeNotFoundError(NotFoundError):
+    """No event type of that name is in the catalog."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(f"no event type named {name!r} in the catalog")
+        self.name = name
+
+
+class UnknownEventTypeError(InvalidFieldError):
+    """A strict catalog refused to dispatch an event whose topic is not a registered event type."""
+
+    def __init__(self, topic: str) -> None:
+        super().__init__(
+            "topic",
+            f"{topic!r} is not an event type in the catalog, which is strict "
+            "(HARVEST_EVENT_CATALOG_STRICT): register it with harvest.event_type(...) first",
+        )
+        self.topic = topic
+
+
+class PayloadSchemaError(InvalidFieldError):
+    """A dispatched payload does not match its event type's schema; nothing was written.
+
+    :param topic: the event type.
+    :param path: where in the payload, as a JSON path (``$.items[0].sku``).
+    """
+
+    def __init__(self, topic: str, path: str, message: str) -> None:
+        super().__init__("payload", f"does not match the schema of event type {topic!r} at {path}: {message}")
+        self.topic = topic
+        self.path = path

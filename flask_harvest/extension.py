@@ -41,6 +41,7 @@ from .triggers.service import TriggerService
 from .triggers.sharded import open_trigger_store
 from .triggers.store import SqlTriggerStore
 from .webhooks.actuator import actuator
+from .webhooks.catalog import EventCatalog, EventType
 from .webhooks.delivery import AttemptListener
 from .webhooks.manager import Delegate, OutboundWebhookManager
 from .webhooks.models import AttemptResult, Claim, DeliveryLog, DeliveryState, WebhookSubscriptionStatus
@@ -129,6 +130,8 @@ class Harvest:
         self._access = AdminAccess()
         #: The workflows declared with :meth:`workflow`, shared by every app.
         self.registry = WorkflowRegistry()
+        #: The event types declared with :meth:`event_type`, shared by every app.
+        self.catalog = EventCatalog()
         self._static_triggers: list[CompletionTrigger] = []
         # The apps this extension is registered on, so a trigger declared after init_app still
         # reaches them; weak, so the extension never keeps an app alive (no ``self.app``).
@@ -170,6 +173,7 @@ class Harvest:
             on_attempt=_signal_listener(app),
             on_skipped=_skip_listener(app),
             access=self._access,
+            catalog=self.catalog,
         )
         try:
             if sql is not None:
@@ -295,6 +299,28 @@ class Harvest:
         """
         return self.registry.workflow(
             name, timeout=timeout, schedule=schedule, queue=queue, priority=priority
+        )
+
+    def event_type(
+        self, name: str, *, description: str = "", schema: Any, example: Any, version: int = 1
+    ) -> EventType:
+        """Register an event type in the catalog, before or after ``init_app``::
+
+            harvest.event_type(
+                "order.created",
+                description="An order was placed.",
+                schema={"type": "object", "required": ["id"], "properties": {"id": {"type": "string"}}},
+                example={"id": "ord_1"},
+            )
+
+        Dispatching ``name`` then checks the payload against ``schema`` (``HARVEST_EVENT_VALIDATION``
+        says whether a mismatch is refused or logged); see the event catalog guide.
+
+        :raises InvalidFieldError: the name is not a plain topic, the schema is not a valid JSON
+            Schema, the example does not match it, or another type has the name.
+        """
+        return self.catalog.register(
+            name, description=description, schema=schema, example=example, version=version
         )
 
     def queue(

@@ -95,6 +95,8 @@ ROUTES = [
     ("PATCH", "/subscriptions/sub_1"),
     ("DELETE", "/subscriptions/sub_1"),
     ("POST", "/subscriptions/sub_1/rotate-secret"),
+    ("GET", "/event-types"),
+    ("GET", "/event-types/order.created"),
 ]
 
 

@@ -133,9 +133,10 @@ def assert_no_secret(result: Result) -> None:
             [
                 *("init-db", "subscriptions", "dlq", "deliveries", "purge", "stats", "sweep", "worker"),
                 *("outbox", "completion-delivery", "workflows"),
-                "triggers",
+                *("triggers", "event-types"),
             ],
         ),
+        (("event-types",), ["list", "show", "rst"]),
         (("subscriptions",), ["add", "list", "show", "enable", "disable", "rotate-secret", "remove"]),
         (("dlq",), ["list", "replay", "redrive"]),
         (("deliveries",), ["show"]),

@@ -55,6 +55,8 @@ ROUTES = [
     ("PATCH", "/subscriptions/{id}"),
     ("DELETE", "/subscriptions/{id}"),
     ("POST", "/subscriptions/{id}/rotate-secret"),
+    ("GET", "/event-types"),
+    ("GET", "/event-types/{id}"),
     ("GET", "/{id}"),
 ]
 METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "HEAD"]
@@ -86,7 +88,7 @@ CONTENT_TYPES = st.sampled_from(
         "",
     ]
 )
-IDS = st.one_of(st.sampled_from(["sub_1", "msg_sub_1_000", "nope"]), TEXT)
+IDS = st.one_of(st.sampled_from(["sub_1", "msg_sub_1_000", "nope", "order.created"]), TEXT)
 
 
 def quoted(text: str) -> str:
@@ -97,9 +99,15 @@ def quoted(text: str) -> str:
 def app(store: OutboundWebhookHandler, redis_conn: redis.Redis, redis_url: str) -> Flask:
     # RQ with no worker: queued jobs wait in Redis, so no attempt changes a row while an example
     # compares the store before and after a refused request.
-    return make_app(
+    app = make_app(
         store, HARVEST_ACTUATOR_TOKEN=TOKEN, HARVEST_JOBS_BACKEND="rq", HARVEST_REDIS_URL=redis_url
     )
+    # A catalog, so that the event-type routes and commands find something, and subscriptions
+    # created by an example get topic warnings.
+    get_engine(app).manager.catalog.register(
+        "order.created", schema={"type": "object"}, example={"id": "ord_1"}, description="An order."
+    )
+    return app
 
 
 def seed(store: OutboundWebhookHandler) -> None:
@@ -170,6 +178,9 @@ CLI_COMMANDS = [
     lambda a, b, c: ["dlq", "replay", a],
     lambda a, b, c: ["dlq", "replay", "--subscription", a, "--since", b, "--until", c, "--dry-run"],
     lambda a, b, c: ["deliveries", "show", a],
+    lambda a, b, c: ["event-types", "show", a],
+    lambda a, b, c: ["event-types", "list"],
+    lambda a, b, c: ["event-types", "rst", "--title", b],
     lambda a, b, c: ["purge", "--yes", "--before", a],
 ]
 

@@ -14,6 +14,7 @@ from ._common import HarvestGroup
 from .callbacks import completion_cli
 from .deliveries import deliveries_cli
 from .dlq import dlq_cli
+from .event_types import event_types_cli
 from .maintenance import init_db_command, purge_command, stats_command, sweep_command, worker_command
 from .outbox import outbox_cli
 from .schedules import schedules_cli
@@ -34,6 +35,7 @@ harvest_cli = HarvestGroup(
 for command in (
     init_db_command,
     subscriptions_cli,
+    event_types_cli,
     dlq_cli,
     deliveries_cli,
     purge_command,

@@ -21,9 +21,15 @@ _secret_option = click.option(
 )
 
 
-def _print_new_secret(created: NewSecret, as_json: bool) -> None:
+def _print_new_secret(created: NewSecret, as_json: bool, warnings: list[str] | None = None) -> None:
     # The only output with a secret in it: every other command prints to_dict(), which leaves it out.
-    out.output({**created.subscription.to_dict(), "secret": created.secret}, as_json, out.with_secret)
+    shown = {**created.subscription.to_dict(), "secret": created.secret}
+    if warnings and as_json:
+        shown["warnings"] = warnings
+    out.output(shown, as_json, out.with_secret)
+    for warning in [] if as_json else warnings or []:
+        # On stderr, so the text on stdout stays what it was; the subscription was saved.
+        click.echo(f"Warning: {warning}", err=True)
 
 
 @subscriptions_cli.command("add")
@@ -49,7 +55,7 @@ def subscriptions_add(
         subscription_id=subscription_id,
         description=description,
     )
-    _print_new_secret(created, as_json)
+    _print_new_secret(created, as_json, _ops().topic_warnings(created.subscription.event_topics))
 
 
 @subscriptions_cli.command("list")

@@ -11,6 +11,7 @@ from __future__ import annotations
 from . import (
     access,
     dlq_select,
+    event_types,
     failed_callbacks,
     forks,
     overview,
@@ -36,6 +37,7 @@ __all__ = [
     "access",
     "dashboard",
     "dlq_select",
+    "event_types",
     "failed_callbacks",
     "forks",
     "install_dashboard",

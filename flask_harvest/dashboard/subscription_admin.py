@@ -53,8 +53,9 @@ def new_subscription() -> tuple[str, int]:
     if request.method == "GET":
         return render_page("webhooks/new_subscription.html", form={}, error="")
     values = _form_values()
+    operations = get_engine().operations
     try:
-        created = get_engine().operations.create_subscription(
+        created = operations.create_subscription(
             target_url=values["target_url"],
             event_topics=[t for t in _TOPIC_SPLIT.split(values["topics"]) if t],
             description=values["description"],
@@ -71,6 +72,7 @@ def new_subscription() -> tuple[str, int]:
         status=201,
         subscription=created.subscription,
         secret=created.secret,
+        warnings=operations.topic_warnings(created.subscription.event_topics),
     )
 
 

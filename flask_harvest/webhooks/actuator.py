@@ -8,6 +8,7 @@ answers 403. Secrets appear only in the responses that create a subscription or 
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 from flask import Blueprint, Response, jsonify
 
@@ -83,7 +84,8 @@ def list_subscriptions() -> Response:
 @actuator.post("/subscriptions")
 def create_subscription() -> tuple[Response, int]:
     body = load_body(SubscriptionCreateSchema())
-    created = get_engine().operations.create_subscription(
+    operations = get_engine().operations
+    created = operations.create_subscription(
         target_url=body["target_url"],
         event_topics=body["event_topics"],
         secret=body.get("secret"),
@@ -91,7 +93,8 @@ def create_subscription() -> tuple[Response, int]:
         description=body["description"],
     )
     # The one response that shows the secret: the caller must store it now.
-    return jsonify({**created.subscription.to_dict(), "secret": created.secret}), 201
+    shown = {**created.subscription.to_dict(), "secret": created.secret}
+    return jsonify(_with_warnings(shown, operations.topic_warnings(created.subscription.event_topics))), 201
 
 
 @actuator.get("/subscriptions/<subscription_id>")
@@ -103,14 +106,20 @@ def show_subscription(subscription_id: str) -> Response:
 def update_subscription(subscription_id: str) -> Response:
     body = load_body(SubscriptionPatchSchema())
     status = body.get("status")
-    updated = get_engine().operations.update_subscription(
+    operations = get_engine().operations
+    updated = operations.update_subscription(
         subscription_id,
         target_url=body.get("target_url"),
         event_topics=body.get("event_topics"),
         description=body.get("description"),
         status=WebhookSubscriptionStatus(status) if status else None,
     )
-    return jsonify(updated.to_dict())
+    return jsonify(_with_warnings(updated.to_dict(), operations.topic_warnings(body.get("event_topics"))))
+
+
+def _with_warnings(shown: dict[str, Any], warnings: list[str]) -> dict[str, Any]:
+    """A subscription's answer, with ``warnings`` when some topic pattern selects no event type."""
+    return {**shown, "warnings": warnings} if warnings else shown
 
 
 @actuator.delete("/subscriptions/<subscription_id>")
@@ -129,6 +138,20 @@ def rotate_secret(subscription_id: str) -> Response:
     )
     # The one response that shows the new secret.
     return jsonify({**rotated.subscription.to_dict(), "secret": rotated.secret})
+
+
+# -- the event catalog ------------------------------------------------------------------------------
+
+
+@actuator.get("/event-types")
+def list_event_types() -> Response:
+    """Every event type in the catalog, by name: its description, version, schema and example."""
+    return jsonify([t.to_dict() for t in get_engine().operations.event_types()])
+
+
+@actuator.get("/event-types/<name>")
+def show_event_type(name: str) -> Response:
+    return jsonify(get_engine().operations.event_type(name).to_dict())
 
 
 @actuator.get("/openapi.json")

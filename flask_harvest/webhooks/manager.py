@@ -11,11 +11,13 @@ from datetime import datetime
 from typing import Any
 
 from .. import tracing
+from .._input import parse_json
 from .._threads import PerProcess
 from .._time import utcnow
 from ..config import Settings
-from ..errors import ConfigurationError, EnqueueError, HarvestError
+from ..errors import ConfigurationError, EnqueueError, HarvestError, PayloadSchemaError, UnknownEventTypeError
 from ..jobs.base import JobBackend, JobBackendError
+from .catalog import EventCatalog
 from .delivery import delivery_job
 from .models import (
     DeliveryLog,
@@ -70,8 +72,11 @@ class OutboundWebhookManager:
         outbox: SqlOutbox | None = None,
         delegate: Delegate | None = None,
         on_skipped: SkipListener | None = None,
+        catalog: EventCatalog | None = None,
     ) -> None:
         self.store = store
+        #: The event types payloads are checked against (see :meth:`check_event`).
+        self.catalog = catalog if catalog is not None else EventCatalog()
         self.backend = backend
         self.settings = settings
         self.outbox = outbox
@@ -97,12 +102,16 @@ class OutboundWebhookManager:
         transaction, use :meth:`dispatch_in_tx`.
 
         :raises InvalidFieldError: the topic is not a plain topic, or the payload is not JSON.
+        :raises PayloadSchemaError: the payload does not match its event type's schema (with
+            ``HARVEST_EVENT_VALIDATION = "refuse"``); nothing was written.
+        :raises UnknownEventTypeError: the catalog is strict and has no type for the topic.
         :raises EnqueueError: the jobs could not be queued; the deliveries were dead-lettered
             (replayable) and the error names them.
         :raises StoreError: the store failed; nothing was queued.
         """
         validate_topic(topic, pattern=False)
         body = encode_payload(payload)
+        self.check_event(topic, body)
         with tracing.publish(topic) as span:
             ids = self._dispatch(topic, body, tracing.capture())
             span.set("messaging.batch.message_count", len(ids))
@@ -141,6 +150,9 @@ class OutboundWebhookManager:
 
         :raises ConfigurationError: the store cannot share a transaction (the in-memory store).
         :raises InvalidFieldError: the topic is not a plain topic, or the payload is not JSON.
+        :raises PayloadSchemaError: the payload does not match its event type's schema (with
+            ``HARVEST_EVENT_VALIDATION = "refuse"``); nothing was written.
+        :raises UnknownEventTypeError: the catalog is strict and has no type for the topic.
         """
         if self.outbox is None:
             raise ConfigurationError(
@@ -149,8 +161,37 @@ class OutboundWebhookManager:
             )
         validate_topic(topic, pattern=False)
         body = encode_payload(payload)
+        self.check_event(topic, body)
         with tracing.publish(topic):
             return self.outbox.write(conn, topic, body, self._relay_soon, tracing.capture())
+
+    def check_event(self, topic: str, body: str) -> None:
+        """Check an encoded payload against the event type of ``topic``, before anything is written.
+
+        The JSON text is what is checked, not the Python value: it is what receivers get (a
+        datetime is a string there).
+
+        :raises PayloadSchemaError: it does not match, and ``HARVEST_EVENT_VALIDATION`` is ``refuse``
+            (with ``warn``, the problem is logged and the event is sent).
+        :raises UnknownEventTypeError: ``HARVEST_EVENT_CATALOG_STRICT`` is on and ``topic`` has no type.
+        """
+        if not len(self.catalog):
+            if self.settings.event_catalog_strict:
+                raise UnknownEventTypeError(topic)
+            return
+        event_type, problem = self.catalog.check(topic, parse_json(body, "payload"))
+        if event_type is None and self.settings.event_catalog_strict:
+            raise UnknownEventTypeError(topic)
+        if problem is None:
+            return
+        if self.settings.event_validation == "refuse":
+            raise PayloadSchemaError(topic, problem.path, problem.message)
+        log.warning(
+            "harvest: the payload of %r does not match its event type's schema %s; sent anyway "
+            "(HARVEST_EVENT_VALIDATION is 'warn')",
+            topic,
+            problem,
+        )
 
     # -- the outbox relay ----------------------------------------------------------------------
 

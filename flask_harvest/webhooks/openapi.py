@@ -65,6 +65,25 @@ _REPLAY_RESULT = {
 }
 
 
+_EVENT_TYPE = {
+    "type": "object",
+    "required": ["name", "description", "version", "schema", "example"],
+    "properties": {
+        "name": {"type": "string", "description": "the topic events of this type are dispatched under"},
+        "description": {"type": "string"},
+        "version": {"type": "integer", "minimum": 1},
+        "schema": {"description": "the JSON Schema of the payload (an object, or true/false)"},
+        "example": {"description": "a payload that matches the schema"},
+    },
+}
+_WARNINGS = {
+    "type": "array",
+    "items": {"type": "string"},
+    "description": "present when a topic pattern selects no event type in the catalog (a warning: "
+    "the subscription was saved)",
+}
+
+
 def _json(schema: Any) -> dict[str, Any]:
     return {"content": {"application/json": {"schema": schema}}}
 
@@ -75,7 +94,7 @@ def _responses(
     refusals = {401: "no or a wrong bearer token", 403: "the actuator is closed, or the authorizer refused"}
     reasons = {
         400: "the body is not a JSON object (or nested too deeply)",
-        404: "no such subscription or delivery",
+        404: "no such subscription, delivery or event type",
         409: "the id is taken, or the delivery is not dead-lettered",
         413: "the body is larger than 64 KiB",
         415: "the body is not JSON",
@@ -113,6 +132,11 @@ def build_openapi(prefix: str) -> dict[str, Any]:
     spec.components.security_scheme("bearer", {"type": "http", "scheme": "bearer"})
     spec.components.schema("Error", _ERROR)
     spec.components.schema("ReplayResult", _REPLAY_RESULT)
+    spec.components.schema("EventType", _EVENT_TYPE)
+    spec.components.schema(
+        "Subscription",
+        {"type": "object", "additionalProperties": True, "properties": {"warnings": _WARNINGS}},
+    )
     for name, schema in (
         ("SubscriptionCreate", SubscriptionCreateSchema),
         ("SubscriptionPatch", SubscriptionPatchSchema),
@@ -126,6 +150,8 @@ def build_openapi(prefix: str) -> dict[str, Any]:
 
     sub = [_id_parameter("subscription_id")]
     result = {"$ref": "#/components/schemas/ReplayResult"}
+    subscription = {"$ref": "#/components/schemas/Subscription"}
+    event_type = {"$ref": "#/components/schemas/EventType"}
     spec.path(
         path="/dlq",
         operations={
@@ -180,7 +206,7 @@ def build_openapi(prefix: str) -> dict[str, Any]:
                 "summary": "Create a subscription; the answer shows its secret, once",
                 "requestBody": request_body("SubscriptionCreate"),
                 "responses": _responses(
-                    201, "the subscription and its secret", _OBJECT, errors=(400, 409, 413, 415, 422)
+                    201, "the subscription and its secret", subscription, errors=(400, 409, 413, 415, 422)
                 ),
             },
         },
@@ -197,7 +223,9 @@ def build_openapi(prefix: str) -> dict[str, Any]:
                 "summary": "Change URL, topics, description or status",
                 "parameters": sub,
                 "requestBody": request_body("SubscriptionPatch"),
-                "responses": _responses(200, "the subscription", _OBJECT, errors=(400, 404, 413, 415, 422)),
+                "responses": _responses(
+                    200, "the subscription", subscription, errors=(400, 404, 413, 415, 422)
+                ),
             },
             "delete": {
                 "summary": "Remove a subscription; its delivery logs stay",
@@ -216,6 +244,27 @@ def build_openapi(prefix: str) -> dict[str, Any]:
                 "responses": _responses(
                     200, "the subscription and its new secret", _OBJECT, errors=(400, 404, 413, 415, 422)
                 ),
+            }
+        },
+    )
+    spec.path(
+        path="/event-types",
+        operations={
+            "get": {
+                "summary": "The event catalog: every event type, by name",
+                "responses": _responses(
+                    200, "event types", {"type": "array", "items": event_type}, errors=()
+                ),
+            }
+        },
+    )
+    spec.path(
+        path="/event-types/{name}",
+        operations={
+            "get": {
+                "summary": "One event type: description, version, schema and example",
+                "parameters": [_id_parameter("name")],
+                "responses": _responses(200, "the event type", event_type, errors=(404,)),
             }
         },
     )

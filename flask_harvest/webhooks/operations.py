@@ -15,6 +15,7 @@ from ..config import Settings
 from ..errors import (
     ConfigurationError,
     DeliveryNotFoundError,
+    EventTypeNotFoundError,
     InvalidFieldError,
     InvalidStateError,
     SubscriptionNotFoundError,
@@ -23,6 +24,7 @@ from ..http.cursor import decode_position, encode_position
 from ..jobs.base import JobBackend, JobBackendError
 from ..outbound.signing import generate_secret
 from ..outbound.ssrf import validate_target
+from .catalog import EventType
 from .delivery import delivery_job
 from .manager import OutboundWebhookManager
 from .models import (
@@ -223,6 +225,27 @@ class WebhookOperations:
         chosen = standard_secret(subscription.secret)
         subscription = subscription.replace(secret=chosen)
         return NewSecret(self.store.add_subscription(subscription), chosen)
+
+    def topic_warnings(self, event_topics: Sequence[str] | None) -> list[str]:
+        """Return a warning for each of a subscription's topic patterns that selects no event type
+        in the catalog (none without a catalog, or for ``None``: topics left unchanged).
+
+        A warning, not an error: the type may be registered later, or by another process.
+        """
+        if event_topics is None:
+            return []
+        return self.manager.catalog.unmatched_patterns(event_topics)
+
+    def event_types(self) -> list[EventType]:
+        """Return every event type in the catalog, by name."""
+        return self.manager.catalog.types()
+
+    def event_type(self, name: str) -> EventType:
+        """Return the event type ``name``, or raise :class:`EventTypeNotFoundError`."""
+        found = self.manager.catalog.get(name)
+        if found is None:
+            raise EventTypeNotFoundError(name if isinstance(name, str) else repr(name))
+        return found
 
     def list_subscriptions(self) -> list[WebhookSubscription]:
         """Return every subscription, oldest first."""

@@ -68,6 +68,17 @@ def pages(live_workflows: Live, browser: WebDriver) -> list[str]:
             WebhookSubscription(NOWHERE, ["order.created"], generate_secret(), id="sub_a11y")
         )
         [delivery_id] = engine.manager.dispatch("order.created", {"n": 1})
+        # So that the event catalog page shows a type.
+        engine.manager.catalog.register(
+            "order.shipped",
+            description="An order left the warehouse.",
+            schema={
+                "type": "object",
+                "required": ["order_id"],
+                "properties": {"order_id": {"type": "string"}},
+            },
+            example={"order_id": "ord_1"},
+        )
         trigger_service().register(CompletionTrigger("import_orders", "send_report", id=TRIGGER_ID))
     execution_id = start(app, "import_orders", {"orders": 2})
     wait_state(app, execution_id, lambda e: e.state.terminal, "the run to end")
@@ -81,6 +92,7 @@ def pages(live_workflows: Live, browser: WebDriver) -> list[str]:
         "/webhooks/deliveries",
         f"/webhooks/deliveries/{delivery_id}",
         "/webhooks/replay",
+        "/webhooks/event-types",
         "/search?q=nothing-has-this-id",
         "/workflows",
         "/workflows/start",
