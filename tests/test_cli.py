@@ -136,7 +136,10 @@ def assert_no_secret(result: Result) -> None:
                 "triggers",
             ],
         ),
-        (("subscriptions",), ["add", "list", "show", "enable", "disable", "rotate-secret", "remove"]),
+        (
+            ("subscriptions",),
+            ["add", "list", "show", "enable", "disable", "rotate-secret", "remove", "update"],
+        ),
         (("dlq",), ["list", "replay", "redrive"]),
         (("deliveries",), ["show"]),
         (
