@@ -137,7 +137,10 @@ def assert_no_secret(result: Result) -> None:
             ],
         ),
         (("event-types",), ["list", "show", "rst"]),
-        (("subscriptions",), ["add", "list", "show", "enable", "disable", "rotate-secret", "remove"]),
+        (
+            ("subscriptions",),
+            ["add", "list", "show", "enable", "disable", "rotate-secret", "remove", "update"],
+        ),
         (("dlq",), ["list", "replay", "redrive"]),
         (("deliveries",), ["show"]),
         (

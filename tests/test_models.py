@@ -430,8 +430,15 @@ def test_subscription_to_dict() -> None:
         "created_at": "2026-05-26T05:00:00Z",
         "updated_at": "2026-05-26T05:00:00Z",
         "previous_secret_expires_at": None,
+        "payload_filter": None,
+        "headers": {},
     }
     assert next(iter(sub.to_dict())) == "id"
+    filtered = sub.replace(
+        payload_filter={"type": "Eq", "data": {"path": "a", "value": 1}}, headers={"X-A": "b"}
+    )
+    assert filtered.to_dict()["payload_filter"] == {"type": "Eq", "data": {"path": "a", "value": 1}}
+    assert filtered.to_dict()["headers"] == {"X-A": "b"}
 
 
 # -- deliveries -------------------------------------------------------------------------------------

@@ -199,6 +199,18 @@ class Seconds(click.FloatRange):
         return seconds
 
 
+def json_option_value(name: str, text: str | None) -> Any:
+    """An option's JSON text decoded (``None`` when not given); malformed JSON is an error naming it."""
+    if text is None:
+        return None
+    try:
+        return json.loads(text)
+    except ValueError:
+        raise InvalidFieldError(name, "is not valid JSON") from None
+    except RecursionError:
+        raise InvalidFieldError(name, "is nested too deeply") from None
+
+
 # -- renderers: each takes the data --json prints ------------------------------------------------
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import click
 
+from ..errors import InvalidFieldError
 from ..webhooks.models import WebhookSubscriptionStatus
 from ..webhooks.operations import NewSecret
 from . import _common as out
@@ -19,6 +20,37 @@ _secret_option = click.option(
     help="Signing secret: whsec_<base64>, or any string, stored as whsec_ and its base64 (the same key);"
     " default: a random one.",
 )
+
+
+_filter_option = click.option(
+    "--filter",
+    "payload_filter",
+    default=None,
+    metavar="JSON",
+    help='Deliver only the payloads this condition holds on, e.g. \'{"type": "Eq", "data": {"path": '
+    '"region", "value": "EU"}}\' (the completion triggers\' condition language).',
+)
+_header_option = click.option(
+    "--header",
+    "headers",
+    multiple=True,
+    metavar="'NAME: VALUE'",
+    help="A header sent with every delivery; repeat. Not a secret: it is shown wherever the "
+    "subscription is (authenticate receivers with the signature).",
+)
+
+
+def _headers(values: tuple[str, ...]) -> dict[str, str]:
+    """``NAME: VALUE`` options as a mapping (validated with the subscription)."""
+    headers: dict[str, str] = {}
+    for value in values:
+        name, colon, text = value.partition(":")
+        if not colon:
+            raise InvalidFieldError("--header", f"{name!r:.80} is not 'NAME: VALUE'")
+        if name.strip() in headers:
+            raise InvalidFieldError("--header", f"{name.strip()!r:.80} is given twice")
+        headers[name.strip()] = text.strip()
+    return headers
 
 
 def _print_new_secret(created: NewSecret, as_json: bool, warnings: list[str] | None = None) -> None:
@@ -38,6 +70,8 @@ def _print_new_secret(created: NewSecret, as_json: bool, warnings: list[str] | N
 @_secret_option
 @click.option("--id", "subscription_id", default=None, help="The subscription's id (default: sub_<random>).")
 @click.option("--description", default="", help="A note for operators.")
+@_filter_option
+@_header_option
 @out.json_option
 def subscriptions_add(
     url: str,
@@ -45,6 +79,8 @@ def subscriptions_add(
     secret: str | None,
     subscription_id: str | None,
     description: str,
+    payload_filter: str | None,
+    headers: tuple[str, ...],
     as_json: bool,
 ) -> None:
     """Subscribe URL to events; prints the signing secret, once."""
@@ -54,8 +90,39 @@ def subscriptions_add(
         secret=secret,
         subscription_id=subscription_id,
         description=description,
+        payload_filter=out.json_option_value("--filter", payload_filter),
+        headers=_headers(headers),
     )
     _print_new_secret(created, as_json, _ops().topic_warnings(created.subscription.event_topics))
+
+
+@subscriptions_cli.command("update")
+@click.argument("subscription_id")
+@_filter_option
+@click.option("--no-filter", is_flag=True, help="Remove the payload filter: deliver every payload.")
+@_header_option
+@click.option("--no-headers", is_flag=True, help="Remove every custom header.")
+@out.json_option
+def subscriptions_update(
+    subscription_id: str,
+    payload_filter: str | None,
+    no_filter: bool,
+    headers: tuple[str, ...],
+    no_headers: bool,
+    as_json: bool,
+) -> None:
+    """Change the subscription's payload filter or custom headers (--header replaces them all)."""
+    if headers and no_headers:
+        raise InvalidFieldError("--header", "give --header or --no-headers, not both")
+    if not (payload_filter is not None or no_filter or headers or no_headers):
+        raise InvalidFieldError("--filter", "give --filter, --no-filter, --header or --no-headers")
+    updated = _ops().update_subscription(
+        subscription_id,
+        payload_filter=out.json_option_value("--filter", payload_filter),
+        remove_payload_filter=no_filter,
+        headers={} if no_headers else (_headers(headers) if headers else None),
+    )
+    out.output(updated.to_dict(), as_json, out.fields)
 
 
 @subscriptions_cli.command("list")

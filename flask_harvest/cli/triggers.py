@@ -13,7 +13,6 @@ from typing import Any
 import click
 
 from .._app import trigger_service
-from ..errors import InvalidFieldError
 from ..triggers.definitions import trigger_from_json, trigger_to_json
 from ..triggers.service import TriggerService, fire_to_json, stored_to_json
 from . import _common as out
@@ -28,17 +27,6 @@ _COLUMNS = ("id", "source_workflow_name", "terminal_states", "target_workflow_na
 
 def _service() -> TriggerService:
     return trigger_service()
-
-
-def _json_option_value(name: str, text: str | None) -> Any:
-    if text is None:
-        return None
-    try:
-        return json.loads(text)
-    except ValueError:
-        raise InvalidFieldError(name, "is not valid JSON") from None
-    except RecursionError:
-        raise InvalidFieldError(name, "is nested too deeply") from None
 
 
 def _rows(data: list[dict[str, Any]]) -> str:
@@ -116,9 +104,9 @@ def triggers_register(
     if states:
         body["terminal_states"] = list(states)
     if mapping is not None:
-        body["input_mapping"] = _json_option_value("--mapping", mapping)
+        body["input_mapping"] = out.json_option_value("--mapping", mapping)
     if condition is not None:
-        body["condition"] = _json_option_value("--condition", condition)
+        body["condition"] = out.json_option_value("--condition", condition)
     if trigger_id is not None:
         body["id"] = trigger_id
     stored = _service().register(trigger_from_json(body), allow_unknown_workflows=allow_unknown)

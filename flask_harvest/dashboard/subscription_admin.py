@@ -1,5 +1,5 @@
-"""Subscriptions from the console: create (the secret shown once), delete after a confirmation,
-and each subscription's health over the last hour.
+"""Subscriptions from the console: create (the secret shown once), edit the payload filter and
+custom headers, delete after a confirmation, and each subscription's health over the last hour.
 
 Thin over :class:`~flask_harvest.webhooks.operations.WebhookOperations`, as the actuator is: the
 same model checks and SSRF policy, the same errors. Every POST carries the session's CSRF token
@@ -8,17 +8,21 @@ same model checks and SSRF policy, the same errors. Every POST carries the sessi
 
 from __future__ import annotations
 
+import json
 import re
 from datetime import timedelta
+from typing import Any
 
 from flask import redirect, request, url_for
 from werkzeug.wrappers import Response as BaseResponse
 
 from .._app import get_engine
+from .._input import parse_json
 from .._time import utcnow
-from ..errors import HarvestError
+from ..errors import HarvestError, InvalidFieldError
 from ..http.admin import error_answer
 from ..webhooks.attempt_stats import AttemptStats, attempt_stats
+from ..webhooks.models import WebhookSubscription, filter_json
 from ._core import dashboard, form_text, render_page, unconfirmed
 
 #: The window of a subscription's health, and the most deliveries (those attempted last) whose
@@ -27,6 +31,8 @@ HEALTH_WINDOW = timedelta(hours=1)
 HEALTH_DELIVERIES = 1000
 #: What separates topics in the form's field.
 _TOPIC_SPLIT = re.compile(r"[\s,]+")
+#: The longest text the filter and headers fields take (a filter's caps fit well within it).
+MAX_OPTIONS_CHARS = 64 * 1024
 
 
 def subscription_health(subscription_id: str) -> AttemptStats:
@@ -86,3 +92,66 @@ def delete_subscription(subscription_id: str) -> BaseResponse | tuple[str, int]:
         return page
     operations.remove_subscription(found.id)
     return redirect(url_for(".subscriptions", done="deleted"), 303)
+
+
+def options_form(subscription: WebhookSubscription) -> dict[str, str]:
+    """The edit form's fields for what ``subscription`` has now: the filter as indented JSON (empty
+    for none), the headers one ``Name: value`` per line."""
+    shown = filter_json(subscription.payload_filter)
+    return {
+        "payload_filter": "" if shown is None else json.dumps(shown, indent=2, ensure_ascii=False),
+        "headers": "\n".join(f"{name}: {value}" for name, value in subscription.headers.items()),
+    }
+
+
+def _posted_headers(text: str) -> dict[str, str]:
+    """The headers field's lines as a mapping (validated with the subscription)."""
+    headers: dict[str, str] = {}
+    for number, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        name, colon, value = line.partition(":")
+        if not colon:
+            raise InvalidFieldError("headers", f"line {number} is not 'Name: value'")
+        if name.strip() in headers:
+            raise InvalidFieldError("headers", f"{name.strip()!r:.80} is given twice")
+        headers[name.strip()] = value.strip()
+    return headers
+
+
+@dashboard.route("/webhooks/subscriptions/<subscription_id>/edit", methods=["GET", "POST"])
+def edit_subscription(subscription_id: str) -> BaseResponse | tuple[str, int]:
+    """Edit the payload filter (empty: every payload) and the custom headers (empty: none); the
+    same checks as the admin API, and nothing changes when one fails."""
+    operations = get_engine().operations
+    found = operations.get_subscription(subscription_id)
+    if request.method == "GET":
+        return render_page(
+            "webhooks/edit_subscription.html", subscription=found, form=options_form(found), error=""
+        )
+    form = {
+        "payload_filter": form_text("payload_filter", max_chars=MAX_OPTIONS_CHARS),
+        "headers": form_text("headers", max_chars=MAX_OPTIONS_CHARS),
+    }
+    try:
+        condition: Any = (
+            parse_json(form["payload_filter"], "payload_filter") if form["payload_filter"] else None
+        )
+        if form["payload_filter"] and condition is None:
+            raise InvalidFieldError("payload_filter", "must be a condition; leave it empty for no filter")
+        operations.update_subscription(
+            found.id,
+            payload_filter=condition,
+            remove_payload_filter=condition is None,
+            headers=_posted_headers(form["headers"]),
+        )
+    except HarvestError as exc:
+        answer = error_answer(exc, "harvest dashboard")
+        return render_page(
+            "webhooks/edit_subscription.html",
+            status=answer.status,
+            subscription=found,
+            form=form,
+            error=answer.message,
+        )
+    return redirect(url_for(".subscription", subscription_id=found.id, done="saved"), 303)

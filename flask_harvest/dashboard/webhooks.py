@@ -41,7 +41,7 @@ from ._core import (
 )
 from .chart import stacked_bars
 from .paging import PAGE_SIZE, PAGING_ARGS, Page, pager
-from .subscription_admin import HEALTH_DELIVERIES, subscription_health
+from .subscription_admin import HEALTH_DELIVERIES, options_form, subscription_health
 from .when import absolute, as_time, page_now, relative
 
 NAV.append(NavEntry("Subscriptions", "harvest_dashboard.subscriptions", always))
@@ -158,6 +158,7 @@ def _subscription_page(
         new_secret=new_secret,
         notice=notice,
         health=subscription_health(subscription.id),
+        options=options_form(subscription),
         health_deliveries=HEALTH_DELIVERIES,
         max_grace=int(MAX_GRACE_SECONDS),
         default_grace=int(get_engine().settings.webhooks_secret_grace_seconds),
@@ -166,7 +167,8 @@ def _subscription_page(
 
 @dashboard.get("/webhooks/subscriptions/<subscription_id>")
 def subscription(subscription_id: str) -> tuple[str, int]:
-    notice = {"enabled": "Enabled.", "disabled": "Disabled."}.get(request.args.get("done", ""), "")
+    notices = {"enabled": "Enabled.", "disabled": "Disabled.", "saved": "Saved."}
+    notice = notices.get(request.args.get("done", ""), "")
     return _subscription_page(get_engine().operations.get_subscription(subscription_id), notice=notice)
 
 

@@ -13,10 +13,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 
+from ..conditions import Condition, condition_to_json, parse_condition, validate_condition
+from ..conditions.values import check_text, describe
 from ..errors import InvalidFieldError
 from ..workflows.queues import check_count, check_key, check_priority
-from ._values import check_text, describe
-from .conditions import Condition, condition_to_json, parse_condition, validate_condition
 from .mappings import InputMapping, Passthrough, mapping_to_json, parse_mapping, validate_mapping
 
 __all__ = [

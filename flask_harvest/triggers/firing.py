@@ -42,10 +42,10 @@ from typing import Any, Protocol
 from sqlalchemy import Connection, event
 
 from .._time import utcnow
+from ..conditions import evaluate, parse_condition
 from ..errors import InvalidFieldError
 from ..workflows.errors import InputTooLargeError
 from ..workflows.models import Execution, ExecutionState, JsonValue, encode_json
-from .conditions import evaluate, parse_condition
 from .definitions import parse_terminal_states
 from .mappings import InputMapping, SourceOutcome, apply_mapping, parse_mapping
 from .store import OutboxStart, SqlTriggerStore, StoredTrigger, loads_column

@@ -22,9 +22,9 @@ from __future__ import annotations
 import typing
 from dataclasses import dataclass
 
+from ..conditions.paths import MISSING, parse_path, select
+from ..conditions.values import check_value, describe, names, parse_tagged
 from ..errors import InvalidFieldError
-from ._values import check_value, describe, names, parse_tagged
-from .paths import MISSING, parse_path, select
 
 __all__ = [
     "ENVELOPE_STATES",

@@ -20,10 +20,10 @@ from sqlalchemy.sql.elements import ColumnElement
 
 from .._bounded import bounded_counts
 from .._sql import SqlDatabase, after_position
+from ..conditions import condition_to_json, parse_condition
 from ..errors import InvalidFieldError
 from ..workflows._schema import executions_table
 from ._schema import TRIGGER_TABLES, fires_table, outbox_table, triggers_table
-from .conditions import condition_to_json, parse_condition
 from .definitions import QUEUE_FIELDS, CompletionTrigger, parse_terminal_states
 from .mappings import mapping_to_json, parse_mapping
 

@@ -91,6 +91,8 @@ def create_subscription() -> tuple[Response, int]:
         secret=body.get("secret"),
         subscription_id=body.get("id"),
         description=body["description"],
+        payload_filter=body.get("payload_filter"),
+        headers=body.get("headers"),
     )
     # The one response that shows the secret: the caller must store it now.
     shown = {**created.subscription.to_dict(), "secret": created.secret}
@@ -113,6 +115,10 @@ def update_subscription(subscription_id: str) -> Response:
         event_topics=body.get("event_topics"),
         description=body.get("description"),
         status=WebhookSubscriptionStatus(status) if status else None,
+        payload_filter=body.get("payload_filter"),
+        # An explicit null removes the filter; leaving the key out keeps it.
+        remove_payload_filter="payload_filter" in body and body["payload_filter"] is None,
+        headers=body.get("headers"),
     )
     return jsonify(_with_warnings(updated.to_dict(), operations.topic_warnings(body.get("event_topics"))))
 

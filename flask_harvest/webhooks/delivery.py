@@ -30,6 +30,7 @@ from .models import (
     DeliveryLog,
     DeliveryState,
     WebhookSubscriptionStatus,
+    reserved_header,
 )
 from .stores.base import DeliverySchedule, OutboundWebhookHandler, Outcome, Recorded
 
@@ -202,6 +203,15 @@ class DeliveryRunner:
                 signature_header=self.settings.webhooks_signature_header,
             ),
         }
+        if subscription.headers:
+            # Validated when set; checked again here because the signature header may have been
+            # configured differently since: a custom header never replaces one of ours.
+            signature_header = self.settings.webhooks_signature_header
+            headers.update(
+                (name, value)
+                for name, value in subscription.headers.items()
+                if not reserved_header(name, signature_header)
+            )
         started_at = utcnow()
         response = self.transport.post_or_error(subscription.target_url, body, headers)
         if observe is not None:

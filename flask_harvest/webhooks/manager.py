@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+import json
 import logging
 import uuid
 from collections.abc import Callable, Sequence
@@ -40,6 +42,12 @@ SkipListener = Callable[[Sequence[DeliveryLog]], None]
 # Delivery ids of relayed outbox messages are uuid5(namespace, "<message id>/<subscription id>"):
 # relaying a message twice derives the same ids, so it cannot create a second delivery.
 _OUTBOX_NAMESPACE = uuid.UUID("6f0d8a52-3c1e-4b8e-9a0f-5e2b7c1d4a90")
+
+
+def _decoder(body: str) -> Callable[[], Any]:
+    """The payload ``body`` encodes, decoded on the first call only: only the subscriptions with a
+    filter ask for it, and a dispatch to those without one never decodes."""
+    return functools.cache(lambda: json.loads(body))
 
 
 def outbox_delivery_id(message_id: str, subscription_id: str) -> str:
@@ -93,7 +101,9 @@ class OutboundWebhookManager:
 
         The payload is serialised to JSON once; those bytes are stored and sent on every attempt.
         One delivery log per matching subscription is written in one round trip: ``PENDING`` for
-        an active one, ``SKIPPED`` for a disabled or failed one (their ids are not returned). Then
+        an active one, ``SKIPPED`` for a disabled or failed one (their ids are not returned). A
+        subscription whose payload filter does not hold on the payload (as JSON decodes it) gets
+        no delivery at all. Then
         the pending deliveries are queued in one round trip (the ``rq`` backend carries up to
         ``HARVEST_WORKER_CONCURRENCY`` / 4 of them per job).
 
@@ -119,11 +129,14 @@ class OutboundWebhookManager:
 
     def _dispatch(self, topic: str, body: str, trace_context: str | None) -> list[str]:
         now = utcnow()
+        payload = _decoder(body)
         # Fresh ids: the store may insert them without a duplicate check, in the transaction that
         # reads the subscriptions.
         pairs = self.store.log_deliveries_for_topic(
             topic,
-            lambda subscription: self._delivery(topic, body, subscription, now, new_id("msg"), trace_context),
+            lambda subscription: self._delivery(
+                topic, body, payload, subscription, now, new_id("msg"), trace_context
+            ),
         )
         deliveries = [delivery for _, delivery in pairs]
         pending = [d for d in deliveries if d.state is DeliveryState.PENDING]
@@ -230,11 +243,14 @@ class OutboundWebhookManager:
         # Only the subscriptions of the batch's topics, from the topic index.
         by_topic = self.store.subscriptions_for_topics([m.topic for m in messages])
         now = utcnow()
-        deliveries = [
-            self._delivery(m.topic, m.payload, s, now, outbox_delivery_id(m.id, s.id), m.trace_context)
-            for m in messages
+        built = (
+            self._delivery(
+                m.topic, m.payload, payload, s, now, outbox_delivery_id(m.id, s.id), m.trace_context
+            )
+            for m, payload in ((m, _decoder(m.payload)) for m in messages)
             for s in by_topic[m.topic]
-        ]
+        )
+        deliveries = [delivery for delivery in built if delivery is not None]
         subscriptions = {s.id: s for matched in by_topic.values() for s in matched}
         inserted = set(self.store.log_deliveries(deliveries))
         pending_ids = [d.id for d in deliveries if d.state is DeliveryState.PENDING]
@@ -269,11 +285,17 @@ class OutboundWebhookManager:
         self,
         topic: str,
         body: str,
+        payload: Callable[[], Any],
         subscription: WebhookSubscription,
         now: datetime,
         delivery_id: str,
         trace_context: str | None = None,
-    ) -> DeliveryLog:
+    ) -> DeliveryLog | None:
+        """The delivery of one event to one subscription of its topic, or ``None`` when the
+        subscription's payload filter does not hold on the event's payload: the one place both
+        dispatch and the outbox relay decide that."""
+        if not subscription.wants(payload):
+            return None
         active = subscription.is_active
         return DeliveryLog(
             id=delivery_id,

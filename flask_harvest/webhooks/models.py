@@ -9,6 +9,8 @@ from __future__ import annotations
 import base64
 import dataclasses
 import enum
+import re
+import typing
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -17,9 +19,17 @@ from typing import Any, NamedTuple
 
 from .._input import check_id
 from .._time import utcnow as utcnow  # re-exported: callers that imported it from here keep working
+from ..conditions import Condition, condition_to_json, evaluate, parse_condition, validate_condition
 from ..errors import InvalidFieldError, InvalidSecretError
 from ..outbound.attempt import DeliveryState as DeliveryState
-from ..outbound.signing import SECRET_PREFIX, secret_key
+from ..outbound.signing import (
+    DEFAULT_SIGNATURE_HEADER,
+    SECRET_PREFIX,
+    WEBHOOK_ID,
+    WEBHOOK_SIGNATURE,
+    WEBHOOK_TIMESTAMP,
+    secret_key,
+)
 from ..outbound.ssrf import MAX_URL_LENGTH as MAX_URL_LENGTH
 from ..outbound.ssrf import SsrfRejection, parse_url
 from .topics import topic_matches, validate_topic
@@ -32,6 +42,43 @@ MAX_DESCRIPTION_LENGTH = 2048
 _MAX_COUNT = 2**31 - 1
 # Room for the API's 1,024-character secrets in their whsec_ form (standard_secret).
 _MAX_SECRET_LENGTH = 8192
+
+#: The most custom headers a subscription may have.
+MAX_HEADERS = 20
+#: The longest custom header name.
+MAX_HEADER_NAME_LENGTH = 64
+#: The longest custom header value.
+MAX_HEADER_VALUE_LENGTH = 1024
+#: The most characters a subscription's custom headers hold together (names and values).
+MAX_HEADERS_TOTAL = 4096
+#: Header names a subscription cannot set, lower case: the hop-by-hop and framing headers (the
+#: transport owns them), and those every delivery sets itself (its body type, its agent, the Standard
+#: Webhooks headers and the default Stripe-style signature header). A configured signature header
+#: (``HARVEST_WEBHOOKS_SIGNATURE_HEADER``) is refused too, where the settings are known.
+RESERVED_HEADERS = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "transfer-encoding",
+        "te",
+        "trailer",
+        "upgrade",
+        "host",
+        "content-length",
+        "content-type",
+        "user-agent",
+        WEBHOOK_ID,
+        WEBHOOK_TIMESTAMP,
+        WEBHOOK_SIGNATURE,
+        DEFAULT_SIGNATURE_HEADER.lower(),
+    }
+)
+#: A header name: an RFC 7230 token.
+_TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
+#: A header value as it is sent: visible ASCII, with single spaces or tabs inside. Control
+#: characters (CR and LF above all) would split the request; other text is encoded differently by
+#: HTTP clients and servers, so it is refused rather than garbled.
+_HEADER_VALUE = re.compile(r"(?:[!-~]+(?:[ \t]+[!-~]+)*)?")
 
 
 def new_id(prefix: str) -> str:
@@ -202,6 +249,83 @@ def _validate_status(value: object) -> WebhookSubscriptionStatus:
         raise InvalidFieldError("status", f"must be one of {allowed}") from None
 
 
+def reserved_header(name: str, signature_header: str = DEFAULT_SIGNATURE_HEADER) -> bool:
+    """Whether a subscription may not set the header ``name`` (in any case), with deliveries
+    signed under ``signature_header``."""
+    lowered = name.lower()
+    return lowered in RESERVED_HEADERS or lowered.startswith("proxy-") or lowered == signature_header.lower()
+
+
+def validate_headers(
+    value: object, field_name: str = "headers", *, signature_header: str = DEFAULT_SIGNATURE_HEADER
+) -> dict[str, str]:
+    """Return ``value`` as a new dict if it is a valid set of custom headers, else raise.
+
+    A mapping of at most :data:`MAX_HEADERS` names (RFC 7230 tokens of at most
+    :data:`MAX_HEADER_NAME_LENGTH` characters, none reserved (:func:`reserved_header`), no two the
+    same but for case) to values (visible ASCII with inner spaces or tabs, at most
+    :data:`MAX_HEADER_VALUE_LENGTH` characters), :data:`MAX_HEADERS_TOTAL` characters in all.
+
+    :raises InvalidFieldError: the message names the header, never shows a value.
+    """
+    if not isinstance(value, Mapping):
+        raise InvalidFieldError(field_name, "must be an object of header names to values")
+    if len(value) > MAX_HEADERS:
+        raise InvalidFieldError(field_name, f"may hold at most {MAX_HEADERS} headers")
+    headers: dict[str, str] = {}
+    seen: set[str] = set()
+    total = 0
+    for name, text in value.items():
+        if not isinstance(name, str) or not _TOKEN.fullmatch(name) or len(name) > MAX_HEADER_NAME_LENGTH:
+            shown = f"{name!r:.80}" if isinstance(name, str) else type(name).__name__
+            raise InvalidFieldError(
+                field_name,
+                f"{shown} is not a header name: use 1 to {MAX_HEADER_NAME_LENGTH} letters, digits or "
+                "!#$%&'*+-.^_`|~",
+            )
+        if reserved_header(name, signature_header):
+            raise InvalidFieldError(
+                field_name,
+                f"{name!r} cannot be set: hop-by-hop, framing and proxy headers belong to the transport, "
+                "and the content type, user agent and signature headers to every delivery",
+            )
+        if name.lower() in seen:
+            raise InvalidFieldError(field_name, f"{name!r} is given twice (header names ignore case)")
+        seen.add(name.lower())
+        if not isinstance(text, str):
+            raise InvalidFieldError(field_name, f"the value of {name!r} must be a string")
+        if len(text) > MAX_HEADER_VALUE_LENGTH:
+            raise InvalidFieldError(
+                field_name, f"the value of {name!r} must be at most {MAX_HEADER_VALUE_LENGTH} characters"
+            )
+        if not _HEADER_VALUE.fullmatch(text):
+            raise InvalidFieldError(
+                field_name,
+                f"the value of {name!r} must be visible ASCII characters, with spaces or tabs only "
+                "between them (no line breaks, NUL or other control characters)",
+            )
+        total += len(name) + len(text)
+        headers[name] = text
+    if total > MAX_HEADERS_TOTAL:
+        raise InvalidFieldError(
+            field_name, f"the headers hold {total} characters, more than {MAX_HEADERS_TOTAL} in all"
+        )
+    return headers
+
+
+def validate_filter(value: object, field_name: str = "payload_filter") -> Condition | None:
+    """Return a payload filter: ``None`` (none), a condition, or a condition's JSON form, checked
+    like a trigger's guard (:func:`~flask_harvest.conditions.parse_condition`, with its caps).
+
+    :raises InvalidFieldError: the message says where the condition is wrong.
+    """
+    if value is None:
+        return None
+    if isinstance(value, Mapping):
+        return parse_condition(dict(value), field=field_name)
+    return validate_condition(typing.cast(Condition, value), field=field_name)
+
+
 def _validate_count(value: object) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= _MAX_COUNT:
         raise InvalidFieldError("consecutive_failures", f"must be an integer from 0 to {_MAX_COUNT}")
@@ -223,6 +347,8 @@ _SUBSCRIPTION_VALIDATORS: dict[str, Callable[[Any], Any]] = {
     "updated_at": lambda v: validate_datetime(v, "updated_at"),
     "previous_secret": lambda v: None if v is None else validate_secret(v, "previous_secret"),
     "previous_secret_expires_at": lambda v: validate_datetime(v, "previous_secret_expires_at", optional=True),
+    "payload_filter": validate_filter,
+    "headers": validate_headers,
 }
 
 
@@ -247,6 +373,13 @@ class WebhookSubscription:
     #: The secret before the last rotation; deliveries are signed with it too until it expires.
     previous_secret: str | None = field(default=None, repr=False, metadata=PRIVATE)
     previous_secret_expires_at: datetime | None = None
+    #: Deliveries are made only of the payloads this condition holds on; ``None``: every payload.
+    #: Given as a condition or its JSON form; kept as a condition.
+    #: (Left out of the hash, as the headers are: a comparison value may be a JSON object.)
+    payload_filter: Condition | None = field(default=None, hash=False)
+    #: Sent with every delivery, as they are (not secrets: they are shown wherever the
+    #: subscription is). Names may not be reserved (:func:`reserved_header`).
+    headers: Mapping[str, str] = field(default_factory=dict, hash=False)
 
     def __post_init__(self) -> None:
         for name, check in _SUBSCRIPTION_VALIDATORS.items():
@@ -279,13 +412,27 @@ class WebhookSubscription:
         """Return whether this subscription wants events of ``topic``."""
         return any(topic_matches(pattern, topic) for pattern in self.event_topics)
 
+    def wants(self, payload: Callable[[], Any]) -> bool:
+        """Return whether this subscription takes an event with the payload ``payload()`` returns
+        (the decoded JSON): called only when there is a filter, so a payload is decoded only for
+        subscriptions that filter."""
+        return self.payload_filter is None or evaluate(self.payload_filter, payload())
+
     def replace(self, **changes: Any) -> WebhookSubscription:
         """Return a copy with ``changes`` applied and validated."""
         return dataclasses.replace(self, **changes)
 
     def to_dict(self) -> dict[str, Any]:
-        """Return the subscription as JSON-ready data, without its secrets."""
-        return json_fields(self)
+        """Return the subscription as JSON-ready data, without its secrets; the payload filter in
+        its JSON form."""
+        data = json_fields(self)
+        data["payload_filter"] = filter_json(self.payload_filter)
+        return data
+
+
+def filter_json(condition: Condition | None) -> dict[str, Any] | None:
+    """Return a payload filter's JSON form, ``None`` for none."""
+    return condition_to_json(condition) if condition is not None else None
 
 
 @dataclass(frozen=True)
@@ -295,24 +442,35 @@ class SubscriptionChanges:
     A store applies it to the stored row as it is at that moment, writing only these fields, so
     an edit never undoes what a worker wrote meanwhile (a failure counted, a status set). Each
     field is validated like the subscription's own. Setting ``status`` to ``ACTIVE`` also clears
-    the failure count.
+    the failure count. ``headers`` replaces all of them (``{}`` removes them);
+    ``remove_payload_filter`` removes the filter (it cannot be given with one).
     """
 
     target_url: str | None = None
     event_topics: Sequence[str] | None = None
     description: str | None = None
     status: WebhookSubscriptionStatus | None = None
+    payload_filter: Condition | Mapping[str, Any] | None = None
+    headers: Mapping[str, str] | None = None
+    remove_payload_filter: bool = False
 
     def __post_init__(self) -> None:
+        if not isinstance(self.remove_payload_filter, bool):
+            raise InvalidFieldError("remove_payload_filter", "must be true or false")
+        if self.remove_payload_filter and self.payload_filter is not None:
+            raise InvalidFieldError("payload_filter", "give a new filter or remove the filter, not both")
         for item in dataclasses.fields(self):
             value = getattr(self, item.name)
-            if value is not None:
+            if value is not None and item.name in _SUBSCRIPTION_VALIDATORS:
                 object.__setattr__(self, item.name, _SUBSCRIPTION_VALIDATORS[item.name](value))
 
     def values(self) -> dict[str, Any]:
         """Return the subscription fields this edit sets, as the model types them."""
         values = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        del values["remove_payload_filter"]
         values = {name: value for name, value in values.items() if value is not None}
+        if self.remove_payload_filter:
+            values["payload_filter"] = None
         if self.status is WebhookSubscriptionStatus.ACTIVE:
             values["consecutive_failures"] = 0
         return values

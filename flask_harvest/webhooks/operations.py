@@ -4,13 +4,14 @@ blueprint and the CLI are thin over it."""
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
 from .._input import check_number, id_problem, text_problem, to_utc
 from .._time import utcnow
+from ..conditions import Condition
 from ..config import Settings
 from ..errors import (
     ConfigurationError,
@@ -35,6 +36,8 @@ from .models import (
     WebhookSubscription,
     WebhookSubscriptionStatus,
     standard_secret,
+    validate_filter,
+    validate_headers,
 )
 from .outbox import SqlOutbox
 from .stores.base import DlqCursor, OutboundWebhookHandler
@@ -195,6 +198,11 @@ class WebhookOperations:
     def _check_target(self, url: str) -> None:
         validate_target(url, self.settings.ssrf_policy)
 
+    def _check_headers(self, headers: Mapping[str, str] | None) -> None:
+        # The model refuses the default signature header; this one is configured.
+        if headers is not None:
+            validate_headers(headers, signature_header=self.settings.webhooks_signature_header)
+
     def create_subscription(
         self,
         *,
@@ -203,12 +211,17 @@ class WebhookOperations:
         secret: str | None = None,
         subscription_id: str | None = None,
         description: str = "",
+        payload_filter: Condition | Mapping[str, Any] | None = None,
+        headers: Mapping[str, str] | None = None,
     ) -> NewSecret:
         """Validate and store a subscription; a missing secret is generated.
 
         A secret without the ``whsec_`` prefix is stored in that form (:func:`standard_secret`: the
         same signing key), so that every receiver library can verify with the secret returned.
 
+        :param payload_filter: a condition (or its JSON form): deliveries are made only of the
+            payloads it holds on. ``None``: every payload.
+        :param headers: custom headers sent with every delivery (not secrets: they are shown).
         :raises InvalidFieldError: a field is invalid, or the URL is refused by the SSRF policy.
         :raises DuplicateSubscriptionError: the id is taken.
         """
@@ -219,8 +232,11 @@ class WebhookOperations:
             event_topics=tuple(event_topics) if isinstance(event_topics, list | tuple) else event_topics,
             secret=secret if secret is not None else generate_secret(),
             description=description,
+            payload_filter=validate_filter(payload_filter),
+            headers={} if headers is None else headers,
             **extra,
         )
+        self._check_headers(subscription.headers)
         self._check_target(target_url)
         chosen = standard_secret(subscription.secret)
         subscription = subscription.replace(secret=chosen)
@@ -307,10 +323,16 @@ class WebhookOperations:
         event_topics: Sequence[str] | None = None,
         description: str | None = None,
         status: WebhookSubscriptionStatus | None = None,
+        payload_filter: Condition | Mapping[str, Any] | None = None,
+        remove_payload_filter: bool = False,
+        headers: Mapping[str, str] | None = None,
     ) -> WebhookSubscription:
-        """Change a subscription's URL, topics, description or status (enable/disable).
+        """Change a subscription's URL, topics, description, status (enable/disable), payload
+        filter or custom headers; what is ``None`` is kept.
 
         Enabling clears the failure count. A ``failed`` status cannot be set by hand.
+        ``remove_payload_filter`` removes the filter; ``headers`` replaces every custom header
+        (``{}`` removes them). Everything is validated before anything is written.
         """
         if target_url is not None:
             self._check_target(target_url)
@@ -320,8 +342,15 @@ class WebhookOperations:
             )
         # Validated before anything is written; the store writes only the fields given.
         changes = SubscriptionChanges(
-            target_url=target_url, event_topics=event_topics, description=description, status=status
+            target_url=target_url,
+            event_topics=event_topics,
+            description=description,
+            status=status,
+            payload_filter=payload_filter,
+            remove_payload_filter=remove_payload_filter,
+            headers=headers,
         )
+        self._check_headers(changes.headers)
         if not changes.values():
             return self.get_subscription(subscription_id)
         return self.store.update_subscription(_lookup(subscription_id, SubscriptionNotFoundError), changes)

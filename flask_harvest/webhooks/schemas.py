@@ -12,8 +12,9 @@ from typing import Any
 from marshmallow import Schema, ValidationError, fields, validate, validates_schema
 
 from .._input import text_problem, to_utc
+from ..conditions import parse_condition
 from ..errors import InvalidFieldError
-from .models import MAX_DESCRIPTION_LENGTH, MAX_ID_LENGTH, MAX_URL_LENGTH
+from .models import MAX_DESCRIPTION_LENGTH, MAX_HEADERS, MAX_ID_LENGTH, MAX_URL_LENGTH, validate_headers
 from .operations import MAX_BULK_REPLAY, MAX_DLQ_PAGE, MAX_GRACE_SECONDS
 
 _ID = validate.Length(min=1, max=MAX_ID_LENGTH)
@@ -56,12 +57,54 @@ class UtcDateTime(fields.AwareDateTime):
             raise ValidationError(exc.message) from None
 
 
+class PayloadFilter(fields.Dict):
+    """A payload filter: a condition's JSON form, checked like a trigger's guard (operators,
+    shapes, paths, caps); ``null`` for none."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        description = (
+            "a condition (the completion triggers' language: Eq, In, GreaterThan, All, Any, Not, "
+            "Exists, ...): a delivery is made only of the payloads it holds on; null: every payload"
+        )
+        super().__init__(allow_none=True, metadata={"description": description}, **kwargs)
+
+    def _deserialize(self, value: Any, attr: str | None, data: Any, **kwargs: Any) -> dict[str, Any]:
+        # Checked here so the answer is the schema's 422 naming the field; the JSON form is kept
+        # (the operations parse it again, as they do for any caller).
+        try:
+            parse_condition(value, field=attr or "payload_filter")
+        except InvalidFieldError as exc:
+            raise ValidationError(exc.message) from None
+        return dict(value)
+
+
+class Headers(fields.Dict):
+    """Custom headers: names to values, checked as :func:`~.models.validate_headers` does."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        description = (
+            f"header names to values sent with every delivery (at most {MAX_HEADERS}; not secrets: "
+            "they are shown wherever the subscription is)"
+        )
+        super().__init__(
+            keys=fields.String(), values=fields.String(), metadata={"description": description}, **kwargs
+        )
+
+    def _deserialize(self, value: Any, attr: str | None, data: Any, **kwargs: Any) -> dict[str, str]:
+        try:
+            return validate_headers(value, attr or "headers")
+        except InvalidFieldError as exc:
+            raise ValidationError(exc.message) from None
+
+
 class SubscriptionCreateSchema(Schema):
     id = Text(validate=_ID)
     target_url = Text(required=True, validate=_URL)
     event_topics = fields.List(Text(validate=_ID), required=True, validate=validate.Length(min=1, max=100))
     secret = Text(validate=validate.Length(min=1, max=1024))
     description = Text(load_default="", validate=_DESCRIPTION)
+    payload_filter = PayloadFilter()
+    headers = Headers()
 
 
 class SubscriptionPatchSchema(Schema):
@@ -69,11 +112,17 @@ class SubscriptionPatchSchema(Schema):
     event_topics = fields.List(Text(validate=_ID), validate=validate.Length(min=1, max=100))
     description = Text(validate=_DESCRIPTION)
     status = Text(validate=validate.OneOf(["active", "disabled"]))
+    #: ``null`` removes the filter.
+    payload_filter = PayloadFilter()
+    #: Replaces every custom header; ``{}`` removes them.
+    headers = Headers()
 
     @validates_schema
     def _not_empty(self, data: dict[str, Any], **kwargs: Any) -> None:
         if not data:
-            raise ValidationError("give at least one of target_url, event_topics, description, status")
+            raise ValidationError(
+                "give at least one of target_url, event_topics, description, status, payload_filter, headers"
+            )
 
 
 class RotateSecretSchema(Schema):

@@ -27,6 +27,7 @@ from ..._sql import UTCDateTime as UTCDateTime
 from ..._sql import drop_indexes_sql
 from ..._sql import metadata as metadata
 from ..._sql import schema_sql as _schema_sql
+from ...conditions import parse_condition
 from ..models import (
     MAX_ID_LENGTH,
     MAX_URL_LENGTH,
@@ -35,6 +36,7 @@ from ..models import (
     DeliveryState,
     WebhookSubscription,
     WebhookSubscriptionStatus,
+    filter_json,
 )
 from ..topic_index import MAX_KEY_LENGTH, pattern_key
 
@@ -62,6 +64,10 @@ subscriptions_table = Table(
     # After a rotation, the old secret still signs deliveries until it expires.
     Column("previous_secret", Text, nullable=True),
     Column("previous_secret_expires_at", UTCDateTime, nullable=True),
+    # The payload filter's JSON form; NULL: every payload (rows of earlier versions too).
+    Column("payload_filter", JSON(none_as_null=True), nullable=True),
+    # The custom headers, a JSON object; NULL (rows of earlier versions): none.
+    Column("headers", JSON(none_as_null=True), nullable=True),
     # The dashboard's subscription list, oldest first, a keyset walk.
     Index("ix_harvest_webhook_subscriptions_created", "created_at", "id"),
     # The overview's failing and disabled subscriptions: the few rows TROUBLED selects.
@@ -240,6 +246,10 @@ def subscription_column_values(values: Mapping[str, Any]) -> dict[str, Any]:
         columns["event_topics"] = list(columns["event_topics"])
     if "status" in columns:
         columns["status"] = WebhookSubscriptionStatus(columns["status"]).value
+    if "payload_filter" in columns:
+        columns["payload_filter"] = filter_json(columns["payload_filter"])
+    if "headers" in columns:
+        columns["headers"] = dict(columns["headers"])
     return columns
 
 
@@ -271,6 +281,10 @@ def row_to_subscription(row: Row[Any]) -> WebhookSubscription:
     values = row._asdict()
     values["event_topics"] = tuple(values["event_topics"])
     values["status"] = WebhookSubscriptionStatus(values["status"])
+    # Parsed, not validated again: the condition was checked when it was stored.
+    stored_filter = values["payload_filter"]
+    values["payload_filter"] = None if stored_filter is None else parse_condition(stored_filter)
+    values["headers"] = dict(values["headers"] or {})
     return WebhookSubscription.from_trusted(values)
 
 

@@ -297,17 +297,19 @@ class OutboundWebhookHandler(abc.ABC):
         """
 
     def log_deliveries_for_topic(
-        self, topic: str, build: Callable[[WebhookSubscription], DeliveryLog]
+        self, topic: str, build: Callable[[WebhookSubscription], DeliveryLog | None]
     ) -> list[tuple[WebhookSubscription, DeliveryLog]]:
         """Log one delivery, made by ``build``, per subscription whose topics select ``topic``
-        (whatever its status); return the ``(subscription, delivery)`` pairs.
+        (whatever its status) and for which ``build`` returns one (``None``: that subscription
+        takes no delivery); return the ``(subscription, delivery)`` pairs.
 
         ``build`` must give every delivery a new id: a store may insert without looking for
         existing ones, unlike :meth:`log_deliveries`. This default calls
         :meth:`subscriptions_for_topic` and :meth:`log_deliveries`; the SQL store does both in
         one transaction.
         """
-        pairs = [(subscription, build(subscription)) for subscription in self.subscriptions_for_topic(topic)]
+        built = ((subscription, build(subscription)) for subscription in self.subscriptions_for_topic(topic))
+        pairs = [(subscription, delivery) for subscription, delivery in built if delivery is not None]
         self.log_deliveries([delivery for _, delivery in pairs])
         return pairs
 

@@ -168,7 +168,7 @@ class SqlOutboundWebhookStore(OutboundWebhookHandler):
         return self._deliveries.log_deliveries(deliveries)
 
     def log_deliveries_for_topic(
-        self, topic: str, build: Callable[[WebhookSubscription], DeliveryLog]
+        self, topic: str, build: Callable[[WebhookSubscription], DeliveryLog | None]
     ) -> list[tuple[WebhookSubscription, DeliveryLog]]:
         return self._deliveries.log_deliveries_for_topic(topic, build)
 

@@ -84,14 +84,15 @@ class DeliveryPipeline:
             return self._insert_deliveries(conn, deliveries)
 
     def log_deliveries_for_topic(
-        self, topic: str, build: Callable[[WebhookSubscription], DeliveryLog]
+        self, topic: str, build: Callable[[WebhookSubscription], DeliveryLog | None]
     ) -> list[tuple[WebhookSubscription, DeliveryLog]]:
         # One transaction, and a plain INSERT: the ids are new, so neither ON CONFLICT nor
         # RETURNING (which only the outbox relay needs) is worth its cost here. An executemany of
         # one prebuilt statement: psycopg pipelines the rows in one round trip, and building a
         # multi-row VALUES statement per call measured 2 to 3 times slower in Python.
         with self.db.transaction("log deliveries") as conn:
-            pairs = [(s, build(s)) for s in self.subscriptions.matching(conn, topic)]
+            built = ((s, build(s)) for s in self.subscriptions.matching(conn, topic))
+            pairs = [(s, delivery) for s, delivery in built if delivery is not None]
             if pairs:
                 conn.execute(INSERT_DELIVERY, [delivery_values(delivery) for _, delivery in pairs])
         return pairs

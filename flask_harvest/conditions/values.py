@@ -1,4 +1,4 @@
-"""JSON value checks shared by the trigger cores. Pure."""
+"""JSON value checks shared by the condition language and the trigger cores. Pure."""
 
 from __future__ import annotations
 
@@ -105,7 +105,7 @@ def parse_tagged(
 ) -> tuple[str, dict[str, Any]]:
     """Check an adjacently tagged object ``{"type", "data"}`` and return its type and the object.
 
-    Both trigger parsers (conditions, input mappings) take this one JSON shape, so they refuse it
+    Both parsers (conditions, the triggers' input mappings) take this one JSON shape, so they refuse it
     the same way. ``kinds`` are the accepted types, ``noun`` names one in errors ("an operator");
     ``where`` locates the object in errors (``None``: the field itself). ``"data"`` is not checked:
     whether it is required depends on the type.
