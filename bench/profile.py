@@ -27,7 +27,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from flask_harvest import get_engine
+from flask_harvest import get_engine, workflow_service
 from flask_harvest.webhooks import outcome
 from flask_harvest.webhooks.models import utcnow
 
@@ -221,6 +221,7 @@ def profile_workflow(count: int) -> None:
 def profile_start(count: int) -> None:
     """One workflow start after another, as S9's harness makes them: the app context, the INSERT
     and the RQ enqueue (no worker runs)."""
+    from bench._app import NOOP3
     from bench._workflow_runs import harvest_starter
 
     ctx = _context()
@@ -232,6 +233,16 @@ def profile_start(count: int) -> None:
         start(number)
     wall, used = time.perf_counter() - started, time.process_time() - cpu
     print(f"start: {1000 * wall / count:.2f} ms wall, {1000 * used / count:.2f} ms CPU per call")
+    app = ctx.apps[-1]
+    with app.app_context():
+        service = workflow_service(app)
+        started, cpu = time.perf_counter(), time.process_time()
+        for first in range(0, count, 100):
+            service.start_many(NOOP3, [{"n": n} for n in range(first, min(first + 100, count))])
+        wall, used = time.perf_counter() - started, time.process_time() - cpu
+    print(
+        f"start_many, 100 a call: {1000 * wall / count:.2f} ms wall, {1000 * used / count:.2f} ms CPU per run"
+    )
     _pyinstrument("workflow start", lambda: [start(number) for number in range(count)])
     ctx.close_apps()
 

@@ -4,6 +4,7 @@ reuse policy, cooperative cancel, and terminate."""
 from __future__ import annotations
 
 import uuid
+from collections.abc import Sequence
 from datetime import datetime
 from functools import partial
 from typing import Any
@@ -41,6 +42,8 @@ class Runs:
             .on_conflict_do_nothing(index_elements=[_ex.c.workflow_id], index_where=text(_OPEN))
             .returning(*_ex.c)
         )
+        # Several new keys at once: one multi-row INSERT, its rows returned in the order given.
+        self._insert_many = core.db.insert(_ex).returning(*_ex.c, sort_by_parameter_order=True)
 
     def start(
         self,
@@ -106,6 +109,54 @@ class Runs:
                         self.core.note_started(conn, execution_id)
                     return row_to_execution(row), True
         raise StoreError(f"could not start workflow_id {key!r}: its open run kept changing; try again")
+
+    def start_many(
+        self,
+        name: str,
+        inputs: Sequence[JsonValue],
+        workflow_ids: Sequence[str] | None = None,
+        *,
+        now: datetime,
+        deadline: datetime | None = None,
+        completion_callbacks: JsonValue = None,
+        max_input_bytes: int | None = None,
+        queue: StartQueue | None = None,
+    ) -> list[Execution]:
+        # workflow_ids: keys that have no runs (the sharded store's, made to route to this shard).
+        if isinstance(inputs, (str, bytes)) or not isinstance(inputs, Sequence):
+            raise InvalidFieldError("inputs", f"must be a list of inputs, not {type(inputs).__name__}")
+        texts = [encode_json(value, field="input", max_bytes=max_input_bytes) for value in inputs]
+        check_key("name", name)
+        if workflow_ids is None:
+            keys = [str(uuid.uuid4()) for _ in texts]
+        else:
+            keys = list(workflow_ids)
+            if len(keys) != len(texts):
+                raise InvalidFieldError("workflow_ids", "must be as many as the inputs")
+            for key in keys:
+                check_id(key, "workflow_id", max_chars=NAME_LENGTH)
+        if not texts:
+            return []
+        rows = [
+            _row_values(
+                self.core.new_execution_id(),
+                key,
+                name=name,
+                input_text=text,
+                now=now,
+                deadline=deadline,
+                trigger_depth=0,
+                completion_callbacks=completion_callbacks,
+                queue=queue,
+                parent=None,
+                trace_context=tracing.started(name),
+            )
+            for key, text in zip(keys, texts, strict=True)
+        ]
+        # One transaction: every run exists, or (a key with an open run, a lost connection) none.
+        with self.core.transaction("start workflow executions") as c:
+            found = c.execute(self._insert_many, rows).all()
+        return [row_to_execution(row) for row in found]
 
     def request_cancel(self, execution_id: str, reason: str | None = None, *, now: datetime) -> Execution:
         check_reason(reason)
