@@ -84,7 +84,7 @@ def test_quick_workflow_benchmarks_compare_with_dbos(tmp_path: Path) -> None:
     report, _ = run_bench(
         tmp_path / "s8s9.json",
         "S8,S9",
-        timeout=400,
+        timeout=600,  # about 2 minutes on an idle machine; S9 runs 7 drains
         HARVEST_BENCH_DBOS_URL="postgresql+psycopg://postgres@127.0.0.1:5432/harvest_bench_dbos_test",
     )
     for scenario in ("S8", "S9"):
