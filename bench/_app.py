@@ -3,7 +3,8 @@ the SQL store, the ``rq`` backend and durable workflows (S8, S9, S10). Workers r
 
     flask --app bench._app:create_app harvest worker --concurrency N
 
-``BENCH_APP_CONFIG`` (a JSON object) adds or overrides config keys, e.g. a per-subscription cap.
+``BENCH_APP_CONFIG`` (a JSON object) adds or overrides config keys, e.g. a per-subscription cap;
+a key given as ``null`` is removed, so the package's default applies (S9's default-settings rows).
 """
 
 from __future__ import annotations
@@ -52,6 +53,17 @@ def noop3(ctx: WorkflowContext, value: Any) -> Any:
 
 
 workflows.workflow(NOOP3)(noop3)
+#: S9's longer workflow: ten no-op steps (DBOS runs the same in ``bench._dbos_app``).
+NOOP10 = "bench_noop10"
+
+
+@workflows.workflow(NOOP10)
+def noop10(ctx: WorkflowContext, value: Any) -> Any:
+    for number in range(10):
+        ctx.step(f"step{number}", noop_step, number)
+    return value
+
+
 #: S18's queue (no queue-wide limit: its runs carry their key limits).
 BENCH_QUEUE = "bench_queue"
 workflows.queue(BENCH_QUEUE)
@@ -94,11 +106,19 @@ def base_config() -> dict[str, Any]:
     }
 
 
+def _configure(app: Flask, *layers: dict[str, Any] | None) -> None:
+    """Apply config ``layers`` in order; a ``None`` value removes its key (the default applies)."""
+    for layer in layers:
+        for key, value in (layer or {}).items():
+            if value is None:
+                app.config.pop(key, None)
+            else:
+                app.config[key] = value
+
+
 def create_app(config: dict[str, Any] | None = None) -> Flask:
     app = Flask("bench")
-    app.config.update(base_config())
-    app.config.update(json.loads(os.environ.get(CONFIG_ENV, "{}")))
-    app.config.update(config or {})
+    _configure(app, base_config(), json.loads(os.environ.get(CONFIG_ENV, "{}")), config)
     db.init_app(app)
     harvest.init_app(app)
     return app
@@ -125,10 +145,7 @@ def create_workflow_app(config: dict[str, Any] | None = None) -> Flask:
     """The app with workflows and completion callbacks; workers run it as
     ``flask --app bench._app:create_workflow_app harvest worker``."""
     app = Flask("bench_workflows")
-    app.config.update(base_config())
-    app.config.update(workflow_config())
-    app.config.update(json.loads(os.environ.get(CONFIG_ENV, "{}")))
-    app.config.update(config or {})
+    _configure(app, base_config(), workflow_config(), json.loads(os.environ.get(CONFIG_ENV, "{}")), config)
     db.init_app(app)
     harvest.init_app(app)
     return app

@@ -19,6 +19,8 @@ from ._services import DBOS_DATABASE_URL
 
 QUEUE = "bench"
 WORKFLOW = "bench_noop3"
+#: S9's ten-step workflow.
+WORKFLOW10 = "bench_noop10"
 FANOUT_PARENT = "bench_fanout_parent"
 FANOUT_CHILD = "bench_fanout_child"
 #: Workflows one process runs at once (the same as ``flask harvest worker --concurrency``).
@@ -49,6 +51,12 @@ def _launch(executor_id: str) -> Any:
             noop_step(number)
         return value
 
+    @DBOS.workflow(name=WORKFLOW10)
+    def noop10(value: Any) -> Any:
+        for number in range(10):
+            noop_step(number)
+        return value
+
     # S17's fan-out: the parent enqueues its children on the same queue (so both processes run
     # them, as our children are run by both workers) and waits for each.
     queues: list[Any] = []
@@ -76,12 +84,6 @@ def client() -> Any:
     from dbos import DBOSClient
 
     return DBOSClient(system_database_url=DBOS_DATABASE_URL)
-
-
-def enqueue(dbos_client: Any, value: Any) -> str:
-    """Enqueue one run of the workflow; return its workflow id."""
-    handle = dbos_client.enqueue({"workflow_name": WORKFLOW, "queue_name": QUEUE}, value)
-    return str(handle.get_workflow_id())
 
 
 def enqueue_named(dbos_client: Any, name: str, value: Any) -> str:

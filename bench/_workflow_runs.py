@@ -10,6 +10,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import sqlalchemy as sa
 from flask import Flask
@@ -26,20 +27,20 @@ PROCESSES = 2
 CONCURRENCY = 32
 
 
-def harvest_starter(app: Flask) -> Callable[[int], str]:
-    """``start(n)``: start one run of the workflow through the app's workflow service."""
+def harvest_starter(app: Flask, name: str = NOOP3) -> Callable[[int], str]:
+    """``start(n)``: start one run of the workflow ``name`` through the app's workflow service."""
 
     def start(number: int) -> str:
         with app.app_context():
-            handle, _ = workflow_service(app).start(NOOP3, {"n": number})
+            handle, _ = workflow_service(app).start(name, {"n": number})
         return handle.execution_id
 
     return start
 
 
-def dbos_starter(client: object) -> Callable[[int], str]:
-    """``start(n)``: enqueue one run of DBOS's workflow on its queue."""
-    return lambda number: _dbos_app.enqueue(client, {"n": number})
+def dbos_starter(client: object, name: str = _dbos_app.WORKFLOW) -> Callable[[int], str]:
+    """``start(n)``: enqueue one run of DBOS's workflow ``name`` on its queue."""
+    return lambda number: _dbos_app.enqueue_named(client, name, {"n": number})
 
 
 def harvest_finished(engine: sa.Engine) -> dict[str, tuple[float, float]]:
@@ -54,10 +55,19 @@ def harvest_finished(engine: sa.Engine) -> dict[str, tuple[float, float]]:
     return {row[0]: (row[1].timestamp(), row[2].timestamp()) for row in rows}
 
 
-def harvest_workers(log_dir: Path, tag: str) -> list[_workers.WorkerProcess]:
+def harvest_workers(
+    log_dir: Path,
+    tag: str,
+    *,
+    concurrency: int = CONCURRENCY,
+    config: dict[str, Any] | None = None,
+) -> list[_workers.WorkerProcess]:
     """2 ``flask harvest worker`` processes at ``--concurrency 32``, started and registered (S8 to
-    S10 keep the setup they were first measured at)."""
-    workers = [_workers.harvest_worker(log_dir, CONCURRENCY, tag=f"{tag}-{n}") for n in range(PROCESSES)]
+    S10 keep the setup they were first measured at); ``config`` overrides the app's keys."""
+    workers = [
+        _workers.harvest_worker(log_dir, concurrency, config=config, tag=f"{tag}-{n}")
+        for n in range(PROCESSES)
+    ]
     try:
         _workers.wait_registered(PROCESSES, workers=workers)
     except BaseException:

@@ -7,6 +7,7 @@
     python -m bench.profile worker --gil --processes 2 --subscriptions 100 --count 20000   # S12's setup
     python -m bench.profile workflow           # run() of started 3-step workflows in-process, no RQ
     python -m bench.profile workflow-worker    # py-spy on a worker draining started workflows
+    python -m bench.profile start              # workflow starts as S9's harness makes them (pyinstrument)
 
 Each prints its figures and a profile; ``worker`` writes py-spy's raw stacks and sums them up.
 """
@@ -26,7 +27,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from flask_harvest import get_engine
+from flask_harvest import get_engine, workflow_service
 from flask_harvest.webhooks import outcome
 from flask_harvest.webhooks.models import utcnow
 
@@ -217,6 +218,35 @@ def profile_workflow(count: int) -> None:
     ctx.close_apps()
 
 
+def profile_start(count: int) -> None:
+    """One workflow start after another, as S9's harness makes them: the app context, the INSERT
+    and the RQ enqueue (no worker runs)."""
+    from bench._app import NOOP3
+    from bench._workflow_runs import harvest_starter
+
+    ctx = _context()
+    start = harvest_starter(ctx.app())
+    for number in range(20):  # compiled statements, pooled connections
+        start(number)
+    started, cpu = time.perf_counter(), time.process_time()
+    for number in range(count):
+        start(number)
+    wall, used = time.perf_counter() - started, time.process_time() - cpu
+    print(f"start: {1000 * wall / count:.2f} ms wall, {1000 * used / count:.2f} ms CPU per call")
+    app = ctx.apps[-1]
+    with app.app_context():
+        service = workflow_service(app)
+        started, cpu = time.perf_counter(), time.process_time()
+        for first in range(0, count, 100):
+            service.start_many(NOOP3, [{"n": n} for n in range(first, min(first + 100, count))])
+        wall, used = time.perf_counter() - started, time.process_time() - cpu
+    print(
+        f"start_many, 100 a call: {1000 * wall / count:.2f} ms wall, {1000 * used / count:.2f} ms CPU per run"
+    )
+    _pyinstrument("workflow start", lambda: [start(number) for number in range(count)])
+    ctx.close_apps()
+
+
 def profile_workflow_worker(count: int, seconds: int, gil: bool) -> None:
     """py-spy on one worker process draining ``count`` started workflows."""
     from bench._app import NOOP3
@@ -251,7 +281,7 @@ def main(argv: list[str] | None = None) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument(
-        "what", choices=["dispatch", "attempt", "relay", "worker", "workflow", "workflow-worker"]
+        "what", choices=["dispatch", "attempt", "relay", "worker", "workflow", "workflow-worker", "start"]
     )
     parser.add_argument("--k", type=int, default=1, help="dispatch: matching subscriptions")
     parser.add_argument("--count", type=int, default=None, help="calls, deliveries or messages")
@@ -270,6 +300,8 @@ def main(argv: list[str] | None = None) -> None:
         profile_relay(args.count or 5000)
     elif args.what == "workflow":
         profile_workflow(args.count or 400)
+    elif args.what == "start":
+        profile_start(args.count or 1000)
     elif args.what == "workflow-worker":
         profile_workflow_worker(args.count or 3000, args.seconds, args.gil)
     else:

@@ -270,6 +270,11 @@ class SqlDatabase:
         """A connection for reads in autocommit (:func:`read_connection`): no BEGIN or COMMIT."""
         return read_connection(self.engine, action, hint=self.hint)
 
+    def one_statement(self, action: str) -> AbstractContextManager[Connection]:
+        """A connection in autocommit for a write that is one statement (atomic on its own): it
+        costs that statement's round trip and no BEGIN or COMMIT (:func:`read_connection`)."""
+        return read_connection(self.engine, action, hint=self.hint)
+
     def create_tables(self, tables: Sequence[Table], *, what: str) -> None:
         """Create ``tables`` and their indexes where missing (:func:`create_tables`)."""
         create_tables(self.engine, tables, what=what, hint=self.hint)

@@ -456,6 +456,29 @@ class Harvest:
         )
         return handle
 
+    def start_many(
+        self,
+        name: str,
+        inputs: Sequence[JsonValue],
+        *,
+        completion_callbacks: JsonValue = None,
+        queue: str | None = None,
+        concurrency_key: str | None = None,
+        concurrency_limit: int | None = None,
+        priority: int | None = None,
+    ) -> list[WorkflowHandle]:
+        """Start one run of ``name`` per input in one transaction and one enqueue (see
+        :meth:`WorkflowService.start_many`); return their handles in the order of ``inputs``."""
+        return workflow_service().start_many(
+            name,
+            inputs,
+            completion_callbacks=completion_callbacks,
+            queue=queue,
+            concurrency_key=concurrency_key,
+            concurrency_limit=concurrency_limit,
+            priority=priority,
+        )
+
     def fork(
         self, execution_id: str, from_step: int, mode: ForkMode | str = ForkMode.RECORDED
     ) -> WorkflowHandle:

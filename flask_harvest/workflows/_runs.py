@@ -4,7 +4,9 @@ reuse policy, cooperative cancel, and terminate."""
 from __future__ import annotations
 
 import uuid
+from collections.abc import Sequence
 from datetime import datetime
+from functools import partial
 from typing import Any
 
 from sqlalchemy import Connection, Select, select, text, update
@@ -33,6 +35,15 @@ class Runs:
         self.core = core
         self.terminal = terminal
         self.reads = reads
+        # Built once: a start's values go in as parameters, so SQLAlchemy compiles the statement
+        # once per set of columns instead of building and hashing a new one per call.
+        self._insert = (
+            core.db.insert(_ex)
+            .on_conflict_do_nothing(index_elements=[_ex.c.workflow_id], index_where=text(_OPEN))
+            .returning(*_ex.c)
+        )
+        # Several new keys at once: one multi-row INSERT, its rows returned in the order given.
+        self._insert_many = core.db.insert(_ex).returning(*_ex.c, sort_by_parameter_order=True)
 
     def start(
         self,
@@ -63,7 +74,25 @@ class Runs:
         if isinstance(trigger_depth, bool) or not isinstance(trigger_depth, int) or trigger_depth < 0:
             raise InvalidFieldError("trigger_depth", f"must be an integer, 0 or more, not {trigger_depth!r}")
         key = workflow_id if workflow_id is not None else str(uuid.uuid4())
-        trace_context = tracing.started(name)
+        row_values = partial(
+            _row_values,
+            name=name,
+            input_text=input_text,
+            now=now,
+            deadline=deadline,
+            trigger_depth=trigger_depth,
+            completion_callbacks=completion_callbacks,
+            queue=queue,
+            parent=parent,
+            trace_context=tracing.started(name),
+        )
+        if workflow_id is None and conn is None:
+            # A key made here has no runs yet: the start is one INSERT, which commits on its own
+            # (no look for an open run, no BEGIN or COMMIT: two round trips of three fewer).
+            with self.core.db.one_statement("start a workflow execution") as c:
+                row = c.execute(self._insert, row_values(self.core.new_execution_id(), key)).first()
+            if row is not None:
+                return row_to_execution(row), True
         with self.core.transaction("start a workflow execution", conn) as c:
             for _ in range(_START_ROUNDS):
                 found = c.execute(_open_or_last_run(key, policy)).first()
@@ -72,39 +101,62 @@ class Runs:
                 if found is not None:
                     _check_reuse(key, policy, found.execution_id, found.state)
                 execution_id = self.core.new_execution_id()
-                values = {
-                    "execution_id": execution_id,
-                    "workflow_name": name,
-                    "workflow_id": key,
-                    "input": input_text,
-                    "state": _PENDING,
-                    "created_at": now,
-                    "next_run_at": now,
-                    "deadline": deadline,
-                    "attempt": 0,
-                    "recovery_count": 0,
-                    "cancel_requested": False,
-                    "trigger_depth": trigger_depth,
-                    "completion_callbacks": completion_callbacks,
-                    **(queue_values(queue) if queue is not None else {}),
-                    "trace_context": trace_context,
-                }
-                if parent is not None:
-                    values["parent_execution_id"], values["parent_close_policy"] = parent
                 # DO NOTHING rather than catching IntegrityError: an error would abort the caller's
                 # PostgreSQL transaction. PostgreSQL waits here for a concurrent inserter to commit.
-                stmt = (
-                    self.core.db.insert(_ex)
-                    .values(values)
-                    .on_conflict_do_nothing(index_elements=[_ex.c.workflow_id], index_where=text(_OPEN))
-                    .returning(*_ex.c)
-                )
-                row = c.execute(stmt).first()
+                row = c.execute(self._insert, row_values(execution_id, key)).first()
                 if row is not None:
                     if conn is not None:
                         self.core.note_started(conn, execution_id)
                     return row_to_execution(row), True
         raise StoreError(f"could not start workflow_id {key!r}: its open run kept changing; try again")
+
+    def start_many(
+        self,
+        name: str,
+        inputs: Sequence[JsonValue],
+        workflow_ids: Sequence[str] | None = None,
+        *,
+        now: datetime,
+        deadline: datetime | None = None,
+        completion_callbacks: JsonValue = None,
+        max_input_bytes: int | None = None,
+        queue: StartQueue | None = None,
+    ) -> list[Execution]:
+        # workflow_ids: keys that have no runs (the sharded store's, made to route to this shard).
+        if isinstance(inputs, (str, bytes)) or not isinstance(inputs, Sequence):
+            raise InvalidFieldError("inputs", f"must be a list of inputs, not {type(inputs).__name__}")
+        texts = [encode_json(value, field="input", max_bytes=max_input_bytes) for value in inputs]
+        check_key("name", name)
+        if workflow_ids is None:
+            keys = [str(uuid.uuid4()) for _ in texts]
+        else:
+            keys = list(workflow_ids)
+            if len(keys) != len(texts):
+                raise InvalidFieldError("workflow_ids", "must be as many as the inputs")
+            for key in keys:
+                check_id(key, "workflow_id", max_chars=NAME_LENGTH)
+        if not texts:
+            return []
+        rows = [
+            _row_values(
+                self.core.new_execution_id(),
+                key,
+                name=name,
+                input_text=text,
+                now=now,
+                deadline=deadline,
+                trigger_depth=0,
+                completion_callbacks=completion_callbacks,
+                queue=queue,
+                parent=None,
+                trace_context=tracing.started(name),
+            )
+            for key, text in zip(keys, texts, strict=True)
+        ]
+        # One transaction: every run exists, or (a key with an open run, a lost connection) none.
+        with self.core.transaction("start workflow executions") as c:
+            found = c.execute(self._insert_many, rows).all()
+        return [row_to_execution(row) for row in found]
 
     def request_cancel(self, execution_id: str, reason: str | None = None, *, now: datetime) -> Execution:
         check_reason(reason)
@@ -152,6 +204,43 @@ class Runs:
         if current is None:
             raise ExecutionNotFoundError(execution_id)
         return current
+
+
+def _row_values(
+    execution_id: str,
+    key: str,
+    *,
+    name: str,
+    input_text: str,
+    now: datetime,
+    deadline: datetime | None,
+    trigger_depth: int,
+    completion_callbacks: JsonValue,
+    queue: StartQueue | None,
+    parent: tuple[str, str] | None,
+    trace_context: str | None,
+) -> dict[str, Any]:
+    """The new row of a started run, as the INSERT's parameters."""
+    values: dict[str, Any] = {
+        "execution_id": execution_id,
+        "workflow_name": name,
+        "workflow_id": key,
+        "input": input_text,
+        "state": _PENDING,
+        "created_at": now,
+        "next_run_at": now,
+        "deadline": deadline,
+        "attempt": 0,
+        "recovery_count": 0,
+        "cancel_requested": False,
+        "trigger_depth": trigger_depth,
+        "completion_callbacks": completion_callbacks,
+        **(queue_values(queue) if queue is not None else {}),
+        "trace_context": trace_context,
+    }
+    if parent is not None:
+        values["parent_execution_id"], values["parent_close_policy"] = parent
+    return values
 
 
 def _open_or_last_run(key: str, policy: IdReusePolicy) -> Select[Any]:

@@ -209,6 +209,45 @@ class WorkflowRunner:
             self._schedule(execution.execution_id, None)
         return execution, created
 
+    def start_many(
+        self,
+        name: str,
+        inputs: Sequence[JsonValue],
+        *,
+        completion_callbacks: JsonValue = None,
+        queue: str | None = None,
+        concurrency_key: str | None = None,
+        concurrency_limit: int | None = None,
+        priority: int | None = None,
+    ) -> list[Execution]:
+        """Start one run of ``name`` per input, each with a new ``workflow_id``, in one transaction
+        (one per shard), and queue them in one call to the backend. Arguments as :meth:`start`'s;
+        every input is checked before any run is stored.
+
+        :returns: the runs, in the order of ``inputs``.
+        """
+        definition = self.registry.get(name)
+        placement = self.placement(
+            name,
+            queue=queue,
+            concurrency_key=concurrency_key,
+            concurrency_limit=concurrency_limit,
+            priority=priority,
+        )
+        now = self.clock()
+        deadline = now + definition.timeout if definition.timeout is not None else None
+        started = self.store.start_many(
+            name,
+            inputs,
+            now=now,
+            deadline=deadline,
+            completion_callbacks=completion_callbacks,
+            max_input_bytes=self.max_input_bytes,
+            queue=placement,
+        )
+        self.schedule_started([execution.execution_id for execution in started])
+        return started
+
     def fork(self, source_id: str, from_step: int, mode: ForkMode = ForkMode.RECORDED) -> Execution:
         """Create a fork of ``source_id`` from position ``from_step`` (see
         :meth:`SqlWorkflowStore.fork`) and queue it; its deadline is counted from now.

@@ -7,7 +7,7 @@ the CLI are thin over it. :class:`WorkflowHandle` is what :meth:`WorkflowService
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -219,6 +219,41 @@ class WorkflowService:
             priority=priority,
         )
         return WorkflowHandle(self, execution.execution_id, execution.workflow_id), created
+
+    def start_many(
+        self,
+        name: str,
+        inputs: Sequence[JsonValue],
+        *,
+        completion_callbacks: JsonValue = None,
+        queue: str | None = None,
+        concurrency_key: str | None = None,
+        concurrency_limit: int | None = None,
+        priority: int | None = None,
+    ) -> list[WorkflowHandle]:
+        """Start one run of ``name`` per item of ``inputs`` and queue them: one INSERT in one
+        transaction and one call to the job backend for all of them, where :meth:`start` costs
+        both per run. Each run gets a new ``workflow_id``; the other arguments apply to every run,
+        as :meth:`start`'s. Every input is checked before any run is stored: one bad input starts
+        none.
+
+        :returns: a handle on each run, in the order of ``inputs``.
+        :raises UnknownWorkflowError: no workflow is registered as ``name``.
+        :raises UnknownQueueError: the queue is not declared.
+        :raises InputTooLargeError: an input is over ``HARVEST_WORKFLOW_MAX_INPUT_BYTES``.
+        :raises InvalidFieldError: ``inputs`` is not a list, an input is not JSON, or an argument
+            is invalid.
+        """
+        started = self.runner.start_many(
+            name,
+            inputs,
+            completion_callbacks=self.prepared_callbacks(completion_callbacks),
+            queue=queue,
+            concurrency_key=concurrency_key,
+            concurrency_limit=concurrency_limit,
+            priority=priority,
+        )
+        return [WorkflowHandle(self, run.execution_id, run.workflow_id) for run in started]
 
     def fork(
         self, execution_id: str, from_step: int, mode: ForkMode | str = ForkMode.RECORDED

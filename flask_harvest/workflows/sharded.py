@@ -27,16 +27,16 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
 
 from .._shard_set import ShardSet
-from ..errors import ConfigurationError, InvalidStateError
+from ..errors import ConfigurationError, InvalidFieldError, InvalidStateError
 from ._chain import MAX_CHAIN
 from ._children import ChildStart, ChildWait
 from ._leases import LeaseView
 from ._queue_claims import PendingRow, QueueClaim, QueueCounts
 from ._schema import executions_table
-from ._store_core import OnStarted
+from ._store_core import OnStarted, check_key
 from ._sweep import LeaseSweep
 from .hooks import TerminalHook, TerminalHooks
-from .models import Execution, ExecutionState, ForkMode, IdReusePolicy, JsonValue, StepRecord
+from .models import Execution, ExecutionState, ForkMode, IdReusePolicy, JsonValue, StepRecord, encode_json
 from .queues import QueueSpec, StartQueue
 from .store import ExecutionCursor, SqlWorkflowStore
 
@@ -168,6 +168,50 @@ class ShardedWorkflowStore(SqlWorkflowStore):
             conn=conn,
             queue=queue,
         )
+
+    def start_many(
+        self,
+        name: str,
+        inputs: Sequence[JsonValue],
+        workflow_ids: Sequence[str] | None = None,
+        *,
+        now: datetime,
+        deadline: datetime | None = None,
+        completion_callbacks: JsonValue = None,
+        max_input_bytes: int | None = None,
+        queue: StartQueue | None = None,
+    ) -> list[Execution]:
+        """:meth:`SqlWorkflowStore.start_many` on each shard for the runs whose keys route to it
+        (one transaction per shard: a shard that refuses leaves the others' runs started).
+
+        :returns: the runs, in the order of ``inputs``.
+        """
+        if isinstance(inputs, (str, bytes)) or not isinstance(inputs, Sequence):
+            raise InvalidFieldError("inputs", f"must be a list of inputs, not {type(inputs).__name__}")
+        keys = [str(uuid.uuid4()) for _ in inputs] if workflow_ids is None else list(workflow_ids)
+        if len(keys) != len(inputs):
+            raise InvalidFieldError("workflow_ids", "must be as many as the inputs")
+        # Checked here, before any shard stores its runs: a bad input starts none.
+        check_key("name", name)
+        for value in inputs:
+            encode_json(value, field="input", max_bytes=max_input_bytes)
+        by_shard: dict[int, list[int]] = {}
+        for position, key in enumerate(keys):
+            by_shard.setdefault(self.shards.for_key(key) if isinstance(key, str) else 0, []).append(position)
+        found: dict[int, Execution] = {}
+        for shard, positions in by_shard.items():
+            started = self.stores[shard].start_many(
+                name,
+                [inputs[p] for p in positions],
+                [keys[p] for p in positions],
+                now=now,
+                deadline=deadline,
+                completion_callbacks=completion_callbacks,
+                max_input_bytes=max_input_bytes,
+                queue=queue,
+            )
+            found.update(zip(positions, started, strict=True))
+        return [found[position] for position in range(len(keys))]
 
     # -- reading -------------------------------------------------------------------------------
 

@@ -163,6 +163,41 @@ class SqlWorkflowStore:
             queue=queue,
         )
 
+    def start_many(
+        self,
+        name: str,
+        inputs: Sequence[JsonValue],
+        workflow_ids: Sequence[str] | None = None,
+        *,
+        now: datetime,
+        deadline: datetime | None = None,
+        completion_callbacks: JsonValue = None,
+        max_input_bytes: int | None = None,
+        queue: StartQueue | None = None,
+    ) -> list[Execution]:
+        """Start one run of ``name`` per input, all in one transaction with one INSERT; the caller
+        schedules them after it (they are due at once).
+
+        Every input is checked before any run is stored: one bad input starts none.
+
+        :param workflow_ids: each run's key, which no run may have yet (the sharded store's keys
+            made to route to this database); fresh UUIDs when absent.
+        :returns: the runs, in the order of ``inputs``.
+        :raises InvalidFieldError: ``inputs`` is not a list, an input is not JSON or too large
+            (``InputTooLargeError``), the name or a key is not valid.
+        :raises StoreError: the database refused (a key that has an open run among them).
+        """
+        return self._runs.start_many(
+            name,
+            inputs,
+            workflow_ids,
+            now=now,
+            deadline=deadline,
+            completion_callbacks=completion_callbacks,
+            max_input_bytes=max_input_bytes,
+            queue=queue,
+        )
+
     # -- reading -------------------------------------------------------------------------------
 
     def get(self, execution_id: str) -> Execution | None:
