@@ -502,3 +502,36 @@ def test_a_checkpoint_racing_a_terminate_waits_for_it_and_is_refused(store: SqlW
     racer.join(10)
     assert results == [False]
     assert store.list_steps(execution.execution_id) == []
+
+
+@pytest.mark.postgres
+def test_a_claim_by_id_finds_its_rows_by_primary_key_on_a_table_without_statistics(
+    request: pytest.FixtureRequest,
+) -> None:
+    # Just after TRUNCATE (a new deployment, a test, a benchmark) the planner has no statistics,
+    # guesses that one row is pending, and would walk the state index over every pending run for
+    # each claim. The claim's plan must reach rows by primary key whatever the statistics say.
+    store = workflow_store(request, "postgres")
+    engine = store.db.engine
+    with engine.begin() as conn:
+        conn.exec_driver_sql("TRUNCATE harvest_workflow_executions CASCADE")
+    started = store.start_many("refund", [{"n": n} for n in range(3000)], now=START)
+    ids = [e.execution_id for e in started[:8]]
+    statements: list[tuple[str, object]] = []
+
+    def capture(conn: object, cursor: object, statement: str, params: object, *_: object) -> None:
+        if statement.lstrip().upper().startswith("UPDATE HARVEST_WORKFLOW_EXECUTIONS"):
+            statements.append((statement, params))
+
+    sa.event.listen(engine, "before_cursor_execute", capture)
+    try:
+        assert store.claim(ids[0], now=START, lease_seconds=LEASE) is not None
+        assert len(store.claim_many(ids[1:], now=START, lease_seconds=LEASE)) == 7
+    finally:
+        sa.event.remove(engine, "before_cursor_execute", capture)
+    assert len(statements) == 2
+    with engine.connect() as conn:
+        for statement, params in statements:
+            plan = "\n".join(row[0] for row in conn.exec_driver_sql("EXPLAIN " + statement, params))  # type: ignore[arg-type]
+            assert "pk_harvest_workflow_executions" in plan, plan
+            assert "ix_harvest_workflow_executions" not in plan, plan

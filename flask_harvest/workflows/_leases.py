@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Text, literal, or_, select, update
+from sqlalchemy import Text, and_, case, false, literal, or_, select, true, update
 
 from .._sql import UTCDateTime
 from ..errors import StoreError
@@ -43,7 +43,7 @@ class Leases:
     def claim(self, execution_id: str, *, now: datetime, lease_seconds: float) -> Execution | None:
         stmt = (
             update(_ex)
-            .where(_ex.c.execution_id == execution_id, *_due(now))
+            .where(_ex.c.execution_id == execution_id, _due(now))
             .values(**_claim_values(now, lease_seconds))
             .returning(*_ex.c)
         )
@@ -60,13 +60,13 @@ class Leases:
         due = _due(now)
         locked = (
             select(_ex.c.execution_id)
-            .where(_ex.c.execution_id.in_(unique), *due)
+            .where(_ex.c.execution_id.in_(unique), due)
             .order_by(_ex.c.execution_id)
             .with_for_update()
         )
         stmt = (
             update(_ex)
-            .where(_ex.c.execution_id.in_(locked), *due)
+            .where(_ex.c.execution_id.in_(locked), due)
             .values(**_claim_values(now, lease_seconds))
             .returning(*_ex.c)
         )
@@ -203,16 +203,23 @@ class Leases:
             return conn.execute(stmt).first() is not None
 
 
-def _due(now: datetime) -> tuple[Any, Any, Any, Any]:
-    # What makes an execution claimable by its id: pending, with no wait or a wait that has
-    # passed, not waiting for a child (its wake-up clears waiting_on), and in no queue (a queued
-    # run is claimed through its queue's limits).
-    return (
+def _due(now: datetime) -> Any:
+    """What makes an execution claimable by its id: pending, with no wait or a wait that has
+    passed, not waiting for a child (its wake-up clears waiting_on), and in no queue (a queued run
+    is claimed through its queue's limits).
+
+    One ``CASE``, so no index but the primary key can find the rows: a claim names its ids, and
+    on a table without statistics yet (new, or just truncated) the planner would otherwise take
+    the state index and walk every pending run for each claim (17 ms a claim at 20,000 pending,
+    against 0.1 ms by primary key).
+    """
+    test = and_(
         _ex.c.state == _PENDING,
         or_(_ex.c.next_run_at.is_(None), _ex.c.next_run_at <= now),
         _ex.c.waiting_on.is_(None),
         _ex.c.queue_name.is_(None),
     )
+    return case((test, true()), else_=false())
 
 
 def _claim_values(now: datetime, lease_seconds: float) -> dict[str, Any]:
