@@ -16,7 +16,7 @@ from contextlib import contextmanager
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import ColumnElement, Connection, Engine, func, literal, update
+from sqlalchemy import ColumnElement, Connection, Engine, and_, case, false, func, literal, true, update
 
 from .. import tracing
 from .._input import check_text
@@ -172,7 +172,7 @@ class TerminalTransition:
         """
         stmt = (
             update(_ex)
-            .where(_ex.c.execution_id == execution_id, _open(), *extra)
+            .where(_ex.c.execution_id == execution_id, row_test(_open(), *extra))
             .values(
                 state=state.value,
                 output=output_text,
@@ -218,6 +218,14 @@ class TerminalTransition:
 
 def _open() -> ColumnElement[bool]:
     return _ex.c.state.in_(_OPEN_VALUES)
+
+
+def row_test(*conditions: ColumnElement[bool]) -> ColumnElement[bool]:
+    """``conditions`` as one ``CASE``, for a statement that names its rows by id: no index but
+    the primary key can then find them. On a table without statistics yet (new, or just
+    truncated) the planner guesses one pending row and would otherwise walk a state index over
+    every pending run (17 ms a statement at 20,000 pending, against 0.1 ms by primary key)."""
+    return case((and_(*conditions), true()), else_=false())
 
 
 def _coalesce_time(column: Any, value: datetime) -> Any:
