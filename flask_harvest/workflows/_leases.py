@@ -366,8 +366,8 @@ FROM landed JOIN guard ON guard.execution_id = landed.execution_id AND guard.seq
 
 def _write_postgres(conn: Connection, rows: list[_Row]) -> list[LeaseView | None]:
     """Checkpoints of distinct runs in two statements at most (one unless some renew the lease)."""
-    rows = sorted(rows, key=lambda r: r.execution_id)
-    renewing = [row for row in rows if row.expires is not None]
+    ordered = sorted(rows, key=lambda r: r.execution_id)  # lock order
+    renewing = [row for row in ordered if row.expires is not None]
     lost: set[str] = set()
     if renewing:
         renewed = conn.execute(
@@ -380,7 +380,7 @@ def _write_postgres(conn: Connection, rows: list[_Row]) -> list[LeaseView | None
             },
         ).scalars()
         lost = {r.execution_id for r in renewing} - set(renewed)
-    guarded = [row for row in rows if row.execution_id not in lost]
+    guarded = [row for row in ordered if row.execution_id not in lost]
     views: dict[str, LeaseView] = {}
     if guarded:
         landed = conn.execute(
