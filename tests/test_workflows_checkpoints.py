@@ -110,7 +110,7 @@ def _checkpoints(made: list[tuple[str, str]], items: list[Item]) -> list[Checkpo
 def _state(store: SqlWorkflowStore, made: list[tuple[str, str]]) -> list[object]:
     """What the checkpoints may have changed, per run in order (ids left out)."""
     with store.engine.connect() as conn:
-        found = []
+        found: list[object] = []
         for execution_id, _ in made:
             expires = conn.execute(
                 sa.select(executions_table.c.lease_expires_at).where(
@@ -174,7 +174,7 @@ def test_a_bad_output_writes_none_of_the_checkpoints(store: SqlWorkflowStore) ->
     with pytest.raises(InvalidFieldError, match="step 'step' result"):
         store.checkpoint_many(
             [good, Checkpoint(bad.execution_id, bad.token, 0, "step", bad.now, output={1j})]
-        )  # type: ignore[dict-item]
+        )
     assert store.list_steps(good.execution_id) == []
 
 
