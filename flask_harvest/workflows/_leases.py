@@ -332,7 +332,7 @@ _FLAGS = (_ex.c.cancel_requested, _ex.c.cancel_reason, _ex.c.deadline)
 _PG_RENEW = text(
     f"""
 UPDATE {_ex.name} AS e SET lease_expires_at = v.expires
-FROM unnest(CAST(:ids AS text[]), CAST(:tokens AS text[]), CAST(:expires AS timestamp[]))
+FROM unnest(CAST(:ids AS varchar[]), CAST(:tokens AS varchar[]), CAST(:expires AS timestamp[]))
     AS v(execution_id, token, expires)
 WHERE e.execution_id = v.execution_id AND e.lease_token = v.token AND e.state = :running
 RETURNING e.execution_id
@@ -342,7 +342,7 @@ _PG_CHECKPOINT = text(
     f"""
 WITH v AS (
     SELECT * FROM unnest(
-        CAST(:ids AS text[]), CAST(:tokens AS text[]), CAST(:seqs AS integer[]), CAST(:names AS text[]),
+        CAST(:ids AS varchar[]), CAST(:tokens AS varchar[]), CAST(:seqs AS integer[]), CAST(:names AS text[]),
         CAST(:outputs AS text[]), CAST(:errors AS text[]), CAST(:ats AS timestamp[])
     ) AS v(execution_id, token, seq, name, output, error, created_at)
 ), guard AS (
