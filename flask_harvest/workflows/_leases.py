@@ -7,14 +7,15 @@ once another worker takes the execution over, or it ends, nothing the old holder
 from __future__ import annotations
 
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
-from sqlalchemy import ColumnElement, Text, literal, or_, select, update
+from sqlalchemy import Boolean, ColumnElement, Connection, String, Text, literal, or_, select, text, update
 
 from .._sql import UTCDateTime
+from .._threads import GroupCommit, PerProcess
 from ..errors import StoreError
 from ._schema import row_to_execution, steps_table
 from ._store_core import StoreCore, _coalesce_time, _ex, check_key, row_test
@@ -34,11 +35,48 @@ class LeaseView:
     deadline: datetime | None
 
 
+@dataclass(frozen=True)
+class Checkpoint:
+    """One step's checkpoint, as :meth:`~flask_harvest.workflows.store.SqlWorkflowStore.checkpoint`
+    takes it (its arguments, in one value)."""
+
+    execution_id: str
+    token: str
+    seq: int
+    name: str
+    now: datetime
+    output: JsonValue = None
+    error: str | None = None
+    lease_seconds: float | None = None
+
+
+@dataclass(frozen=True)
+class _Row:
+    """A checkpoint ready to write: its output encoded, its times naive UTC (as stored)."""
+
+    execution_id: str
+    token: str
+    seq: int
+    name: str
+    output: str | None
+    error: str | None
+    at: datetime
+    expires: datetime | None
+
+
+#: The most checkpoints one transaction carries.
+_GROUP_LIMIT = 64
+
+
 class Leases:
     """What a worker asks while it runs an execution."""
 
     def __init__(self, core: StoreCore) -> None:
         self.core = core
+        # One group per store and process (a forked child must not inherit a write in progress).
+        self._group: PerProcess[GroupCommit[_Row, LeaseView | StoreError | None]] = PerProcess(
+            lambda: GroupCommit(self._write_grouped, limit=_GROUP_LIMIT)
+        )
 
     def claim(self, execution_id: str, *, now: datetime, lease_seconds: float) -> Execution | None:
         stmt = (
@@ -156,31 +194,51 @@ class Leases:
         now: datetime,
         lease_seconds: float | None = None,
     ) -> LeaseView | None:
-        output_text = None if error is not None else encode_json(output, field=f"step {name!r} result")
-        flags = (_ex.c.cancel_requested, _ex.c.cancel_reason, _ex.c.deadline)
-        with self.core.transaction("record a workflow step") as conn:
-            if lease_seconds is not None:
-                row = conn.execute(
-                    update(_ex)
-                    .where(
-                        _ex.c.execution_id == execution_id,
-                        _ex.c.state == _RUNNING,
-                        _ex.c.lease_token == token,
-                    )
-                    .values(lease_expires_at=now + timedelta(seconds=lease_seconds))
-                    .returning(*flags)
-                ).first()
-                if row is None:
-                    return None
-            step = self.guarded_step(execution_id, token, seq, name, output_text, error, now)
-            if conn.execute(step).first() is None:
-                return None
-            if lease_seconds is None:
-                # The guard holds the row (or SQLite's write lock): it is still ours as read here.
-                row = conn.execute(select(*flags).where(_ex.c.execution_id == execution_id)).first()
-        if row is None:  # the guarded step above holds the row: it cannot have gone
-            raise StoreError(f"workflow execution {execution_id} vanished during its checkpoint")
-        return LeaseView(bool(row.cancel_requested), row.cancel_reason, row.deadline)
+        row = encode_checkpoint(
+            Checkpoint(
+                execution_id, token, seq, name, now, output=output, error=error, lease_seconds=lease_seconds
+            )
+        )
+        # Runs checkpointing at once on this process's threads share one transaction; a lone one
+        # writes at once.
+        result = self._group.get().submit(row)
+        if isinstance(result, StoreError):
+            raise result
+        return result
+
+    def checkpoint_many(self, checkpoints: Sequence[Checkpoint]) -> list[LeaseView | None]:
+        rows = [encode_checkpoint(c) for c in checkpoints]  # all or nothing: a bad output writes none
+        return self._write(rows) if rows else []
+
+    def _write_grouped(self, rows: list[_Row]) -> list[LeaseView | StoreError | None]:
+        """The group's write: one transaction for the batch. Should it fail, each item is written
+        alone, so that a failure (a deadlock, one bad value) reaches only the runs it concerns."""
+        try:
+            return list(self._write(rows))
+        except StoreError as exc:
+            if len(rows) == 1:
+                return [exc]
+        results: list[LeaseView | StoreError | None] = []
+        for row in rows:
+            try:
+                results.extend(self._write([row]))
+            except StoreError as exc:
+                results.append(exc)
+        return results
+
+    def _write(self, rows: list[_Row]) -> list[LeaseView | None]:
+        """Write checkpoints of any runs in one transaction, each with the result it would have
+        had alone (in the order given, where one run has several)."""
+        results: list[LeaseView | None] = [None] * len(rows)
+        with self.core.transaction("record workflow steps") as conn:
+            for round_ in _rounds(rows):
+                if self.core.db.postgres:
+                    views = _write_postgres(conn, [rows[i] for i in round_])
+                else:
+                    views = [_write_one(conn, rows[i], self.guarded_step) for i in round_]
+                for index, view in zip(round_, views, strict=True):
+                    results[index] = view
+        return results
 
     def suspend(
         self, execution_id: str, token: str, *, wake_at: datetime, now: datetime | None = None
@@ -226,3 +284,140 @@ def _claim_values(now: datetime, lease_seconds: float) -> dict[str, Any]:
         "attempt": _ex.c.attempt + 1,
         "next_run_at": None,
     }
+
+
+def encode_checkpoint(checkpoint: Checkpoint) -> _Row:
+    """``checkpoint`` ready to write.
+
+    :raises InvalidFieldError: its output is not a JSON value.
+    """
+    error = checkpoint.error
+    output = None
+    if error is None:
+        output = encode_json(checkpoint.output, field=f"step {checkpoint.name!r} result")
+    at = _naive_utc(checkpoint.now)
+    expires = None
+    if checkpoint.lease_seconds is not None:
+        expires = at + timedelta(seconds=checkpoint.lease_seconds)
+    return _Row(
+        checkpoint.execution_id, checkpoint.token, checkpoint.seq, checkpoint.name, output, error, at, expires
+    )
+
+
+def _naive_utc(moment: datetime) -> datetime:
+    return moment if moment.tzinfo is None else moment.astimezone(timezone.utc).replace(tzinfo=None)
+
+
+def _rounds(rows: Sequence[_Row]) -> list[list[int]]:
+    """Split positions into rounds in which each run appears once, keeping each run's order: the
+    statements below join on the run, and a run's second checkpoint sees its first."""
+    rounds: list[list[int]] = []
+    seen: dict[str, int] = {}
+    for index, row in enumerate(rows):
+        number = seen.get(row.execution_id, 0)
+        seen[row.execution_id] = number + 1
+        if number == len(rounds):
+            rounds.append([])
+        rounds[number].append(index)
+    return rounds
+
+
+_FLAGS = (_ex.c.cancel_requested, _ex.c.cancel_reason, _ex.c.deadline)
+
+# PostgreSQL: a batch's checkpoints as arrays, so the statements are the same text for any batch
+# (compiled once, cached by the driver) and cost one round trip each. The guard share-locks each
+# run's row (in id order, so two batches cannot deadlock over their rows), waiting for a
+# concurrent terminal UPDATE and then seeing its result: no checkpoint lands after one. The flags
+# are read from the locked row, as the single checkpoint reads them.
+_PG_RENEW = text(
+    f"""
+UPDATE {_ex.name} AS e SET lease_expires_at = v.expires
+FROM unnest(CAST(:ids AS varchar[]), CAST(:tokens AS varchar[]), CAST(:expires AS timestamp[]))
+    AS v(execution_id, token, expires)
+WHERE e.execution_id = v.execution_id AND e.lease_token = v.token AND e.state = :running
+RETURNING e.execution_id
+"""  # noqa: S608 (table names, no input)
+).columns(execution_id=String)
+_PG_CHECKPOINT = text(
+    f"""
+WITH v AS (
+    SELECT * FROM unnest(
+        CAST(:ids AS varchar[]), CAST(:tokens AS varchar[]), CAST(:seqs AS integer[]), CAST(:names AS text[]),
+        CAST(:outputs AS text[]), CAST(:errors AS text[]), CAST(:ats AS timestamp[])
+    ) AS v(execution_id, token, seq, name, output, error, created_at)
+), guard AS (
+    SELECT v.execution_id, v.seq, v.name, v.output, v.error, v.created_at,
+        e.cancel_requested, e.cancel_reason, e.deadline
+    FROM v JOIN {_ex.name} AS e
+        ON e.execution_id = v.execution_id AND e.lease_token = v.token AND e.state = :running
+    ORDER BY e.execution_id
+    FOR SHARE OF e
+), landed AS (
+    INSERT INTO {_steps.name} (execution_id, seq, name, output, error, created_at)
+    SELECT execution_id, seq, name, output, error, created_at FROM guard
+    ON CONFLICT (execution_id, seq) DO NOTHING
+    RETURNING execution_id, seq
+)
+SELECT guard.execution_id, guard.cancel_requested, guard.cancel_reason, guard.deadline
+FROM landed JOIN guard ON guard.execution_id = landed.execution_id AND guard.seq = landed.seq
+"""  # noqa: S608 (table names, no input)
+).columns(execution_id=String, cancel_requested=Boolean, cancel_reason=Text, deadline=UTCDateTime)
+
+
+def _write_postgres(conn: Connection, rows: list[_Row]) -> list[LeaseView | None]:
+    """Checkpoints of distinct runs in two statements at most (one unless some renew the lease)."""
+    ordered = sorted(rows, key=lambda r: r.execution_id)  # lock order
+    renewing = [row for row in ordered if row.expires is not None]
+    lost: set[str] = set()
+    if renewing:
+        renewed = conn.execute(
+            _PG_RENEW,
+            {
+                "ids": [r.execution_id for r in renewing],
+                "tokens": [r.token for r in renewing],
+                "expires": [r.expires for r in renewing],
+                "running": _RUNNING,
+            },
+        ).scalars()
+        lost = {r.execution_id for r in renewing} - set(renewed)
+    guarded = [row for row in ordered if row.execution_id not in lost]
+    views: dict[str, LeaseView] = {}
+    if guarded:
+        landed = conn.execute(
+            _PG_CHECKPOINT,
+            {
+                "ids": [r.execution_id for r in guarded],
+                "tokens": [r.token for r in guarded],
+                "seqs": [r.seq for r in guarded],
+                "names": [r.name for r in guarded],
+                "outputs": [r.output for r in guarded],
+                "errors": [r.error for r in guarded],
+                "ats": [r.at for r in guarded],
+                "running": _RUNNING,
+            },
+        )
+        views = {
+            row.execution_id: LeaseView(bool(row.cancel_requested), row.cancel_reason, row.deadline)
+            for row in landed
+        }
+    return [views.get(row.execution_id) for row in rows]
+
+
+def _write_one(conn: Connection, row: _Row, guarded_step: Callable[..., Any]) -> LeaseView | None:
+    """One checkpoint in the caller's transaction, statement by statement (SQLite: its writes are
+    serialized anyway, and its write lock holds the row from the first statement on)."""
+    guard = (_ex.c.execution_id == row.execution_id, _ex.c.state == _RUNNING, _ex.c.lease_token == row.token)
+    flags = None
+    if row.expires is not None:
+        stmt = update(_ex).where(*guard).values(lease_expires_at=row.expires).returning(*_FLAGS)
+        flags = conn.execute(stmt).first()
+        if flags is None:
+            return None
+    step = guarded_step(row.execution_id, row.token, row.seq, row.name, row.output, row.error, row.at)
+    if conn.execute(step).first() is None:
+        return None
+    if flags is None:
+        flags = conn.execute(select(*_FLAGS).where(_ex.c.execution_id == row.execution_id)).first()
+    if flags is None:  # the guarded step above holds the row: it cannot have gone
+        raise StoreError(f"workflow execution {row.execution_id} vanished during its checkpoint")
+    return LeaseView(bool(flags.cancel_requested), flags.cancel_reason, flags.deadline)

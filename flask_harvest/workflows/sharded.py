@@ -30,7 +30,7 @@ from .._shard_set import ShardSet
 from ..errors import ConfigurationError, InvalidFieldError, InvalidStateError
 from ._chain import MAX_CHAIN
 from ._children import ChildStart, ChildWait
-from ._leases import LeaseView
+from ._leases import Checkpoint, LeaseView, encode_checkpoint
 from ._queue_claims import PendingRow, QueueClaim, QueueCounts
 from ._schema import executions_table
 from ._store_core import OnStarted, check_key
@@ -345,6 +345,21 @@ class ShardedWorkflowStore(SqlWorkflowStore):
         return self._of(execution_id).checkpoint(
             execution_id, token, seq, name, output=output, error=error, now=now, lease_seconds=lease_seconds
         )
+
+    def checkpoint_many(self, checkpoints: Sequence[Checkpoint]) -> list[LeaseView | None]:
+        """:meth:`SqlWorkflowStore.checkpoint_many` on each shard the runs are on, one transaction
+        per shard."""
+        for checkpoint in checkpoints:
+            encode_checkpoint(checkpoint)  # a bad output writes none, on any shard
+        by_shard: dict[int, list[int]] = {}
+        for index, checkpoint in enumerate(checkpoints):
+            by_shard.setdefault(self.shards.for_id(checkpoint.execution_id), []).append(index)
+        results: list[LeaseView | None] = [None] * len(checkpoints)
+        for shard, indexes in by_shard.items():
+            written = self.stores[shard].checkpoint_many([checkpoints[i] for i in indexes])
+            for index, view in zip(indexes, written, strict=True):
+                results[index] = view
+        return results
 
     def suspend(
         self, execution_id: str, token: str, *, wake_at: datetime, now: datetime | None = None

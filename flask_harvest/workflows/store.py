@@ -19,7 +19,7 @@ from . import _reads
 from ._chain import MAX_CHAIN, Chains
 from ._children import ChildRuns, ChildStart, ChildWait
 from ._forks import Forks
-from ._leases import Leases, LeaseView
+from ._leases import Checkpoint, Leases, LeaseView
 from ._queue_claims import PendingRow, QueueClaim, QueueClaims, QueueCounts
 from ._reads import ExecutionReads
 from ._runs import Runs
@@ -37,7 +37,15 @@ from .models import (
 )
 from .queues import QueueSpec, StartQueue
 
-__all__ = ["ChildStart", "ChildWait", "ExecutionCursor", "LeaseSweep", "LeaseView", "SqlWorkflowStore"]
+__all__ = [
+    "Checkpoint",
+    "ChildStart",
+    "ChildWait",
+    "ExecutionCursor",
+    "LeaseSweep",
+    "LeaseView",
+    "SqlWorkflowStore",
+]
 
 #: A listing position: the ``(created_at, execution_id)`` of the last execution of a page.
 ExecutionCursor = _reads.ExecutionCursor
@@ -368,6 +376,17 @@ class SqlWorkflowStore:
         return self._leases.checkpoint(
             execution_id, token, seq, name, output=output, error=error, now=now, lease_seconds=lease_seconds
         )
+
+    def checkpoint_many(self, checkpoints: Sequence[Checkpoint]) -> list[LeaseView | None]:
+        """Write checkpoints of any runs in one transaction: each result is what
+        :meth:`checkpoint` would have returned for it alone (a run's checkpoints in their order).
+
+        :meth:`checkpoint` goes through this: runs that checkpoint at once on a process's threads
+        share one transaction, while a lone run writes at once.
+
+        :raises InvalidFieldError: an ``output`` is not a JSON value (nothing is written).
+        """
+        return self._leases.checkpoint_many(checkpoints)
 
     def suspend(
         self, execution_id: str, token: str, *, wake_at: datetime, now: datetime | None = None
