@@ -54,10 +54,15 @@ def harvest_finished(engine: sa.Engine) -> dict[str, tuple[float, float]]:
     return {row[0]: (row[1].timestamp(), row[2].timestamp()) for row in rows}
 
 
-def harvest_workers(log_dir: Path, tag: str) -> list[_workers.WorkerProcess]:
+def harvest_workers(
+    log_dir: Path, tag: str, config: dict[str, object] | None = None
+) -> list[_workers.WorkerProcess]:
     """2 ``flask harvest worker`` processes at ``--concurrency 32``, started and registered (S8 to
-    S10 keep the setup they were first measured at)."""
-    workers = [_workers.harvest_worker(log_dir, CONCURRENCY, tag=f"{tag}-{n}") for n in range(PROCESSES)]
+    S10 keep the setup they were first measured at); ``config`` overrides the app's settings."""
+    workers = [
+        _workers.harvest_worker(log_dir, CONCURRENCY, tag=f"{tag}-{n}", config=config)
+        for n in range(PROCESSES)
+    ]
     try:
         _workers.wait_registered(PROCESSES, workers=workers)
     except BaseException:

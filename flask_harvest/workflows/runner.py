@@ -83,20 +83,63 @@ class _Threads:
             self.room.notify_all()
 
 
+class _Gate:
+    """The runs of one process: any number beside each other, or a quarantined one alone.
+
+    A quarantined run waits until the runs in progress are done, and the runs that come after it
+    wait until it is done (so it is not starved by a steady stream of others).
+    """
+
+    def __init__(self) -> None:
+        self._changed = threading.Condition()
+        self._beside = 0  # runs in progress beside each other
+        self._alone = False  # a run is in progress alone
+        self._waiting_alone = 0
+
+    @contextmanager
+    def beside(self) -> Iterator[None]:
+        with self._changed:
+            self._changed.wait_for(lambda: not self._alone and not self._waiting_alone)
+            self._beside += 1
+        try:
+            yield
+        finally:
+            with self._changed:
+                self._beside -= 1
+                self._changed.notify_all()
+
+    @contextmanager
+    def alone(self) -> Iterator[None]:
+        with self._changed:
+            self._waiting_alone += 1
+            try:
+                self._changed.wait_for(lambda: not self._alone and not self._beside)
+            finally:
+                self._waiting_alone -= 1
+            self._alone = True
+        try:
+            yield
+        finally:
+            with self._changed:
+                self._alone = False
+                self._changed.notify_all()
+
+
 class WorkflowRunner:
     """Starts and runs the executions of the workflows in ``registry``, stored in ``store``.
 
     :param backend: carries the jobs that call :meth:`run`; an enqueue that fails is logged (the
         sweeper's due scan queues the execution again).
     :param lease_seconds: how long a claim holds an execution without a heartbeat.
-    :param max_recovery_attempts: how many expired leases (dead workers) an execution survives
-        before it fails as a poison pill.
+    :param max_recovery_attempts: how many deaths of its worker while it ran alone in its
+        process an execution survives before it fails as a poison pill (a death beside other runs
+        quarantines it instead: it runs alone from then on).
     :param step_retry: the backoff between a step's retries, unless the step gives its own.
     :param max_input_bytes: the largest input accepted, as UTF-8 JSON.
     :param heartbeat_interval: seconds between lease renewals while a workflow function runs (in a
         thread); ``None`` for a third of the lease, ``0`` to renew only at step boundaries.
     :param concurrency: how many executions :meth:`run_many` and :meth:`submit_many` run at once,
-        on threads of the runner's own.
+        on threads of the runner's own; a quarantined execution runs alone.
     :param context: entered around each execution run on those threads (the Flask app context).
     :param queues: the declared workflow queues (see :doc:`queues`); none if not given.
     :param clock: the current time (tests pass a fake one).
@@ -139,10 +182,19 @@ class WorkflowRunner:
         self.concurrency = max(1, concurrency)
         self.context = context
         self._threads = PerProcess(lambda: _Threads(self.concurrency))
+        # One run at a time: every claim runs its run alone. Else a gate per process keeps a
+        # quarantined run alone (see _gated).
+        self._claims_alone = self.concurrency == 1
+        self._gate = PerProcess(_Gate)
         self.queues = queues if queues is not None else QueueTable()
         self._closing = threading.Event()
         self.queue_driver = QueueDriver(
-            store, self.queues, clock=clock, lease_seconds=lease_seconds, schedule=self._schedule
+            store,
+            self.queues,
+            clock=clock,
+            lease_seconds=lease_seconds,
+            schedule=self._schedule,
+            alone=self._claims_alone,
         )
 
     # -- starting --------------------------------------------------------------------------------
@@ -302,7 +354,9 @@ class WorkflowRunner:
         try:
             now = self.clock()
             with self.context():
-                claimed = self.store.claim_many(execution_ids, now=now, lease_seconds=self.lease_seconds)
+                claimed = self.store.claim_many(
+                    execution_ids, now=now, lease_seconds=self.lease_seconds, alone=self._claims_alone
+                )
                 missed = sorted(set(execution_ids) - {e.execution_id for e in claimed})
                 # A queued run's job claims its queue's best eligible run: one run per job.
                 claimed += self.queue_driver.after_misses(missed, now)
@@ -373,7 +427,9 @@ class WorkflowRunner:
         :returns: the execution if this run ended it, else ``None`` (asleep, stopped, not claimed).
         """
         now = self.clock()
-        claimed = self.store.claim(execution_id, now=now, lease_seconds=self.lease_seconds)
+        claimed = self.store.claim(
+            execution_id, now=now, lease_seconds=self.lease_seconds, alone=self._claims_alone
+        )
         if claimed is None or claimed.lease_token is None:
             claimed = self.queue_driver.after_miss(execution_id, now)
             if claimed is None:
@@ -452,7 +508,9 @@ class WorkflowRunner:
             registry=self.registry,
             max_input_bytes=self.max_input_bytes,
         )
-        with self._heartbeat(execution_id, token):
+        with self._heartbeat(execution_id, token), self._gated(claimed, token) as ours:
+            if not ours:
+                return None  # taken over (or ended) while it waited to run alone
             try:
                 # Children started since the last step are written before the run ends: one that
                 # fails may have started children that run on.
@@ -532,6 +590,23 @@ class WorkflowRunner:
         except JobBackendError:
             # The row is Pending and due: the sweeper's due scan queues it again.
             logger.warning("could not schedule workflow execution %s", execution_id, exc_info=True)
+
+    @contextmanager
+    def _gated(self, claimed: Execution, token: str) -> Iterator[bool]:
+        """Hold this process's gate while the workflow code runs: beside the other runs, or, for a
+        quarantined run, alone, recorded as such (a death from then on is charged to it). Yields
+        whether the run is still this claim's (the heartbeat kept its lease while it waited)."""
+        if self._claims_alone:  # its claim recorded it as run alone
+            yield True
+            return
+        if claimed.isolation is None:
+            with self._gate.get().beside():
+                yield True
+            return
+        with self._gate.get().alone():
+            yield self.store.run_alone(
+                claimed.execution_id, token, now=self.clock(), lease_seconds=self.lease_seconds
+            )
 
     @contextmanager
     def _heartbeat(self, execution_id: str, token: str) -> Iterator[None]:
