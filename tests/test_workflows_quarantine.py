@@ -125,3 +125,27 @@ def test_a_quarantined_run_whose_lease_was_taken_over_while_it_waited_does_not_r
     assert store.claim(eid, now=now + timedelta(seconds=1), lease_seconds=LEASE) is not None
     assert runner._run_claimed(claimed, clock()) is None
     assert log.events == []
+
+
+def test_a_run_holds_the_gate_until_its_end_is_committed(store: SqlWorkflowStore) -> None:
+    """The terminal transition is part of the run: a quarantined run's end is committed before
+    the next run may be recorded alone (else a death of the process between the two would be
+    charged to both), and a run beside others holds its place until its end too."""
+    log, clock = Log(), Clock()
+    runner = logging_runner(store, log, clock, concurrency=4)
+    seen: dict[str, tuple[bool, int, str | None]] = {}
+
+    def at_the_end(conn: Any, execution: Any) -> None:
+        gate = runner._gate.get()
+        seen[execution.execution_id] = (gate._alone, gate._beside, execution.isolation)
+
+    store.hooks.register(at_the_end)
+    beside, suspect = (runner.start("logged", n)[0].execution_id for n in range(2))
+    quarantine(store, suspect, clock)
+    try:
+        runner.run_many([beside, suspect])
+    finally:
+        runner.close()
+    # In its terminal transaction, each run still held its place in the gate.
+    assert seen[suspect] == (True, 0, Isolation.ALONE.value)
+    assert seen[beside] == (False, 1, None)

@@ -477,6 +477,18 @@ class WorkflowRunner:
         token = claimed.lease_token
         if token is None:
             raise InvalidStateError(f"execution {execution_id} was handed over without its lease")
+        # The gate is held until the run's end is committed: the terminal transition (and the hooks
+        # in it, user code among them) is part of the run. Let go before it, the next quarantined
+        # run could be recorded alone while this one's row is still Running (and alone): a death
+        # of the process then would be charged to both.
+        with self._heartbeat(execution_id, token), self._gated(claimed, token) as ours:
+            if not ours:
+                return None  # taken over (or ended) while it waited to run alone
+            return self._run_gated(claimed, token, now)
+
+    def _run_gated(self, claimed: Execution, token: str, now: datetime) -> Execution | None:
+        """Run a claimed execution to its end, its sleep or its stop, inside this process's gate."""
+        execution_id = claimed.execution_id
         if claimed.cancel_requested:
             return self._end(
                 claimed, token, ExecutionState.CANCELLED, error=claimed.cancel_reason or "cancelled"
@@ -508,37 +520,34 @@ class WorkflowRunner:
             registry=self.registry,
             max_input_bytes=self.max_input_bytes,
         )
-        with self._heartbeat(execution_id, token), self._gated(claimed, token) as ours:
-            if not ours:
-                return None  # taken over (or ended) while it waited to run alone
+        try:
+            # Children started since the last step are written before the run ends: one that
+            # fails may have started children that run on.
             try:
-                # Children started since the last step are written before the run ends: one that
-                # fails may have started children that run on.
-                try:
-                    output = definition.fn(ctx, claimed.input)
-                except Exception:
-                    ctx._write_pending()
-                    raise
+                output = definition.fn(ctx, claimed.input)
+            except Exception:
                 ctx._write_pending()
-            except _EngineFailed as failed:
-                # The engine's own call failed under the workflow code (which could not catch it):
-                # the run stays open; its lease expires and the sweeper requeues it.
-                logger.warning(
-                    "workflow execution %s stopped: %s", execution_id, failed.error, exc_info=failed.error
-                )
-                raise failed.error from None
-            except _Unwind:
-                # Asleep (or stopped), the run holds no slot of its queue: give it to another.
-                self.queue_driver.released(claimed)
-                return None
-            except StoreError:
-                # The database failed under the engine's own calls (a checkpoint, a boundary), not
-                # the workflow: leave the run open; its lease expires and the sweeper requeues it.
-                logger.warning("workflow execution %s stopped: the store failed", execution_id, exc_info=True)
                 raise
-            except Exception as exc:
-                error = str(ctx.fatal) if ctx.fatal is not None else describe_error(exc)
-                return self._end(claimed, token, ExecutionState.FAILED, error=error)
+            ctx._write_pending()
+        except _EngineFailed as failed:
+            # The engine's own call failed under the workflow code (which could not catch it):
+            # the run stays open; its lease expires and the sweeper requeues it.
+            logger.warning(
+                "workflow execution %s stopped: %s", execution_id, failed.error, exc_info=failed.error
+            )
+            raise failed.error from None
+        except _Unwind:
+            # Asleep (or stopped), the run holds no slot of its queue: give it to another.
+            self.queue_driver.released(claimed)
+            return None
+        except StoreError:
+            # The database failed under the engine's own calls (a checkpoint, a boundary), not
+            # the workflow: leave the run open; its lease expires and the sweeper requeues it.
+            logger.warning("workflow execution %s stopped: the store failed", execution_id, exc_info=True)
+            raise
+        except Exception as exc:
+            error = str(ctx.fatal) if ctx.fatal is not None else describe_error(exc)
+            return self._end(claimed, token, ExecutionState.FAILED, error=error)
         if ctx.fatal is not None:
             # The workflow code caught the non-determinism error; the run is still wrong.
             return self._end(claimed, token, ExecutionState.FAILED, error=str(ctx.fatal))
@@ -593,9 +602,10 @@ class WorkflowRunner:
 
     @contextmanager
     def _gated(self, claimed: Execution, token: str) -> Iterator[bool]:
-        """Hold this process's gate while the workflow code runs: beside the other runs, or, for a
-        quarantined run, alone, recorded as such (a death from then on is charged to it). Yields
-        whether the run is still this claim's (the heartbeat kept its lease while it waited)."""
+        """Hold this process's gate while the run runs, its end included: beside the other runs,
+        or, for a quarantined run, alone, recorded as such (a death from then on is charged to it).
+        Yields whether the run is still this claim's (the heartbeat kept its lease while it
+        waited)."""
         if self._claims_alone:  # its claim recorded it as run alone
             yield True
             return
