@@ -149,3 +149,49 @@ def test_a_run_holds_the_gate_until_its_end_is_committed(store: SqlWorkflowStore
     # In its terminal transaction, each run still held its place in the gate.
     assert seen[suspect] == (True, 0, Isolation.ALONE.value)
     assert seen[beside] == (False, 1, None)
+
+
+def test_a_stopping_runner_finishes_the_run_under_way_and_gives_back_the_one_waiting(
+    store: SqlWorkflowStore,
+) -> None:
+    """close() waits for the runs under way only: a run handed over that has not begun (here a
+    quarantined one waiting for its turn to run alone) goes back to the queue, due, for another
+    worker, with its steps untouched."""
+    entered, release = threading.Event(), threading.Event()
+    ran: list[str] = []
+    registry = WorkflowRegistry()
+
+    @registry.workflow("held")
+    def held(ctx: WorkflowContext, value: Any) -> Any:
+        def step() -> int:
+            ran.append(ctx.execution_id)
+            if value == "hold":
+                entered.set()
+                assert release.wait(30)
+            return 1
+
+        return ctx.step("only", step)
+
+    clock, backend = Clock(), Scheduled()
+    runner = WorkflowRunner(
+        store, registry, backend, lease_seconds=LEASE, heartbeat_interval=0, concurrency=3, clock=clock
+    )
+    under_way = runner.start("held", "hold")[0].execution_id
+    waiting = runner.start("held", "go")[0].execution_id
+    quarantine(store, waiting, clock)
+    runner.submit_many([under_way])
+    assert entered.wait(30)
+    runner.submit_many([waiting])  # claimed, then waits at the gate for the run under way
+    closing = threading.Thread(target=runner.close)
+    closing.start()
+    assert runner._closing.wait(30)
+    release.set()
+    closing.join(30)
+    assert not closing.is_alive()
+    done, back = store.get(under_way), store.get(waiting)
+    assert done is not None and done.state is S.COMPLETED
+    assert back is not None and back.state is S.PENDING and back.lease_token is None
+    assert back.next_run_at is not None and back.next_run_at <= clock()
+    assert back.charged_recoveries == 0 and store.list_steps(waiting) == []
+    assert ran == [under_way]
+    assert (waiting, None) in backend.calls

@@ -388,8 +388,10 @@ class WorkflowRunner:
             threads.done(1)
 
     def close(self) -> None:
-        """Wait for the runs :meth:`submit_many` handed over, then stop the runner's threads (this
-        process's: a forked child never waits for its parent's)."""
+        """Wait for the runs :meth:`submit_many` handed over that are under way, then stop the
+        runner's threads (this process's: a forked child never waits for its parent's). A run
+        handed over that has not begun (waiting for a thread, or for its turn to run alone) is
+        given back to the queue instead, due now: a stop waits for the runs under way only."""
         threads = self._threads.take()
         if threads is None:
             return
@@ -481,10 +483,28 @@ class WorkflowRunner:
         # in it, user code among them) is part of the run. Let go before it, the next quarantined
         # run could be recorded alone while this one's row is still Running (and alone): a death
         # of the process then would be charged to both.
+        if self._closing.is_set():
+            self._hand_back(claimed, token)
+            return None
         with self._heartbeat(execution_id, token), self._gated(claimed, token) as ours:
             if not ours:
                 return None  # taken over (or ended) while it waited to run alone
+            if self._closing.is_set():  # the worker began to stop while this run waited its turn
+                self._hand_back(claimed, token)
+                return None
             return self._run_gated(claimed, token, now)
+
+    def _hand_back(self, claimed: Execution, token: str) -> None:
+        """Give a claimed run that has not begun back to the queue (the worker is stopping): due
+        now, its lease released, for another worker. A stop waits only for the runs under way."""
+        now = self.clock()
+        if self.store.suspend(claimed.execution_id, token, wake_at=now, now=now):
+            if claimed.queue_name is None:
+                self._schedule(claimed.execution_id, None)
+            else:  # its queue's slot is free: the queue gets an attempt
+                self.queue_driver.released(claimed)
+        # Refused (a cancel was requested or its deadline passed meanwhile): the lease runs out and
+        # the sweeper ends it, as it would have after the worker's exit.
 
     def _run_gated(self, claimed: Execution, token: str, now: datetime) -> Execution | None:
         """Run a claimed execution to its end, its sleep or its stop, inside this process's gate."""
