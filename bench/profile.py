@@ -8,6 +8,8 @@
     python -m bench.profile workflow           # run() of started 3-step workflows in-process, no RQ
     python -m bench.profile workflow-worker    # py-spy on a worker draining started workflows
     python -m bench.profile start              # workflow starts as S9's harness makes them (pyinstrument)
+    python -m bench.profile workflow-breakdown # S9's per-run breakdown at the default settings
+    python -m bench.profile workflow-breakdown --workflow-concurrency 8 --gil   # CPU, 8 at once
 
 Each prints its figures and a profile; ``worker`` writes py-spy's raw stacks and sums them up.
 """
@@ -28,6 +30,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from flask_harvest import get_engine, workflow_service
+from flask_harvest.config import Settings
 from flask_harvest.webhooks import outcome
 from flask_harvest.webhooks.models import utcnow
 
@@ -274,6 +277,102 @@ def profile_workflow_worker(count: int, seconds: int, gil: bool) -> None:
     ctx.close_apps()
 
 
+#: S9's per-run phases, by the first frame of a sample's stack that names one (innermost wins).
+_PHASES = (
+    ("claim", ("claim_many (", "Leases.claim (", "claim (flask_harvest/workflows/_leases", "after_miss")),
+    ("replay", ("list_steps (",)),
+    ("checkpoint", ("checkpoint (",)),
+    ("terminal transition", ("finish (flask_harvest/workflows", "_end (flask_harvest/workflows")),
+    ("heartbeat", ("_heartbeat (",)),
+    ("job overhead", ("rq/", "take_jobs (", "submit_many (", "execute_job (")),
+)
+
+
+def _run_phase(frames: list[str]) -> str | None:
+    """The phase of one sample, or ``None`` for a sample that is no part of a run's time: a
+    background thread (sweeper, command listener, a heartbeat asleep), a run thread waiting for
+    work, the RQ thread waiting for a run handed over."""
+    thread, body = frames[0], frames[1:]
+    if not ("MainThread" in thread or "harvest-workflow" in thread):
+        return None
+    if "harvest-workflow" in thread and body and body[-1].startswith("_worker (concurrent/futures"):
+        return None
+    if "MainThread" in thread and any("submit_many (" in f for f in body) and "wait" in body[-1]:
+        return None
+    for frame in reversed(body):
+        for name, marks in _PHASES:
+            if any(mark in frame for mark in marks):
+                return name
+    return "other"
+
+
+def _analyze(engine: sa.Engine) -> None:
+    """Give the planner the started runs' statistics, as a database in service has them: a table
+    emptied by TRUNCATE has none until autovacuum's next pass, and then the claim's plan walks every
+    pending run (about 0.45 s a claim with 2,000 pending)."""
+    with engine.begin() as conn:
+        conn.execute(sa.text("ANALYZE harvest_workflow_executions"))
+
+
+def profile_workflow_breakdown(count: int, seconds: int, gil: bool, concurrency: int | None) -> None:
+    """S9's setup (runs started before the workers start) with one worker process at
+    ``--workflow-concurrency`` (default: the library's default), py-spy on it for ``seconds``: the
+    time per completed run in each phase. Without ``--gil``, wall time of every thread, idle
+    included (at one run at a time the phases follow one another, so they add up to a run's
+    time); with it, CPU (GIL-holding) time."""
+    from bench._app import NOOP3
+
+    ctx = _context()
+    out = ctx.log_dir / "worker-stacks.txt"
+    app = ctx.app()
+    with app.app_context():
+        service = get_engine(app).workflows
+        assert service is not None
+        for number in range(count):
+            service.runner.start(NOOP3, {"n": number})
+    _analyze(ctx.engine)
+    config = {} if concurrency is None else {"HARVEST_WORKFLOW_CONCURRENCY": concurrency}
+    if concurrency is None:
+        # The bench app sets 32 for S8 to S10; the library's own default is what users get.
+        config = {"HARVEST_WORKFLOW_CONCURRENCY": Settings().workflow_concurrency}
+
+    def completed() -> int:
+        with ctx.engine.connect() as conn:
+            query = "SELECT count(*) FROM harvest_workflow_executions WHERE state = 'Completed'"
+            return int(conn.execute(sa.text(query)).scalar() or 0)
+
+    worker = _workers.harvest_worker(ctx.log_dir, _workers.DEFAULT_CONCURRENCY, config=config)
+    try:
+        _workers.wait_registered(1, workers=[worker])
+        _workers.wait_for(lambda: completed() >= 20, timeout=60)
+        before, cpu = completed(), worker.cpu_seconds()
+        _py_spy(worker.pid, seconds, gil, out)
+        runs, used = completed() - before, worker.cpu_seconds() - cpu
+    finally:
+        worker.stop()
+    phases: Counter[str] = Counter()
+    for line in out.read_text().splitlines():
+        stack, _, samples = line.rpartition(" ")
+        phase = _run_phase(stack.split(";"))
+        if phase is not None:
+            phases[phase] += int(samples)
+    rate_hz = 200
+    per_run = {name: 1000 * samples / rate_hz / max(1, runs) for name, samples in phases.items()}
+    print(
+        f"workflow concurrency {config['HARVEST_WORKFLOW_CONCURRENCY']}: {runs} runs in {seconds} s "
+        f"({runs / seconds:.1f}/s, {1000 * seconds / max(1, runs):.2f} ms per run), "
+        f"worker CPU {1000 * used / max(1, runs):.2f} ms per run"
+    )
+    kind = "CPU (GIL held)" if gil else "wall, the RQ thread and the runs' threads, idle waits left out"
+    print(f"ms per run by phase ({kind}):")
+    for name, _ in _PHASES:
+        print(f"  {name:22} {per_run.get(name, 0.0):8.2f}")
+    print(f"  {'other':22} {per_run.get('other', 0.0):8.2f}")
+    print(f"  {'total':22} {sum(per_run.values()):8.2f}")
+    _summarise(out, gil)
+    ctx.close_apps()
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         prog="python -m bench.profile",
@@ -281,7 +380,17 @@ def main(argv: list[str] | None = None) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument(
-        "what", choices=["dispatch", "attempt", "relay", "worker", "workflow", "workflow-worker", "start"]
+        "what",
+        choices=[
+            "dispatch",
+            "attempt",
+            "relay",
+            "worker",
+            "workflow",
+            "workflow-worker",
+            "workflow-breakdown",
+            "start",
+        ],
     )
     parser.add_argument("--k", type=int, default=1, help="dispatch: matching subscriptions")
     parser.add_argument("--count", type=int, default=None, help="calls, deliveries or messages")
@@ -290,6 +399,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--subscriptions", type=int, default=1, help="worker: subscriptions to spread over")
     parser.add_argument(
         "--processes", type=int, default=1, help="worker: worker processes (the first is sampled)"
+    )
+    parser.add_argument(
+        "--workflow-concurrency",
+        type=int,
+        default=None,
+        help="workflow-breakdown: runs at once (default: the default)",
     )
     args = parser.parse_args(argv)
     if args.what == "dispatch":
@@ -302,6 +417,8 @@ def main(argv: list[str] | None = None) -> None:
         profile_workflow(args.count or 400)
     elif args.what == "start":
         profile_start(args.count or 1000)
+    elif args.what == "workflow-breakdown":
+        profile_workflow_breakdown(args.count or 3000, args.seconds, args.gil, args.workflow_concurrency)
     elif args.what == "workflow-worker":
         profile_workflow_worker(args.count or 3000, args.seconds, args.gil)
     else:

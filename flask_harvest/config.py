@@ -95,13 +95,14 @@ class Settings:
     workflow_max_input_bytes: int = 256 * 1024
     #: Seconds a claimed workflow execution stays leased to its worker without a heartbeat.
     workflow_lease_seconds: float = 30.0
-    #: Times an execution whose worker died (its lease expired) is run again before it fails as a
-    #: poison pill.
+    #: Times an execution whose worker died while it ran alone in its process (its lease expired)
+    #: is run again before it fails as a poison pill. A death beside other runs is not counted: it
+    #: quarantines each of them (they run alone from then on).
     workflow_max_recovery_attempts: int = 5
-    #: Workflow runs one worker process runs at once, on threads. More raises throughput, but a run
-    #: that kills its process (a poison pill) takes the runs beside it down, and each counts that
-    #: crash as one of its recovery attempts.
-    workflow_concurrency: int = 1
+    #: Workflow runs one worker process runs at once, on threads. A run that kills its process (a
+    #: poison pill) takes the runs beside it down: none of them is charged for it, and each runs
+    #: alone from then on, so only a death while alone counts towards the poison-pill limit.
+    workflow_concurrency: int = 8
     #: Missed ticks a workflow schedule starts at most after its workers were down (the most
     #: recent ones; the older ones are skipped and logged); ``0`` starts none of them.
     workflow_schedule_catchup: int = 1

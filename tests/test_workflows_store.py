@@ -20,6 +20,7 @@ from flask_harvest.workflows import (
     SqlWorkflowStore,
     WorkflowIdReusedError,
 )
+from flask_harvest.workflows.models import Isolation
 
 from .workflow_support import SQL_KINDS, START, runs_table, workflow_store
 
@@ -406,7 +407,8 @@ def test_expired_leases_are_requeued_then_failed_as_a_poison_pill(store: SqlWork
     eid = execution.execution_id
     now = START
     for recoveries in (1, 2):
-        assert store.claim(eid, now=now, lease_seconds=LEASE) is not None
+        # Claimed by a worker that runs it alone: each death is charged.
+        assert store.claim(eid, now=now, lease_seconds=LEASE, alone=True) is not None
         assert store.expired_leases(now=now + timedelta(seconds=LEASE - 1), max_recovery_attempts=2) == (
             [],
             [],
@@ -415,12 +417,49 @@ def test_expired_leases_are_requeued_then_failed_as_a_poison_pill(store: SqlWork
         assert store.expired_leases(now=now, max_recovery_attempts=2) == ([eid], [])
         requeued = store.get(eid)
         assert requeued is not None and requeued.state is S.PENDING and requeued.recovery_count == recoveries
-    assert store.claim(eid, now=now, lease_seconds=LEASE) is not None
+        assert requeued.charged_recoveries == recoveries and requeued.isolation == Isolation.QUARANTINED.value
+    assert store.claim(eid, now=now, lease_seconds=LEASE, alone=True) is not None
     now += timedelta(seconds=LEASE + 1)
     assert store.expired_leases(now=now, max_recovery_attempts=2) == ([], [eid])
     failed = store.get(eid)
     assert failed is not None and failed.state is S.FAILED
     assert failed.error is not None and "poison pill" in failed.error and "3 times" in failed.error
+
+
+def test_a_death_beside_other_runs_quarantines_uncharged_and_only_a_death_alone_is_charged(
+    store: SqlWorkflowStore,
+) -> None:
+    eid = start(store).execution_id
+    now = START
+    # Claimed beside other runs, twice: each death requeues it quarantined, never charged.
+    for recoveries in (1, 2):
+        claimed = store.claim(eid, now=now, lease_seconds=LEASE)
+        assert claimed is not None and claimed.isolation == (None if recoveries == 1 else "quarantined")
+        now += timedelta(seconds=LEASE + 1)
+        assert store.expired_leases(now=now, max_recovery_attempts=1) == ([eid], [])
+        requeued = store.get(eid)
+        assert requeued is not None and requeued.recovery_count == recoveries
+        assert requeued.charged_recoveries == 0 and requeued.isolation == Isolation.QUARANTINED.value
+    # Its worker runs it alone: from then on a death is charged.
+    claimed = store.claim(eid, now=now, lease_seconds=LEASE)
+    assert claimed is not None and claimed.lease_token is not None
+    assert store.run_alone(eid, claimed.lease_token, now=now, lease_seconds=LEASE)
+    assert not store.run_alone(eid, "not-the-token", now=now, lease_seconds=LEASE)
+    now += timedelta(seconds=LEASE + 1)
+    assert store.expired_leases(now=now, max_recovery_attempts=1) == ([eid], [])
+    charged = store.get(eid)
+    assert charged is not None and charged.charged_recoveries == 1 and charged.recovery_count == 3
+    # A claim never inherits an earlier claim's "alone": claimed beside others, it is not charged.
+    claimed = store.claim(eid, now=now, lease_seconds=LEASE)
+    assert claimed is not None and claimed.isolation == Isolation.QUARANTINED.value
+    now += timedelta(seconds=LEASE + 1)
+    assert store.expired_leases(now=now, max_recovery_attempts=1) == ([eid], [])
+    # Alone again, past the limit: a poison pill.
+    assert store.claim(eid, now=now, lease_seconds=LEASE, alone=True) is not None
+    now += timedelta(seconds=LEASE + 1)
+    assert store.expired_leases(now=now, max_recovery_attempts=1) == ([], [eid])
+    failed = store.get(eid)
+    assert failed is not None and failed.state is S.FAILED and failed.charged_recoveries == 1
 
 
 def test_enforce_timeouts_once_ends_overdue_open_executions(store: SqlWorkflowStore) -> None:

@@ -40,6 +40,8 @@ EXECUTION_FIELDS = (
     "deadline",
     "attempt",
     "recovery_count",
+    "charged_recoveries",
+    "isolation",
     "cancel_requested",
     "trigger_depth",
     "forked_from",

@@ -189,6 +189,12 @@ class HarvestWorker(SimpleWorker):
             self._stopping.set()
             if self.pool is not None:
                 self.pool.shutdown(wait=True)
+            # The workflow runs handed over: those under way finish, those not begun go back to
+            # the queue, and a queued run's thread claims no next one (else the interpreter's
+            # exit would run every one still waiting for a thread, and a long queue behind them).
+            workflows = get_engine(self.app).workflows
+            if workflows is not None:
+                workflows.runner.close()
             if thread is not None:
                 thread.join(timeout=self._interval + 5)
 

@@ -12,18 +12,33 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
-from sqlalchemy import Boolean, ColumnElement, Connection, String, Text, literal, or_, select, text, update
+from sqlalchemy import (
+    Boolean,
+    ColumnElement,
+    Connection,
+    String,
+    Text,
+    case,
+    literal,
+    null,
+    or_,
+    select,
+    text,
+    update,
+)
 
 from .._sql import UTCDateTime
 from .._threads import GroupCommit, PerProcess
 from ..errors import StoreError
 from ._schema import row_to_execution, steps_table
 from ._store_core import StoreCore, _coalesce_time, _ex, check_key, row_test
-from .models import Execution, ExecutionState, JsonValue, encode_json, storable_text
+from .models import Execution, ExecutionState, Isolation, JsonValue, encode_json, storable_text
 
 _steps = steps_table
 _PENDING = ExecutionState.PENDING.value
 _RUNNING = ExecutionState.RUNNING.value
+_ALONE = Isolation.ALONE.value
+_still_quarantined = case((_ex.c.isolation.is_(None), null()), else_=literal(Isolation.QUARANTINED.value))
 
 
 @dataclass(frozen=True)
@@ -78,11 +93,13 @@ class Leases:
             lambda: GroupCommit(self._write_grouped, limit=_GROUP_LIMIT)
         )
 
-    def claim(self, execution_id: str, *, now: datetime, lease_seconds: float) -> Execution | None:
+    def claim(
+        self, execution_id: str, *, now: datetime, lease_seconds: float, alone: bool = False
+    ) -> Execution | None:
         stmt = (
             update(_ex)
             .where(_ex.c.execution_id == execution_id, _due(now))
-            .values(**_claim_values(now, lease_seconds))
+            .values(**_claim_values(now, lease_seconds, alone))
             .returning(*_ex.c)
         )
         with self.core.transaction("claim a workflow execution") as conn:
@@ -90,7 +107,7 @@ class Leases:
         return row_to_execution(row) if row is not None else None
 
     def claim_many(
-        self, execution_ids: Sequence[str], *, now: datetime, lease_seconds: float
+        self, execution_ids: Sequence[str], *, now: datetime, lease_seconds: float, alone: bool = False
     ) -> list[Execution]:
         unique = sorted(set(execution_ids))
         if not unique:
@@ -105,12 +122,22 @@ class Leases:
         stmt = (
             update(_ex)
             .where(_ex.c.execution_id.in_(locked), due)
-            .values(**_claim_values(now, lease_seconds))
+            .values(**_claim_values(now, lease_seconds, alone))
             .returning(*_ex.c)
         )
         with self.core.transaction("claim workflow executions") as conn:
             rows = conn.execute(stmt).all()
         return sorted((row_to_execution(row) for row in rows), key=lambda e: e.execution_id)
+
+    def run_alone(self, execution_id: str, token: str, *, now: datetime, lease_seconds: float) -> bool:
+        stmt = (
+            update(_ex)
+            .where(_ex.c.execution_id == execution_id, _ex.c.state == _RUNNING, _ex.c.lease_token == token)
+            .values(isolation=_ALONE, lease_expires_at=now + timedelta(seconds=lease_seconds))
+            .returning(_ex.c.execution_id)
+        )
+        with self.core.transaction("run a quarantined workflow execution alone") as conn:
+            return conn.execute(stmt).first() is not None
 
     def renew(
         self, execution_id: str, token: str, *, now: datetime, lease_seconds: float
@@ -273,10 +300,13 @@ def _due(now: datetime) -> ColumnElement[bool]:
     )
 
 
-def _claim_values(now: datetime, lease_seconds: float) -> dict[str, Any]:
+def _claim_values(now: datetime, lease_seconds: float, alone: bool) -> dict[str, Any]:
     # One claim's writes, shared by claim and claim_many so the two cannot drift: running, a
-    # fresh lease token, one more attempt, the first start kept.
+    # fresh lease token, one more attempt, the first start kept. ``alone``: the claimer runs
+    # nothing else meanwhile, so a death now is the run's own; else a quarantined run stays so
+    # (and is not alone until run_alone says it is): a claim never inherits an old claim's ALONE.
     return {
+        "isolation": literal(_ALONE) if alone else _still_quarantined,
         "state": _RUNNING,
         "lease_token": uuid.uuid4().hex,
         "lease_expires_at": now + timedelta(seconds=lease_seconds),

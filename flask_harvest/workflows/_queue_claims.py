@@ -87,11 +87,13 @@ class QueueClaims:
         count: int,
         clock: Callable[[], datetime],
         lease_seconds: float,
+        alone: bool = False,
     ) -> QueueClaim:
         """Claim up to ``count`` runs of ``spec``'s queue, best first, within its limits.
 
         :param clock: read once the queue's lock is held, so claims' ``started_at`` times are in
             the order the claims were made, across processes.
+        :param alone: the claimer runs each claimed run alone in its process.
         """
         claimed: list[Execution] = []
         retry_at = None
@@ -100,7 +102,7 @@ class QueueClaims:
                 conn.execute(select(func.pg_advisory_xact_lock(advisory_key(spec.name))))
             now = clock()
             for _ in range(max(0, count)):
-                row = conn.execute(self._claim_one(spec, now, lease_seconds)).first()
+                row = conn.execute(self._claim_one(spec, now, lease_seconds, alone)).first()
                 if row is None:
                     break
                 claimed.append(row_to_execution(row))
@@ -108,7 +110,7 @@ class QueueClaims:
                 retry_at = self._rate_retry_at(conn, spec, now)
         return QueueClaim(claimed, retry_at)
 
-    def _claim_one(self, spec: QueueSpec, now: datetime, lease_seconds: float) -> Any:
+    def _claim_one(self, spec: QueueSpec, now: datetime, lease_seconds: float, alone: bool) -> Any:
         c = _ex.alias("candidate")
         key = _ex.alias("same_key")
         conditions: list[ColumnElement[bool]] = [
@@ -151,7 +153,7 @@ class QueueClaims:
         return (
             update(_ex)
             .where(_ex.c.execution_id == candidate.scalar_subquery(), _ex.c.state == _PENDING)
-            .values(**_claim_values(now, lease_seconds))
+            .values(**_claim_values(now, lease_seconds, alone))
             .returning(*_ex.c)
         )
 

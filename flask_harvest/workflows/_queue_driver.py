@@ -53,8 +53,11 @@ class QueueDriver:
         clock: Callable[[], datetime],
         lease_seconds: float,
         schedule: Schedule,
+        alone: bool = False,
     ) -> None:
         self.store = store
+        # Claims mark their runs as run alone: the runner runs one run at a time.
+        self.alone = alone
         self.queues = queues
         self.clock = clock
         self.lease_seconds = lease_seconds
@@ -98,7 +101,11 @@ class QueueDriver:
         claimed: list[Execution] = []
         for queue_name, ids in waiting.items():
             result = self.store.claim_queued(
-                self.spec(queue_name), count=len(ids), clock=self.clock, lease_seconds=self.lease_seconds
+                self.spec(queue_name),
+                count=len(ids),
+                clock=self.clock,
+                lease_seconds=self.lease_seconds,
+                alone=self.alone,
             )
             claimed.extend(result.claimed)
             if result.retry_at is not None:
@@ -118,7 +125,11 @@ class QueueDriver:
         """Claim the best eligible due run of a queue for this thread, or ``None``; a rate limit
         that held runs back schedules the queue's next attempt."""
         result = self.store.claim_queued(
-            self.spec(queue_name), count=1, clock=self.clock, lease_seconds=self.lease_seconds
+            self.spec(queue_name),
+            count=1,
+            clock=self.clock,
+            lease_seconds=self.lease_seconds,
+            alone=self.alone,
         )
         if result.retry_at is not None:
             waiting = self.store.waiting(queue_name, now=self.clock(), limit=1)

@@ -67,6 +67,9 @@ executions_table = Table(
     Column("priority", Integer, nullable=False, default=0, server_default=text("0")),
     # The start's W3C trace context (flask_harvest.tracing): the run's spans join that trace.
     Column("trace_context", Text, nullable=True),
+    # Quarantine (models.Isolation): NULL, or the run must run alone, or its claim runs it alone.
+    Column("isolation", String(16), nullable=True),
+    Column("charged_recoveries", Integer, nullable=False, default=0, server_default=text("0")),
     # At most one open run per workflow_id: what makes concurrent starts collapse into one.
     Index(
         "ux_harvest_workflow_executions_open_workflow_id",
@@ -174,6 +177,8 @@ def row_to_execution(row: Row[Any]) -> Execution:
         concurrency_limit=row.concurrency_limit,
         priority=row.priority,
         trace_context=row.trace_context,
+        isolation=row.isolation,
+        charged_recoveries=row.charged_recoveries,
     )
 
 

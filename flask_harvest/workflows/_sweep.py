@@ -5,13 +5,15 @@ from __future__ import annotations
 from datetime import datetime
 from typing import NamedTuple
 
-from sqlalchemy import select, update
+from sqlalchemy import or_, select, update
 
 from ._store_core import _OPEN_VALUES, StoreCore, TerminalTransition, _ex
-from .models import ExecutionState, timeout_message
+from .models import ExecutionState, Isolation, timeout_message
 
 _PENDING = ExecutionState.PENDING.value
 _RUNNING = ExecutionState.RUNNING.value
+_ALONE = Isolation.ALONE.value
+_QUARANTINED = Isolation.QUARANTINED.value
 
 
 class LeaseSweep(NamedTuple):
@@ -65,34 +67,45 @@ class _SweepQueries:
         return cancelled
 
     def expired_leases(self, *, now: datetime, max_recovery_attempts: int) -> LeaseSweep:
-        """Requeue ``Running`` executions whose lease expired (their worker died).
+        """Requeue ``Running`` executions whose lease expired (their worker died), quarantined.
 
-        Each is back to ``Pending`` (due now) with ``recovery_count`` plus one, unless it has been
-        recovered ``max_recovery_attempts`` times already: then it ends ``Failed`` as a poison pill.
+        Each is back to ``Pending`` (due now) with ``recovery_count`` plus one. A run that ran
+        alone in its process (``isolation`` ``alone``) is charged the death (``charged_recoveries``
+        plus one), unless it was charged ``max_recovery_attempts`` times already: then it ends
+        ``Failed`` as a poison pill. A run that died beside others may be innocent (the run that
+        killed the process took it down): it is not charged. Both are quarantined: they run alone
+        from now on, so the next death is known to be their own.
         """
         expired = (_ex.c.state == _RUNNING) & (_ex.c.lease_expires_at < now)
+        alone = _ex.c.isolation == _ALONE
+        requeue = {
+            "state": _PENDING,
+            "next_run_at": now,
+            "lease_token": None,
+            "lease_expires_at": None,
+            "isolation": _QUARANTINED,
+            "recovery_count": _ex.c.recovery_count + 1,
+        }
         with self._transaction("requeue expired workflow leases") as conn:
-            requeued = (
-                conn.execute(
+            requeued = [
+                *conn.execute(
                     update(_ex)
-                    .where(expired, _ex.c.recovery_count < max_recovery_attempts)
-                    .values(
-                        state=_PENDING,
-                        recovery_count=_ex.c.recovery_count + 1,
-                        next_run_at=now,
-                        lease_token=None,
-                        lease_expires_at=None,
-                    )
+                    .where(expired, or_(_ex.c.isolation.is_(None), ~alone))
+                    .values(**requeue)
                     .returning(_ex.c.execution_id)
-                )
-                .scalars()
-                .all()
-            )
-            poisoned = conn.execute(select(_ex.c.execution_id, _ex.c.recovery_count).where(expired)).all()
+                ).scalars(),
+                *conn.execute(
+                    update(_ex)
+                    .where(expired, alone, _ex.c.charged_recoveries < max_recovery_attempts)
+                    .values(**requeue, charged_recoveries=_ex.c.charged_recoveries + 1)
+                    .returning(_ex.c.execution_id)
+                ).scalars(),
+            ]
+            poisoned = conn.execute(select(_ex.c.execution_id, _ex.c.charged_recoveries).where(expired)).all()
         failed = []
         for execution_id, recoveries in poisoned:
             error = (
-                f"poison pill: the worker running this execution stopped without finishing it "
+                f"poison pill: the worker running this execution alone stopped without finishing it "
                 f"{recoveries + 1} times (its lease expired), more than the {max_recovery_attempts} "
                 "recovery attempts allowed (HARVEST_WORKFLOW_MAX_RECOVERY_ATTEMPTS)"
             )

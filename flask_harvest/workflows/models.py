@@ -72,6 +72,18 @@ TERMINAL_STATES = tuple(s for s in ExecutionState if s.outcome)
 CLOSED_STATES = tuple(s for s in ExecutionState if s.terminal)
 
 
+class Isolation(str, enum.Enum):
+    """Whether a run must run alone in its worker process: what makes the poison-pill rule exact
+    with several runs at once (see :doc:`workflows`). ``None`` on a run is neither: it runs beside
+    others, and a death of its process is not charged to it."""
+
+    #: Its process died while it ran beside other runs: which run killed it is unknown, so it is
+    #: not charged but runs alone from now on. Its current claim (if any) has not started it alone.
+    QUARANTINED = "quarantined"
+    #: Its current claim runs it alone in its process: a death of the process now is charged to it.
+    ALONE = "alone"
+
+
 class ForkMode(str, enum.Enum):
     """How a fork runs the steps from its fork point on (see :doc:`forks`)."""
 
@@ -141,6 +153,10 @@ class Execution:
     :param priority: lower runs first among due runs of its queue.
     :param trace_context: the W3C trace context of the span that started the run
         (:mod:`flask_harvest.tracing`); ``None`` when nothing was traced.
+    :param isolation: whether the run must run alone in its process (an :class:`Isolation` value;
+        ``None``: it runs beside others).
+    :param charged_recoveries: those of its recoveries charged to it: its worker died while it ran
+        alone in its process. The poison-pill limit counts these.
     """
 
     execution_id: str
@@ -176,6 +192,8 @@ class Execution:
     concurrency_limit: int | None = None
     priority: int = 0
     trace_context: str | None = None
+    isolation: str | None = None
+    charged_recoveries: int = 0
 
     @property
     def terminal(self) -> bool:

@@ -83,20 +83,63 @@ class _Threads:
             self.room.notify_all()
 
 
+class _Gate:
+    """The runs of one process: any number beside each other, or a quarantined one alone.
+
+    A quarantined run waits until the runs in progress are done, and the runs that come after it
+    wait until it is done (so it is not starved by a steady stream of others).
+    """
+
+    def __init__(self) -> None:
+        self._changed = threading.Condition()
+        self._beside = 0  # runs in progress beside each other
+        self._alone = False  # a run is in progress alone
+        self._waiting_alone = 0
+
+    @contextmanager
+    def beside(self) -> Iterator[None]:
+        with self._changed:
+            self._changed.wait_for(lambda: not self._alone and not self._waiting_alone)
+            self._beside += 1
+        try:
+            yield
+        finally:
+            with self._changed:
+                self._beside -= 1
+                self._changed.notify_all()
+
+    @contextmanager
+    def alone(self) -> Iterator[None]:
+        with self._changed:
+            self._waiting_alone += 1
+            try:
+                self._changed.wait_for(lambda: not self._alone and not self._beside)
+            finally:
+                self._waiting_alone -= 1
+            self._alone = True
+        try:
+            yield
+        finally:
+            with self._changed:
+                self._alone = False
+                self._changed.notify_all()
+
+
 class WorkflowRunner:
     """Starts and runs the executions of the workflows in ``registry``, stored in ``store``.
 
     :param backend: carries the jobs that call :meth:`run`; an enqueue that fails is logged (the
         sweeper's due scan queues the execution again).
     :param lease_seconds: how long a claim holds an execution without a heartbeat.
-    :param max_recovery_attempts: how many expired leases (dead workers) an execution survives
-        before it fails as a poison pill.
+    :param max_recovery_attempts: how many deaths of its worker while it ran alone in its
+        process an execution survives before it fails as a poison pill (a death beside other runs
+        quarantines it instead: it runs alone from then on).
     :param step_retry: the backoff between a step's retries, unless the step gives its own.
     :param max_input_bytes: the largest input accepted, as UTF-8 JSON.
     :param heartbeat_interval: seconds between lease renewals while a workflow function runs (in a
         thread); ``None`` for a third of the lease, ``0`` to renew only at step boundaries.
     :param concurrency: how many executions :meth:`run_many` and :meth:`submit_many` run at once,
-        on threads of the runner's own.
+        on threads of the runner's own; a quarantined execution runs alone.
     :param context: entered around each execution run on those threads (the Flask app context).
     :param queues: the declared workflow queues (see :doc:`queues`); none if not given.
     :param clock: the current time (tests pass a fake one).
@@ -139,10 +182,19 @@ class WorkflowRunner:
         self.concurrency = max(1, concurrency)
         self.context = context
         self._threads = PerProcess(lambda: _Threads(self.concurrency))
+        # One run at a time: every claim runs its run alone. Else a gate per process keeps a
+        # quarantined run alone (see _gated).
+        self._claims_alone = self.concurrency == 1
+        self._gate = PerProcess(_Gate)
         self.queues = queues if queues is not None else QueueTable()
         self._closing = threading.Event()
         self.queue_driver = QueueDriver(
-            store, self.queues, clock=clock, lease_seconds=lease_seconds, schedule=self._schedule
+            store,
+            self.queues,
+            clock=clock,
+            lease_seconds=lease_seconds,
+            schedule=self._schedule,
+            alone=self._claims_alone,
         )
 
     # -- starting --------------------------------------------------------------------------------
@@ -341,7 +393,9 @@ class WorkflowRunner:
         try:
             now = self.clock()
             with self.context():
-                claimed = self.store.claim_many(execution_ids, now=now, lease_seconds=self.lease_seconds)
+                claimed = self.store.claim_many(
+                    execution_ids, now=now, lease_seconds=self.lease_seconds, alone=self._claims_alone
+                )
                 missed = sorted(set(execution_ids) - {e.execution_id for e in claimed})
                 # A queued run's job claims its queue's best eligible run: one run per job.
                 claimed += self.queue_driver.after_misses(missed, now)
@@ -373,8 +427,10 @@ class WorkflowRunner:
             threads.done(1)
 
     def close(self) -> None:
-        """Wait for the runs :meth:`submit_many` handed over, then stop the runner's threads (this
-        process's: a forked child never waits for its parent's)."""
+        """Wait for the runs :meth:`submit_many` handed over that are under way, then stop the
+        runner's threads (this process's: a forked child never waits for its parent's). A run
+        handed over that has not begun (waiting for a thread, or for its turn to run alone) is
+        given back to the queue instead, due now: a stop waits for the runs under way only."""
         threads = self._threads.take()
         if threads is None:
             return
@@ -412,7 +468,9 @@ class WorkflowRunner:
         :returns: the execution if this run ended it, else ``None`` (asleep, stopped, not claimed).
         """
         now = self.clock()
-        claimed = self.store.claim(execution_id, now=now, lease_seconds=self.lease_seconds)
+        claimed = self.store.claim(
+            execution_id, now=now, lease_seconds=self.lease_seconds, alone=self._claims_alone
+        )
         if claimed is None or claimed.lease_token is None:
             claimed = self.queue_driver.after_miss(execution_id, now)
             if claimed is None:
@@ -460,6 +518,36 @@ class WorkflowRunner:
         token = claimed.lease_token
         if token is None:
             raise InvalidStateError(f"execution {execution_id} was handed over without its lease")
+        # The gate is held until the run's end is committed: the terminal transition (and the hooks
+        # in it, user code among them) is part of the run. Let go before it, the next quarantined
+        # run could be recorded alone while this one's row is still Running (and alone): a death
+        # of the process then would be charged to both.
+        if self._closing.is_set():
+            self._hand_back(claimed, token)
+            return None
+        with self._heartbeat(execution_id, token), self._gated(claimed, token) as ours:
+            if not ours:
+                return None  # taken over (or ended) while it waited to run alone
+            if self._closing.is_set():  # the worker began to stop while this run waited its turn
+                self._hand_back(claimed, token)
+                return None
+            return self._run_gated(claimed, token, now)
+
+    def _hand_back(self, claimed: Execution, token: str) -> None:
+        """Give a claimed run that has not begun back to the queue (the worker is stopping): due
+        now, its lease released, for another worker. A stop waits only for the runs under way."""
+        now = self.clock()
+        if self.store.suspend(claimed.execution_id, token, wake_at=now, now=now):
+            if claimed.queue_name is None:
+                self._schedule(claimed.execution_id, None)
+            else:  # its queue's slot is free: the queue gets an attempt
+                self.queue_driver.released(claimed)
+        # Refused (a cancel was requested or its deadline passed meanwhile): the lease runs out and
+        # the sweeper ends it, as it would have after the worker's exit.
+
+    def _run_gated(self, claimed: Execution, token: str, now: datetime) -> Execution | None:
+        """Run a claimed execution to its end, its sleep or its stop, inside this process's gate."""
+        execution_id = claimed.execution_id
         if claimed.cancel_requested:
             return self._end(
                 claimed, token, ExecutionState.CANCELLED, error=claimed.cancel_reason or "cancelled"
@@ -491,35 +579,34 @@ class WorkflowRunner:
             registry=self.registry,
             max_input_bytes=self.max_input_bytes,
         )
-        with self._heartbeat(execution_id, token):
+        try:
+            # Children started since the last step are written before the run ends: one that
+            # fails may have started children that run on.
             try:
-                # Children started since the last step are written before the run ends: one that
-                # fails may have started children that run on.
-                try:
-                    output = definition.fn(ctx, claimed.input)
-                except Exception:
-                    ctx._write_pending()
-                    raise
+                output = definition.fn(ctx, claimed.input)
+            except Exception:
                 ctx._write_pending()
-            except _EngineFailed as failed:
-                # The engine's own call failed under the workflow code (which could not catch it):
-                # the run stays open; its lease expires and the sweeper requeues it.
-                logger.warning(
-                    "workflow execution %s stopped: %s", execution_id, failed.error, exc_info=failed.error
-                )
-                raise failed.error from None
-            except _Unwind:
-                # Asleep (or stopped), the run holds no slot of its queue: give it to another.
-                self.queue_driver.released(claimed)
-                return None
-            except StoreError:
-                # The database failed under the engine's own calls (a checkpoint, a boundary), not
-                # the workflow: leave the run open; its lease expires and the sweeper requeues it.
-                logger.warning("workflow execution %s stopped: the store failed", execution_id, exc_info=True)
                 raise
-            except Exception as exc:
-                error = str(ctx.fatal) if ctx.fatal is not None else describe_error(exc)
-                return self._end(claimed, token, ExecutionState.FAILED, error=error)
+            ctx._write_pending()
+        except _EngineFailed as failed:
+            # The engine's own call failed under the workflow code (which could not catch it):
+            # the run stays open; its lease expires and the sweeper requeues it.
+            logger.warning(
+                "workflow execution %s stopped: %s", execution_id, failed.error, exc_info=failed.error
+            )
+            raise failed.error from None
+        except _Unwind:
+            # Asleep (or stopped), the run holds no slot of its queue: give it to another.
+            self.queue_driver.released(claimed)
+            return None
+        except StoreError:
+            # The database failed under the engine's own calls (a checkpoint, a boundary), not
+            # the workflow: leave the run open; its lease expires and the sweeper requeues it.
+            logger.warning("workflow execution %s stopped: the store failed", execution_id, exc_info=True)
+            raise
+        except Exception as exc:
+            error = str(ctx.fatal) if ctx.fatal is not None else describe_error(exc)
+            return self._end(claimed, token, ExecutionState.FAILED, error=error)
         if ctx.fatal is not None:
             # The workflow code caught the non-determinism error; the run is still wrong.
             return self._end(claimed, token, ExecutionState.FAILED, error=str(ctx.fatal))
@@ -571,6 +658,24 @@ class WorkflowRunner:
         except JobBackendError:
             # The row is Pending and due: the sweeper's due scan queues it again.
             logger.warning("could not schedule workflow execution %s", execution_id, exc_info=True)
+
+    @contextmanager
+    def _gated(self, claimed: Execution, token: str) -> Iterator[bool]:
+        """Hold this process's gate while the run runs, its end included: beside the other runs,
+        or, for a quarantined run, alone, recorded as such (a death from then on is charged to it).
+        Yields whether the run is still this claim's (the heartbeat kept its lease while it
+        waited)."""
+        if self._claims_alone:  # its claim recorded it as run alone
+            yield True
+            return
+        if claimed.isolation is None:
+            with self._gate.get().beside():
+                yield True
+            return
+        with self._gate.get().alone():
+            yield self.store.run_alone(
+                claimed.execution_id, token, now=self.clock(), lease_seconds=self.lease_seconds
+            )
 
     @contextmanager
     def _heartbeat(self, execution_id: str, token: str) -> Iterator[None]:

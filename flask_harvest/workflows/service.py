@@ -90,6 +90,9 @@ def execution_to_dict(execution: Execution, *, with_io: bool = True) -> dict[str
         "deadline": _iso(execution.deadline),
         "attempt": execution.attempt,
         "recovery_count": execution.recovery_count,
+        # Quarantine: the recoveries charged towards the poison-pill limit, and whether it runs alone.
+        "charged_recoveries": execution.charged_recoveries,
+        "isolation": execution.isolation,
         "cancel_requested": execution.cancel_requested,
         "trigger_depth": execution.trigger_depth,
         "continued_from": execution.continued_from,

@@ -288,11 +288,16 @@ class ShardedWorkflowStore(SqlWorkflowStore):
 
     # -- running -------------------------------------------------------------------------------
 
-    def claim(self, execution_id: str, *, now: datetime, lease_seconds: float) -> Execution | None:
-        return self._of(execution_id).claim(execution_id, now=now, lease_seconds=lease_seconds)
+    def claim(
+        self, execution_id: str, *, now: datetime, lease_seconds: float, alone: bool = False
+    ) -> Execution | None:
+        return self._of(execution_id).claim(execution_id, now=now, lease_seconds=lease_seconds, alone=alone)
+
+    def run_alone(self, execution_id: str, token: str, *, now: datetime, lease_seconds: float) -> bool:
+        return self._of(execution_id).run_alone(execution_id, token, now=now, lease_seconds=lease_seconds)
 
     def claim_many(
-        self, execution_ids: Sequence[str], *, now: datetime, lease_seconds: float
+        self, execution_ids: Sequence[str], *, now: datetime, lease_seconds: float, alone: bool = False
     ) -> list[Execution]:
         """:meth:`SqlWorkflowStore.claim_many` on each shard the ids name, in id order. A job's
         runs on a shard that is down are left there (the sweeper queues them once it is back), so
@@ -301,7 +306,7 @@ class ShardedWorkflowStore(SqlWorkflowStore):
         parts = self.shards.each(
             "claim runs",
             lambda shard: self.stores[shard].claim_many(
-                by_shard[shard], now=now, lease_seconds=lease_seconds
+                by_shard[shard], now=now, lease_seconds=lease_seconds, alone=alone
             ),
             only=by_shard,
         )
@@ -392,7 +397,13 @@ class ShardedWorkflowStore(SqlWorkflowStore):
     # -- queues --------------------------------------------------------------------------------
 
     def claim_queued(
-        self, spec: QueueSpec, *, count: int, clock: Callable[[], datetime], lease_seconds: float
+        self,
+        spec: QueueSpec,
+        *,
+        count: int,
+        clock: Callable[[], datetime],
+        lease_seconds: float,
+        alone: bool = False,
     ) -> QueueClaim:
         """Claim from each shard's part of the queue in turn, starting one shard further on each
         call so no shard's runs wait behind another's. A queue's limits hold on each shard."""
@@ -405,7 +416,7 @@ class ShardedWorkflowStore(SqlWorkflowStore):
             shard = (first + offset) % self.shards.count
             parts = self.shards.each(
                 "claim queued runs",
-                partial(self._claim_queued_on, spec, count - len(claimed), clock, lease_seconds),
+                partial(self._claim_queued_on, spec, count - len(claimed), clock, lease_seconds, alone),
                 only=[shard],
             )
             for part in parts:  # none when the shard is down
@@ -420,9 +431,12 @@ class ShardedWorkflowStore(SqlWorkflowStore):
         count: int,
         clock: Callable[[], datetime],
         lease_seconds: float,
+        alone: bool,
         shard: int,
     ) -> QueueClaim:
-        return self.stores[shard].claim_queued(spec, count=count, clock=clock, lease_seconds=lease_seconds)
+        return self.stores[shard].claim_queued(
+            spec, count=count, clock=clock, lease_seconds=lease_seconds, alone=alone
+        )
 
     def queue_counts(self, queue_name: str, *, now: datetime, cap: int) -> QueueCounts:
         """The sums of the shards that answer: the queue's sweep and claims go on while one is down."""

@@ -291,16 +291,29 @@ class SqlWorkflowStore:
 
     # -- running -------------------------------------------------------------------------------
 
-    def claim(self, execution_id: str, *, now: datetime, lease_seconds: float) -> Execution | None:
+    def claim(
+        self, execution_id: str, *, now: datetime, lease_seconds: float, alone: bool = False
+    ) -> Execution | None:
         """Lease a due ``Pending`` execution to the caller: ``Running`` with a fresh lease token.
 
+        :param alone: the caller runs nothing else in its process while it runs this one, so its
+            process dying now is charged to it (``isolation`` becomes ``alone``); otherwise a
+            quarantined run stays ``quarantined`` until :meth:`run_alone`.
         :returns: the claimed execution (its ``lease_token`` is the caller's), or ``None`` when it
             is not due, already running, terminal or absent.
         """
-        return self._leases.claim(execution_id, now=now, lease_seconds=lease_seconds)
+        return self._leases.claim(execution_id, now=now, lease_seconds=lease_seconds, alone=alone)
+
+    def run_alone(self, execution_id: str, token: str, *, now: datetime, lease_seconds: float) -> bool:
+        """Record that the caller now runs the execution alone in its process (a quarantined
+        run's claim, once the runs beside it are done), and renew its lease.
+
+        :returns: whether the execution is still running under ``token``.
+        """
+        return self._leases.run_alone(execution_id, token, now=now, lease_seconds=lease_seconds)
 
     def claim_many(
-        self, execution_ids: Sequence[str], *, now: datetime, lease_seconds: float
+        self, execution_ids: Sequence[str], *, now: datetime, lease_seconds: float, alone: bool = False
     ) -> list[Execution]:
         """:meth:`claim` several executions in one statement (a worker's batch of jobs).
 
@@ -311,7 +324,7 @@ class SqlWorkflowStore:
         :returns: the executions claimed, in id order (those not due, running, ended or absent are
             left out).
         """
-        return self._leases.claim_many(execution_ids, now=now, lease_seconds=lease_seconds)
+        return self._leases.claim_many(execution_ids, now=now, lease_seconds=lease_seconds, alone=alone)
 
     def renew(
         self, execution_id: str, token: str, *, now: datetime, lease_seconds: float
@@ -452,16 +465,23 @@ class SqlWorkflowStore:
     # -- queues --------------------------------------------------------------------------------
 
     def claim_queued(
-        self, spec: QueueSpec, *, count: int, clock: Callable[[], datetime], lease_seconds: float
+        self,
+        spec: QueueSpec,
+        *,
+        count: int,
+        clock: Callable[[], datetime],
+        lease_seconds: float,
+        alone: bool = False,
     ) -> QueueClaim:
         """Claim up to ``count`` of the best eligible due runs of ``spec``'s queue (see
         :mod:`._queue_claims`): lower priority first, then older due time, within the queue's
         concurrency and rate limit and each run's concurrency-key limit.
 
         :param clock: the claim time, read once the queue's claims are serialised.
+        :param alone: as :meth:`claim`'s.
         :returns: the claimed runs, and when a rate limit held runs back, when to try again.
         """
-        return self._queues.claim(spec, count=count, clock=clock, lease_seconds=lease_seconds)
+        return self._queues.claim(spec, count=count, clock=clock, lease_seconds=lease_seconds, alone=alone)
 
     def queue_counts(self, queue_name: str, *, now: datetime, cap: int) -> QueueCounts:
         """Return how many runs of a queue are running, waiting, and waiting and due, each count
@@ -492,9 +512,12 @@ class SqlWorkflowStore:
         return self._sweeps.cancel_expired(now=now, limit=limit)
 
     def expired_leases(self, *, now: datetime, max_recovery_attempts: int) -> LeaseSweep:
-        """Requeue ``Running`` executions whose lease expired (their worker died): each is back to
-        ``Pending`` (due now) with ``recovery_count`` plus one, unless it has been recovered
-        ``max_recovery_attempts`` times already: then it ends ``Failed`` as a poison pill."""
+        """Requeue ``Running`` executions whose lease expired (their worker died), back to
+        ``Pending`` (due now), ``recovery_count`` plus one, and quarantined (``isolation``
+        ``quarantined``: it runs alone from now on). Only a run that ran alone (``isolation``
+        ``alone``) is charged: ``charged_recoveries`` plus one, unless it was charged
+        ``max_recovery_attempts`` times already: then it ends ``Failed`` as a poison pill. A run
+        that died beside others is not charged."""
         return self._sweeps.expired_leases(now=now, max_recovery_attempts=max_recovery_attempts)
 
     def enforce_timeouts_once(self, *, now: datetime, limit: int = 500) -> list[str]:

@@ -12,6 +12,10 @@ effects in a table.
   steps after it never land;
 * a poison pill (a run that kills its worker every time) ends ``Failed`` after
   ``HARVEST_WORKFLOW_MAX_RECOVERY_ATTEMPTS`` recoveries, while other runs complete beside it;
+* the same poison pill run beside innocent runs in one process (several runs at once): the death
+  charges none of them and quarantines them all; the innocent runs complete, each alone, never
+  charged; the pill is charged only for its deaths while alone, and fails after the same number of
+  them as when every run is alone;
 * cancel and terminate of a running run, and of a sleeping one: cancel ends ``Cancelled`` at the next
   boundary after the running step is checkpointed, terminate ends ``Terminated`` at once and no
   checkpoint lands after it; neither ever ends as the other; a cancelled run whose worker is
@@ -36,6 +40,7 @@ from flask import Flask
 from flask_harvest import ExecutionState, workflow_service
 from flask_harvest.workflows import Execution, SqlWorkflowStore, StepRecord
 from flask_harvest.workflows.errors import ExecutionEndedError
+from flask_harvest.workflows.models import Isolation
 from flask_harvest.workflows.service import WorkflowService
 
 from ..pipeline import close_later
@@ -68,8 +73,8 @@ class WorkflowFaults:
     def service(self) -> WorkflowService:
         return workflow_service(self.app)
 
-    def worker(self, *, restart: bool = False) -> Worker:
-        return self.env.start_worker(app=APP_SPEC, concurrency=2, restart=restart)
+    def worker(self, *, restart: bool = False, **overrides: Any) -> Worker:
+        return self.env.start_worker(app=APP_SPEC, concurrency=2, restart=restart, **overrides)
 
     def start(self, name: str, value: Any = None) -> str:
         with self.app.app_context():
@@ -240,7 +245,8 @@ def test_a_sleeping_and_a_busy_run_time_out(wf: WorkflowFaults) -> None:
 
 
 def test_a_poison_pill_fails_after_the_recovery_attempts_and_blocks_no_one(wf: WorkflowFaults) -> None:
-    workers = [wf.worker(restart=True), wf.worker(restart=True)]
+    # One run at a time per process: every run is alone, and every death is charged.
+    workers = [wf.worker(restart=True, HARVEST_WORKFLOW_CONCURRENCY=1) for _ in range(2)]
     pill = wf.start("poison")
     others = [wf.start("five_steps", {"n": n}) for n in range(6)]
     wf.wait_state(others, S.COMPLETED)
@@ -248,7 +254,7 @@ def test_a_poison_pill_fails_after_the_recovery_attempts_and_blocks_no_one(wf: W
     failed = wf.get(pill)
     assert "poison pill" in (failed.error or "")
     assert "HARVEST_WORKFLOW_MAX_RECOVERY_ATTEMPTS" in (failed.error or "")
-    assert failed.recovery_count == MAX_RECOVERY_ATTEMPTS
+    assert failed.recovery_count == failed.charged_recoveries == MAX_RECOVERY_ATTEMPTS
     # It killed a worker on its first run and on each recovery, then was given up.
     assert wf.effects(pill) == Counter({"fine": 1, "crash": MAX_RECOVERY_ATTEMPTS + 1})
     wait_until(
@@ -260,6 +266,35 @@ def test_a_poison_pill_fails_after_the_recovery_attempts_and_blocks_no_one(wf: W
         assert wf.effects(eid) == Counter({f"s{k}": 1 for k in range(1, 6)})
     wf.drain()  # the workers still work
     assert wf.get(pill).state is S.FAILED
+
+
+def test_a_poison_pill_beside_innocent_runs_charges_none_of_them(wf: WorkflowFaults) -> None:
+    worker = wf.worker(restart=True, HARVEST_WORKFLOW_CONCURRENCY=4)
+    innocents = [wf.start("held") for _ in range(3)]
+    for eid in innocents:
+        wf.wait_effect(eid, "two:start")  # all three inside their held step, in the one process
+    pill = wf.start("poison")  # claimed into the fourth slot, beside them
+    wf.wait_effect(pill, "crash")
+    for eid in innocents:
+        wf.release(eid)
+    wf.wait_state(innocents, S.COMPLETED)
+    wf.wait_state([pill], S.FAILED, timeout=120)
+
+    for eid in innocents:
+        done = wf.get(eid)
+        assert done.output == ["one", "two", "three"]
+        # Requeued (once, or again if it waited at the gate while the pill ran alone), never charged.
+        assert done.recovery_count >= 1 and done.charged_recoveries == 0
+        assert done.isolation == Isolation.ALONE.value  # it completed alone, in quarantine
+        assert wf.effects(eid) == Counter({"one": 1, "two:start": 2, "two": 1, "three": 1})
+    failed = wf.get(pill)
+    assert "poison pill" in (failed.error or "")
+    assert failed.charged_recoveries == MAX_RECOVERY_ATTEMPTS
+    # One death beside the innocent runs (free), then MAX + 1 deaths alone: the same count as when
+    # every run is alone (the test above).
+    assert wf.effects(pill) == Counter({"fine": 1, "crash": 1 + MAX_RECOVERY_ATTEMPTS + 1})
+    wait_until(lambda: len(worker.exits) >= MAX_RECOVERY_ATTEMPTS + 2, 30, "the worker restarted")
+    wf.drain()  # the worker still works, several runs at once again
 
 
 def test_cancel_of_a_running_run_ends_it_cancelled_at_the_next_boundary(wf: WorkflowFaults) -> None:
