@@ -371,12 +371,16 @@ def test_a_stopping_runner_claims_no_next_run(store: SqlWorkflowStore) -> None:
     """While the runner closes (a worker stopping), a thread that ends a queued run does not go on
     with the queue's next run: the queue gets a job instead, for the next worker."""
     h = Harness(store, q=QueueSpec("q", concurrency=1))
-    h.workflow("job", lambda ctx, x: x, queue="q")
+
+    def job(ctx: object, x: int) -> int:
+        h.runner._closing.set()  # what close() sets while it waits for the runs under way
+        return x
+
+    h.workflow("job", job, queue="q")
     first, _ = h.runner.start("job", 1)
     h.clock.advance(seconds=1)
     second, _ = h.runner.start("job", 2)
     h.jobs()
-    h.runner._closing.set()  # what close() sets while it waits for the runs in flight
     try:
         assert h.runner.run(first.execution_id) is not None
     finally:
