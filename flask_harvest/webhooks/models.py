@@ -565,6 +565,23 @@ class SubscriptionEffect(str, enum.Enum):
 
 
 @dataclass(frozen=True)
+class OperationalContext:
+    """What a store needs to notify the operational endpoint of a transition an attempt causes
+    (:mod:`flask_harvest.webhooks.operational`): set by the outcome rules when an endpoint is
+    configured and the delivery is not one of its own."""
+
+    #: The subscription the notifications are delivered to.
+    subscription_id: str
+    #: The notifications' attempt limit.
+    max_attempts: int
+    #: The topic and creation time of the delivery the attempt was made for.
+    topic: str
+    created_at: datetime
+    #: Its subscription's URL as it may be shown (credentials and query values hidden).
+    subscription_url: str
+
+
+@dataclass(frozen=True)
 class AttemptResult:
     """What to write when an attempt ends: the delivery's new state and the subscription effect.
 
@@ -581,6 +598,9 @@ class AttemptResult:
     attempt: DeliveryAttempt | None = None
     effect: SubscriptionEffect = SubscriptionEffect.NONE
     failure_threshold: int = 50
+    #: Where a transition this result causes (a dead letter, a subscription turned off) is
+    #: notified; ``None``: nowhere (no operational endpoint, or the delivery is one of its own).
+    operational: OperationalContext | None = None
 
 
 @dataclass(frozen=True)
