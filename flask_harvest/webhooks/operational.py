@@ -48,8 +48,10 @@ __all__ = [
     "SUBSCRIPTION_DISABLED",
     "Kind",
     "context",
+    "enabled",
     "event_types",
     "notices",
+    "register",
     "subscription_for",
 ]
 
@@ -281,7 +283,3 @@ def notices(
         for topic, data in made
     ]
 
-
-def is_operational(subscription_id: str) -> bool:
-    """Whether ``subscription_id`` is the reserved operational subscription's."""
-    return subscription_id == OPERATIONAL_SUBSCRIPTION_ID
