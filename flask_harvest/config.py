@@ -16,10 +16,9 @@ from typing import Any
 
 from .errors import ConfigurationError, InvalidFieldError
 from .outbound.backoff import RetryPolicy
-from .outbound.signing import DEFAULT_SIGNATURE_HEADER
+from .outbound.signing import DEFAULT_SIGNATURE_HEADER, validate_secret
 from .outbound.ssrf import SsrfPolicy, parse_cidrs, validate_target
 from .shards import MAX_SHARDS
-from .webhooks.models import validate_secret, validate_url
 
 
 @dataclass(frozen=True)
@@ -359,7 +358,7 @@ def _check_operational_webhook(settings: Settings) -> None:
         missing, given = (url_key, secret_key) if not url else (secret_key, url_key)
         raise ConfigurationError(f"{given} is set but {missing} is not: set both, or neither")
     try:
-        validate_url(url, url_key)
+        # The syntax check of a subscription's URL, then the SSRF policy's.
         validate_target(url, settings.ssrf_policy)
     except InvalidFieldError as exc:
         raise ConfigurationError(f"{url_key} is not a usable endpoint: {exc.message}") from None

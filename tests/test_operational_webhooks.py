@@ -235,6 +235,28 @@ def test_nothing_is_made_when_no_endpoint_is_configured(
     assert [r.path for r in receiver.requests] == ["/hook", "/hook"]
 
 
+def test_without_an_endpoint_recording_a_dead_letter_writes_no_row(
+    sql_store: SqlOutboundWebhookStore, receiver: CapturingReceiver
+) -> None:
+    app = make_app(sql_store, **FAILING)
+    subscribe(sql_store, receiver.url("/hook"))
+    receiver.handle("/hook", lambda _request: _status(500))
+    inserts: list[str] = []
+
+    def count(conn: sa.Connection, cursor: Any, statement: str, *_: Any) -> None:
+        if "harvest_webhook_deliveries" in statement and statement.lstrip().upper().startswith("INSERT"):
+            inserts.append(statement)
+
+    sa.event.listen(sql_store.engine, "before_cursor_execute", count)
+    try:
+        with app.app_context():
+            [delivery_id] = get_engine().manager.dispatch("order.created", {})
+        assert wait_final(sql_store, [delivery_id]) == [DeliveryState.DLQ]
+    finally:
+        sa.event.remove(sql_store.engine, "before_cursor_execute", count)
+    assert len(inserts) == 1  # the dispatch's; recording the attempts inserts no delivery
+
+
 def test_the_outcome_rules_attach_no_context_without_an_endpoint_or_for_its_own_deliveries() -> None:
     now = utcnow()
     settings = load_settings({}, {})

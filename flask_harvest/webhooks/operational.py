@@ -282,4 +282,3 @@ def notices(
         )
         for topic, data in made
     ]
-
