@@ -29,6 +29,7 @@ from ..outbound.signing import (
     WEBHOOK_SIGNATURE,
     WEBHOOK_TIMESTAMP,
 )
+
 # Re-exported: a subscription's secret is checked by the outbound layer's one secret check, which
 # the configuration of the operational endpoint's secret uses too.
 from ..outbound.signing import validate_secret as validate_secret
