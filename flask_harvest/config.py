@@ -14,10 +14,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .errors import ConfigurationError
+from .errors import ConfigurationError, InvalidFieldError
 from .outbound.backoff import RetryPolicy
-from .outbound.signing import DEFAULT_SIGNATURE_HEADER
-from .outbound.ssrf import SsrfPolicy, parse_cidrs
+from .outbound.signing import DEFAULT_SIGNATURE_HEADER, validate_secret
+from .outbound.ssrf import SsrfPolicy, parse_cidrs, validate_target
 from .shards import MAX_SHARDS
 
 
@@ -59,6 +59,12 @@ class Settings:
     #: Refuse to dispatch a topic that is not an event type in the catalog. Off by default: a topic
     #: without a type is sent unchecked, as it is with no catalog at all.
     event_catalog_strict: bool = False
+    #: The application's own endpoint for operational notifications (a subscription turned off
+    #: automatically, a delivery dead-lettered), sent through the delivery pipeline like every
+    #: webhook. Empty (the default): none are made.
+    operational_webhook_url: str = ""
+    #: The secret the operational notifications are signed with (required with the URL).
+    operational_webhook_secret: str = field(default="", repr=False)
     #: URL prefix of the actuator blueprint.
     actuator_prefix: str = "/actuator/webhooks"
     #: Bearer token that opens the actuator; with none (and no authorizer) every route is refused.
@@ -293,6 +299,7 @@ def load_settings(config: Mapping[str, Any], overrides: Mapping[str, Any]) -> Se
                 f"{KEYS[name]} must list networks such as '10.1.0.0/16, fd00::/8' ({exc})"
             ) from None
     shard_urls(settings)
+    _check_operational_webhook(settings)
     token = settings.actuator_token
     if token and (len(token.strip()) < MIN_ACTUATOR_TOKEN_LENGTH or token != token.strip()):
         # A guessable token opens the admin API; "Bearer " plus spaces must never be a credential.
@@ -339,6 +346,28 @@ def load_settings(config: Mapping[str, Any], overrides: Mapping[str, Any]) -> Se
             f"{KEYS['metrics_path']} must be a plain path such as '/metrics' (letters, digits, -._~/)"
         )
     return settings
+
+
+def _check_operational_webhook(settings: Settings) -> None:
+    """Refuse an operational endpoint without its secret (or the reverse), a URL that is not one
+    or that the SSRF policy refuses, and a secret that cannot sign; never showing the secret."""
+    url_key, secret_key = KEYS["operational_webhook_url"], KEYS["operational_webhook_secret"]
+    url, secret = settings.operational_webhook_url, settings.operational_webhook_secret
+    if not url and not secret:
+        return
+    if not url or not secret:
+        missing, given = (url_key, secret_key) if not url else (secret_key, url_key)
+        raise ConfigurationError(f"{given} is set but {missing} is not: set both, or neither")
+    try:
+        # The syntax check of a subscription's URL, then the SSRF policy's.
+        validate_target(url, settings.ssrf_policy)
+    except InvalidFieldError as exc:
+        raise ConfigurationError(f"{url_key} is not a usable endpoint: {exc.message}") from None
+    try:
+        validate_secret(secret, secret_key)
+    except InvalidFieldError as exc:
+        # The message names the problem, never the value.
+        raise ConfigurationError(f"{secret_key} is not a usable signing secret: {exc.message}") from None
 
 
 def shard_urls(settings: Settings) -> list[str]:

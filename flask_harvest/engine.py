@@ -157,6 +157,12 @@ def build_engine(
         "webhooks", partial(webhook_sweeps.sweep, store, backend, batch=1000, requeue=delegate is None)
     )
     operations = WebhookOperations(store, backend, manager, settings)
+    try:
+        # Only with HARVEST_OPERATIONAL_WEBHOOK_URL: otherwise nothing is read or written.
+        operations.install_operational_endpoint()
+    except BaseException:
+        backend.close()
+        raise
     return HarvestEngine(
         settings,
         store,

@@ -159,6 +159,7 @@ PURE_MODULES = [
     "flask_harvest.outbound.backoff",
     "flask_harvest.config",
     "flask_harvest.webhooks.catalog",
+    "flask_harvest.webhooks.operational",
 ]
 #: What a pure core must not pull in, even through flask_harvest/__init__.py.
 EDGES = ["requests", "urllib3", "flask", "werkzeug", "sqlalchemy", "redis", "rq", "blinker", "marshmallow"]

@@ -40,6 +40,30 @@ def generate_secret() -> str:
     return SECRET_PREFIX + base64.b64encode(secrets.token_bytes(32)).decode("ascii")
 
 
+#: The longest signing secret: room for the API's 1,024-character secrets in their ``whsec_`` form.
+MAX_SECRET_LENGTH = 8192
+
+
+def validate_secret(value: object, field_name: str = "secret") -> str:
+    """Return ``value`` if it is a usable signing secret, else raise :class:`InvalidSecretError`
+    naming ``field_name`` (the message never shows the value).
+
+    A string a database can keep (no NUL, no lone surrogate, at most :data:`MAX_SECRET_LENGTH`
+    characters) that :func:`secret_key` accepts.
+    """
+    if not isinstance(value, str):
+        raise InvalidSecretError("must be a string", field=field_name)
+    too_long = len(value) > MAX_SECRET_LENGTH
+    problem = f"must be at most {MAX_SECRET_LENGTH} characters" if too_long else text_problem(value)
+    if problem is not None:
+        raise InvalidSecretError(problem, field=field_name)
+    try:
+        secret_key(value)
+    except InvalidSecretError as exc:
+        raise InvalidSecretError(exc.message, field=field_name) from None
+    return value
+
+
 def secret_key(secret: str) -> bytes:
     """Return the HMAC key that Standard Webhooks signatures use for ``secret``.
 

@@ -28,7 +28,7 @@ from referencing.exceptions import NoSuchResource, Unresolvable
 
 from .._input import check_json_value, id_problem, parse_json, text_problem
 from ..errors import InvalidFieldError
-from .topics import topic_matches, validate_topic
+from .topics import RESERVED_PREFIX, topic_matches, validate_topic
 
 __all__ = [
     "EventCatalog",
@@ -268,7 +268,9 @@ class EventCatalog:
     def unmatched_patterns(self, patterns: Iterable[str]) -> list[str]:
         """Return a warning for each topic pattern that selects no registered type (none when the
         catalog is empty: an app without a catalog gets no warnings)."""
-        names = list(self._types)
+        # flask-harvest's own types (the operational notifications) never reach a subscription by
+        # its patterns: an app that only has those has no catalog to warn against.
+        names = [name for name in self._types if not name.startswith(RESERVED_PREFIX)]
         if not names:
             return []
         return [

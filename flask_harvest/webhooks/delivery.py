@@ -182,6 +182,8 @@ class DeliveryRunner:
             return False, None
         if result.state is DeliveryState.PENDING:
             self._schedule_retry(claim, result)
+        if recorded.notices:
+            self._queue_notices(recorded.notices)
         return True, recorded.changed
 
     def _send(self, claim: Claim, observe: ResultObserver | None = None) -> AttemptResult:
@@ -225,6 +227,18 @@ class DeliveryRunner:
             request_headers=headers,
             rng=self._rng,
         )
+
+    def _queue_notices(self, notices: Sequence[DeliveryLog]) -> None:
+        """Queue the operational notifications an outcome logged (committed with it)."""
+        try:
+            self.backend.enqueue([delivery_job(notice) for notice in notices])
+        except JobBackendError as exc:
+            # The rows are PENDING and due: the sweeper enqueues them when the backend is back.
+            log.warning(
+                "harvest: could not queue %d operational notification(s) (%s); the sweeper will",
+                len(notices),
+                exc,
+            )
 
     def _schedule_retry(self, claim: Claim, result: AttemptResult) -> None:
         retry = claim.delivery.replace(

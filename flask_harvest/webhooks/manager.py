@@ -27,6 +27,7 @@ from .models import (
     WebhookSubscription,
     new_id,
 )
+from .operational import OPERATIONAL_SUBSCRIPTION_ID
 from .outbox import OutboxMessage, SqlOutbox, TransactionTarget
 from .payload import encode_payload
 from .stores.base import OutboundWebhookHandler
@@ -292,9 +293,11 @@ class OutboundWebhookManager:
         trace_context: str | None = None,
     ) -> DeliveryLog | None:
         """The delivery of one event to one subscription of its topic, or ``None`` when the
-        subscription's payload filter does not hold on the event's payload: the one place both
-        dispatch and the outbox relay decide that."""
-        if not subscription.wants(payload):
+        subscription's payload filter does not hold on the event's payload, or when it is the
+        operational endpoint's (it is sent notifications only): the one place both dispatch and
+        the outbox relay decide that."""
+        # The operational endpoint takes only the notifications addressed to it, never a fan-out.
+        if not subscription.wants(payload) or subscription.id == OPERATIONAL_SUBSCRIPTION_ID:
             return None
         active = subscription.is_active
         return DeliveryLog(

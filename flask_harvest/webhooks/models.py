@@ -20,7 +20,7 @@ from typing import Any, NamedTuple
 from .._input import check_id
 from .._time import utcnow as utcnow  # re-exported: callers that imported it from here keep working
 from ..conditions import Condition, condition_to_json, evaluate, parse_condition, validate_condition
-from ..errors import InvalidFieldError, InvalidSecretError
+from ..errors import InvalidFieldError
 from ..outbound.attempt import DeliveryState as DeliveryState
 from ..outbound.signing import (
     DEFAULT_SIGNATURE_HEADER,
@@ -28,8 +28,11 @@ from ..outbound.signing import (
     WEBHOOK_ID,
     WEBHOOK_SIGNATURE,
     WEBHOOK_TIMESTAMP,
-    secret_key,
 )
+
+# Re-exported: a subscription's secret is checked by the outbound layer's one secret check, which
+# the configuration of the operational endpoint's secret uses too.
+from ..outbound.signing import validate_secret as validate_secret
 from ..outbound.ssrf import MAX_URL_LENGTH as MAX_URL_LENGTH
 from ..outbound.ssrf import SsrfRejection, parse_url
 from .topics import topic_matches, validate_topic
@@ -40,8 +43,6 @@ MAX_ID_LENGTH = 255
 MAX_DESCRIPTION_LENGTH = 2048
 # Counters are SQL INTEGER columns (32-bit on PostgreSQL).
 _MAX_COUNT = 2**31 - 1
-# Room for the API's 1,024-character secrets in their whsec_ form (standard_secret).
-_MAX_SECRET_LENGTH = 8192
 
 #: The most custom headers a subscription may have.
 MAX_HEADERS = 20
@@ -196,16 +197,6 @@ def validate_datetime(value: object, field_name: str, *, optional: bool = False)
     except OverflowError:
         raise InvalidFieldError(field_name, "is out of range once converted to UTC") from None
     return value
-
-
-def validate_secret(value: object, field_name: str = "secret") -> str:
-    """Return ``value`` if it is a usable signing secret, else raise (never showing it)."""
-    try:
-        secret = validate_text(value, field_name, max_length=_MAX_SECRET_LENGTH)
-        secret_key(secret)
-    except InvalidFieldError as exc:
-        raise InvalidSecretError(exc.message, field=field_name) from None
-    return secret
 
 
 def standard_secret(secret: str) -> str:
@@ -565,6 +556,23 @@ class SubscriptionEffect(str, enum.Enum):
 
 
 @dataclass(frozen=True)
+class OperationalContext:
+    """What a store needs to notify the operational endpoint of a transition an attempt causes
+    (:mod:`flask_harvest.webhooks.operational`): set by the outcome rules when an endpoint is
+    configured and the delivery is not one of its own."""
+
+    #: The subscription the notifications are delivered to.
+    subscription_id: str
+    #: The notifications' attempt limit.
+    max_attempts: int
+    #: The topic and creation time of the delivery the attempt was made for.
+    topic: str
+    created_at: datetime
+    #: Its subscription's URL as it may be shown (credentials and query values hidden).
+    subscription_url: str
+
+
+@dataclass(frozen=True)
 class AttemptResult:
     """What to write when an attempt ends: the delivery's new state and the subscription effect.
 
@@ -581,6 +589,9 @@ class AttemptResult:
     attempt: DeliveryAttempt | None = None
     effect: SubscriptionEffect = SubscriptionEffect.NONE
     failure_threshold: int = 50
+    #: Where a transition this result causes (a dead letter, a subscription turned off) is
+    #: notified; ``None``: nowhere (no operational endpoint, or the delivery is one of its own).
+    operational: OperationalContext | None = None
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,7 @@ from ..config import Settings
 from ..errors import (
     ConfigurationError,
     DeliveryNotFoundError,
+    DuplicateSubscriptionError,
     EventTypeNotFoundError,
     InvalidFieldError,
     InvalidStateError,
@@ -25,6 +26,7 @@ from ..http.cursor import decode_position, encode_position
 from ..jobs.base import JobBackend, JobBackendError
 from ..outbound.signing import generate_secret
 from ..outbound.ssrf import validate_target
+from . import operational
 from .catalog import EventType
 from .delivery import delivery_job
 from .manager import OutboundWebhookManager
@@ -39,6 +41,7 @@ from .models import (
     validate_filter,
     validate_headers,
 )
+from .operational import OPERATIONAL_SUBSCRIPTION_ID
 from .outbox import SqlOutbox
 from .stores.base import DlqCursor, OutboundWebhookHandler
 from .topics import validate_topic
@@ -225,6 +228,12 @@ class WebhookOperations:
         :raises InvalidFieldError: a field is invalid, or the URL is refused by the SSRF policy.
         :raises DuplicateSubscriptionError: the id is taken.
         """
+        if subscription_id == OPERATIONAL_SUBSCRIPTION_ID:
+            raise InvalidFieldError(
+                "id",
+                f"{OPERATIONAL_SUBSCRIPTION_ID!r} is reserved for the operational endpoint, which "
+                "HARVEST_OPERATIONAL_WEBHOOK_URL sets up; choose another id",
+            )
         extra: dict[str, Any] = {"id": subscription_id} if subscription_id is not None else {}
         subscription = WebhookSubscription(
             target_url=target_url,
@@ -241,6 +250,36 @@ class WebhookOperations:
         chosen = standard_secret(subscription.secret)
         subscription = subscription.replace(secret=chosen)
         return NewSecret(self.store.add_subscription(subscription), chosen)
+
+    def install_operational_endpoint(self) -> WebhookSubscription | None:
+        """Make the reserved operational subscription match ``HARVEST_OPERATIONAL_WEBHOOK_URL``
+        and its secret, and list the notifications in the event catalog; return it (``None``, and
+        nothing read or written, when no endpoint is configured).
+
+        Created when missing; its URL and topics set when they differ; a new secret rotated in
+        (the old one signs too for ``HARVEST_WEBHOOKS_SECRET_GRACE_SECONDS``). Its status is left
+        as it is: once turned off, an operator enables it again, as any subscription. Safe to run
+        from several processes at once.
+        """
+        wanted = operational.subscription_for(self.settings)
+        if wanted is None:
+            return None
+        operational.register(self.manager.catalog)
+        current = self.store.get_subscription(wanted.id)
+        if current is None:
+            try:
+                return self.store.add_subscription(wanted)
+            except DuplicateSubscriptionError:  # another process created it a moment ago
+                current = self.store.get_subscription(wanted.id)
+                if current is None:
+                    raise
+        if current.target_url != wanted.target_url or set(current.event_topics) != set(wanted.event_topics):
+            changes = SubscriptionChanges(target_url=wanted.target_url, event_topics=wanted.event_topics)
+            current = self.store.update_subscription(wanted.id, changes)
+        if current.secret != wanted.secret:
+            grace = timedelta(seconds=self.settings.webhooks_secret_grace_seconds)
+            current = self.store.rotate_secret(wanted.id, wanted.secret, previous_expires_at=utcnow() + grace)
+        return current
 
     def topic_warnings(self, event_topics: Sequence[str] | None) -> list[str]:
         """Return a warning for each of a subscription's topic patterns that selects no event type

@@ -10,6 +10,10 @@
   a counted failure. With attempts left the delivery waits ``full jitter`` (floored by
   ``Retry-After``); without, it is dead-lettered.
 
+A result carries where its transitions are notified (:func:`.operational.context`): a dead
+letter, or a subscription turned off, is told to the operational endpoint when one is configured,
+unless the delivery is one of that endpoint's own.
+
 The delivery's new state is the one outbound rule's (:func:`flask_harvest.outbound.attempt.judge`, under
 :attr:`Settings.webhook_retry_policy <flask_harvest.config.Settings.webhook_retry_policy>`); this
 module adds what it does to the subscription.
@@ -23,6 +27,7 @@ from datetime import datetime
 from .._input import text_problem
 from ..config import Settings
 from ..outbound.attempt import HttpResponse, TransportError, judge
+from . import operational
 from .models import (
     AttemptResult,
     Claim,
@@ -61,6 +66,7 @@ def before_sending(claim: Claim, settings: Settings, now: datetime) -> AttemptRe
         next_attempt_at=None,
         last_error=reason,
         timestamp=now,
+        operational=operational.context(claim, settings) if state is DeliveryState.DLQ else None,
     )
 
 
@@ -92,6 +98,8 @@ def after_response(
         effect = SubscriptionEffect.DISABLE
     else:
         effect = SubscriptionEffect.COUNT_FAILURE
+    # A success changes nothing that is notified: its context would never be read.
+    notify = None if effect is SubscriptionEffect.RESET_FAILURES else operational.context(claim, settings)
     # A retry's row counts the attempt it waits for.
     number = delivery.attempt + 1 if verdict.state is DeliveryState.PENDING else delivery.attempt
     return AttemptResult(
@@ -104,4 +112,5 @@ def after_response(
         attempt=attempt,
         effect=effect,
         failure_threshold=settings.webhooks_failure_threshold,
+        operational=notify,
     )

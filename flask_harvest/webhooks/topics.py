@@ -7,7 +7,10 @@ import re
 
 from ..errors import InvalidFieldError
 
-__all__ = ["topic_matches", "validate_topic"]
+__all__ = ["RESERVED_PREFIX", "topic_matches", "validate_topic"]
+
+#: The topics of flask-harvest's own events (the operational notifications) start with it.
+RESERVED_PREFIX = "harvest."
 
 _TOPIC_SEGMENT = re.compile(r"[A-Za-z0-9_\-:]+")
 

@@ -17,6 +17,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING
 
 from ...errors import InvalidStateError
+from .. import operational
 from ..models import (
     WAITING_STATES,
     AttemptResult,
@@ -68,10 +69,14 @@ class Recorded:
         lost and nothing was written for it (as :meth:`~OutboundWebhookHandler.finish_attempt`'s
         :class:`~flask_harvest.errors.InvalidStateError`).
     :param changed: the subscription's new status if this outcome changed it.
+    :param notices: the operational notifications the outcome's transitions made
+        (:func:`~flask_harvest.webhooks.operational.notices`), logged ``PENDING`` with the outcome;
+        the caller queues them.
     """
 
     held: bool
     changed: WebhookSubscriptionStatus | None = None
+    notices: tuple[DeliveryLog, ...] = ()
 
 
 def fold_stats(
@@ -563,8 +568,14 @@ class OutboundWebhookHandler(abc.ABC):
         was done with each, in order.
 
         Each outcome is atomic on its own; a store may write them all in one transaction (a
-        driver error then writes none and is raised). This default calls :meth:`finish_attempt`
-        per outcome; a store can override it to record the batch in one round trip.
+        driver error then writes none and is raised). An outcome whose result has an operational
+        context (:attr:`AttemptResult.operational`) and that dead-letters its delivery or turns its
+        subscription off logs the notifications :func:`~flask_harvest.webhooks.operational.notices`
+        builds, once per transition, and returns them in :attr:`Recorded.notices`; a store that
+        can writes them in the outcome's transaction (the SQL store does).
+
+        This default calls :meth:`finish_attempt` per outcome, then :meth:`log_deliveries` for
+        its notifications; a store can override it to record the batch in one round trip.
         """
         recorded = []
         for outcome in outcomes:
@@ -572,8 +583,16 @@ class OutboundWebhookHandler(abc.ABC):
                 changed = self.finish_attempt(outcome.delivery_id, outcome.lease_token, outcome.result)
             except InvalidStateError:
                 recorded.append(Recorded(held=False))
-            else:
-                recorded.append(Recorded(held=True, changed=changed))
+                continue
+            made: tuple[DeliveryLog, ...] = ()
+            if outcome.result.operational is not None:
+                delivery = self.get_delivery(outcome.delivery_id)
+                if delivery is not None:
+                    made = tuple(
+                        operational.notices(delivery.id, delivery.subscription_id, outcome.result, changed)
+                    )
+                    self.log_deliveries(made)
+            recorded.append(Recorded(held=True, changed=changed, notices=made))
         return recorded
 
     @abc.abstractmethod

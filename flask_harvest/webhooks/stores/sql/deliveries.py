@@ -21,6 +21,7 @@ from ...._input import id_problem
 from ...._sql import SqlDatabase
 from ...._time import utcnow
 from ....errors import DeliveryNotFoundError, InvalidStateError
+from ... import operational
 from ...models import (
     AttemptResult,
     Claim,
@@ -207,7 +208,10 @@ class DeliveryPipeline:
                     f"the lease on delivery {delivery_id!r} was lost (it expired or was never held); "
                     "nothing was recorded"
                 )
-            return self._apply_effect(conn, row.subscription_id, row.failures, result)
+            changed = self._apply_effect(conn, row.subscription_id, row.failures, result)
+            # Logged here and queued by the sweeper: this method returns no deliveries to queue.
+            self._notify(conn, delivery_id, row.subscription_id, result, changed)
+            return changed
 
     def finish_attempts(self, outcomes: Sequence[Outcome]) -> list[Recorded]:
         if not outcomes:
@@ -231,8 +235,27 @@ class DeliveryPipeline:
                     recorded.append(Recorded(held=False))
                     continue
                 changed = self._apply_effect(conn, found.subscription_id, found.failures, outcome.result)
-                recorded.append(Recorded(held=True, changed=changed))
+                made = self._notify(conn, outcome.delivery_id, found.subscription_id, outcome.result, changed)
+                recorded.append(Recorded(held=True, changed=changed, notices=made))
         return recorded
+
+    @staticmethod
+    def _notify(
+        conn: Connection,
+        delivery_id: str,
+        subscription_id: str,
+        result: AttemptResult,
+        changed: WebhookSubscriptionStatus | None,
+    ) -> tuple[DeliveryLog, ...]:
+        """Log the operational notifications of a recorded outcome's transitions on ``conn``, the
+        transaction that recorded it: they commit with the transition or not at all. Nothing (no
+        statement) for a result without an operational context."""
+        if result.operational is None:
+            return ()
+        made = tuple(operational.notices(delivery_id, subscription_id, result, changed))
+        if made:
+            conn.execute(INSERT_DELIVERY, [delivery_values(notice) for notice in made])
+        return made
 
     def _finish_one(
         self, conn: Connection, delivery_id: str, lease_token: str, result: AttemptResult
