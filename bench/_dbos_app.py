@@ -37,6 +37,10 @@ def _launch(executor_id: str) -> Any:
             "name": "harvest-bench",
             "system_database_url": DBOS_DATABASE_URL,
             "executor_id": executor_id,
+            # One fixed version: DBOS hands a client's enqueue to the latest version it has seen,
+            # and a version named after the code's hash would strand runs whenever two checkouts
+            # (an A/B comparison) share the system database.
+            "application_version": "harvest-bench",
             "log_level": "WARNING",
         }
     )
@@ -109,6 +113,7 @@ def reset(engine: sa.Engine) -> None:
     """Forget every workflow (their steps go with them)."""
     with engine.begin() as conn:
         conn.execute(sa.text("TRUNCATE dbos.workflow_status CASCADE"))
+        conn.execute(sa.text("TRUNCATE dbos.application_versions"))
 
 
 def finished_times(engine: sa.Engine) -> dict[str, tuple[float, float]]:
