@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import math
+import uuid
 
 import pytest
-from hypothesis import given, settings
+import redis
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from flask_harvest.outbound.limiters import LocalRateLimiter, RedisRateLimiter
 from flask_harvest.outbound.rate import MAX_BURST, MICROS, Bucket, RateLimit, expires_in, take
 
 limits = st.builds(
@@ -146,3 +149,48 @@ def test_any_number_is_a_limit_or_refused(per_second: float, burst: int) -> None
     except ValueError:
         return
     assert limit.interval >= 10 and 1 <= limit.burst <= MAX_BURST
+
+
+# -- the edges run the same arithmetic ---------------------------------------------------------
+
+
+@pytest.mark.redis
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(limits, gaps)
+def test_the_redis_script_answers_as_the_pure_core(redis_conn: redis.Redis, limit: RateLimit, gaps: list[int]) -> None:
+    limiter = RedisRateLimiter(redis_conn, "harvest:test-rate:")
+    endpoint = f"sub_{uuid.uuid4().hex}"
+    bucket: Bucket | None = None
+    now = 1_700_000_000 * MICROS
+    try:
+        for gap in gaps:
+            now += gap
+            bucket, wait = take(bucket, now, limit)
+            assert limiter.take(endpoint, limit, now) == wait
+        ttl = redis_conn.pttl(limiter.key(endpoint))
+        if bucket is not None:
+            assert ttl <= expires_in(bucket, now, limit) // 1000 + 1  # -2 once expired
+    finally:
+        redis_conn.delete(limiter.key(endpoint))
+
+
+@pytest.mark.redis
+def test_the_redis_limiter_uses_redis_s_clock_and_shares_one_bucket(redis_conn: redis.Redis) -> None:
+    one, two = (RedisRateLimiter(redis_conn, "harvest:test-rate:") for _ in range(2))
+    limit = RateLimit(per_second=1, burst=2)
+    endpoint = f"sub_{uuid.uuid4().hex}"
+    try:
+        assert one.acquire(endpoint, limit) == 0
+        assert two.acquire(endpoint, limit) == 0
+        # The third request waits about one interval, whichever process asks.
+        assert 0.5 < one.acquire(endpoint, limit) <= 1.0
+    finally:
+        redis_conn.delete(one.key(endpoint))
+
+
+def test_the_local_limiter_counts_per_endpoint() -> None:
+    limiter = LocalRateLimiter()
+    limit = RateLimit(per_second=1, burst=1)
+    assert limiter.acquire("a", limit) == 0
+    assert limiter.acquire("b", limit) == 0
+    assert 0.5 < limiter.acquire("a", limit) <= 1.0
