@@ -142,7 +142,13 @@ def build_engine(
         policy=settings.ssrf_policy,
     )
     runner = DeliveryRunner(
-        store, settings, transport, backend, listener=on_attempt, limiter=limiter, rate_listener=on_rate_limited
+        store,
+        settings,
+        transport,
+        backend,
+        listener=on_attempt,
+        limiter=limiter,
+        rate_listener=on_rate_limited,
     )
     capabilities = store.capabilities
     if capabilities.engine is not None:

@@ -64,12 +64,12 @@ __all__ = [
     "DELIVERIES_FINISHED",
     "DELIVERY_ATTEMPTS",
     "DELIVERY_LATENCY",
+    "RATE_LIMIT_WAIT",
     "SUBSCRIPTIONS_TURNED_OFF",
     "TRIGGER_FIRES",
     "TRIGGER_SKIPPED",
     "WORKFLOWS_FINISHED",
     "WORKFLOW_DURATION",
-    "RATE_LIMIT_WAIT",
     "MetricsExposition",
     "install",
 ]

@@ -53,7 +53,9 @@ def test_a_burst_goes_at_once_then_one_per_interval() -> None:
 
 @settings(max_examples=300)
 @given(limits, gaps)
-def test_no_window_admits_more_than_burst_plus_rate_times_its_length(limit: RateLimit, gaps: list[int]) -> None:
+def test_no_window_admits_more_than_burst_plus_rate_times_its_length(
+    limit: RateLimit, gaps: list[int]
+) -> None:
     times = _admitted(limit, gaps)
     for first in range(len(times)):
         for last in range(first, len(times)):
@@ -62,7 +64,9 @@ def test_no_window_admits_more_than_burst_plus_rate_times_its_length(limit: Rate
 
 
 @given(limits, st.integers(1, 200))
-def test_requests_asking_at_their_turns_are_all_admitted_at_the_limits_pace(limit: RateLimit, count: int) -> None:
+def test_requests_asking_at_their_turns_are_all_admitted_at_the_limits_pace(
+    limit: RateLimit, count: int
+) -> None:
     # A backlog asks at once; each asks again at the turn it was told: all go, at the rate.
     now = 5 * MICROS
     bucket: Bucket | None = None
@@ -138,7 +142,7 @@ def test_the_interval_rounds_up_so_the_rate_is_never_exceeded() -> None:
     ],
 )
 def test_bad_limits_are_refused_with_the_reason(per_second: object, burst: object) -> None:
-    with pytest.raises(ValueError, match="per_second|burst"):
+    with pytest.raises(ValueError, match=r"per_second|burst"):
         RateLimit(per_second=per_second, burst=burst)  # type: ignore[arg-type]
 
 
@@ -157,7 +161,9 @@ def test_any_number_is_a_limit_or_refused(per_second: float, burst: int) -> None
 @pytest.mark.redis
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(limits, gaps)
-def test_the_redis_script_answers_as_the_pure_core(redis_conn: redis.Redis, limit: RateLimit, gaps: list[int]) -> None:
+def test_the_redis_script_answers_as_the_pure_core(
+    redis_conn: redis.Redis, limit: RateLimit, gaps: list[int]
+) -> None:
     limiter = RedisRateLimiter(redis_conn, "harvest:test-rate:")
     endpoint = f"sub_{uuid.uuid4().hex}"
     bucket: Bucket | None = None

@@ -336,7 +336,9 @@ def validate_rate_limit(value: object, field_name: str = "rate_limit") -> RateLi
     if value is None or isinstance(value, RateLimit):
         return value
     if not isinstance(value, Mapping):
-        raise InvalidFieldError(field_name, 'must be {"per_second": <number>, "burst": <whole number>} or null')
+        raise InvalidFieldError(
+            field_name, 'must be {"per_second": <number>, "burst": <whole number>} or null'
+        )
     if set(value) != {"per_second", "burst"}:
         raise InvalidFieldError(field_name, "must have exactly the keys per_second and burst")
     try:
