@@ -30,6 +30,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import logging
+import math
 import random
 import threading
 import time
@@ -68,6 +69,8 @@ _FORGET_SECONDS = 300.0
 # unlimited one could, and the short hold keeps its pace exact (the queue's delayed jobs move on
 # whole seconds).
 _RATE_HOLD_SECONDS = 5.0
+# The start time a held delivery has among its endpoint's attempts until it is sent.
+_HELD = math.inf
 
 
 class OutboundRunner(Protocol):
@@ -391,6 +394,10 @@ class DeliveryPool:
     def _healthy(self, work: _Work, endpoint: _Endpoint, now: float) -> bool:
         if not work.ticket.sendable or self._slow(endpoint, now):
             return False
+        if work.ticket.rate_limited and _HELD in endpoint.started:
+            # Its rate, not its answers, sets the pace now: waiting here would only hold a slot
+            # that other endpoints could use (the held deliveries already keep the pace).
+            return False
         if endpoint.last is None:  # nothing seen in this process yet: ask the row
             return not work.ticket.failing
         # An endpoint that answers "too busy" is alive: its limit already eases the load, and
@@ -480,7 +487,14 @@ class DeliveryPool:
         if wait <= _RATE_HOLD_SECONDS and now + wait - work.claimed <= work.lane.max_wait:
             with self._held_cond:
                 if self._holding:
-                    heapq.heappush(self._held, (now + wait, next(self._held_seq), work, started))
+                    # Held, it keeps its place under the in-flight limit but is not in flight: an
+                    # endless start time keeps a long hold from making the endpoint look slow
+                    # (which would give back its waiting deliveries).
+                    with self._cond:
+                        endpoint = self._endpoints[(work.lane.kind, work.ticket.endpoint)]
+                        endpoint.started.remove(started)
+                        endpoint.started.append(_HELD)
+                    heapq.heappush(self._held, (now + wait, next(self._held_seq), work, _HELD))
                     if self._timer is None:
                         self._timer = threading.Thread(
                             target=self._start_held, name="harvest-rate-timer", daemon=True
