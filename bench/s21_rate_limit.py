@@ -113,7 +113,7 @@ def run(ctx: Context) -> Result:
         Row(
             ID,
             "most requests in any 1 s window (bound: rate + burst)",
-            peak,
+            float(peak),
             "",
             f"<= {RATE + BURST:g}",
             peak <= RATE + BURST,
