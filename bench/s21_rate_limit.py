@@ -93,6 +93,11 @@ def run(ctx: Context) -> Result:
         "limited_received": len(limited),
         "achieved_per_s": achieved,
         "most_in_one_second": peak,
+        # Requests in each second from the first: where a shortfall happened.
+        "limited_by_second": [
+            sum(1 for r in limited if first + k <= r.received_at < first + k + 1)
+            for k in range(int(WARMUP + window) + 1)
+        ],
         "free_dispatched": free_count,
         "free_received": len(free),
         "free_per_s": len(free) / free_span if free_span else None,

@@ -161,23 +161,30 @@ def test_any_number_is_a_limit_or_refused(per_second: float, burst: int) -> None
 @pytest.mark.redis
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(limits, gaps)
-def test_the_redis_script_answers_as_the_pure_core(
+def test_the_redis_script_answers_as_the_pure_core(  # with and without a horizon
     redis_conn: redis.Redis, limit: RateLimit, gaps: list[int]
 ) -> None:
     limiter = RedisRateLimiter(redis_conn, "harvest:test-rate:")
-    endpoint = f"sub_{uuid.uuid4().hex}"
+    endpoint, other = f"sub_{uuid.uuid4().hex}", f"sub_{uuid.uuid4().hex}"
     bucket: Bucket | None = None
+    horizon_bucket: Bucket | None = None
+    horizon = MICROS // 2
     now = 1_700_000_000 * MICROS
     try:
         for gap in gaps:
             now += gap
             bucket, wait = take(bucket, now, limit)
             assert limiter.take(endpoint, limit, now) == wait
+            assert (
+                limiter.take(other, limit, now, horizon=horizon)
+                == take(horizon_bucket, now, limit, horizon)[1]
+            )
+            horizon_bucket = take(horizon_bucket, now, limit, horizon)[0]
         ttl = redis_conn.pttl(limiter.key(endpoint))
         if bucket is not None:
             assert ttl <= expires_in(bucket, now, limit) // 1000 + 1  # -2 once expired
     finally:
-        redis_conn.delete(limiter.key(endpoint))
+        redis_conn.delete(limiter.key(endpoint), limiter.key(other))
 
 
 @pytest.mark.redis
@@ -200,3 +207,27 @@ def test_the_local_limiter_counts_per_endpoint() -> None:
     assert limiter.acquire("a", limit) == 0
     assert limiter.acquire("b", limit) == 0
     assert 0.5 < limiter.acquire("a", limit) <= 1.0
+
+
+@given(limits, st.integers(1, 300), st.integers(0, 3 * MICROS))
+def test_turns_beyond_the_horizon_are_not_handed_out(limit: RateLimit, count: int, horizon: int) -> None:
+    now = 7 * MICROS
+    bucket: Bucket | None = None
+    handed = []
+    for _ in range(count):
+        before = bucket
+        bucket, wait = take(bucket, now, limit, horizon)
+        if wait > horizon:
+            # Told to come back at the end of the line, which did not grow.
+            assert before is not None and bucket == before
+            assert (
+                wait
+                == max(
+                    before.offer + limit.interval, before.tat + limit.interval - limit.burst * limit.interval
+                )
+                - now
+            )
+        elif wait > 0:
+            handed.append(wait)
+    assert all(wait <= horizon for wait in handed)
+    assert handed == sorted(handed)

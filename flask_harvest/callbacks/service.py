@@ -281,7 +281,7 @@ class CompletionCallbacks:
         )
 
     @staticmethod
-    def rate_wait(delivery: CompletionDelivery) -> float:
+    def rate_wait(delivery: CompletionDelivery, horizon: float | None = None) -> float:
         """Completion callbacks have no rate limit (their tickets never ask): always ``0``."""
         return 0.0
 

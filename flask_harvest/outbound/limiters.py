@@ -27,9 +27,10 @@ __all__ = ["LocalRateLimiter", "RateLimiter", "RedisRateLimiter"]
 UNAVAILABLE_WAIT_SECONDS = 1.0
 
 # take() of flask_harvest.outbound.rate, line for line, on the bucket hash KEYS[1]. ARGV: the
-# interval and the burst (microseconds, count), and "now" in microseconds or "" for Redis's own
-# clock (the tests compare the two with a given "now"). Returns the wait in microseconds. The
-# key expires when the bucket is full again and no turn is pending (expires_in).
+# interval and the burst (microseconds, count), "now" in microseconds or "" for Redis's own
+# clock (the tests compare the two with a given "now"), and the horizon in microseconds or "".
+# Returns the wait in microseconds. The key expires when the bucket is full again and no turn is
+# pending (expires_in).
 _TAKE = """
 local interval = tonumber(ARGV[1])
 local capacity = interval * tonumber(ARGV[2])
@@ -53,8 +54,11 @@ local wait = 0
 if start + interval - now <= capacity then
     tat = start + interval
 else
-    offer = math.max(offer + interval, start + interval - capacity)
-    wait = offer - now
+    local turn = math.max(offer + interval, start + interval - capacity)
+    if ARGV[4] == '' or turn - now <= tonumber(ARGV[4]) then
+        offer = turn
+    end
+    wait = turn - now
 end
 redis.call('HSET', KEYS[1], 'tat', string.format('%.0f', tat), 'offer', string.format('%.0f', offer))
 local ttl = math.max(tat, offer + interval) - now
@@ -63,12 +67,17 @@ return wait
 """
 
 
+def _micros(seconds: float | None) -> int | None:
+    return None if seconds is None else int(seconds * MICROS)
+
+
 class RateLimiter(Protocol):
     """Keeps one bucket per endpoint."""
 
-    def acquire(self, endpoint: str, limit: RateLimit) -> float:
+    def acquire(self, endpoint: str, limit: RateLimit, horizon: float | None = None) -> float:
         """Ask to send one request to ``endpoint`` now: return ``0`` if it may go (it is counted),
-        else the seconds until its turn (nothing is counted)."""
+        else the seconds until its turn (nothing is counted); a turn further than ``horizon``
+        seconds away is not handed out (:func:`~flask_harvest.outbound.rate.take`)."""
 
 
 class LocalRateLimiter:
@@ -78,11 +87,11 @@ class LocalRateLimiter:
         self._lock = threading.Lock()
         self._buckets: dict[str, tuple[Bucket, int]] = {}  # endpoint -> (bucket, expires at)
 
-    def acquire(self, endpoint: str, limit: RateLimit) -> float:
+    def acquire(self, endpoint: str, limit: RateLimit, horizon: float | None = None) -> float:
         now = time.monotonic_ns() // 1000
         with self._lock:
             found = self._buckets.get(endpoint)
-            bucket, wait = take(found[0] if found else None, now, limit)
+            bucket, wait = take(found[0] if found else None, now, limit, _micros(horizon))
             self._buckets[endpoint] = (bucket, now + expires_in(bucket, now, limit))
             if len(self._buckets) > 1_000:  # stay bounded whatever the endpoints
                 self._buckets = {key: kept for key, kept in self._buckets.items() if kept[1] > now}
@@ -104,9 +113,9 @@ class RedisRateLimiter:
         """The Redis key of ``endpoint``'s bucket."""
         return f"{self._prefix}{endpoint}"
 
-    def acquire(self, endpoint: str, limit: RateLimit) -> float:
+    def acquire(self, endpoint: str, limit: RateLimit, horizon: float | None = None) -> float:
         try:
-            return self.take(endpoint, limit) / MICROS
+            return self.take(endpoint, limit, horizon=_micros(horizon)) / MICROS
         except redis.RedisError as exc:
             log.warning(
                 "harvest: could not reach the rate limit of %s (%s); it waits %.0f s",
@@ -116,7 +125,10 @@ class RedisRateLimiter:
             )
             return UNAVAILABLE_WAIT_SECONDS
 
-    def take(self, endpoint: str, limit: RateLimit, now: int | None = None) -> int:
-        """Run the bucket's script: the wait in microseconds (``now``: a given clock, for tests)."""
-        args = [limit.interval, limit.burst, "" if now is None else now]
+    def take(
+        self, endpoint: str, limit: RateLimit, now: int | None = None, horizon: int | None = None
+    ) -> int:
+        """Run the bucket's script: the wait in microseconds (``now``: a given clock, for tests;
+        ``horizon`` in microseconds)."""
+        args = [limit.interval, limit.burst, "" if now is None else now, "" if horizon is None else horizon]
         return int(self._script(keys=[self.key(endpoint)], args=args))

@@ -80,12 +80,18 @@ class Bucket:
     offer: int
 
 
-def take(bucket: Bucket | None, now: int, limit: RateLimit) -> tuple[Bucket, int]:
+def take(bucket: Bucket | None, now: int, limit: RateLimit, horizon: int | None = None) -> tuple[Bucket, int]:
     """Ask to send one request at ``now`` (microseconds) under ``limit``.
 
     Returns the bucket after the request and how many microseconds the request must wait: ``0``
     when it is admitted (and counted), else until its turn (and nothing is counted).
     ``bucket`` is ``None`` for an endpoint not seen yet (or forgotten: an expired bucket is full).
+
+    :param horizon: a turn further than this many microseconds away is not handed out: the wait
+        is until the end of the line, and the line does not grow. A caller that waits only that
+        long in place (and sends longer waits back to a queue) keeps the line to the requests
+        that will really ask at their turns; otherwise every return of a queued request would
+        add a turn, and the line would run ahead of the requests that keep it.
     """
     interval = limit.interval
     capacity = limit.burst * interval
@@ -98,6 +104,8 @@ def take(bucket: Bucket | None, now: int, limit: RateLimit) -> tuple[Bucket, int
     # The first moment a request would be admitted, if none came before it; waiting requests
     # get turns one interval apart from there.
     turn = max(offer + interval, start + interval - capacity)
+    if horizon is not None and turn - now > horizon:
+        return Bucket(tat, offer), turn - now
     return Bucket(tat, turn), turn - now
 
 

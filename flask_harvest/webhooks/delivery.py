@@ -107,13 +107,15 @@ class DeliveryRunner:
             rate_limited=subscription is not None and subscription.rate_limit is not None,
         )
 
-    def rate_wait(self, claim: Claim) -> float:
+    def rate_wait(self, claim: Claim, horizon: float | None = None) -> float:
         """Ask the subscription's rate limit whether ``claim`` may be sent now: ``0`` if it may
-        (it is counted), else the seconds until its turn. No limit: ``0``, with no round trip."""
+        (it is counted), else the seconds until its turn (one further than ``horizon`` seconds is
+        not handed out: the caller waits in place only that long). No limit: ``0``, with no
+        round trip."""
         subscription = claim.subscription
         if subscription is None or subscription.rate_limit is None:
             return 0.0
-        wait = self.limiter.acquire(subscription.id, subscription.rate_limit)
+        wait = self.limiter.acquire(subscription.id, subscription.rate_limit, horizon)
         if wait > 0 and self.rate_listener is not None:
             self.rate_listener(claim, wait)
         return wait

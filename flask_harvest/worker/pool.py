@@ -97,9 +97,10 @@ class OutboundRunner(Protocol):
     def defer(self, claim: Any, seconds: float) -> None:
         """Give ``claim`` back unsent, without using an attempt, due in ``seconds``."""
 
-    def rate_wait(self, claim: Any) -> float:
-        """Seconds until ``claim``'s endpoint's rate limit lets it go (``0``: now, and counted);
-        asked only of claims whose ticket is ``rate_limited``."""
+    def rate_wait(self, claim: Any, horizon: float | None = None) -> float:
+        """Seconds until ``claim``'s endpoint's rate limit lets it go (``0``: now, and counted;
+        a turn further than ``horizon`` seconds is not handed out); asked only of claims whose
+        ticket is ``rate_limited``."""
 
 
 @dataclass(frozen=True)
@@ -477,7 +478,7 @@ class DeliveryPool:
         place under the in-flight limit stay taken while it is held; nothing is learnt of it."""
         try:
             with self._entered():
-                wait = work.lane.runner.rate_wait(work.claim)
+                wait = work.lane.runner.rate_wait(work.claim, _RATE_HOLD_SECONDS)
         except Exception:  # the limit could not say: it holds, and the delivery comes round again
             log.exception("harvest: rate limit of %s delivery %s failed", work.lane.kind, work.ticket.label)
             wait = 1.0
