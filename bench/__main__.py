@@ -45,6 +45,7 @@ SCENARIOS = {
     "S18": "bench.s18_queue_cost",
     "S19": "bench.s19_metrics_scrape",
     "S20": "bench.s20_shards",
+    "S21": "bench.s21_rate_limit",
 }
 
 

@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     )
     from .extension import Harvest, OutboundWebhookPlugin, get_manager
     from .jobs.base import JobBackendError
+    from .outbound.rate import RateLimit
     from .outbound.signing import generate_secret
     from .outbound.ssrf import SsrfError, SsrfPolicy, SsrfRejection
     from .receiver import MemoryReplayCache, RedisReplayCache, ReplayCache, WebhookRejected, verify_webhook
@@ -88,6 +89,7 @@ _SOURCES: dict[str, tuple[str, ...]] = {
         "WebhookRejected",
         "verify_webhook",
     ),
+    ".outbound.rate": ("RateLimit",),
     ".outbound.signing": ("generate_secret",),
     ".outbound.ssrf": ("SsrfError", "SsrfPolicy", "SsrfRejection"),
     ".webhooks.manager": ("OutboundWebhookManager",),
@@ -170,6 +172,7 @@ __all__ = [
     "OutboundWebhookStore",
     "ParentClosePolicy",
     "PayloadSchemaError",
+    "RateLimit",
     "RedisReplayCache",
     "ReplayCache",
     "SignatureVerificationError",

@@ -24,6 +24,7 @@ from .errors import ConfigurationError
 from .jobs.base import JobBackend, JobKinds, JobRef
 from .jobs.local import LocalBackend
 from .jobs.rq import RqBackend, job_timeout_for
+from .outbound.limiters import LocalRateLimiter, RateLimiter, RedisRateLimiter
 from .outbound.transport import Transport
 from .sweeper import Sweeper, SweepReport
 from .triggers.firing import FireListener, TriggerFiring
@@ -33,7 +34,7 @@ from .triggers.sharded import ShardedTriggerStore
 from .triggers.store import SqlTriggerStore
 from .webhooks import sweeper as webhook_sweeps
 from .webhooks.catalog import EventCatalog
-from .webhooks.delivery import WEBHOOK_JOB, AttemptListener, DeliveryRunner
+from .webhooks.delivery import WEBHOOK_JOB, AttemptListener, DeliveryRunner, RateListener
 from .webhooks.manager import Delegate, OutboundWebhookManager, SkipListener
 from .webhooks.operations import WebhookOperations
 from .webhooks.outbox import SqlOutbox
@@ -118,6 +119,7 @@ def build_engine(
     job_context: JobContext = nullcontext,
     on_attempt: AttemptListener | None = None,
     on_skipped: SkipListener | None = None,
+    on_rate_limited: RateListener | None = None,
     access: AdminAccess | None = None,
     catalog: EventCatalog | None = None,
 ) -> HarvestEngine:
@@ -127,18 +129,27 @@ def build_engine(
     :param job_context: entered around each job and sweep run on the engine's own threads.
     :param on_attempt: told about every recorded attempt (the extension sends signals).
     :param on_skipped: told about deliveries a dispatch skipped.
+    :param on_rate_limited: told about each delivery held back by its subscription's rate limit.
     :param catalog: the event types payloads are checked against (none: an empty catalog).
     """
     jobs = JobKinds()
     sweeper = Sweeper()
-    backend = _build_backend(settings, jobs, sweeper, job_context)
+    backend, limiter = _build_backend(settings, jobs, sweeper, job_context)
     transport = Transport(
         connect_timeout=settings.webhooks_connect_timeout_seconds,
         read_timeout=settings.webhooks_timeout_seconds,
         deadline=settings.webhooks_deadline_seconds,
         policy=settings.ssrf_policy,
     )
-    runner = DeliveryRunner(store, settings, transport, backend, listener=on_attempt)
+    runner = DeliveryRunner(
+        store,
+        settings,
+        transport,
+        backend,
+        listener=on_attempt,
+        limiter=limiter,
+        rate_listener=on_rate_limited,
+    )
     capabilities = store.capabilities
     if capabilities.engine is not None:
         # Built in a master that forks its workers (gunicorn --preload), whose pool already holds
@@ -330,10 +341,17 @@ def _add_schedules(engine: HarvestEngine, store: SqlWorkflowStore, service: Work
     engine.sweeper.add_step("workflow-schedules", engine.schedules.sweep)
 
 
-def _build_backend(settings: Settings, jobs: JobKinds, sweeper: Sweeper, context: JobContext) -> JobBackend:
+def _build_backend(
+    settings: Settings, jobs: JobKinds, sweeper: Sweeper, context: JobContext
+) -> tuple[JobBackend, RateLimiter]:
+    """The job backend, and where the rate limits' buckets live: in its Redis for the ``rq``
+    backend, whose worker processes must share them; in memory for the ``local`` one, whose
+    deliveries all run in this process (so a bucket of its own is exact)."""
     if settings.jobs_backend == "rq":
-        return RqBackend(
-            redis.Redis.from_url(settings.redis_url),
+        connection = redis.Redis.from_url(settings.redis_url)
+        limiter = RedisRateLimiter(connection, f"harvest:rate:{settings.webhooks_queue}:")
+        backend = RqBackend(
+            connection,
             settings.webhooks_queue,
             job_timeout=job_timeout_for(
                 settings.webhooks_deadline_seconds, settings.webhooks_connect_timeout_seconds
@@ -341,6 +359,7 @@ def _build_backend(settings: Settings, jobs: JobKinds, sweeper: Sweeper, context
             # One job per this many rows of a fan-out: what a worker takes at a time.
             batch_size=max(1, settings.worker_concurrency // 4),
         )
+        return backend, limiter
 
     def run(ref: JobRef) -> None:
         with context():
@@ -350,6 +369,7 @@ def _build_backend(settings: Settings, jobs: JobKinds, sweeper: Sweeper, context
         with context():
             sweeper.sweep()
 
-    return LocalBackend(
+    local = LocalBackend(
         run, workers=settings.local_workers, periodic=periodic, interval=settings.sweep_interval_seconds
     )
+    return local, LocalRateLimiter()

@@ -172,6 +172,7 @@ class Harvest:
             job_context=app.app_context,
             on_attempt=_signal_listener(app),
             on_skipped=_skip_listener(app),
+            on_rate_limited=_rate_listener(app),
             access=self._access,
             catalog=self.catalog,
         )
@@ -566,6 +567,13 @@ def _signal_listener(app: Flask) -> AttemptListener:
             signals.subscription_disabled.send(app, subscription_id=delivery.subscription_id)
         elif changed is WebhookSubscriptionStatus.FAILED:
             signals.subscription_failed.send(app, subscription_id=delivery.subscription_id)
+
+    return listener
+
+
+def _rate_listener(app: Flask) -> Callable[[Claim, float], None]:
+    def listener(claim: Claim, seconds: float) -> None:
+        signals.delivery_rate_limited.send(app, delivery=claim.delivery, seconds=seconds)
 
     return listener
 

@@ -64,6 +64,7 @@ __all__ = [
     "DELIVERIES_FINISHED",
     "DELIVERY_ATTEMPTS",
     "DELIVERY_LATENCY",
+    "RATE_LIMIT_WAIT",
     "SUBSCRIPTIONS_TURNED_OFF",
     "TRIGGER_FIRES",
     "TRIGGER_SKIPPED",
@@ -167,6 +168,12 @@ TRIGGER_FIRES = Counter(
     "harvest_completion_trigger_fires",
     "Completion-trigger evaluations by outcome (the counter harvest.completion_trigger.fires).",
     ["outcome"],
+)
+RATE_LIMIT_WAIT = Histogram(
+    "harvest_webhook_rate_limit_wait_seconds",
+    "How long webhook deliveries were held back by their subscription's rate limit, each time "
+    "one had to wait for its turn (the sum: seconds held back; the count: times held).",
+    buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0),
 )
 TRIGGER_SKIPPED = Counter(
     "harvest_completion_trigger_skipped",
@@ -276,6 +283,7 @@ def _connect(app: Flask) -> None:
         (signals.delivery_failed, _delivery("failed")),
         (signals.delivery_dead_lettered, _delivery("dead_lettered")),
         (signals.delivery_skipped, _delivery("skipped")),
+        (signals.delivery_rate_limited, _rate_limited),
         (signals.subscription_disabled, _turned_off("disabled")),
         (signals.subscription_failed, _turned_off("failed")),
         (signals.workflow_finished, _workflow_finished),
@@ -314,6 +322,10 @@ def _delivery(outcome: str) -> Receiver:
             DELIVERY_LATENCY.observe(_seconds_since(delivery.created_at))
 
     return receiver
+
+
+def _rate_limited(app: Flask, *, seconds: float, **extra: Any) -> None:
+    RATE_LIMIT_WAIT.observe(seconds)
 
 
 def _turned_off(status: str) -> Receiver:

@@ -29,6 +29,9 @@ delivery_failed = _signals.signal("harvest.delivery-failed")
 delivery_dead_lettered = _signals.signal("harvest.delivery-dead-lettered")
 #: The delivery was not sent: its subscription was inactive at dispatch, or has been removed.
 delivery_skipped = _signals.signal("harvest.delivery-skipped")
+#: A claimed delivery must wait ``seconds`` for its subscription's rate limit before it is sent
+#: (no attempt is used): it waits in the worker, or goes back to its queue due then.
+delivery_rate_limited = _signals.signal("harvest.delivery-rate-limited")
 #: The receiver answered 410 Gone and its subscription was disabled.
 subscription_disabled = _signals.signal("harvest.subscription-disabled")
 #: The subscription reached the consecutive-failure threshold and was marked failed.

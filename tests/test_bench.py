@@ -100,3 +100,19 @@ def test_quick_workflow_benchmarks_compare_with_dbos(tmp_path: Path) -> None:
     assert all(len(s9[variant]) == 1 for variant in variants), s9
     # The default-settings rows run at the package's default, whatever it is.
     assert s9["default_workflow_concurrency"] == Settings().workflow_concurrency
+
+
+@pytest.mark.postgres
+@pytest.mark.redis
+@pytest.mark.slow
+def test_quick_rate_limit_benchmark_reports_the_rate_against_the_limit(tmp_path: Path) -> None:
+    report, stdout = run_bench(tmp_path / "s21.json", "S21", timeout=240)
+    entry = report["scenarios"]["S21"]
+    assert "error" not in entry, entry
+    details = entry["details"]
+    # Both subscriptions were served (how much within the window is the benchmark's figure).
+    assert 0 < details["free_received"] <= details["free_dispatched"]
+    assert 0 < details["limited_received"] <= details["limited_dispatched"]
+    for row in entry["rows"]:
+        assert row["scenario"] == "S21" and isinstance(row["value"], float), row
+    assert "| S21 |" in stdout

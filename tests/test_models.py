@@ -12,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from flask_harvest.errors import InvalidFieldError, InvalidSecretError
+from flask_harvest.outbound.rate import RateLimit
 from flask_harvest.outbound.signing import secret_key
 from flask_harvest.webhooks.models import (
     MAX_DESCRIPTION_LENGTH,
@@ -432,6 +433,7 @@ def test_subscription_to_dict() -> None:
         "previous_secret_expires_at": None,
         "payload_filter": None,
         "headers": {},
+        "rate_limit": None,
     }
     assert next(iter(sub.to_dict())) == "id"
     filtered = sub.replace(
@@ -439,6 +441,40 @@ def test_subscription_to_dict() -> None:
     )
     assert filtered.to_dict()["payload_filter"] == {"type": "Eq", "data": {"path": "a", "value": 1}}
     assert filtered.to_dict()["headers"] == {"X-A": "b"}
+    limited = sub.replace(rate_limit={"per_second": 10, "burst": 5})
+    assert limited.rate_limit == RateLimit(per_second=10.0, burst=5)
+    assert limited.to_dict()["rate_limit"] == {"per_second": 10.0, "burst": 5}
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        {"per_second": 0, "burst": 1},
+        {"per_second": -5, "burst": 1},
+        {"per_second": float("nan"), "burst": 1},
+        {"per_second": 10, "burst": 0},
+        {"per_second": 10, "burst": 2.5},
+        {"per_second": 10},
+        {"per_second": 10, "burst": 1, "extra": 1},
+        "10/s",
+        [10, 1],
+    ],
+)
+def test_a_bad_rate_limit_is_refused_naming_the_field(value: object) -> None:
+    with pytest.raises(InvalidFieldError) as info:
+        make(rate_limit=value)
+    assert info.value.field == "rate_limit"
+    with pytest.raises(InvalidFieldError):
+        SubscriptionChanges(rate_limit=value)  # type: ignore[arg-type]
+
+
+def test_an_edit_sets_or_removes_the_rate_limit_not_both() -> None:
+    assert SubscriptionChanges(rate_limit={"per_second": 2, "burst": 3}).values() == {
+        "rate_limit": RateLimit(per_second=2.0, burst=3)
+    }
+    assert SubscriptionChanges(remove_rate_limit=True).values() == {"rate_limit": None}
+    with pytest.raises(InvalidFieldError):
+        SubscriptionChanges(rate_limit={"per_second": 2, "burst": 3}, remove_rate_limit=True)
 
 
 # -- deliveries -------------------------------------------------------------------------------------

@@ -157,6 +157,7 @@ PURE_MODULES = [
     "flask_harvest.outbound.signing",
     "flask_harvest.outbound.ssrf",
     "flask_harvest.outbound.backoff",
+    "flask_harvest.outbound.rate",
     "flask_harvest.config",
     "flask_harvest.webhooks.catalog",
     "flask_harvest.webhooks.operational",

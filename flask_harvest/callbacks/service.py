@@ -280,6 +280,11 @@ class CompletionCallbacks:
             label=delivery.delivery_id,
         )
 
+    @staticmethod
+    def rate_wait(delivery: CompletionDelivery, horizon: float | None = None) -> float:
+        """Completion callbacks have no rate limit (their tickets never ask): always ``0``."""
+        return 0.0
+
     def claim_many(self, delivery_ids: Sequence[str]) -> list[CompletionDelivery]:
         """Lease the due ones among ``delivery_ids`` to the caller, in one round trip."""
         return self.store.claim(list(delivery_ids), now=utcnow(), lease_seconds=self.lease_seconds)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import click
 
 from ..errors import InvalidFieldError
@@ -40,6 +42,29 @@ _header_option = click.option(
 )
 
 
+_rate_option = click.option(
+    "--rate",
+    "per_second",
+    type=float,
+    default=None,
+    metavar="PER_SECOND",
+    help="At most this many deliveries per second across every worker (give --burst too); a "
+    "delivery over it waits its turn.",
+)
+_burst_option = click.option(
+    "--burst", type=int, default=None, metavar="N", help="With --rate: up to N deliveries at once."
+)
+
+
+def _rate_limit(per_second: float | None, burst: int | None) -> dict[str, Any] | None:
+    """``--rate`` and ``--burst`` as a rate limit's JSON form (validated with the subscription)."""
+    if per_second is None and burst is None:
+        return None
+    if per_second is None or burst is None:
+        raise InvalidFieldError("--rate", "give --rate and --burst together")
+    return {"per_second": per_second, "burst": burst}
+
+
 def _headers(values: tuple[str, ...]) -> dict[str, str]:
     """``NAME: VALUE`` options as a mapping (validated with the subscription)."""
     headers: dict[str, str] = {}
@@ -72,6 +97,8 @@ def _print_new_secret(created: NewSecret, as_json: bool, warnings: list[str] | N
 @click.option("--description", default="", help="A note for operators.")
 @_filter_option
 @_header_option
+@_rate_option
+@_burst_option
 @out.json_option
 def subscriptions_add(
     url: str,
@@ -81,6 +108,8 @@ def subscriptions_add(
     description: str,
     payload_filter: str | None,
     headers: tuple[str, ...],
+    per_second: float | None,
+    burst: int | None,
     as_json: bool,
 ) -> None:
     """Subscribe URL to events; prints the signing secret, once."""
@@ -92,6 +121,7 @@ def subscriptions_add(
         description=description,
         payload_filter=out.json_option_value("--filter", payload_filter),
         headers=_headers(headers),
+        rate_limit=_rate_limit(per_second, burst),
     )
     _print_new_secret(created, as_json, _ops().topic_warnings(created.subscription.event_topics))
 
@@ -102,6 +132,9 @@ def subscriptions_add(
 @click.option("--no-filter", is_flag=True, help="Remove the payload filter: deliver every payload.")
 @_header_option
 @click.option("--no-headers", is_flag=True, help="Remove every custom header.")
+@_rate_option
+@_burst_option
+@click.option("--no-rate", is_flag=True, help="Remove the rate limit.")
 @out.json_option
 def subscriptions_update(
     subscription_id: str,
@@ -109,18 +142,29 @@ def subscriptions_update(
     no_filter: bool,
     headers: tuple[str, ...],
     no_headers: bool,
+    per_second: float | None,
+    burst: int | None,
+    no_rate: bool,
     as_json: bool,
 ) -> None:
-    """Change the subscription's payload filter or custom headers (--header replaces them all)."""
+    """Change the subscription's payload filter, custom headers (--header replaces them all) or
+    rate limit."""
     if headers and no_headers:
         raise InvalidFieldError("--header", "give --header or --no-headers, not both")
-    if not (payload_filter is not None or no_filter or headers or no_headers):
-        raise InvalidFieldError("--filter", "give --filter, --no-filter, --header or --no-headers")
+    rate_limit = _rate_limit(per_second, burst)
+    if rate_limit is not None and no_rate:
+        raise InvalidFieldError("--rate", "give --rate and --burst, or --no-rate, not both")
+    if not (payload_filter is not None or no_filter or headers or no_headers or rate_limit or no_rate):
+        raise InvalidFieldError(
+            "--filter", "give --filter, --no-filter, --header, --no-headers, --rate and --burst, or --no-rate"
+        )
     updated = _ops().update_subscription(
         subscription_id,
         payload_filter=out.json_option_value("--filter", payload_filter),
         remove_payload_filter=no_filter,
         headers={} if no_headers else (_headers(headers) if headers else None),
+        rate_limit=rate_limit,
+        remove_rate_limit=no_rate,
     )
     out.output(updated.to_dict(), as_json, out.fields)
 

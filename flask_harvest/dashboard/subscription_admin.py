@@ -1,5 +1,5 @@
-"""Subscriptions from the console: create (the secret shown once), edit the payload filter and
-custom headers, delete after a confirmation, and each subscription's health over the last hour.
+"""Subscriptions from the console: create (the secret shown once), edit the payload filter,
+custom headers and rate limit, delete after a confirmation, and each subscription's health over the last hour.
 
 Thin over :class:`~flask_harvest.webhooks.operations.WebhookOperations`, as the actuator is: the
 same model checks and SSRF policy, the same errors. Every POST carries the session's CSRF token
@@ -98,10 +98,29 @@ def options_form(subscription: WebhookSubscription) -> dict[str, str]:
     """The edit form's fields for what ``subscription`` has now: the filter as indented JSON (empty
     for none), the headers one ``Name: value`` per line."""
     shown = filter_json(subscription.payload_filter)
+    limit = subscription.rate_limit
     return {
         "payload_filter": "" if shown is None else json.dumps(shown, indent=2, ensure_ascii=False),
         "headers": "\n".join(f"{name}: {value}" for name, value in subscription.headers.items()),
+        "rate_per_second": "" if limit is None else f"{limit.per_second:g}",
+        "rate_burst": "" if limit is None else str(limit.burst),
     }
+
+
+def _posted_rate_limit(per_second: str, burst: str) -> dict[str, Any] | None:
+    """The rate fields as a rate limit's JSON form (validated with the subscription); both empty:
+    none."""
+    if not per_second and not burst:
+        return None
+    if not per_second or not burst:
+        raise InvalidFieldError("rate_limit", "give both the deliveries per second and the burst, or neither")
+    try:
+        rate = float(per_second)
+    except ValueError:
+        raise InvalidFieldError("rate_limit", "the deliveries per second must be a number") from None
+    if not re.fullmatch(r"[0-9]{1,7}", burst):
+        raise InvalidFieldError("rate_limit", "the burst must be a whole number")
+    return {"per_second": rate, "burst": int(burst)}
 
 
 def _posted_headers(text: str) -> dict[str, str]:
@@ -121,8 +140,8 @@ def _posted_headers(text: str) -> dict[str, str]:
 
 @dashboard.route("/webhooks/subscriptions/<subscription_id>/edit", methods=["GET", "POST"])
 def edit_subscription(subscription_id: str) -> BaseResponse | tuple[str, int]:
-    """Edit the payload filter (empty: every payload) and the custom headers (empty: none); the
-    same checks as the admin API, and nothing changes when one fails."""
+    """Edit the payload filter (empty: every payload), the custom headers (empty: none) and the
+    rate limit (empty: none); the same checks as the admin API, and nothing changes when one fails."""
     operations = get_engine().operations
     found = operations.get_subscription(subscription_id)
     if request.method == "GET":
@@ -132,6 +151,8 @@ def edit_subscription(subscription_id: str) -> BaseResponse | tuple[str, int]:
     form = {
         "payload_filter": form_text("payload_filter", max_chars=MAX_OPTIONS_CHARS),
         "headers": form_text("headers", max_chars=MAX_OPTIONS_CHARS),
+        "rate_per_second": form_text("rate_per_second", max_chars=64).strip(),
+        "rate_burst": form_text("rate_burst", max_chars=64).strip(),
     }
     try:
         condition: Any = (
@@ -144,6 +165,8 @@ def edit_subscription(subscription_id: str) -> BaseResponse | tuple[str, int]:
             payload_filter=condition,
             remove_payload_filter=condition is None,
             headers=_posted_headers(form["headers"]),
+            rate_limit=(limit := _posted_rate_limit(form["rate_per_second"], form["rate_burst"])),
+            remove_rate_limit=limit is None,
         )
     except HarvestError as exc:
         answer = error_answer(exc, "harvest dashboard")

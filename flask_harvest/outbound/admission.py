@@ -112,12 +112,15 @@ class Ticket:
     :param failing: its row says the endpoint's last attempt failed (used until this process has
         seen an attempt of the endpoint).
     :param label: its id, for logs.
+    :param rate_limited: its endpoint has a rate limit too: its runner says when it may go
+        (a delivery must pass both); ``False`` costs nothing more.
     """
 
     endpoint: str
     sendable: bool
     failing: bool
     label: str
+    rate_limited: bool = False
 
 
 # How much each new success weighs in the recent-latency average.

@@ -93,6 +93,7 @@ def create_subscription() -> tuple[Response, int]:
         description=body["description"],
         payload_filter=body.get("payload_filter"),
         headers=body.get("headers"),
+        rate_limit=body.get("rate_limit"),
     )
     # The one response that shows the secret: the caller must store it now.
     shown = {**created.subscription.to_dict(), "secret": created.secret}
@@ -119,6 +120,8 @@ def update_subscription(subscription_id: str) -> Response:
         # An explicit null removes the filter; leaving the key out keeps it.
         remove_payload_filter="payload_filter" in body and body["payload_filter"] is None,
         headers=body.get("headers"),
+        rate_limit=body.get("rate_limit"),
+        remove_rate_limit="rate_limit" in body and body["rate_limit"] is None,
     )
     return jsonify(_with_warnings(updated.to_dict(), operations.topic_warnings(body.get("event_topics"))))
 

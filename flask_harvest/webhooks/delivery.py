@@ -21,6 +21,7 @@ from ..errors import InvalidStateError
 from ..jobs.base import JobBackend, JobBackendError, JobRef
 from ..outbound.admission import Ticket
 from ..outbound.attempt import ResultObserver
+from ..outbound.limiters import LocalRateLimiter, RateLimiter
 from ..outbound.signing import sign_headers
 from ..outbound.transport import Transport
 from . import outcome
@@ -50,6 +51,8 @@ def delivery_job(delivery: DeliveryLog | DeliverySchedule) -> JobRef:
 
 #: Called after an attempt is recorded: (claim, result, subscription status change or None).
 AttemptListener = Callable[[Claim, AttemptResult, WebhookSubscriptionStatus | None], None]
+#: Called when a claimed delivery must wait for its subscription's rate limit: (claim, seconds).
+RateListener = Callable[[Claim, float], None]
 
 
 class DeliveryRunner:
@@ -63,12 +66,18 @@ class DeliveryRunner:
         backend: JobBackend,
         listener: AttemptListener | None = None,
         rng: random.Random | None = None,
+        *,
+        limiter: RateLimiter | None = None,
+        rate_listener: RateListener | None = None,
     ) -> None:
         self.store = store
         self.settings = settings
         self.transport = transport
         self.backend = backend
         self.listener = listener
+        #: Keeps the subscriptions' rate-limit buckets (in Redis with the rq backend).
+        self.limiter: RateLimiter = limiter or LocalRateLimiter()
+        self.rate_listener = rate_listener
         self._rng = rng or random.SystemRandom()
         # Attempts ending at once on many threads share one statement and one commit.
         self._records: GroupCommit[Outcome, Recorded] = GroupCommit(
@@ -95,7 +104,21 @@ class DeliveryRunner:
             sendable=subscription is not None,
             failing=subscription is not None and subscription.consecutive_failures > 0,
             label=claim.delivery.id,
+            rate_limited=subscription is not None and subscription.rate_limit is not None,
         )
+
+    def rate_wait(self, claim: Claim, horizon: float | None = None) -> float:
+        """Ask the subscription's rate limit whether ``claim`` may be sent now: ``0`` if it may
+        (it is counted), else the seconds until its turn (one further than ``horizon`` seconds is
+        not handed out: the caller waits in place only that long). No limit: ``0``, with no
+        round trip."""
+        subscription = claim.subscription
+        if subscription is None or subscription.rate_limit is None:
+            return 0.0
+        wait = self.limiter.acquire(subscription.id, subscription.rate_limit, horizon)
+        if wait > 0 and self.rate_listener is not None:
+            self.rate_listener(claim, wait)
+        return wait
 
     def run(self, delivery_id: str) -> DeliveryState | None:
         """Make one attempt of ``delivery_id`` on this thread; return the state it ended in.
@@ -104,7 +127,14 @@ class DeliveryRunner:
         or leased to another worker (duplicate jobs end here).
         """
         claim = self.claim(delivery_id)
-        return self.attempt(claim) if claim is not None else None
+        if claim is None:
+            return None
+        wait = self.rate_wait(claim)
+        if wait > 0:
+            # Its turn comes later: back to the queue, due then, no attempt used.
+            self.defer(claim, wait)
+            return DeliveryState.PENDING
+        return self.attempt(claim)
 
     def run_many(self, delivery_ids: Sequence[str]) -> None:
         """Make one attempt of each of ``delivery_ids`` in turn, on this thread (a job's rows)."""
@@ -159,7 +189,8 @@ class DeliveryRunner:
     def defer(self, claim: Claim, seconds: float) -> None:
         """Give a claimed delivery back, unsent and without using an attempt, due in ``seconds``.
 
-        Used when its subscription already has as many attempts in flight as it may.
+        Used when its subscription already has as many attempts in flight as it may, or must
+        wait for its rate limit.
         """
         delivery = claim.delivery
         result = AttemptResult(

@@ -22,6 +22,7 @@ from .._time import utcnow as utcnow  # re-exported: callers that imported it fr
 from ..conditions import Condition, condition_to_json, evaluate, parse_condition, validate_condition
 from ..errors import InvalidFieldError
 from ..outbound.attempt import DeliveryState as DeliveryState
+from ..outbound.rate import RateLimit
 from ..outbound.signing import (
     DEFAULT_SIGNATURE_HEADER,
     SECRET_PREFIX,
@@ -317,6 +318,26 @@ def validate_filter(value: object, field_name: str = "payload_filter") -> Condit
     return validate_condition(typing.cast(Condition, value), field=field_name)
 
 
+def validate_rate_limit(value: object, field_name: str = "rate_limit") -> RateLimit | None:
+    """Return a rate limit: ``None`` (none), a :class:`~flask_harvest.outbound.rate.RateLimit`, or
+    its JSON form ``{"per_second": <number>, "burst": <whole number>}``.
+
+    :raises InvalidFieldError: the message says what is wrong.
+    """
+    if value is None or isinstance(value, RateLimit):
+        return value
+    if not isinstance(value, Mapping):
+        raise InvalidFieldError(
+            field_name, 'must be {"per_second": <number>, "burst": <whole number>} or null'
+        )
+    if set(value) != {"per_second", "burst"}:
+        raise InvalidFieldError(field_name, "must have exactly the keys per_second and burst")
+    try:
+        return RateLimit(per_second=value["per_second"], burst=value["burst"])
+    except ValueError as exc:
+        raise InvalidFieldError(field_name, str(exc)) from None
+
+
 def _validate_count(value: object) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= _MAX_COUNT:
         raise InvalidFieldError("consecutive_failures", f"must be an integer from 0 to {_MAX_COUNT}")
@@ -340,6 +361,7 @@ _SUBSCRIPTION_VALIDATORS: dict[str, Callable[[Any], Any]] = {
     "previous_secret_expires_at": lambda v: validate_datetime(v, "previous_secret_expires_at", optional=True),
     "payload_filter": validate_filter,
     "headers": validate_headers,
+    "rate_limit": validate_rate_limit,
 }
 
 
@@ -371,6 +393,9 @@ class WebhookSubscription:
     #: Sent with every delivery, as they are (not secrets: they are shown wherever the
     #: subscription is). Names may not be reserved (:func:`reserved_header`).
     headers: Mapping[str, str] = field(default_factory=dict, hash=False)
+    #: At most this many deliveries per second, with this burst, across every worker process;
+    #: ``None``: no limit. Given as a limit or its JSON form; kept as a limit.
+    rate_limit: RateLimit | None = None
 
     def __post_init__(self) -> None:
         for name, check in _SUBSCRIPTION_VALIDATORS.items():
@@ -418,6 +443,7 @@ class WebhookSubscription:
         its JSON form."""
         data = json_fields(self)
         data["payload_filter"] = filter_json(self.payload_filter)
+        data["rate_limit"] = None if self.rate_limit is None else self.rate_limit.to_dict()
         return data
 
 
@@ -434,7 +460,8 @@ class SubscriptionChanges:
     an edit never undoes what a worker wrote meanwhile (a failure counted, a status set). Each
     field is validated like the subscription's own. Setting ``status`` to ``ACTIVE`` also clears
     the failure count. ``headers`` replaces all of them (``{}`` removes them);
-    ``remove_payload_filter`` removes the filter (it cannot be given with one).
+    ``remove_payload_filter`` removes the filter (it cannot be given with one), and
+    ``remove_rate_limit`` the rate limit.
     """
 
     target_url: str | None = None
@@ -444,12 +471,17 @@ class SubscriptionChanges:
     payload_filter: Condition | Mapping[str, Any] | None = None
     headers: Mapping[str, str] | None = None
     remove_payload_filter: bool = False
+    rate_limit: RateLimit | Mapping[str, Any] | None = None
+    remove_rate_limit: bool = False
 
     def __post_init__(self) -> None:
-        if not isinstance(self.remove_payload_filter, bool):
-            raise InvalidFieldError("remove_payload_filter", "must be true or false")
+        for flag in ("remove_payload_filter", "remove_rate_limit"):
+            if not isinstance(getattr(self, flag), bool):
+                raise InvalidFieldError(flag, "must be true or false")
         if self.remove_payload_filter and self.payload_filter is not None:
             raise InvalidFieldError("payload_filter", "give a new filter or remove the filter, not both")
+        if self.remove_rate_limit and self.rate_limit is not None:
+            raise InvalidFieldError("rate_limit", "give a new rate limit or remove it, not both")
         for item in dataclasses.fields(self):
             value = getattr(self, item.name)
             if value is not None and item.name in _SUBSCRIPTION_VALIDATORS:
@@ -458,10 +490,12 @@ class SubscriptionChanges:
     def values(self) -> dict[str, Any]:
         """Return the subscription fields this edit sets, as the model types them."""
         values = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-        del values["remove_payload_filter"]
+        del values["remove_payload_filter"], values["remove_rate_limit"]
         values = {name: value for name, value in values.items() if value is not None}
         if self.remove_payload_filter:
             values["payload_filter"] = None
+        if self.remove_rate_limit:
+            values["rate_limit"] = None
         if self.status is WebhookSubscriptionStatus.ACTIVE:
             values["consecutive_failures"] = 0
         return values

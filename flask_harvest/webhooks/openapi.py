@@ -220,9 +220,9 @@ def build_openapi(prefix: str) -> dict[str, Any]:
                 "responses": _responses(200, "the subscription", _OBJECT, errors=(404,)),
             },
             "patch": {
-                "summary": "Change URL, topics, description, status, payload filter or headers",
+                "summary": "Change URL, topics, description, status, payload filter, headers or rate limit",
                 "description": "A payload_filter of null removes the filter; headers replace every "
-                "custom header ({} removes them).",
+                "custom header ({} removes them); a rate_limit of null removes the rate limit.",
                 "parameters": sub,
                 "requestBody": request_body("SubscriptionPatch"),
                 "responses": _responses(

@@ -24,6 +24,7 @@ from ..errors import (
 )
 from ..http.cursor import decode_position, encode_position
 from ..jobs.base import JobBackend, JobBackendError
+from ..outbound.rate import RateLimit
 from ..outbound.signing import generate_secret
 from ..outbound.ssrf import validate_target
 from . import operational
@@ -40,6 +41,7 @@ from .models import (
     standard_secret,
     validate_filter,
     validate_headers,
+    validate_rate_limit,
 )
 from .operational import OPERATIONAL_SUBSCRIPTION_ID
 from .outbox import SqlOutbox
@@ -216,6 +218,7 @@ class WebhookOperations:
         description: str = "",
         payload_filter: Condition | Mapping[str, Any] | None = None,
         headers: Mapping[str, str] | None = None,
+        rate_limit: RateLimit | Mapping[str, Any] | None = None,
     ) -> NewSecret:
         """Validate and store a subscription; a missing secret is generated.
 
@@ -225,6 +228,8 @@ class WebhookOperations:
         :param payload_filter: a condition (or its JSON form): deliveries are made only of the
             payloads it holds on. ``None``: every payload.
         :param headers: custom headers sent with every delivery (not secrets: they are shown).
+        :param rate_limit: at most this many deliveries per second, with this burst (or its JSON
+            form, ``{"per_second": ..., "burst": ...}``), across every worker. ``None``: no limit.
         :raises InvalidFieldError: a field is invalid, or the URL is refused by the SSRF policy.
         :raises DuplicateSubscriptionError: the id is taken.
         """
@@ -243,6 +248,7 @@ class WebhookOperations:
             description=description,
             payload_filter=validate_filter(payload_filter),
             headers={} if headers is None else headers,
+            rate_limit=validate_rate_limit(rate_limit),
             **extra,
         )
         self._check_headers(subscription.headers)
@@ -365,13 +371,16 @@ class WebhookOperations:
         payload_filter: Condition | Mapping[str, Any] | None = None,
         remove_payload_filter: bool = False,
         headers: Mapping[str, str] | None = None,
+        rate_limit: RateLimit | Mapping[str, Any] | None = None,
+        remove_rate_limit: bool = False,
     ) -> WebhookSubscription:
         """Change a subscription's URL, topics, description, status (enable/disable), payload
-        filter or custom headers; what is ``None`` is kept.
+        filter, custom headers or rate limit; what is ``None`` is kept.
 
         Enabling clears the failure count. A ``failed`` status cannot be set by hand.
         ``remove_payload_filter`` removes the filter; ``headers`` replaces every custom header
-        (``{}`` removes them). Everything is validated before anything is written.
+        (``{}`` removes them); ``remove_rate_limit`` removes the rate limit. Everything is
+        validated before anything is written.
         """
         if target_url is not None:
             self._check_target(target_url)
@@ -388,6 +397,8 @@ class WebhookOperations:
             payload_filter=payload_filter,
             remove_payload_filter=remove_payload_filter,
             headers=headers,
+            rate_limit=rate_limit,
+            remove_rate_limit=remove_rate_limit,
         )
         self._check_headers(changes.headers)
         if not changes.values():

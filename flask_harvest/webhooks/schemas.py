@@ -14,7 +14,15 @@ from marshmallow import Schema, ValidationError, fields, validate, validates_sch
 from .._input import text_problem, to_utc
 from ..conditions import parse_condition
 from ..errors import InvalidFieldError
-from .models import MAX_DESCRIPTION_LENGTH, MAX_HEADERS, MAX_ID_LENGTH, MAX_URL_LENGTH, validate_headers
+from ..outbound.rate import MAX_BURST, MAX_PER_SECOND, MIN_PER_SECOND
+from .models import (
+    MAX_DESCRIPTION_LENGTH,
+    MAX_HEADERS,
+    MAX_ID_LENGTH,
+    MAX_URL_LENGTH,
+    validate_headers,
+    validate_rate_limit,
+)
 from .operations import MAX_BULK_REPLAY, MAX_DLQ_PAGE, MAX_GRACE_SECONDS
 
 _ID = validate.Length(min=1, max=MAX_ID_LENGTH)
@@ -97,6 +105,26 @@ class Headers(fields.Dict):
             raise ValidationError(exc.message) from None
 
 
+class RateLimitField(fields.Dict):
+    """A rate limit, ``{"per_second": <number>, "burst": <whole number>}``, checked as
+    :func:`~.models.validate_rate_limit` does; ``null`` for none."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        description = (
+            f"at most per_second deliveries per second (from {MIN_PER_SECOND:g} to "
+            f"{MAX_PER_SECOND:g}), with a burst of up to burst at once (1 to {MAX_BURST}), across "
+            "every worker; a delivery over it waits its turn. null: no limit"
+        )
+        super().__init__(allow_none=True, metadata={"description": description}, **kwargs)
+
+    def _deserialize(self, value: Any, attr: str | None, data: Any, **kwargs: Any) -> dict[str, Any]:
+        try:
+            validate_rate_limit(value, attr or "rate_limit")
+        except InvalidFieldError as exc:
+            raise ValidationError(exc.message) from None
+        return dict(value)
+
+
 class SubscriptionCreateSchema(Schema):
     id = Text(validate=_ID)
     target_url = Text(required=True, validate=_URL)
@@ -105,6 +133,7 @@ class SubscriptionCreateSchema(Schema):
     description = Text(load_default="", validate=_DESCRIPTION)
     payload_filter = PayloadFilter()
     headers = Headers()
+    rate_limit = RateLimitField()
 
 
 class SubscriptionPatchSchema(Schema):
@@ -116,12 +145,15 @@ class SubscriptionPatchSchema(Schema):
     payload_filter = PayloadFilter()
     #: Replaces every custom header; ``{}`` removes them.
     headers = Headers()
+    #: ``null`` removes the rate limit.
+    rate_limit = RateLimitField()
 
     @validates_schema
     def _not_empty(self, data: dict[str, Any], **kwargs: Any) -> None:
         if not data:
             raise ValidationError(
-                "give at least one of target_url, event_topics, description, status, payload_filter, headers"
+                "give at least one of target_url, event_topics, description, status, payload_filter, "
+                "headers, rate_limit"
             )
 
 

@@ -27,7 +27,10 @@ silent or slow endpoints cannot stop a process serving the others.
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import logging
+import math
 import random
 import threading
 import time
@@ -59,6 +62,15 @@ _BATCH_PATIENCE_SECONDS = 0.1
 # An endpoint with nothing in flight or waiting keeps its learnt limit this long, then is
 # forgotten (and starts afresh), so a worker serving thousands of endpoints stays bounded.
 _FORGET_SECONDS = 300.0
+# A delivery whose rate limit says "later" waits in the process, holding its slot and its place
+# under the endpoint's in-flight limit, when its turn comes within this many seconds (and within
+# its lease); a longer wait gives it back to the queue, due at its turn. Holding only what the
+# endpoint's in-flight limit admits keeps a rate-limited endpoint from taking more slots than an
+# unlimited one could, and the short hold keeps its pace exact (the queue's delayed jobs move on
+# whole seconds).
+_RATE_HOLD_SECONDS = 5.0
+# The start time a held delivery has among its endpoint's attempts until it is sent.
+_HELD = math.inf
 
 
 class OutboundRunner(Protocol):
@@ -85,6 +97,11 @@ class OutboundRunner(Protocol):
     def defer(self, claim: Any, seconds: float) -> None:
         """Give ``claim`` back unsent, without using an attempt, due in ``seconds``."""
 
+    def rate_wait(self, claim: Any, horizon: float | None = None) -> float:
+        """Seconds until ``claim``'s endpoint's rate limit lets it go (``0``: now, and counted;
+        a turn further than ``horizon`` seconds is not handed out); asked only of claims whose
+        ticket is ``rate_limited``."""
+
 
 @dataclass(frozen=True)
 class _Lane:
@@ -103,6 +120,7 @@ class _Work:
     lane: _Lane
     claim: Any
     ticket: Ticket
+    claimed: float = field(default_factory=time.monotonic)  # its lease started about then
 
 
 @dataclass
@@ -186,6 +204,13 @@ class DeliveryPool:
         self._endpoints: dict[tuple[str, str], _Endpoint] = {}  # by (kind, endpoint)
         self._forgot_at = time.monotonic()
         self._executor = ThreadPoolExecutor(max_workers=size, thread_name_prefix="harvest-attempt")
+        # Deliveries waiting for their rate limit's turn: (due, seq, work, started), and the one
+        # thread that starts them when due (no pool thread sleeps for a turn).
+        self._held: list[tuple[float, int, _Work, float]] = []
+        self._held_seq = itertools.count()
+        self._held_cond = threading.Condition()
+        self._holding = True
+        self._timer: threading.Thread | None = None
 
     @property
     def kinds(self) -> frozenset[str]:
@@ -370,6 +395,10 @@ class DeliveryPool:
     def _healthy(self, work: _Work, endpoint: _Endpoint, now: float) -> bool:
         if not work.ticket.sendable or self._slow(endpoint, now):
             return False
+        if work.ticket.rate_limited and _HELD in endpoint.started:
+            # Its rate, not its answers, sets the pace now: waiting here would only hold a slot
+            # that other endpoints could use (the held deliveries already keep the pace).
+            return False
         if endpoint.last is None:  # nothing seen in this process yet: ask the row
             return not work.ticket.failing
         # An endpoint that answers "too busy" is alive: its limit already eases the load, and
@@ -389,6 +418,8 @@ class DeliveryPool:
         return bool(endpoint.started) and now - min(endpoint.started) > self.slow_after
 
     def _attempt(self, work: _Work, started: float) -> None:
+        if work.ticket.rate_limited and self._rate_held(work, started):
+            return
         answered = False
 
         def observe(result: HttpResponse | TransportError) -> None:
@@ -441,6 +472,80 @@ class DeliveryPool:
                 break
         self._give_back(stale)
 
+    def _rate_held(self, work: _Work, started: float) -> bool:
+        """Ask ``work``'s rate limit (it passed the in-flight limit already); when it must wait,
+        hold it until its turn or give it back due then, and return ``True``. Its slot and its
+        place under the in-flight limit stay taken while it is held; nothing is learnt of it."""
+        try:
+            with self._entered():
+                wait = work.lane.runner.rate_wait(work.claim, _RATE_HOLD_SECONDS)
+        except Exception:  # the limit could not say: it holds, and the delivery comes round again
+            log.exception("harvest: rate limit of %s delivery %s failed", work.lane.kind, work.ticket.label)
+            wait = 1.0
+        if wait <= 0:
+            return False
+        now = time.monotonic()
+        if wait <= _RATE_HOLD_SECONDS and now + wait - work.claimed <= work.lane.max_wait:
+            with self._held_cond:
+                if self._holding:
+                    # Held, it keeps its place under the in-flight limit but is not in flight: an
+                    # endless start time keeps a long hold from making the endpoint look slow
+                    # (which would give back its waiting deliveries).
+                    with self._cond:
+                        endpoint = self._endpoints[(work.lane.kind, work.ticket.endpoint)]
+                        endpoint.started.remove(started)
+                        endpoint.started.append(_HELD)
+                    heapq.heappush(self._held, (now + wait, next(self._held_seq), work, _HELD))
+                    if self._timer is None:
+                        self._timer = threading.Thread(
+                            target=self._start_held, name="harvest-rate-timer", daemon=True
+                        )
+                        self._timer.start()
+                    self._held_cond.notify()
+                    return True
+        # Too long to hold (or stopping): its place goes to the endpoint's next delivery, and
+        # it goes back to the queue due at its turn.
+        self._answered(work, started, None)
+        self._give_back([work], seconds=wait)
+        return True
+
+    def _start_held(self) -> None:
+        """The timer thread: start each held delivery at its turn (it asks its limit again)."""
+        while True:
+            with self._held_cond:
+                while self._holding and (not self._held or self._held[0][0] > time.monotonic()):
+                    self._held_cond.wait(None if not self._held else self._held[0][0] - time.monotonic())
+                now = time.monotonic()
+                due = []
+                while self._held and (not self._holding or self._held[0][0] <= now):
+                    due.append(heapq.heappop(self._held))
+                holding = self._holding
+            for due_at, _, work, started in due:
+                if not holding:  # stopping: back to the queue, due at its turn
+                    self._answered(work, started, None)
+                    self._give_back([work], seconds=max(0.0, due_at - now))
+                    continue
+                with self._cond:  # it starts now: its in-flight time counts from now
+                    endpoint = self._endpoints[(work.lane.kind, work.ticket.endpoint)]
+                    endpoint.started.remove(started)
+                    endpoint.started.append(now)
+                try:
+                    self._executor.submit(self._attempt, work, now)
+                except RuntimeError:  # the pool stopped meanwhile: for later
+                    self._answered(work, now, None)
+                    self._give_back([work])
+            if not holding:
+                return
+
+    def _stop_holding(self) -> None:
+        """Give back every held delivery, due at its turn, and end the timer thread."""
+        with self._held_cond:
+            self._holding = False
+            self._held_cond.notify()
+            timer = self._timer
+        if timer is not None:
+            timer.join()
+
     @staticmethod
     def _learn(
         endpoint_id: str, endpoint: _Endpoint, result: HttpResponse | TransportError, now: float
@@ -492,11 +597,12 @@ class DeliveryPool:
                 endpoint.waiting = keep
         self._give_back(stale)
 
-    def _give_back(self, works: Sequence[_Work]) -> None:
-        """Return claimed deliveries unsent, without using an attempt, and free their slots."""
+    def _give_back(self, works: Sequence[_Work], seconds: float | None = None) -> None:
+        """Return claimed deliveries unsent, without using an attempt, and free their slots; due
+        in ``seconds`` (default: as their endpoint's state says)."""
         for work in works:
             try:
-                work.lane.runner.defer(work.claim, self._defer_seconds(work))
+                work.lane.runner.defer(work.claim, self._defer_seconds(work) if seconds is None else seconds)
             except Exception:  # the lease runs out and the sweeper queues it again
                 log.exception(
                     "harvest: could not give back %s delivery %s", work.lane.kind, work.ticket.label
@@ -522,6 +628,7 @@ class DeliveryPool:
     def shutdown(self, wait: bool = True) -> None:
         """Stop the pool. With ``wait``, let the attempts in flight finish (each within a deadline)
         and the deliveries waiting their turn have theirs; without, give those back for later."""
+        self._stop_holding()  # a turn may be seconds away: those go back to the queue
         if wait:
             self._wait_until(0)
         with self._cond:

@@ -28,6 +28,7 @@ from ..._sql import drop_indexes_sql
 from ..._sql import metadata as metadata
 from ..._sql import schema_sql as _schema_sql
 from ...conditions import parse_condition
+from ...outbound.rate import RateLimit
 from ..models import (
     MAX_ID_LENGTH,
     MAX_URL_LENGTH,
@@ -68,6 +69,8 @@ subscriptions_table = Table(
     Column("payload_filter", JSON(none_as_null=True), nullable=True),
     # The custom headers, a JSON object; NULL (rows of earlier versions): none.
     Column("headers", JSON(none_as_null=True), nullable=True),
+    # The rate limit, {"per_second": ..., "burst": ...}; NULL (rows of earlier versions): none.
+    Column("rate_limit", JSON(none_as_null=True), nullable=True),
     # The dashboard's subscription list, oldest first, a keyset walk.
     Index("ix_harvest_webhook_subscriptions_created", "created_at", "id"),
     # The overview's failing and disabled subscriptions: the few rows TROUBLED selects.
@@ -250,6 +253,9 @@ def subscription_column_values(values: Mapping[str, Any]) -> dict[str, Any]:
         columns["payload_filter"] = filter_json(columns["payload_filter"])
     if "headers" in columns:
         columns["headers"] = dict(columns["headers"])
+    if "rate_limit" in columns:
+        limit = columns["rate_limit"]
+        columns["rate_limit"] = None if limit is None else limit.to_dict()
     return columns
 
 
@@ -285,6 +291,8 @@ def row_to_subscription(row: Row[Any]) -> WebhookSubscription:
     stored_filter = values["payload_filter"]
     values["payload_filter"] = None if stored_filter is None else parse_condition(stored_filter)
     values["headers"] = dict(values["headers"] or {})
+    stored_limit = values["rate_limit"]
+    values["rate_limit"] = None if stored_limit is None else RateLimit(**stored_limit)
     return WebhookSubscription.from_trusted(values)
 
 
