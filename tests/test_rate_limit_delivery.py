@@ -28,6 +28,16 @@ from .pipeline import make_app, rq_app, wait_final
 from .worker_process import start_worker, stop
 
 SECRET = generate_secret()
+#: The limiter admits at most rate x window + burst in any window of its own (Redis's) time. A
+#: delivery reaches the receiver some time after its admission (the worker's threads, the POST),
+#: and that lag varies: two admissions one turn apart can arrive closer together. So arrivals are
+#: held to the bound over the window widened by this much lag spread, ample on a loaded 2-core
+#: machine; a limiter that did not hold would overshoot it many times over.
+LAG_SPREAD_SECONDS = 0.2
+
+
+def arrival_bound(limit: RateLimit, window: float) -> float:
+    return limit.per_second * (window + LAG_SPREAD_SECONDS) + limit.burst
 
 
 def most_in_any_window(requests: Sequence[ReceivedRequest], seconds: float) -> int:
@@ -85,9 +95,9 @@ def test_two_workers_hold_a_subscription_to_its_rate_while_another_gets_everythi
     assert len(limited_requests) == limited_count, log
     assert wait_final(sql_store, limited + free, timeout=10) == [DeliveryState.DELIVERED]
     assert {d.attempt for d in sql_store.get_deliveries(limited)} == {1}
-    # The correctness bound: never more than rate x window + burst in any window.
+    # The correctness bound: never more than rate x window + burst in any window (plus the lag).
     for window in (1.0, 2.0, 4.0):
-        assert most_in_any_window(limited_requests, window) <= limit.per_second * window + limit.burst
+        assert most_in_any_window(limited_requests, window) <= arrival_bound(limit, window)
     # And it was held to the limit, not merely slow: the deliveries spread over their turns.
     span = max(r.received_at for r in arrived) - min(r.received_at for r in arrived)
     assert span >= (limited_count - limit.burst) / limit.per_second * 0.9
@@ -114,7 +124,7 @@ def test_the_local_backend_holds_a_subscription_to_its_rate_in_its_one_process(
         signals.delivery_rate_limited.disconnect(held, sender=app)
     assert wait_final(store, ids, timeout=10) == [DeliveryState.DELIVERED]
     assert {d.attempt for d in store.get_deliveries(ids)} == {1}
-    assert most_in_any_window(requests, 0.5) <= limit.per_second * 0.5 + limit.burst
+    assert most_in_any_window(requests, 0.5) <= arrival_bound(limit, 0.5)
     # Deliveries past the burst waited their turns (how many depends on how fast the store
     # dispatches), and the signal said for how long.
     assert waits and all(wait > 0 for wait in waits)
