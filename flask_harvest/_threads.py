@@ -76,9 +76,17 @@ class GroupCommit(Generic[Item, R]):
         self._cond = threading.Condition()
         self._waiting: list[_Slot[Item, R]] = []
         self._writing = False
+        self._writer: int | None = None  # the thread writing a batch
 
     def submit(self, item: Item) -> R:
-        """Write ``item`` (with whatever else waits) and return its result."""
+        """Write ``item`` (with whatever else waits) and return its result.
+
+        Called again by the thread that is writing a batch (from inside ``write``: a terminal
+        hook that ends another run, say), the item is written alone at once: waiting for the
+        batch in progress would wait for itself.
+        """
+        if self._writer == threading.get_ident():
+            return self._write_alone(item)
         slot = _Slot[Item, R](item)
         with self._cond:
             self._waiting.append(slot)
@@ -87,6 +95,7 @@ class GroupCommit(Generic[Item, R]):
             if slot.done:
                 return slot.value()
             self._writing = True
+            self._writer = threading.get_ident()
         try:
             while not slot.done:
                 with self._cond:
@@ -95,8 +104,15 @@ class GroupCommit(Generic[Item, R]):
         finally:
             with self._cond:
                 self._writing = False
+                self._writer = None
                 self._cond.notify_all()
         return slot.value()
+
+    def _write_alone(self, item: Item) -> R:
+        results = self._write([item])
+        if len(results) != 1:
+            raise RuntimeError(f"a batch write returned {len(results)} results for 1 item")
+        return results[0]
 
     def _write_batch(self, batch: list[_Slot[Item, R]]) -> None:
         try:

@@ -74,3 +74,24 @@ def test_a_write_must_answer_every_item() -> None:
     group: GroupCommit[int, int] = GroupCommit(lambda items: [])
     with pytest.raises(RuntimeError, match="0 results for 1 items"):
         group.submit(1)
+
+
+def test_the_writing_thread_may_submit_again_from_inside_its_write() -> None:
+    # A write that submits (a terminal hook ending another run, say) must not wait for the batch
+    # it is itself writing: its item is written alone, at once.
+    written: list[list[int]] = []
+    group: GroupCommit[int, int] = GroupCommit(lambda items: write(items))
+
+    def write(items: list[int]) -> list[int]:
+        written.append(list(items))
+        if items == [1]:
+            assert group.submit(2) == 20
+        return [item * 10 for item in items]
+
+    done: list[int] = []
+    caller = threading.Thread(target=lambda: done.append(group.submit(1)), daemon=True)
+    caller.start()
+    caller.join(timeout=10)
+    assert not caller.is_alive(), "the writer waited for itself"
+    assert done == [10]
+    assert written == [[1], [2]]
