@@ -5,6 +5,7 @@ time every claim is alone. The worker deaths themselves are in tests/faults/test
 from __future__ import annotations
 
 import threading
+import time
 from datetime import timedelta
 from typing import Any
 
@@ -195,3 +196,87 @@ def test_a_stopping_runner_finishes_the_run_under_way_and_gives_back_the_one_wai
     assert back.charged_recoveries == 0 and store.list_steps(waiting) == []
     assert ran == [under_way]
     assert (waiting, None) in backend.calls
+
+
+def wait_until(condition: Any, seconds: float = 10.0) -> None:
+    end = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < end, "timed out"
+        time.sleep(0.01)
+
+
+def test_a_run_that_waited_at_the_gate_runs_only_if_its_claim_is_still_its_own(
+    store: SqlWorkflowStore,
+) -> None:
+    # It waited behind a run alone, with no heartbeat (heartbeat_interval=0): its lease ran out and
+    # another worker took the run over meanwhile. It must not run a step the other may have
+    # checkpointed already.
+    log, clock = Log(), Clock()
+    runner = logging_runner(store, log, clock, concurrency=4)
+    eid = runner.start("logged", 1)[0].execution_id
+    claimed = store.claim(eid, now=clock(), lease_seconds=LEASE)
+    assert claimed is not None and claimed.isolation is None
+    now = clock.advance(seconds=LEASE + 1)
+    store.expired_leases(now=now, max_recovery_attempts=5)
+    assert store.claim(eid, now=now, lease_seconds=LEASE) is not None  # the other worker's
+
+    held, release = threading.Event(), threading.Event()
+
+    def hold_alone() -> None:
+        with runner._gate.get().alone(LEASE):
+            held.set()
+            release.wait(30)
+
+    holder = threading.Thread(target=hold_alone, daemon=True)
+    holder.start()
+    assert held.wait(10)
+    results: list[object] = []
+
+    def run() -> None:
+        results.append(runner._run_claimed(claimed, clock()))
+
+    waiter = threading.Thread(target=run, daemon=True)
+    waiter.start()
+    wait_until(lambda: runner._gate.get().waiting_beside == 1)  # it found the gate held
+    release.set()
+    waiter.join(30)
+    holder.join(30)
+    assert results == [None]
+    assert log.events == []
+
+
+def test_no_run_waits_at_the_gate_past_its_patience() -> None:
+    from flask_harvest.workflows.runner import _Entry, _Gate
+
+    gate = _Gate()
+    held, release = threading.Event(), threading.Event()
+
+    def hold(enter: Any) -> None:
+        with enter:
+            held.set()
+            release.wait(30)
+
+    # A run alone holds the gate: a run beside waits its patience, then gives up.
+    holder = threading.Thread(target=hold, args=(gate.alone(1.0),), daemon=True)
+    holder.start()
+    assert held.wait(10)
+    with gate.beside(0.05) as entry:
+        assert entry is _Entry.GAVE_UP
+    release.set()
+    holder.join(10)
+
+    # Runs beside hold it: a quarantined run waits its patience, gives up, and the runs that
+    # arrived behind it (which wait for it) go on.
+    held.clear()
+    release.clear()
+    holder = threading.Thread(target=hold, args=(gate.beside(1.0),), daemon=True)
+    holder.start()
+    assert held.wait(10)
+    with gate.alone(0.05) as entry:
+        assert entry is _Entry.GAVE_UP
+    with gate.beside(1.0) as entry:
+        assert entry is _Entry.AT_ONCE
+    release.set()
+    holder.join(10)
+    with gate.alone(1.0) as entry:
+        assert entry is _Entry.AT_ONCE

@@ -6,6 +6,7 @@ whose handler is :meth:`WorkflowRunner.run_many`.
 
 from __future__ import annotations
 
+import enum
 import logging
 import threading
 import time
@@ -90,11 +91,29 @@ class _Threads:
             self.room.notify_all()
 
 
+class _Entry(enum.Enum):
+    """How a run came through its process's gate."""
+
+    AT_ONCE = "at once"
+    AFTER_WAIT = "after a wait"
+    GAVE_UP = "gave up"  # it waited its whole patience: the run goes back to the queue
+
+
+class _Turn(enum.Enum):
+    """What a claimed run does once it has tried the gate."""
+
+    RUN = "run"
+    LOST = "lost"  # its claim is no longer its own (taken over or ended while it waited)
+    GIVE_BACK = "give back"
+
+
 class _Gate:
     """The runs of one process: any number beside each other, or a quarantined one alone.
 
     A quarantined run waits until the runs in progress are done, and the runs that come after it
-    wait until it is done (so it is not starved by a steady stream of others).
+    wait until it is done (so it is not starved by a steady stream of others). No run waits more
+    than its ``patience``: one long run must not hold the runs claimed behind it for its whole
+    length (they go back to the queue, for a worker that is free).
     """
 
     def __init__(self) -> None:
@@ -102,30 +121,54 @@ class _Gate:
         self._beside = 0  # runs in progress beside each other
         self._alone = False  # a run is in progress alone
         self._waiting_alone = 0
+        self.waiting_beside = 0  # runs waiting to run beside others (what tests wait for)
 
     @contextmanager
-    def beside(self) -> Iterator[None]:
+    def beside(self, patience: float) -> Iterator[_Entry]:
+        def ready() -> bool:
+            return not self._alone and not self._waiting_alone
+
         with self._changed:
-            self._changed.wait_for(lambda: not self._alone and not self._waiting_alone)
-            self._beside += 1
+            entry = _Entry.AT_ONCE if ready() else _Entry.AFTER_WAIT
+            self.waiting_beside += 1
+            try:
+                if not self._changed.wait_for(ready, timeout=patience):
+                    entry = _Entry.GAVE_UP
+                else:
+                    self._beside += 1
+            finally:
+                self.waiting_beside -= 1
+        if entry is _Entry.GAVE_UP:
+            yield entry
+            return
         try:
-            yield
+            yield entry
         finally:
             with self._changed:
                 self._beside -= 1
                 self._changed.notify_all()
 
     @contextmanager
-    def alone(self) -> Iterator[None]:
+    def alone(self, patience: float) -> Iterator[_Entry]:
+        def ready() -> bool:
+            return not self._alone and not self._beside
+
         with self._changed:
+            entry = _Entry.AT_ONCE if ready() else _Entry.AFTER_WAIT
             self._waiting_alone += 1
             try:
-                self._changed.wait_for(lambda: not self._alone and not self._beside)
+                if not self._changed.wait_for(ready, timeout=patience):
+                    entry = _Entry.GAVE_UP
+                else:
+                    self._alone = True
             finally:
                 self._waiting_alone -= 1
-            self._alone = True
+                self._changed.notify_all()  # runs waiting behind it may go on if it gave up
+        if entry is _Entry.GAVE_UP:
+            yield entry
+            return
         try:
-            yield
+            yield entry
         finally:
             with self._changed:
                 self._alone = False
@@ -536,10 +579,11 @@ class WorkflowRunner:
         if self._closing.is_set():
             self._hand_back(claimed, token)
             return None
-        with self._heartbeat(execution_id, token), self._gated(claimed, token) as ours:
-            if not ours:
-                return None  # taken over (or ended) while it waited to run alone
-            if self._closing.is_set():  # the worker began to stop while this run waited its turn
+        with self._heartbeat(execution_id, token), self._gated(claimed, token) as turn:
+            if turn is _Turn.LOST:
+                return None  # taken over (or ended) while it waited its turn
+            # Waited too long, or the worker began to stop while it waited: another worker runs it.
+            if turn is _Turn.GIVE_BACK or self._closing.is_set():
                 self._hand_back(claimed, token)
                 return None
             return self._run_gated(claimed, token, now)
@@ -671,22 +715,39 @@ class WorkflowRunner:
             logger.warning("could not schedule workflow execution %s", execution_id, exc_info=True)
 
     @contextmanager
-    def _gated(self, claimed: Execution, token: str) -> Iterator[bool]:
+    def _gated(self, claimed: Execution, token: str) -> Iterator[_Turn]:
         """Hold this process's gate while the run runs, its end included: beside the other runs,
         or, for a quarantined run, alone, recorded as such (a death from then on is charged to it).
-        Yields whether the run is still this claim's (the heartbeat kept its lease while it
-        waited)."""
+
+        Yields whether to run it: a run that waited checks that its claim is still its own (its
+        heartbeat may have failed meanwhile, or be off), and one that waited a whole lease goes
+        back to the queue.
+        """
         if self._claims_alone:  # its claim recorded it as run alone
-            yield True
+            yield _Turn.RUN
             return
+        execution_id = claimed.execution_id
         if claimed.isolation is None:
-            with self._gate.get().beside():
-                yield True
+            with self._gate.get().beside(self.lease_seconds) as entry:
+                if entry is _Entry.GAVE_UP:
+                    yield _Turn.GIVE_BACK
+                elif entry is _Entry.AFTER_WAIT and (
+                    self.store.renew(execution_id, token, now=self.clock(), lease_seconds=self.lease_seconds)
+                    is None
+                ):
+                    yield _Turn.LOST
+                else:
+                    yield _Turn.RUN
             return
-        with self._gate.get().alone():
-            yield self.store.run_alone(
-                claimed.execution_id, token, now=self.clock(), lease_seconds=self.lease_seconds
-            )
+        with self._gate.get().alone(self.lease_seconds) as entry:
+            if entry is _Entry.GAVE_UP:
+                yield _Turn.GIVE_BACK
+            elif self.store.run_alone(
+                execution_id, token, now=self.clock(), lease_seconds=self.lease_seconds
+            ):
+                yield _Turn.RUN
+            else:
+                yield _Turn.LOST
 
     @contextmanager
     def _heartbeat(self, execution_id: str, token: str) -> Iterator[None]:
