@@ -165,8 +165,11 @@ def wait_for(app: Flask, execution_id: str, done: Callable[[ExecutionState, int]
     with app.app_context():
         service = workflow_service()
         while time.monotonic() < deadline:
+            # Steps first: they only grow, so a state read after them is at least as new. Read
+            # the other way round, a run not yet claimed could pass for one already given back.
+            steps = len(service.steps(execution_id))
             execution = service.get(execution_id)
-            if done(execution.state, len(service.steps(execution_id))):
+            if done(execution.state, steps):
                 return
             time.sleep(0.01)
     raise AssertionError(f"execution {execution_id} never got there: {execution}")

@@ -102,8 +102,8 @@ class WorkflowFaults:
         ids = list(ids)
 
         def asleep(execution_id: str) -> bool:
+            steps = self.steps(execution_id)  # before the state: see workflow_app.wait_for
             execution = self.get(execution_id)
-            steps = self.steps(execution_id)
             return execution.state is S.PENDING and any(s.name == "harvest:sleep" for s in steps)
 
         wait_until(lambda: all(asleep(i) for i in ids), RECOVERY_WAIT, f"{len(ids)} run(s) asleep")
