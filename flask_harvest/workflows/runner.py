@@ -666,19 +666,21 @@ class WorkflowRunner:
             raise
         except Exception as exc:
             error = str(ctx.fatal) if ctx.fatal is not None else describe_error(exc)
-            return self._end(claimed, token, ExecutionState.FAILED, error=error)
+            return self._end(claimed, token, ExecutionState.FAILED, error=error, ctx=ctx)
         if ctx.fatal is not None:
             # The workflow code caught the non-determinism error; the run is still wrong.
-            return self._end(claimed, token, ExecutionState.FAILED, error=str(ctx.fatal))
+            return self._end(claimed, token, ExecutionState.FAILED, error=str(ctx.fatal), ctx=ctx)
         try:
             encode_json(output, field="output")
         except InvalidFieldError as exc:
-            return self._end(claimed, token, ExecutionState.FAILED, error=f"the workflow returned {exc}")
+            return self._end(
+                claimed, token, ExecutionState.FAILED, error=f"the workflow returned {exc}", ctx=ctx
+            )
         if claimed.deadline is not None and claimed.deadline < self.clock():
             return self._end(
-                claimed, token, ExecutionState.TIMED_OUT, error=timeout_message(claimed.deadline)
+                claimed, token, ExecutionState.TIMED_OUT, error=timeout_message(claimed.deadline), ctx=ctx
             )
-        return self._end(claimed, token, ExecutionState.COMPLETED, output=output)
+        return self._end(claimed, token, ExecutionState.COMPLETED, output=output, ctx=ctx)
 
     def _recorded_steps(self, claimed: Execution) -> dict[int, StepRecord] | None:
         """A fork in mode recorded: its source's checkpoints from the fork point on, read at each
@@ -696,9 +698,18 @@ class WorkflowRunner:
         *,
         output: JsonValue = None,
         error: str | None = None,
+        ctx: WorkflowContext | None = None,
     ) -> Execution | None:
+        # A run that began no child and inherited none has none to close: its end skips the look.
+        childless = ctx is not None and not ctx.may_have_children and execution.continued_from is None
         ended = self.store.finish(
-            execution.execution_id, state, output=output, error=error, now=self.clock(), token=token
+            execution.execution_id,
+            state,
+            output=output,
+            error=error,
+            now=self.clock(),
+            token=token,
+            childless=childless,
         )
         if ended is None:
             logger.info(
