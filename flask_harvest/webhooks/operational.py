@@ -52,6 +52,7 @@ __all__ = [
     "OPERATIONAL_SUBSCRIPTION_ID",
     "SUBSCRIPTION_DISABLED",
     "SUBSCRIPTION_RATE_LIMITED",
+    "TEST",
     "Kind",
     "context",
     "enabled",
@@ -60,6 +61,7 @@ __all__ = [
     "notices",
     "register",
     "subscription_for",
+    "test_notice",
 ]
 
 #: The id of the subscription that receives the operational notifications. Reserved: an ordinary
@@ -72,6 +74,8 @@ SUBSCRIPTION_DISABLED = RESERVED_PREFIX + "subscription.disabled"
 DELIVERY_DEAD_LETTERED = RESERVED_PREFIX + "delivery.dead_lettered"
 #: The topic of the notification that a subscription's rate limit held its deliveries back long.
 SUBSCRIPTION_RATE_LIMITED = RESERVED_PREFIX + "subscription.rate_limited"
+#: The topic of a test notification an operator sends (the actuator, the CLI, the console).
+TEST = RESERVED_PREFIX + "operational.test"
 
 _TIME = {"type": "string", "format": "date-time"}
 _TEXT = {"type": "string"}
@@ -143,6 +147,9 @@ _RATE_LIMITED_DATA = {
     "topic": _TEXT,
 }
 
+_TEST_MESSAGE = "A test notification: operational webhooks reach this endpoint."
+_TEST_DATA = {"message": _TEXT}
+
 #: Every kind of operational notification, by topic: add a new kind here (and its rule in
 #: :func:`notices`).
 KINDS: dict[str, Kind] = {
@@ -208,6 +215,17 @@ KINDS: dict[str, Kind] = {
                     "delivery_id": "msg_1",
                     "topic": "order.created",
                 },
+            },
+        ),
+        Kind(
+            TEST,
+            "A test notification an operator sent (flask harvest operational test, the admin API "
+            "or the console), to check that the endpoint receives and verifies notifications.",
+            _envelope(TEST, _TEST_DATA, list(_TEST_DATA)),
+            {
+                "type": TEST,
+                "timestamp": "2025-01-31T12:00:00Z",
+                "data": {"message": _TEST_MESSAGE},
             },
         ),
     )
@@ -343,6 +361,13 @@ def held_notice(
         "topic": claim.delivery.topic,
     }
     return _notice(SUBSCRIPTION_RATE_LIMITED, data, settings.webhooks_max_attempts, now)
+
+
+def test_notice(settings: Settings, now: datetime) -> DeliveryLog | None:
+    """A test notification, or ``None`` when no endpoint is configured."""
+    if not enabled(settings):
+        return None
+    return _notice(TEST, {"message": _TEST_MESSAGE}, settings.webhooks_max_attempts, now)
 
 
 def _notice(topic: str, data: Mapping[str, Any], max_attempts: int, now: datetime) -> DeliveryLog:
