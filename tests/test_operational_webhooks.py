@@ -39,6 +39,7 @@ from flask_harvest.webhooks.operational import (
     OPERATIONAL_SUBSCRIPTION_ID,
     SUBSCRIPTION_DISABLED,
     SUBSCRIPTION_RATE_LIMITED,
+    TEST,
 )
 from flask_harvest.webhooks.stores.base import Outcome
 from flask_harvest.webhooks.stores.sql import SqlOutboundWebhookStore
@@ -325,6 +326,7 @@ def test_the_catalog_lists_the_notifications_without_warning_about_ordinary_patt
     catalog = get_engine(app).manager.catalog
     assert [t.name for t in catalog.types()] == [
         DELIVERY_DEAD_LETTERED,
+        TEST,
         SUBSCRIPTION_DISABLED,
         SUBSCRIPTION_RATE_LIMITED,
     ]
