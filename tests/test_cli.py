@@ -132,7 +132,7 @@ def assert_no_secret(result: Result) -> None:
             (),
             [
                 *("init-db", "subscriptions", "dlq", "deliveries", "purge", "stats", "sweep", "worker"),
-                *("outbox", "completion-delivery", "workflows"),
+                *("operational", "outbox", "completion-delivery", "workflows"),
                 *("triggers", "event-types"),
             ],
         ),

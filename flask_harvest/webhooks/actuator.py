@@ -18,6 +18,7 @@ from .models import WebhookSubscriptionStatus
 from .openapi import build_openapi
 from .schemas import (
     DlqQuerySchema,
+    OperationalTestSchema,
     ReplaySchema,
     RotateSecretSchema,
     SubscriptionCreateSchema,
@@ -149,6 +150,24 @@ def rotate_secret(subscription_id: str) -> Response:
     return jsonify({**rotated.subscription.to_dict(), "secret": rotated.secret})
 
 
+# -- operational webhooks --------------------------------------------------------------------------
+
+
+@actuator.get("/operational")
+def operational_status() -> Response:
+    """The operational endpoint: configured or not, its reserved subscription, latest notifications."""
+    return jsonify(get_engine().operations.operational_status())
+
+
+@actuator.post("/operational/test")
+def operational_test() -> tuple[Response, int]:
+    """Send a test notification to the operational endpoint (the body is ``{}``)."""
+    load_body(OperationalTestSchema())
+    notice, enqueue_error = get_engine().operations.send_operational_test()
+    shown = notice.to_dict()
+    return jsonify(shown if enqueue_error is None else {**shown, "enqueue_error": enqueue_error}), 202
+
+
 # -- the event catalog ------------------------------------------------------------------------------
 
 
@@ -166,7 +185,8 @@ def show_event_type(name: str) -> Response:
 @actuator.get("/openapi.json")
 def openapi() -> Response:
     """This API's OpenAPI 3 description, generated from the request schemas."""
-    return jsonify(build_openapi(get_engine().settings.actuator_prefix))
+    engine = get_engine()
+    return jsonify(build_openapi(engine.settings.actuator_prefix, engine.operations.event_types()))
 
 
 @actuator.route("/", defaults={"path": ""}, methods=["GET", "POST", "PUT", "PATCH", "DELETE"])

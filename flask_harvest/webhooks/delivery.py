@@ -69,6 +69,7 @@ class DeliveryRunner:
         *,
         limiter: RateLimiter | None = None,
         rate_listener: RateListener | None = None,
+        hold_watch: RateListener | None = None,
     ) -> None:
         self.store = store
         self.settings = settings
@@ -78,6 +79,9 @@ class DeliveryRunner:
         #: Keeps the subscriptions' rate-limit buckets (in Redis with the rq backend).
         self.limiter: RateLimiter = limiter or LocalRateLimiter()
         self.rate_listener = rate_listener
+        #: Told of each hold too: tells the operational endpoint of long ones
+        #: (:class:`~flask_harvest.webhooks.rate_holds.HoldWatch`); ``None`` without one.
+        self.hold_watch = hold_watch
         self._rng = rng or random.SystemRandom()
         # Attempts ending at once on many threads share one statement and one commit.
         self._records: GroupCommit[Outcome, Recorded] = GroupCommit(
@@ -116,9 +120,17 @@ class DeliveryRunner:
         if subscription is None or subscription.rate_limit is None:
             return 0.0
         wait = self.limiter.acquire(subscription.id, subscription.rate_limit, horizon)
-        if wait > 0 and self.rate_listener is not None:
-            self.rate_listener(claim, wait)
+        if wait > 0:
+            self.held_back(claim, wait)
         return wait
+
+    def held_back(self, claim: Claim, seconds: float) -> None:
+        """``claim`` is held ``seconds`` until its rate limit's turn: tell the listeners (the
+        metrics and signals, and the watch that tells the operational endpoint of long holds)."""
+        if self.rate_listener is not None:
+            self.rate_listener(claim, seconds)
+        if self.hold_watch is not None:
+            self.hold_watch(claim, seconds)
 
     def run(self, delivery_id: str) -> DeliveryState | None:
         """Make one attempt of ``delivery_id`` on this thread; return the state it ended in.

@@ -61,6 +61,8 @@ MAX_RETENTION_SECONDS = 100 * 365 * 24 * 3600.0
 #: The stats count at most this many deliveries in each state (past it a count reads ``1000+``), so
 #: a page view or a poll costs the same whatever history the table keeps.
 STATS_COUNT_CAP = 1000
+#: The operational endpoint's latest notifications its status shows.
+OPERATIONAL_RECENT = 10
 
 
 @dataclass(frozen=True)
@@ -286,6 +288,47 @@ class WebhookOperations:
             grace = timedelta(seconds=self.settings.webhooks_secret_grace_seconds)
             current = self.store.rotate_secret(wanted.id, wanted.secret, previous_expires_at=utcnow() + grace)
         return current
+
+    def operational_status(self) -> dict[str, Any]:
+        """The operational endpoint as an operator checks it: whether one is configured, its
+        reserved subscription (status, failures, URL; never the secret), the kinds it is sent,
+        the rate-limit threshold, and its latest notifications (newest first)."""
+        configured = operational.enabled(self.settings)
+        found = self.store.get_subscription(OPERATIONAL_SUBSCRIPTION_ID) if configured else None
+        recent, _ = (
+            self.deliveries_page(subscription_id=OPERATIONAL_SUBSCRIPTION_ID, limit=OPERATIONAL_RECENT)
+            if found is not None
+            else ([], None)
+        )
+        return {
+            "configured": configured,
+            "subscription": None if found is None else found.to_dict(),
+            "kinds": list(operational.KINDS),
+            "rate_limit_hold_seconds": self.settings.operational_rate_limit_hold_seconds,
+            "recent": [d.to_dict() for d in recent],
+        }
+
+    def send_operational_test(self) -> tuple[DeliveryLog, str | None]:
+        """Log a test notification to the operational endpoint and queue it; return its delivery,
+        and why its job could not be queued (the sweeper queues it later) or ``None``.
+
+        :raises InvalidStateError: no endpoint is configured, or its subscription is turned off
+            (enable it first: a test would only be dead-lettered).
+        """
+        notice = operational.test_notice(self.settings, utcnow())
+        found = self.store.get_subscription(OPERATIONAL_SUBSCRIPTION_ID) if notice is not None else None
+        if notice is None or found is None:
+            raise InvalidStateError(
+                "no operational endpoint is configured: set HARVEST_OPERATIONAL_WEBHOOK_URL and "
+                "HARVEST_OPERATIONAL_WEBHOOK_SECRET"
+            )
+        if found.status is not WebhookSubscriptionStatus.ACTIVE:
+            raise InvalidStateError(
+                f"the operational endpoint is {found.status.value}: enable {OPERATIONAL_SUBSCRIPTION_ID} "
+                "first (a test sent now would be dead-lettered)"
+            )
+        self.store.log_deliveries([notice])
+        return notice, self._enqueue([notice])
 
     def topic_warnings(self, event_topics: Sequence[str] | None) -> list[str]:
         """Return a warning for each of a subscription's topic patterns that selects no event type

@@ -162,6 +162,10 @@ class RotateSecretSchema(Schema):
     grace_seconds = fields.Float(validate=validate.Range(min=0, max=MAX_GRACE_SECONDS), allow_nan=False)
 
 
+class OperationalTestSchema(Schema):
+    """No fields: the body is ``{}``, required so that a cross-site form cannot send a test."""
+
+
 class ReplaySchema(Schema):
     """One delivery by ``log_id``, or a bulk replay by subscription and/or time window.
 
