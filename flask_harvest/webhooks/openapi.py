@@ -16,6 +16,7 @@ from .._version import __version__
 from .operations import ReplayOutcome
 from .schemas import (
     DlqQuerySchema,
+    EmptySchema,
     ReplaySchema,
     RotateSecretSchema,
     SubscriptionCreateSchema,
@@ -141,6 +142,7 @@ def build_openapi(prefix: str) -> dict[str, Any]:
         ("SubscriptionCreate", SubscriptionCreateSchema),
         ("SubscriptionPatch", SubscriptionPatchSchema),
         ("RotateSecret", RotateSecretSchema),
+        ("Empty", EmptySchema),
         ("Replay", ReplaySchema),
     ):
         spec.components.schema(name, schema=schema)
@@ -190,6 +192,20 @@ def build_openapi(prefix: str) -> dict[str, Any]:
         },
     )
     spec.path(
+        path="/deliveries/{delivery_id}/skip",
+        operations={
+            "post": {
+                "summary": "Skip a dead-lettered delivery (never sent) and release its ordering key",
+                "description": "Send {}. The next delivery of its ordering key, if any, is queued.",
+                "parameters": [_id_parameter("delivery_id")],
+                "requestBody": request_body("Empty"),
+                "responses": _responses(
+                    200, "the skipped delivery", _OBJECT, errors=(400, 404, 409, 413, 415, 422)
+                ),
+            }
+        },
+    )
+    spec.path(
         path="/stats",
         operations={
             "get": {"summary": "Delivery counts", "responses": _responses(200, "counts", _OBJECT, errors=())}
@@ -220,7 +236,8 @@ def build_openapi(prefix: str) -> dict[str, Any]:
                 "responses": _responses(200, "the subscription", _OBJECT, errors=(404,)),
             },
             "patch": {
-                "summary": "Change URL, topics, description, status, payload filter, headers or rate limit",
+                "summary": "Change URL, topics, description, status, payload filter, headers, rate limit "
+                "or ordering policy",
                 "description": "A payload_filter of null removes the filter; headers replace every "
                 "custom header ({} removes them); a rate_limit of null removes the rate limit.",
                 "parameters": sub,
@@ -234,6 +251,21 @@ def build_openapi(prefix: str) -> dict[str, Any]:
                 "parameters": sub,
                 "responses": _responses(204, "removed", errors=(404,)),
             },
+        },
+    )
+    spec.path(
+        path="/subscriptions/{subscription_id}/blocked-keys",
+        operations={
+            "get": {
+                "summary": "Ordering keys waiting for an operator: their head is dead-lettered",
+                "parameters": sub,
+                "responses": _responses(
+                    200,
+                    "ordering_key, delivery_id, waiting",
+                    {"type": "array", "items": _OBJECT},
+                    errors=(404,),
+                ),
+            }
         },
     )
     spec.path(
@@ -277,7 +309,7 @@ def build_openapi(prefix: str) -> dict[str, Any]:
         },
     )
     document: dict[str, Any] = spec.to_dict()
-    for name in ("SubscriptionCreate", "SubscriptionPatch", "RotateSecret", "Replay"):
+    for name in ("SubscriptionCreate", "SubscriptionPatch", "RotateSecret", "Replay", "Empty"):
         # The schemas refuse unknown fields (marshmallow's RAISE); apispec says so only from 6.1.
         document["components"]["schemas"][name]["additionalProperties"] = False
     document["security"] = [{"bearer": []}]

@@ -9,6 +9,7 @@ received with success, and nothing is lost.
 
 from __future__ import annotations
 
+import itertools
 from collections import defaultdict
 
 import pytest
@@ -57,7 +58,7 @@ def test_each_key_arrives_in_dispatch_order_through_failures_and_a_killed_worker
     for key, line in order.items():
         arrived = sorted(line, key=first_success.__getitem__)
         assert arrived == line, f"{key}: first successful receipts out of dispatch order"
-        for earlier, later in zip(line, line[1:], strict=False):
+        for earlier, later in itertools.pairwise(line):
             # Not even attempted before the one ahead of it was received with success.
             assert first_seen[later] > first_success[earlier], (key, earlier, later)
     print(

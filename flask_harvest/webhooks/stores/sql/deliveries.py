@@ -410,7 +410,8 @@ class DeliveryPipeline:
         if state is None:
             raise DeliveryNotFoundError(delivery_id)
         raise InvalidStateError(
-            f"delivery {delivery_id!r} is {state}, not dead-lettered; only deliveries in the DLQ can be skipped"
+            f"delivery {delivery_id!r} is {state}, not dead-lettered; "
+            "only deliveries in the DLQ can be skipped"
         )
 
     def blocked_keys(self, subscription_id: str, *, limit: int) -> list[BlockedKey]:
