@@ -24,7 +24,9 @@ from .test_store_contract import make_delivery, make_subscription, result_for, s
 LEASE = 30.0
 
 
-def _log(store: OutboundWebhookHandler, subscription_id: str, now: datetime, key: str | None) -> DeliveryLog:
+def log_keyed(
+    store: OutboundWebhookHandler, subscription_id: str, now: datetime, key: str | None
+) -> DeliveryLog:
     """Log one delivery (a dispatch of its own: it takes its key's next number)."""
     delivery = make_delivery(subscription_id, now, ordering_key=key)
     store.log_deliveries([delivery])
@@ -37,7 +39,9 @@ def _claim(store: OutboundWebhookHandler, delivery: DeliveryLog, now: datetime) 
     return store.claim_delivery(delivery.id, now=now, lease_seconds=LEASE, max_attempts=5)
 
 
-def _fail(store: OutboundWebhookHandler, delivery: DeliveryLog, now: datetime, state: DeliveryState) -> None:
+def fail_attempt(
+    store: OutboundWebhookHandler, delivery: DeliveryLog, now: datetime, state: DeliveryState
+) -> None:
     claim = _claim(store, delivery, now)
     assert claim is not None
     retry_at = now + timedelta(hours=1) if state is DeliveryState.PENDING else None
@@ -60,7 +64,7 @@ def _subscription(store: OutboundWebhookHandler, policy: OrderingPolicy = Orderi
 def test_deliveries_of_a_key_are_numbered_in_dispatch_order(store: OutboundWebhookHandler) -> None:
     now = utcnow()
     sub = _subscription(store)
-    line = [_log(store, sub, now, "order-42") for _ in range(4)]
+    line = [log_keyed(store, sub, now, "order-42") for _ in range(4)]
     seqs = [d.ordering_seq or 0 for d in line]
     assert all(d.ordering_seq is not None for d in line)
     assert seqs == sorted(seqs) and len(set(seqs)) == 4
@@ -69,7 +73,7 @@ def test_deliveries_of_a_key_are_numbered_in_dispatch_order(store: OutboundWebho
 def test_only_the_head_of_a_line_is_claimable(store: OutboundWebhookHandler) -> None:
     now = utcnow()
     sub = _subscription(store)
-    first, second, third = (_log(store, sub, now, "k") for _ in range(3))
+    first, second, third = (log_keyed(store, sub, now, "k") for _ in range(3))
     assert _claim(store, second, now) is None
     assert _claim(store, third, now) is None
     claims = store.claim_deliveries(
@@ -88,10 +92,10 @@ def test_only_the_head_of_a_line_is_claimable(store: OutboundWebhookHandler) -> 
 def test_a_failing_key_blocks_neither_other_keys_nor_unordered_traffic(store: OutboundWebhookHandler) -> None:
     now = utcnow()
     sub = _subscription(store)
-    a1, a2 = _log(store, sub, now, "a"), _log(store, sub, now, "a")
-    b1 = _log(store, sub, now, "b")
-    plain = _log(store, sub, now, None)
-    _fail(store, a1, now, DeliveryState.PENDING)  # a retry an hour away holds key a
+    a1, a2 = log_keyed(store, sub, now, "a"), log_keyed(store, sub, now, "a")
+    b1 = log_keyed(store, sub, now, "b")
+    plain = log_keyed(store, sub, now, None)
+    fail_attempt(store, a1, now, DeliveryState.PENDING)  # a retry an hour away holds key a
     later = now + timedelta(minutes=1)
     assert _claim(store, a2, later) is None
     assert store.get_delivery(a2.id).attempt == 1  # type: ignore[union-attr]  # not charged
@@ -105,8 +109,8 @@ def test_a_failing_key_blocks_neither_other_keys_nor_unordered_traffic(store: Ou
 def test_block_policy_waits_for_a_replay_of_the_dead_lettered_head(store: OutboundWebhookHandler) -> None:
     now = utcnow()
     sub = _subscription(store, OrderingPolicy.BLOCK)
-    head, waiting = _log(store, sub, now, "k"), _log(store, sub, now, "k")
-    _fail(store, head, now, DeliveryState.DLQ)
+    head, waiting = log_keyed(store, sub, now, "k"), log_keyed(store, sub, now, "k")
+    fail_attempt(store, head, now, DeliveryState.DLQ)
     assert _claim(store, waiting, now) is None
     assert store.next_in_line(sub, "k") == []
     assert store.due_deliveries(now=now, limit=10) == []
@@ -123,8 +127,8 @@ def test_block_policy_waits_for_a_replay_of_the_dead_lettered_head(store: Outbou
 def test_skip_policy_moves_on_after_a_dead_letter(store: OutboundWebhookHandler) -> None:
     now = utcnow()
     sub = _subscription(store, OrderingPolicy.SKIP)
-    head, following = _log(store, sub, now, "k"), _log(store, sub, now, "k")
-    _fail(store, head, now, DeliveryState.DLQ)
+    head, following = log_keyed(store, sub, now, "k"), log_keyed(store, sub, now, "k")
+    fail_attempt(store, head, now, DeliveryState.DLQ)
     assert [s.id for s in store.next_in_line(sub, "k")] == [following.id]
     assert store.blocked_keys(sub) == []
     _deliver(store, following, now)
@@ -133,8 +137,8 @@ def test_skip_policy_moves_on_after_a_dead_letter(store: OutboundWebhookHandler)
 def test_changing_the_policy_to_skip_releases_a_blocked_key(store: OutboundWebhookHandler) -> None:
     now = utcnow()
     sub = _subscription(store, OrderingPolicy.BLOCK)
-    head, following = _log(store, sub, now, "k"), _log(store, sub, now, "k")
-    _fail(store, head, now, DeliveryState.DLQ)
+    head, following = log_keyed(store, sub, now, "k"), log_keyed(store, sub, now, "k")
+    fail_attempt(store, head, now, DeliveryState.DLQ)
     assert store.due_deliveries(now=now, limit=10) == []
     store.update_subscription(sub, SubscriptionChanges(ordering_policy=OrderingPolicy.SKIP))
     # The sweeper's due scan now finds it: it queues it.
@@ -144,10 +148,10 @@ def test_changing_the_policy_to_skip_releases_a_blocked_key(store: OutboundWebho
 def test_an_operator_skip_releases_the_key(store: OutboundWebhookHandler) -> None:
     now = utcnow()
     sub = _subscription(store, OrderingPolicy.BLOCK)
-    head, following = _log(store, sub, now, "k"), _log(store, sub, now, "k")
+    head, following = log_keyed(store, sub, now, "k"), log_keyed(store, sub, now, "k")
     with pytest.raises(InvalidStateError):
         store.skip_delivery(head.id, reason="skipped", now=now)  # not dead-lettered
-    _fail(store, head, now, DeliveryState.DLQ)
+    fail_attempt(store, head, now, DeliveryState.DLQ)
     skipped = store.skip_delivery(head.id, reason="skipped by an operator", now=now)
     assert skipped.state is DeliveryState.SKIPPED
     assert [s.id for s in store.next_in_line(sub, "k")] == [following.id]
@@ -156,7 +160,7 @@ def test_an_operator_skip_releases_the_key(store: OutboundWebhookHandler) -> Non
 def test_a_lost_lease_keeps_its_place_at_the_head(store: OutboundWebhookHandler) -> None:
     now = utcnow()
     sub = _subscription(store)
-    head, following = _log(store, sub, now, "k"), _log(store, sub, now, "k")
+    head, following = log_keyed(store, sub, now, "k"), log_keyed(store, sub, now, "k")
     assert _claim(store, head, now) is not None  # then the worker dies
     after = now + timedelta(seconds=LEASE + 1)
     assert store.release_expired_leases(now=after) == [head.id]
@@ -169,7 +173,7 @@ def test_a_lost_lease_keeps_its_place_at_the_head(store: OutboundWebhookHandler)
 def test_lines_are_per_subscription(store: OutboundWebhookHandler) -> None:
     now = utcnow()
     one, two = _subscription(store), _subscription(store)
-    head = _log(store, one, now, "k")
-    other = _log(store, two, now, "k")
-    _fail(store, head, now, DeliveryState.PENDING)
+    head = log_keyed(store, one, now, "k")
+    other = log_keyed(store, two, now, "k")
+    fail_attempt(store, head, now, DeliveryState.PENDING)
     _deliver(store, other, now)
