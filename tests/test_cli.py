@@ -141,7 +141,7 @@ def assert_no_secret(result: Result) -> None:
             ("subscriptions",),
             ["add", "list", "show", "enable", "disable", "rotate-secret", "remove", "update"],
         ),
-        (("dlq",), ["list", "replay", "redrive"]),
+        (("dlq",), ["list", "replay", "skip", "redrive"]),
         (("deliveries",), ["show"]),
         (
             ("workflows",),

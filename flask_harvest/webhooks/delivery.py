@@ -17,7 +17,7 @@ from .._threads import GroupCommit
 from .._time import utcnow
 from .._version import __version__
 from ..config import Settings
-from ..errors import InvalidStateError
+from ..errors import HarvestError, InvalidStateError
 from ..jobs.base import JobBackend, JobBackendError, JobRef
 from ..outbound.admission import Ticket
 from ..outbound.attempt import ResultObserver
@@ -33,6 +33,7 @@ from .models import (
     WebhookSubscriptionStatus,
     reserved_header,
 )
+from .ordering import DEFAULT_ORDERING_POLICY, releases_line
 from .stores.base import DeliverySchedule, OutboundWebhookHandler, Outcome, Recorded
 
 log = logging.getLogger(__name__)
@@ -225,9 +226,28 @@ class DeliveryRunner:
             return False, None
         if result.state is DeliveryState.PENDING:
             self._schedule_retry(claim, result)
+        elif claim.delivery.ordering_key is not None:
+            self._queue_next_in_line(claim, result)
         if recorded.notices:
             self._queue_notices(recorded.notices)
         return True, recorded.changed
+
+    def _queue_next_in_line(self, claim: Claim, result: AttemptResult) -> None:
+        """A keyed delivery finished: queue the next one of its key, if the line moves on."""
+        delivery, subscription = claim.delivery, claim.subscription
+        policy = subscription.ordering_policy if subscription is not None else DEFAULT_ORDERING_POLICY
+        if not releases_line(result.state, policy) or delivery.ordering_key is None:
+            return
+        try:
+            following = self.store.next_in_line(delivery.subscription_id, delivery.ordering_key)
+            self.backend.enqueue([delivery_job(schedule) for schedule in following])
+        except (JobBackendError, HarvestError) as exc:
+            # The next delivery is PENDING, due and at the head of its line: the sweeper queues it.
+            log.warning(
+                "harvest: could not queue the delivery after %s in its key's line (%s); the sweeper will",
+                delivery.id,
+                exc,
+            )
 
     def _send(self, claim: Claim, observe: ResultObserver | None = None) -> AttemptResult:
         delivery, subscription = claim.delivery, claim.subscription

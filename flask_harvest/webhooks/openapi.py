@@ -18,7 +18,7 @@ from .catalog import EventType
 from .operations import ReplayOutcome
 from .schemas import (
     DlqQuerySchema,
-    OperationalTestSchema,
+    EmptySchema,
     ReplaySchema,
     RotateSecretSchema,
     SubscriptionCreateSchema,
@@ -154,7 +154,7 @@ def build_openapi(prefix: str, event_types: Sequence[EventType] = ()) -> dict[st
         ("SubscriptionCreate", SubscriptionCreateSchema),
         ("SubscriptionPatch", SubscriptionPatchSchema),
         ("RotateSecret", RotateSecretSchema),
-        ("OperationalTest", OperationalTestSchema),
+        ("Empty", EmptySchema),
         ("Replay", ReplaySchema),
     ):
         spec.components.schema(name, schema=schema)
@@ -204,6 +204,20 @@ def build_openapi(prefix: str, event_types: Sequence[EventType] = ()) -> dict[st
         },
     )
     spec.path(
+        path="/deliveries/{delivery_id}/skip",
+        operations={
+            "post": {
+                "summary": "Skip a dead-lettered delivery (never sent) and release its ordering key",
+                "description": "Send {}. The next delivery of its ordering key, if any, is queued.",
+                "parameters": [_id_parameter("delivery_id")],
+                "requestBody": request_body("Empty"),
+                "responses": _responses(
+                    200, "the skipped delivery", _OBJECT, errors=(400, 404, 409, 413, 415, 422)
+                ),
+            }
+        },
+    )
+    spec.path(
         path="/stats",
         operations={
             "get": {"summary": "Delivery counts", "responses": _responses(200, "counts", _OBJECT, errors=())}
@@ -234,7 +248,8 @@ def build_openapi(prefix: str, event_types: Sequence[EventType] = ()) -> dict[st
                 "responses": _responses(200, "the subscription", _OBJECT, errors=(404,)),
             },
             "patch": {
-                "summary": "Change URL, topics, description, status, payload filter, headers or rate limit",
+                "summary": "Change URL, topics, description, status, payload filter, headers, rate limit "
+                "or ordering policy",
                 "description": "A payload_filter of null removes the filter; headers replace every "
                 "custom header ({} removes them); a rate_limit of null removes the rate limit.",
                 "parameters": sub,
@@ -248,6 +263,21 @@ def build_openapi(prefix: str, event_types: Sequence[EventType] = ()) -> dict[st
                 "parameters": sub,
                 "responses": _responses(204, "removed", errors=(404,)),
             },
+        },
+    )
+    spec.path(
+        path="/subscriptions/{subscription_id}/blocked-keys",
+        operations={
+            "get": {
+                "summary": "Ordering keys waiting for an operator: their head is dead-lettered",
+                "parameters": sub,
+                "responses": _responses(
+                    200,
+                    "ordering_key, delivery_id, waiting",
+                    {"type": "array", "items": _OBJECT},
+                    errors=(404,),
+                ),
+            }
         },
     )
     spec.path(
@@ -277,7 +307,7 @@ def build_openapi(prefix: str, event_types: Sequence[EventType] = ()) -> dict[st
         operations={
             "post": {
                 "summary": "Send a test notification to the operational endpoint (send {})",
-                "requestBody": request_body("OperationalTest"),
+                "requestBody": request_body("Empty"),
                 "responses": _responses(
                     202,
                     "the test notification's delivery, queued",
@@ -332,7 +362,7 @@ def build_openapi(prefix: str, event_types: Sequence[EventType] = ()) -> dict[st
             }
             for event_type in event_types
         }
-    for name in ("SubscriptionCreate", "SubscriptionPatch", "RotateSecret", "Replay", "OperationalTest"):
+    for name in ("SubscriptionCreate", "SubscriptionPatch", "RotateSecret", "Replay", "Empty"):
         # The schemas refuse unknown fields (marshmallow's RAISE); apispec says so only from 6.1.
         document["components"]["schemas"][name]["additionalProperties"] = False
     document["security"] = [{"bearer": []}]
