@@ -5,7 +5,8 @@ backlog of ``COUNT`` unordered events is dispatched and the workers started; the
 workers, ``COUNT`` events spread over ``KEYS`` ordering keys. The figure is each phase's rate
 (deliveries over the span from its first to its last request); the ratio is ordered over
 unordered, with a goal of at least 0.5. Also checked: each key's requests arrived in dispatch
-order.
+order. Reported beside it: the workers' CPU per delivery in each phase, which the machine's noise
+moves less than the rates.
 """
 
 from __future__ import annotations
@@ -45,15 +46,21 @@ def _dispatch(app: Flask, count: int, topic: str, keyed: bool) -> dict[str, list
 
 def _phase(
     ctx: Context, receiver: Receiver, app: Flask, count: int, prefix: str, keyed: bool
-) -> list[Record]:
+) -> tuple[list[Record], float]:
+    """Run one phase; return its requests and the workers' CPU milliseconds per delivery (from
+    the first request on: their start-up is left out)."""
     lines = _dispatch(app, count, f"bench.{prefix.strip('/')}", keyed)
     workers = [
         _workers.harvest_worker(ctx.log_dir, CONCURRENCY, tag=f"s22-{prefix.strip('/')}-{n}")
         for n in range(PROCESSES)
     ]
     try:
+        if not receiver.wait_count(1, timeout=120, prefix=prefix):
+            raise RuntimeError(f"{prefix}: nothing arrived\n{workers[0].log_tail()}")
+        cpu, before = sum(w.cpu_seconds() for w in workers), receiver.count(prefix)
         if not receiver.wait_count(count, timeout=600, prefix=prefix):
             raise RuntimeError(f"{prefix}: not every delivery arrived\n{workers[0].log_tail()}")
+        cpu_ms = 1000 * (sum(w.cpu_seconds() for w in workers) - cpu) / max(1, count - before)
     finally:
         _workers.stop_all(workers, grace=2)
     records = [r for r in receiver.records() if r.path.startswith(prefix)]
@@ -64,7 +71,7 @@ def _phase(
         for key, ids in lines.items():
             if sorted(ids, key=first.__getitem__) != ids:
                 raise RuntimeError(f"key {key}: requests out of dispatch order")
-    return records
+    return records, cpu_ms
 
 
 def _rate(records: list[Record]) -> float:
@@ -84,8 +91,8 @@ def run(ctx: Context) -> Result:
                     WebhookSubscription(receiver.url(f"/{name}/"), [f"bench.{name}"], generate_secret())
                 )
         started = time.perf_counter()
-        plain = _phase(ctx, receiver, app, count, "/plain/", keyed=False)
-        ordered = _phase(ctx, receiver, app, count, "/ordered/", keyed=True)
+        plain, plain_cpu = _phase(ctx, receiver, app, count, "/plain/", keyed=False)
+        ordered, ordered_cpu = _phase(ctx, receiver, app, count, "/ordered/", keyed=True)
         elapsed = time.perf_counter() - started
     plain_rate, ordered_rate = _rate(plain), _rate(ordered)
     ratio = ordered_rate / plain_rate if plain_rate else 0.0
@@ -95,6 +102,8 @@ def run(ctx: Context) -> Result:
         "unordered_per_s": plain_rate,
         "ordered_per_s": ordered_rate,
         "ratio": ratio,
+        "unordered_cpu_ms_per_delivery": plain_cpu,
+        "ordered_cpu_ms_per_delivery": ordered_cpu,
         "seconds": elapsed,
     }
     result = Result()
@@ -110,6 +119,19 @@ def run(ctx: Context) -> Result:
             baseline_label="unordered, same run, /s",
             ratio=ratio,
             note="every key's requests arrived in dispatch order",
+        )
+    )
+    result.rows.append(
+        Row(
+            ID,
+            "worker CPU per delivery, ordered (both processes)",
+            ordered_cpu,
+            "ms",
+            "report",
+            None,
+            baseline=plain_cpu,
+            baseline_label="unordered, same run",
+            ratio=ordered_cpu / plain_cpu if plain_cpu else None,
         )
     )
     result.details = details

@@ -1,5 +1,5 @@
 """Subscriptions from the console: create (the secret shown once) with or without a payload
-filter, custom headers and a rate limit, edit them, delete after a confirmation, and each
+filter, custom headers, a rate limit and an ordering policy, edit them, delete after a confirmation, and each
 subscription's health over the last hour.
 
 Thin over :class:`~flask_harvest.webhooks.operations.WebhookOperations`, as the actuator is: the
@@ -61,11 +61,13 @@ def _options_values() -> dict[str, str]:
         "headers": form_text("headers", max_chars=MAX_OPTIONS_CHARS),
         "rate_per_second": form_text("rate_per_second", max_chars=64).strip(),
         "rate_burst": form_text("rate_burst", max_chars=64).strip(),
+        "ordering_policy": form_text("ordering_policy", max_chars=64).strip(),
     }
 
 
 def _posted_options(form: dict[str, str]) -> dict[str, Any]:
-    """The filter, headers and rate limit fields as the operations' arguments (each empty: none).
+    """The filter, headers, rate limit and ordering policy fields as the operations' arguments
+    (each empty: none; for the policy, the default on creation and no change on an edit).
 
     :raises InvalidFieldError: a field that does not parse (the model checks the rest).
     """
@@ -76,7 +78,16 @@ def _posted_options(form: dict[str, str]) -> dict[str, Any]:
         "payload_filter": condition,
         "headers": _posted_headers(form["headers"]),
         "rate_limit": _posted_rate_limit(form["rate_per_second"], form["rate_burst"]),
+        # Checked with the subscription: anything but a policy is refused, naming the field.
+        "ordering_policy": form["ordering_policy"] or None,
     }
+
+
+def _creation_options(options: dict[str, Any]) -> dict[str, Any]:
+    """The options for a new subscription: an empty policy field leaves the default."""
+    if options["ordering_policy"] is None:
+        return {name: value for name, value in options.items() if name != "ordering_policy"}
+    return options
 
 
 @dashboard.route("/webhooks/subscriptions/new", methods=["GET", "POST"])
@@ -96,7 +107,7 @@ def new_subscription() -> tuple[str, int]:
             event_topics=[t for t in _TOPIC_SPLIT.split(values["topics"]) if t],
             description=values["description"],
             subscription_id=values["subscription_id"] or None,
-            **_posted_options(values),
+            **_creation_options(_posted_options(values)),
         )
     except HarvestError as exc:
         # The form comes back with what was typed and the error; nothing was stored.
@@ -135,6 +146,7 @@ def options_form(subscription: WebhookSubscription) -> dict[str, str]:
         "headers": "\n".join(f"{name}: {value}" for name, value in subscription.headers.items()),
         "rate_per_second": "" if limit is None else f"{limit.per_second:g}",
         "rate_burst": "" if limit is None else str(limit.burst),
+        "ordering_policy": subscription.ordering_policy.value,
     }
 
 
@@ -171,8 +183,9 @@ def _posted_headers(text: str) -> dict[str, str]:
 
 @dashboard.route("/webhooks/subscriptions/<subscription_id>/edit", methods=["GET", "POST"])
 def edit_subscription(subscription_id: str) -> BaseResponse | tuple[str, int]:
-    """Edit the payload filter (empty: every payload), the custom headers (empty: none) and the
-    rate limit (empty: none); the same checks as the admin API, and nothing changes when one fails."""
+    """Edit the payload filter (empty: every payload), the custom headers (empty: none), the
+    rate limit (empty: none) and the ordering policy; the same checks as the admin API, and
+    nothing changes when one fails."""
     operations = get_engine().operations
     found = operations.get_subscription(subscription_id)
     if request.method == "GET":

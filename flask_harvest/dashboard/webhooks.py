@@ -51,6 +51,8 @@ NAV.append(NavEntry("Replay DLQ", "harvest_dashboard.bulk_replay", always))
 
 #: Recent deliveries shown on a subscription's page.
 RECENT = 20
+#: The most blocked ordering keys a subscription's page lists (the admin API pages through more).
+BLOCKED_KEYS_SHOWN = 50
 #: Failing and disabled subscriptions listed on the overview (the most failures first).
 TROUBLED_SHOWN = 20
 STATES = [state.value for state in DeliveryState]
@@ -163,6 +165,8 @@ def _subscription_page(
         options=options_form(subscription),
         health_deliveries=HEALTH_DELIVERIES,
         operational=subscription.id == OPERATIONAL_SUBSCRIPTION_ID,
+        blocked=get_engine().operations.blocked_keys(subscription.id, limit=BLOCKED_KEYS_SHOWN),
+        blocked_shown=BLOCKED_KEYS_SHOWN,
         max_grace=int(MAX_GRACE_SECONDS),
         default_grace=int(get_engine().settings.webhooks_secret_grace_seconds),
     )
@@ -175,6 +179,7 @@ def subscription(subscription_id: str) -> tuple[str, int]:
         "disabled": "Disabled.",
         "saved": "Saved.",
         "tested": "A test notification was queued: it is listed below once sent.",
+        "skipped": "Skipped: the next delivery of its key is queued.",
     }
     notice = notices.get(request.args.get("done", ""), "")
     return _subscription_page(get_engine().operations.get_subscription(subscription_id), notice=notice)
@@ -338,6 +343,14 @@ def replay(delivery_id: str) -> BaseResponse:
     """Replay one dead-lettered delivery (same id, attempt 1, due now)."""
     get_engine().operations.replay(delivery_id)
     return redirect(url_for(".delivery", delivery_id=delivery_id, done="replayed"), 303)
+
+
+@dashboard.post("/webhooks/deliveries/<delivery_id>/skip")
+def skip(delivery_id: str) -> BaseResponse:
+    """Give up on a dead-lettered delivery that holds its ordering key: it is never sent, and the
+    next delivery of its key is queued; back to its subscription's page."""
+    skipped = get_engine().operations.skip(delivery_id)
+    return redirect(url_for(".subscription", subscription_id=skipped.subscription_id, done="skipped"), 303)
 
 
 @dashboard.route("/webhooks/replay", methods=["GET", "POST"])

@@ -6,6 +6,7 @@ transactions, and the lease between them is what keeps other workers away.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import random
 import time
@@ -33,8 +34,7 @@ from .models import (
     WebhookSubscriptionStatus,
     reserved_header,
 )
-from .ordering import DEFAULT_ORDERING_POLICY, releases_line
-from .stores.base import DeliverySchedule, OutboundWebhookHandler, Outcome, Recorded
+from .stores.base import DeliverySchedule, LeaseTerms, OutboundWebhookHandler, Outcome, Recorded
 
 log = logging.getLogger(__name__)
 USER_AGENT = f"flask-harvest/{__version__}"
@@ -83,6 +83,11 @@ class DeliveryRunner:
         #: Told of each hold too: tells the operational endpoint of long ones
         #: (:class:`~flask_harvest.webhooks.rate_holds.HoldWatch`); ``None`` without one.
         self.hold_watch = hold_watch
+        #: Starts claims at once (a worker sets its pool's :meth:`follow
+        #: <flask_harvest.worker.pool.DeliveryPool.follow>`): when set, the outcome of a keyed
+        #: delivery leases the next delivery of its key in the same transaction and hands it here
+        #: instead of queueing a job for it. ``None``: the next delivery is queued.
+        self.follow: Callable[[Sequence[Claim]], object] | None = None
         self._rng = rng or random.SystemRandom()
         # Attempts ending at once on many threads share one statement and one commit.
         self._records: GroupCommit[Outcome, Recorded] = GroupCommit(
@@ -217,7 +222,15 @@ class DeliveryRunner:
 
     def _record(self, claim: Claim, result: AttemptResult) -> tuple[bool, WebhookSubscriptionStatus | None]:
         """Write ``result``; return whether we still held the lease, and any status change."""
-        recorded = self._records.submit(Outcome(claim.delivery.id, claim.lease_token, result))
+        key = claim.delivery.ordering_key
+        # Where a pool starts claims at once, the next delivery of the key is leased with this
+        # outcome: the chain goes on with no job, no queue and no claim of its own.
+        terms = (
+            LeaseTerms(self.settings.webhooks_lease_seconds, self.settings.webhooks_max_attempts)
+            if key is not None and self.follow is not None
+            else None
+        )
+        recorded = self._records.submit(Outcome(claim.delivery.id, claim.lease_token, result, key, terms))
         if not recorded.held:
             # Our lease expired during a very slow attempt and another worker took over.
             log.warning(
@@ -226,26 +239,42 @@ class DeliveryRunner:
             return False, None
         if result.state is DeliveryState.PENDING:
             self._schedule_retry(claim, result)
-        elif claim.delivery.ordering_key is not None:
-            self._queue_next_in_line(claim, result)
+        if recorded.following:
+            self._follow(recorded.following)
+        if recorded.released:
+            self._queue_released(claim, recorded.released)
         if recorded.notices:
             self._queue_notices(recorded.notices)
         return True, recorded.changed
 
-    def _queue_next_in_line(self, claim: Claim, result: AttemptResult) -> None:
-        """A keyed delivery finished: queue the next one of its key, if the line moves on."""
-        delivery, subscription = claim.delivery, claim.subscription
-        policy = subscription.ordering_policy if subscription is not None else DEFAULT_ORDERING_POLICY
-        if not releases_line(result.state, policy) or delivery.ordering_key is None:
-            return
+    def _follow(self, claims: Sequence[Claim]) -> None:
+        """Start the next deliveries of keys, leased with an outcome, through :attr:`follow`."""
+        follow = self.follow
         try:
-            following = self.store.next_in_line(delivery.subscription_id, delivery.ordering_key)
-            self.backend.enqueue([delivery_job(schedule) for schedule in following])
-        except (JobBackendError, HarvestError) as exc:
+            if follow is None:  # unset since the outcome was sent: nothing will start them
+                raise InvalidStateError("no pool to start the next deliveries of their keys")
+            follow(claims)
+        except Exception:
+            # Given back due now, unsent: the sweeper queues them (or their leases run out).
+            log.exception("harvest: could not start the next deliveries of their keys; giving them back")
+            for following in claims:
+                with contextlib.suppress(HarvestError):
+                    self.defer(following, 0.0)
+
+    def _queue_released(self, claim: Claim, released: Sequence[DeliverySchedule]) -> None:
+        """Queue the next deliveries of a key that the recorded outcome released."""
+        now = utcnow()
+        try:
+            self.backend.enqueue(
+                [delivery_job(s) for s in released if s.next_attempt_at is None or s.next_attempt_at <= now]
+            )
+            for later in (s for s in released if s.next_attempt_at is not None and s.next_attempt_at > now):
+                self.backend.schedule(delivery_job(later))
+        except JobBackendError as exc:
             # The next delivery is PENDING, due and at the head of its line: the sweeper queues it.
             log.warning(
                 "harvest: could not queue the delivery after %s in its key's line (%s); the sweeper will",
-                delivery.id,
+                claim.delivery.id,
                 exc,
             )
 

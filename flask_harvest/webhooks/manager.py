@@ -361,4 +361,9 @@ class OutboundWebhookManager:
                 # A delegate error reaches the caller as it is, and the row is not dead-lettered.
                 self.delegate(delivery, subscriptions[delivery.subscription_id])
             return
-        self.backend.enqueue([delivery_job(d) for d in pending])
+        keyed = [d.id for d in pending if d.ordering_key is not None]
+        # A delivery behind an earlier one of its key gets no job: it would claim nothing. The one
+        # ahead queues it as it finishes; should they cross (it finished before this commit was
+        # visible to it), the sweeper's scan of due heads queues it.
+        waiting = self.store.waiting_in_line(keyed) if keyed else set()
+        self.backend.enqueue([delivery_job(d) for d in pending if d.id not in waiting])

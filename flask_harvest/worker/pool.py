@@ -210,6 +210,8 @@ class DeliveryPool:
         self._held_seq = itertools.count()
         self._held_cond = threading.Condition()
         self._holding = True
+        # Cleared as the pool starts stopping: a key's chain must not keep its attempts going.
+        self._following = True
         self._timer: threading.Thread | None = None
 
     @property
@@ -309,6 +311,33 @@ class DeliveryPool:
             now = time.monotonic()
             if self._admit(work, now) == "run":
                 self._attempt(work, now)
+            else:
+                self._place(work, now)
+
+    def follow(self, claims: Sequence[Any], kind: str = WEBHOOK_JOB) -> None:
+        """Start deliveries claimed by someone else as the pool's own claims start: the next
+        delivery of an ordering key, leased in the transaction that recorded the one ahead of it
+        (:attr:`DeliveryRunner.follow <flask_harvest.webhooks.delivery.DeliveryRunner.follow>`).
+
+        Called on a pool thread as its attempt ends, it takes their slots without waiting (that
+        thread's slot is freed right after) and never runs an attempt on the calling thread, so a
+        key's chain neither nests calls nor waits for the queue. A pool that is stopping gives
+        them back unsent (no attempt used).
+        """
+        lane = self._lanes[kind]
+        with self._cond:
+            self._busy += len(claims)
+        for claim in claims:
+            work = _Work(lane, claim, lane.runner.ticket(claim))
+            now = time.monotonic()
+            if not self._following:
+                self._give_back([work])
+            elif self._admit(work, now) == "run":
+                try:
+                    self._executor.submit(self._attempt, work, now)
+                except RuntimeError:  # the pool stopped meanwhile: for later
+                    self._answered(work, now, None)
+                    self._give_back([work])
             else:
                 self._place(work, now)
 
@@ -628,6 +657,7 @@ class DeliveryPool:
     def shutdown(self, wait: bool = True) -> None:
         """Stop the pool. With ``wait``, let the attempts in flight finish (each within a deadline)
         and the deliveries waiting their turn have theirs; without, give those back for later."""
+        self._following = False
         self._stop_holding()  # a turn may be seconds away: those go back to the queue
         if wait:
             self._wait_until(0)

@@ -177,6 +177,10 @@ class HarvestWorker(SimpleWorker):
             self.log.exception("harvest: could not start a batch of deliveries")
 
     def work(self, *args: Any, **kwargs: Any) -> bool:
+        runner = get_engine(self.app).runner
+        if self.pool is not None and self.pool.runner is runner:
+            # A keyed delivery's outcome leases the next one of its key for this pool to start.
+            runner.follow = self.pool.follow
         thread = None
         if self._periodic is not None:
             thread = threading.Thread(
@@ -187,6 +191,9 @@ class HarvestWorker(SimpleWorker):
             return bool(super().work(*args, **kwargs))
         finally:
             self._stopping.set()
+            if runner.follow == getattr(self.pool, "follow", None):
+                # Stopping: the attempts that finish now lease nothing more for this pool.
+                runner.follow = None
             if self.pool is not None:
                 self.pool.shutdown(wait=True)
             # The workflow runs handed over: those under way finish, those not begun go back to

@@ -36,10 +36,22 @@ if TYPE_CHECKING:
     # Only a type: the contract itself needs no SQL.
     from sqlalchemy import Engine
 
+#: The states in which a delivery may let the next one of its key go (whether a dead letter does
+#: is the subscription's policy: :func:`~flask_harvest.webhooks.ordering.releases_line`).
+LINE_ENDS = frozenset({DeliveryState.DELIVERED, DeliveryState.SKIPPED, DeliveryState.DLQ})
+
 #: A position in the DLQ listing: the ``(timestamp, id)`` of the last row of the previous page.
 DlqCursor = tuple[datetime, str]
 #: A position in the subscriptions listing: the ``(created_at, id)`` of the last row of a page.
 SubscriptionCursor = tuple[datetime, str]
+
+
+@dataclass(frozen=True)
+class LeaseTerms:
+    """How a claim is leased: for how long, and the attempts the claimed delivery may use."""
+
+    lease_seconds: float
+    max_attempts: int
 
 
 @dataclass(frozen=True)
@@ -49,6 +61,13 @@ class Outcome:
     delivery_id: str
     lease_token: str
     result: AttemptResult
+    #: The delivery's ordering key: when the outcome releases the key's line, the store finds the
+    #: next delivery of the key in the same transaction (:attr:`Recorded.released`).
+    ordering_key: str | None = None
+    #: Lease that next delivery to the caller in the same transaction, on these terms, when it is
+    #: due (:attr:`Recorded.following`); ``None``: only find it. Ask only where the caller starts
+    #: the claims it gets at once (a worker's pool): an unstarted claim waits out its lease.
+    follow: LeaseTerms | None = None
 
 
 @dataclass(frozen=True)
@@ -72,11 +91,20 @@ class Recorded:
     :param notices: the operational notifications the outcome's transitions made
         (:func:`~flask_harvest.webhooks.operational.notices`), logged ``PENDING`` with the outcome;
         the caller queues them.
+    :param following: see the attribute.
+    :param released: see the attribute.
     """
 
     held: bool
     changed: WebhookSubscriptionStatus | None = None
     notices: tuple[DeliveryLog, ...] = ()
+    #: The next delivery of the outcome's key, leased to the caller (the outcome asked to
+    #: :attr:`Outcome.follow` and it was due): the caller starts its attempt.
+    following: tuple[Claim, ...] = ()
+    #: The next delivery of the outcome's key that the line released, not leased: the caller
+    #: queues it. Empty when the outcome did not release its line (a retry, or a dead letter
+    #: under the ``block`` policy) or the store has no ordering.
+    released: tuple[DeliverySchedule, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -596,8 +624,15 @@ class OutboundWebhookHandler(abc.ABC):
         builds, once per transition, and returns them in :attr:`Recorded.notices`; a store that
         can writes them in the outcome's transaction (the SQL store does).
 
+        An outcome with an :attr:`~Outcome.ordering_key` that releases its key's line (delivered,
+        skipped, or dead-lettered under the ``skip`` policy) returns the next delivery of the key
+        (:meth:`next_in_line`) in :attr:`Recorded.released`, or, if the outcome asks to
+        :attr:`~Outcome.follow` and the store can, leased in :attr:`Recorded.following` (the SQL
+        store finds and leases it in the outcome's transaction).
+
         This default calls :meth:`finish_attempt` per outcome, then :meth:`log_deliveries` for
-        its notifications; a store can override it to record the batch in one round trip.
+        its notifications and :meth:`next_in_line` for a released key (it leases nothing); a
+        store can override it to record the batch in one round trip.
         """
         recorded = []
         for outcome in outcomes:
@@ -614,8 +649,18 @@ class OutboundWebhookHandler(abc.ABC):
                         operational.notices(delivery.id, delivery.subscription_id, outcome.result, changed)
                     )
                     self.log_deliveries(made)
-            recorded.append(Recorded(held=True, changed=changed, notices=made))
+            released = tuple(self._released_by(outcome))
+            recorded.append(Recorded(held=True, changed=changed, notices=made, released=released))
         return recorded
+
+    def _released_by(self, outcome: Outcome) -> list[DeliverySchedule]:
+        """The next delivery of ``outcome``'s key if the recorded outcome let its line move."""
+        if outcome.ordering_key is None or outcome.result.state not in LINE_ENDS:
+            return []
+        delivery = self.get_delivery(outcome.delivery_id)
+        if delivery is None:
+            return []
+        return self.next_in_line(delivery.subscription_id, outcome.ordering_key)
 
     @abc.abstractmethod
     def dead_letter(self, delivery_ids: Sequence[str], error: str, *, now: datetime) -> list[str]:
@@ -656,6 +701,15 @@ class OutboundWebhookHandler(abc.ABC):
         nothing (a store without ordering).
         """
         return []
+
+    def waiting_in_line(self, delivery_ids: Sequence[str]) -> set[str]:
+        """Return those of ``delivery_ids`` that are ``PENDING`` behind an earlier delivery of their
+        key (not at the head of their line): a job for one would claim nothing, so dispatch
+        queues none; the delivery is queued when the one ahead of it finishes.
+
+        This default returns nothing (a store without ordering): every delivery is queued.
+        """
+        return set()
 
     def skip_delivery(self, delivery_id: str, *, reason: str, now: datetime) -> DeliveryLog:
         """Move a dead-lettered delivery to ``SKIPPED`` with ``reason`` (an operator gives up on it),

@@ -404,6 +404,15 @@ class InMemoryOutboundWebhookHandler(OutboundWebhookHandler):
             delivery = self._deliveries[head.id]
         return [DeliverySchedule(delivery.id, delivery.attempt, delivery.next_attempt_at)]
 
+    def waiting_in_line(self, delivery_ids: Sequence[str]) -> set[str]:
+        with self._lock:
+            found = (self._deliveries.get(i) for i in delivery_ids)
+            return {
+                d.id
+                for d in found
+                if d is not None and d.state is DeliveryState.PENDING and not self._at_head(d)
+            }
+
     def skip_delivery(self, delivery_id: str, *, reason: str, now: datetime) -> DeliveryLog:
         with self._lock:
             delivery = self._deliveries.get(delivery_id)

@@ -283,7 +283,8 @@ class SqlOutboundWebhookStore(OutboundWebhookHandler):
     def finish_attempts(self, outcomes: Sequence[Outcome]) -> list[Recorded]:
         """Record the outcomes in one transaction; on PostgreSQL in one statement for the batch
         (``_statements.FINISH_MANY``), so a worker pays one round trip and one commit per
-        batch."""
+        batch. The next deliveries of the keys the batch released are found (and leased, for the
+        outcomes that follow) in the same transaction."""
         return self._deliveries.finish_attempts(outcomes)
 
     def dead_letter(self, delivery_ids: Sequence[str], error: str, *, now: datetime) -> list[str]:
@@ -300,6 +301,9 @@ class SqlOutboundWebhookStore(OutboundWebhookHandler):
 
     def next_in_line(self, subscription_id: str, ordering_key: str) -> list[DeliverySchedule]:
         return self._deliveries.next_in_line(subscription_id, ordering_key)
+
+    def waiting_in_line(self, delivery_ids: Sequence[str]) -> set[str]:
+        return self._deliveries.waiting_in_line(delivery_ids)
 
     def skip_delivery(self, delivery_id: str, *, reason: str, now: datetime) -> DeliveryLog:
         return self._deliveries.skip_delivery(delivery_id, reason=reason, now=now)

@@ -85,17 +85,42 @@ RETURNING last_seq
 """  # noqa: S608
 )
 
-#: The pending delivery of a (subscription, key) that may go next, if any: at most one.
-NEXT_IN_LINE = text(
-    f"""
+
+def _next_in_line_sql(sub: str, key: str) -> str:
+    """The pending delivery of the line of subscription ``sub`` and key ``key`` (SQL expressions)
+    that may go next, if any: at most one."""
+    return f"""
 SELECT d.id, d.attempt, d.next_attempt_at FROM {_dels.name} AS d
-WHERE d.subscription_id = :sub AND d.ordering_key = :key
+WHERE d.subscription_id = {sub} AND d.ordering_key = {key}
     AND d.ordering_key IS NOT NULL AND d.state IN ({_LINE_IN}) AND d.state = '{_PENDING}'
     AND {head_of_line_sql("d")}
 ORDER BY d.ordering_seq, d.id
 LIMIT 1
 """  # noqa: S608
-).columns(_dels.c.id, _dels.c.attempt, _dels.c.next_attempt_at)
+
+
+#: The pending delivery of a (subscription, key) that may go next, if any: at most one.
+NEXT_IN_LINE = text(_next_in_line_sql(":sub", ":key")).columns(
+    _dels.c.id, _dels.c.attempt, _dels.c.next_attempt_at
+)
+
+#: The next delivery of each of several lines, given as two arrays (PostgreSQL): one round trip
+#: for the lines that a batch of recorded outcomes released.
+NEXT_IN_LINES = text(
+    f"""
+SELECT n.id, n.attempt, n.next_attempt_at, line.sub, line.key
+FROM unnest(CAST(:subs AS varchar[]), CAST(:keys AS varchar[])) AS line(sub, key)
+CROSS JOIN LATERAL ({_next_in_line_sql("line.sub", "line.key")}) AS n
+"""  # noqa: S608
+).columns(_dels.c.id, _dels.c.attempt, _dels.c.next_attempt_at, sub=String, key=String)
+
+#: Which of an array of deliveries wait behind an earlier delivery of their key (PostgreSQL).
+WAITING_AMONG = text(
+    f"""
+SELECT d.id FROM {_dels.name} AS d
+WHERE d.id = ANY(CAST(:ids AS varchar[])) AND NOT {head_of_line_sql("d")}
+"""  # noqa: S608
+)
 
 #: The keys of a subscription whose line is held by a dead-lettered head (the "block" policy).
 BLOCKED_KEYS = text(
@@ -114,6 +139,8 @@ LIMIT :limit
 
 #: The head-of-line condition on the deliveries table itself (the claim and the due scan).
 AT_HEAD = text(head_of_line_sql(_dels.name))
+#: Its negation: a delivery that waits behind an earlier one of its key.
+NOT_AT_HEAD = text(f"NOT {head_of_line_sql(_dels.name)}")
 
 
 # PostgreSQL's batch claim, a constant text so psycopg prepares it once per connection. The rows

@@ -9,6 +9,7 @@ talks to a receiver.
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
@@ -41,7 +42,7 @@ from .._schema import (
 from .._schema import attempts_table as _atts
 from .._schema import deliveries_table as _dels
 from .._schema import subscriptions_table as _subs
-from ..base import BlockedKey, DeliverySchedule, Outcome, Recorded
+from ..base import LINE_ENDS, BlockedKey, DeliverySchedule, LeaseTerms, Outcome, Recorded
 from ._statements import (
     APPEND_ATTEMPT,
     AT_HEAD,
@@ -53,10 +54,13 @@ from ._statements import (
     FINISH_MANY,
     INSERT_DELIVERY,
     NEXT_IN_LINE,
+    NEXT_IN_LINES,
     NEXT_ORDERING_SEQ,
+    NOT_AT_HEAD,
     RESET_FAILURES,
     SCHEDULES_BY_IDS,
     SUBSCRIPTIONS_BY_IDS,
+    WAITING_AMONG,
     chunks,
     finish_many_params,
     finish_statement,
@@ -233,6 +237,7 @@ class DeliveryPipeline:
                     if one is not None:
                         rows[outcome.delivery_id] = one
             recorded = []
+            lines: dict[int, tuple[str, str]] = {}  # outcome's place -> the line it released
             for outcome in outcomes:
                 # pop: an id given twice is recorded once, as a second finish_attempt would find
                 # the lease gone.
@@ -242,8 +247,75 @@ class DeliveryPipeline:
                     continue
                 changed = self._apply_effect(conn, found.subscription_id, found.failures, outcome.result)
                 made = self._notify(conn, outcome.delivery_id, found.subscription_id, outcome.result, changed)
+                if outcome.ordering_key is not None and outcome.result.state in LINE_ENDS:
+                    lines[len(recorded)] = (found.subscription_id, outcome.ordering_key)
                 recorded.append(Recorded(held=True, changed=changed, notices=made))
+            if lines:
+                recorded = self._next_of_lines(conn, outcomes, recorded, lines)
         return recorded
+
+    def _next_of_lines(
+        self,
+        conn: Connection,
+        outcomes: Sequence[Outcome],
+        recorded: list[Recorded],
+        lines: dict[int, tuple[str, str]],
+    ) -> list[Recorded]:
+        """Find the next delivery of each line the outcomes released, on ``conn`` (their
+        transaction: a link of a key's chain costs no transaction of its own), and lease it to
+        the caller where the outcome asked to follow: the claim checks that it is due and at the
+        head of its line, as every claim does. A dead letter under the ``block`` policy releases
+        nothing: the query finds no head behind it."""
+        unique = sorted(set(lines.values()))
+        found: dict[tuple[str, str], DeliverySchedule] = {}
+        if self._fold_attempt_insert:
+            params = {"subs": [sub for sub, _ in unique], "keys": [key for _, key in unique]}
+            for row in conn.execute(NEXT_IN_LINES, params):
+                found[(row.sub, row.key)] = DeliverySchedule(row.id, row.attempt, row.next_attempt_at)
+        else:
+            for sub, key in unique:
+                for row in conn.execute(NEXT_IN_LINE, {"sub": sub, "key": key}):
+                    found[(sub, key)] = DeliverySchedule(*row)
+        if not found:
+            return recorded
+        # The lines to follow, by lease terms (one runner's terms in practice: one statement).
+        by_terms: dict[LeaseTerms, list[str]] = {}
+        for place, line in lines.items():
+            terms = outcomes[place].follow
+            if terms is not None and line in found:
+                by_terms.setdefault(terms, []).append(found[line].id)
+        now = utcnow()
+        claimed: dict[tuple[str, str], Claim] = {}
+        for terms, ids in by_terms.items():
+            for claim in self._claim_on(conn, ids, now, terms):
+                claimed[(claim.delivery.subscription_id, claim.delivery.ordering_key or "")] = claim
+        out = list(recorded)
+        for place, line in lines.items():
+            if line in claimed and outcomes[place].follow is not None:
+                out[place] = dataclasses.replace(out[place], following=(claimed[line],))
+            elif line in found:
+                out[place] = dataclasses.replace(out[place], released=(found[line],))
+        return out
+
+    def _claim_on(
+        self, conn: Connection, ids: Sequence[str], now: datetime, terms: LeaseTerms
+    ) -> list[Claim]:
+        """Lease the claimable deliveries among ``ids`` on ``conn``, as :meth:`claim_deliveries`."""
+        token = uuid.uuid4().hex
+        unique = sorted(set(ids))
+        if self._fold_attempt_insert:
+            params = {
+                "ids": unique,
+                "now": naive_utc(now),
+                "until": naive_utc(now + timedelta(seconds=terms.lease_seconds)),
+                "token": token,
+                "max_attempts": terms.max_attempts,
+            }
+            rows = conn.execute(CLAIM_MANY, params).all()
+            return _with_subscriptions(conn, rows, token, by_ids=SUBSCRIPTIONS_BY_IDS)
+        # SQLite runs one writer at a time: no row locks to order.
+        lease = _lease(_dels.c.id.in_(unique), now, terms.lease_seconds, token, terms.max_attempts)
+        return _with_subscriptions(conn, conn.execute(lease).all(), token)
 
     @staticmethod
     def _notify(
@@ -395,6 +467,21 @@ class DeliveryPipeline:
         with self.db.transaction("find the next delivery of a key") as conn:
             rows = conn.execute(NEXT_IN_LINE, {"sub": subscription_id, "key": ordering_key}).all()
         return [DeliverySchedule(*row) for row in rows]
+
+    def waiting_in_line(self, delivery_ids: Sequence[str]) -> set[str]:
+        unique = [i for i in dict.fromkeys(delivery_ids) if id_problem(i) is None]
+        waiting: set[str] = set()
+        if not unique:
+            return waiting
+        with self.db.transaction("find deliveries waiting behind their key") as conn:
+            for chunk in chunks(unique):
+                rows = (
+                    conn.execute(WAITING_AMONG, {"ids": list(chunk)})
+                    if self._fold_attempt_insert
+                    else conn.execute(select(_dels.c.id).where(_dels.c.id.in_(chunk), NOT_AT_HEAD))
+                )
+                waiting.update(rows.scalars())
+        return waiting
 
     def skip_delivery(self, delivery_id: str, *, reason: str, now: datetime) -> DeliveryLog:
         with self.db.transaction("skip a dead-lettered delivery") as conn:

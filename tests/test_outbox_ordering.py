@@ -1,0 +1,105 @@
+"""``dispatch_in_tx`` with an ordering key, on real PostgreSQL and SQLite transactions: the order
+is the order of the commits, a rolled-back event holds nothing, and the relay waits for the earlier
+messages of a key."""
+
+from __future__ import annotations
+
+import json
+
+import sqlalchemy as sa
+
+from flask_harvest import DeliveryState
+from flask_harvest.testing import CapturingReceiver
+from flask_harvest.webhooks.manager import outbox_delivery_id
+from flask_harvest.webhooks.stores._schema import outbox_table
+
+from .pipeline import wait_final
+from .test_outbox import Order, OutboxApp, database_url, make_outbox_app, subscribe
+
+__all__ = ["database_url"]  # the fixture, used by name
+
+
+def save_keyed(outbox: OutboxApp, reference: str, key: str, *, commit: bool = True) -> str:
+    """Save an order and dispatch its keyed event in one Flask-SQLAlchemy transaction."""
+    outbox.db.session.add(Order(reference=reference))
+    message_id = outbox.state.manager.dispatch_in_tx(
+        outbox.db.session, "order.created", {"ref": reference}, ordering_key=key
+    )
+    if commit:
+        outbox.db.session.commit()
+    else:
+        outbox.db.session.rollback()
+    return message_id
+
+
+def write_on_connection(outbox: OutboxApp, reference: str, key: str) -> str:
+    """Commit a keyed event on a bare connection: nothing relays it until asked (or the sweeper)."""
+    with outbox.engine.begin() as conn:
+        return outbox.state.manager.dispatch_in_tx(
+            conn, "order.created", {"ref": reference}, ordering_key=key
+        )
+
+
+def arrival(receiver: CapturingReceiver) -> list[str]:
+    return [json.loads(r.body)["ref"] for r in receiver.requests]
+
+
+def test_keyed_commits_arrive_in_commit_order(database_url: str, receiver: CapturingReceiver) -> None:
+    outbox = make_outbox_app(database_url)
+    subscribe(outbox, receiver, "sub_a")
+    with outbox.app.app_context():
+        messages = [save_keyed(outbox, f"ord_{n}", "customer-7") for n in range(5)]
+    ids = [outbox_delivery_id(m, "sub_a") for m in messages]
+    assert wait_final(outbox.state.store, ids) == [DeliveryState.DELIVERED]
+    outbox.state.manager.close()
+    assert arrival(receiver) == [f"ord_{n}" for n in range(5)]
+    deliveries = {d.id: d for d in outbox.state.store.get_deliveries(ids)}
+    seqs = [deliveries[i].ordering_seq or 0 for i in ids]
+    assert all(d.ordering_key == "customer-7" for d in deliveries.values())
+    assert seqs == sorted(seqs) and len(set(seqs)) == 5
+
+
+def test_a_rolled_back_keyed_event_is_never_sent_and_holds_nothing(
+    database_url: str, receiver: CapturingReceiver
+) -> None:
+    outbox = make_outbox_app(database_url)
+    subscribe(outbox, receiver, "sub_a")
+    with outbox.app.app_context():
+        first = save_keyed(outbox, "ord_1", "k")
+        save_keyed(outbox, "ord_gone", "k", commit=False)
+        last = save_keyed(outbox, "ord_3", "k")
+        assert outbox.outbox_rows() == 2  # the rolled-back message left no row
+    ids = [outbox_delivery_id(m, "sub_a") for m in (first, last)]
+    assert wait_final(outbox.state.store, ids) == [DeliveryState.DELIVERED]
+    outbox.state.manager.close()
+    assert arrival(receiver) == ["ord_1", "ord_3"]
+
+
+def test_the_relay_waits_for_the_earlier_messages_of_a_key(
+    database_url: str, receiver: CapturingReceiver
+) -> None:
+    outbox = make_outbox_app(database_url)
+    subscribe(outbox, receiver, "sub_a")
+    manager = outbox.state.manager
+    with outbox.app.app_context():
+        earlier = write_on_connection(outbox, "ord_1", "k")
+        later = write_on_connection(outbox, "ord_2", "k")
+        other = write_on_connection(outbox, "ord_other", "another-key")
+        # The later message of the key is not relayed while the earlier one is not.
+        assert manager.relay_outbox([later]).relayed == 0
+        assert manager.relay_outbox([other]).relayed == 1  # other keys do not wait
+        assert manager.relay_outbox([earlier]).relayed == 1
+        assert manager.relay_outbox([later]).relayed == 1
+        with outbox.engine.connect() as conn:
+            waiting = conn.execute(
+                sa.select(sa.func.count())
+                .select_from(outbox_table)
+                .where(outbox_table.c.relayed_at.is_(None))
+            ).scalar_one()
+        assert waiting == 0
+    ids = [outbox_delivery_id(m, "sub_a") for m in (earlier, later, other)]
+    assert wait_final(outbox.state.store, ids) == [DeliveryState.DELIVERED]
+    manager.close()
+    refs = arrival(receiver)
+    assert sorted(refs) == ["ord_1", "ord_2", "ord_other"]
+    assert refs.index("ord_1") < refs.index("ord_2")
