@@ -128,3 +128,50 @@ def test_the_local_backend_holds_a_subscription_to_its_rate_in_its_one_process(
     # Deliveries past the burst waited their turns (how many depends on how fast the store
     # dispatches), and the signal said for how long.
     assert waits and all(wait > 0 for wait in waits)
+
+
+@pytest.mark.redis
+@pytest.mark.slow
+@pytest.mark.parametrize("sql_store", ["postgres"], indirect=True)
+def test_over_twenty_seconds_two_full_workers_hold_the_limit_and_serve_a_backlog_beside_it(
+    sql_store: SqlOutboundWebhookStore,
+    redis_url: str,
+    receiver: CapturingReceiver,
+    tmp_path: Path,
+) -> None:
+    # The behaviour as it was asked about: 10 per second (burst 5) for 20 seconds of sending,
+    # two worker processes at the default concurrency, and an unlimited subscription whose
+    # backlog is queued behind the limited one's, so the limited deliveries given back for their
+    # turns come round while that backlog fills the queue.
+    limit = RateLimit(per_second=10, burst=5)
+    window = 20.0
+    limited_count = int(limit.per_second * window) + limit.burst
+    unlimited_count = 1500
+    app = rq_app(sql_store, redis_url)
+    sql_store.add_subscription(
+        WebhookSubscription(
+            receiver.url("/limited"), ["limited.*"], SECRET, id="sub_limited", rate_limit=limit
+        )
+    )
+    sql_store.add_subscription(WebhookSubscription(receiver.url("/free"), ["free.*"], SECRET, id="sub_free"))
+    limited = dispatch(app, "limited.event", limited_count)
+    free = dispatch(app, "free.event", unlimited_count)
+    config = {"HARVEST_WEBHOOKS_CONNECT_TIMEOUT_SECONDS": 1}
+    workers = [start_worker(tmp_path, sql_store, redis_url, config=config) for _ in range(2)]
+    try:
+        receiver.wait_for(unlimited_count, timeout=120, path="/free")
+        receiver.wait_for(limited_count, timeout=120, path="/limited")
+    finally:
+        for worker in workers:
+            stop(worker, signal.SIGTERM)
+    log = (tmp_path / "worker.log").read_text()
+    limited_requests = [r for r in receiver.requests if r.path == "/limited"]
+    free_requests = [r for r in receiver.requests if r.path == "/free"]
+    # Every delivery of both, each once, and none used an attempt waiting for its turn.
+    assert len(limited_requests) == limited_count, log
+    assert len(free_requests) == unlimited_count, log
+    assert wait_final(sql_store, limited + free, timeout=10) == [DeliveryState.DELIVERED]
+    assert {d.attempt for d in sql_store.get_deliveries(limited)} == {1}
+    # The bound, over every window up to the whole run: rate x window + burst (plus the lag).
+    for seconds in (1.0, 2.0, 5.0, 10.0, window):
+        assert most_in_any_window(limited_requests, seconds) <= arrival_bound(limit, seconds)
