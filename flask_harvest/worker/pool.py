@@ -151,7 +151,8 @@ class DeliveryPool:
     """A bounded thread pool for delivery attempts.
 
     :param runner: makes the webhook attempts.
-    :param size: deliveries this process holds at once (in flight or waiting their turn).
+    :param size: deliveries this process holds at once (in flight or waiting their turn); up to
+        as many again may wait for their rate limit's turn, which need no slot until then.
     :param per_subscription: the most attempts in flight at once for one subscription in this
         process (the ceiling of its adaptive limit; the pool's size bounds it too).
     :param min_per_subscription: the least its limit drops to; equal to ``per_subscription``, the
