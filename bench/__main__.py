@@ -46,6 +46,7 @@ SCENARIOS = {
     "S19": "bench.s19_metrics_scrape",
     "S20": "bench.s20_shards",
     "S21": "bench.s21_rate_limit",
+    "S22": "bench.s22_ordered",
     "S23": "bench.s23_dispatch_checks",
 }
 

@@ -7,12 +7,17 @@ value lazily, once per process, so every process gets threads of its own.
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Generic, TypeVar
 
 from ._fork import in_each_child
+
+logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
@@ -152,3 +157,64 @@ class _Slot(Generic[Item, R]):
         if self.error is not None:
             raise self.error
         return self.result  # type: ignore[return-value]
+
+
+class Heartbeat:
+    """One thread that renews the leases of every run in progress in its process.
+
+    A thread per run cost about 0.15 ms of CPU to start and join, a twentieth of a short run's
+    whole cost. This thread starts when a run registers and none is running, renews every
+    registered lease each ``interval``, and ends once a pass finds nothing registered.
+
+    :param renew: renews one lease; ``False`` when it is lost (ended, or taken over), and the
+        run is forgotten (its code finds out at its next boundary). An exception it raises is
+        logged, and the lease is tried again at the next pass.
+    :param interval: seconds between passes.
+    :param name: the thread's name.
+    """
+
+    def __init__(self, renew: Callable[[str, str], bool], interval: float, name: str) -> None:
+        self._renew = renew
+        self._interval = interval
+        self._name = name
+        self._lock = threading.Lock()
+        self._leases: dict[str, str] = {}  # the runs in progress: id -> lease token
+        self._beating = False
+
+    @contextmanager
+    def keeping(self, key: str, token: str) -> Iterator[None]:
+        """Renew ``key``'s lease (held under ``token``) while the block runs."""
+        with self._lock:
+            self._leases[key] = token
+            if not self._beating:
+                self._beating = True
+                threading.Thread(target=self._beat, name=self._name, daemon=True).start()
+        try:
+            yield
+        finally:
+            self._forget(key, token)
+
+    def _forget(self, key: str, token: str) -> None:
+        with self._lock:
+            if self._leases.get(key) == token:
+                del self._leases[key]
+
+    def _beat(self) -> None:
+        while True:
+            time.sleep(self._interval)
+            with self._lock:
+                leases = list(self._leases.items())
+                if not leases:
+                    self._beating = False
+                    return
+            for key, token in leases:
+                with self._lock:
+                    if self._leases.get(key) != token:
+                        continue  # ended while this pass renewed the others
+                try:
+                    alive = self._renew(key, token)
+                except Exception:
+                    logger.warning("renewing the lease of %s failed", key, exc_info=True)
+                    continue
+                if not alive:
+                    self._forget(key, token)

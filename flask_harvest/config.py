@@ -65,6 +65,10 @@ class Settings:
     operational_webhook_url: str = ""
     #: The secret the operational notifications are signed with (required with the URL).
     operational_webhook_secret: str = field(default="", repr=False)
+    #: With an operational endpoint: tell it when a subscription's rate limit has held its
+    #: deliveries back for this many seconds (from the first delivery held to the latest turn
+    #: handed out), once per episode of holding; ``0`` tells nothing of rate limits.
+    operational_rate_limit_hold_seconds: float = 300.0
     #: URL prefix of the actuator blueprint.
     actuator_prefix: str = "/actuator/webhooks"
     #: Bearer token that opens the actuator; with none (and no authorizer) every route is refused.
@@ -217,7 +221,9 @@ JOBS_BACKENDS = ("local", "rq")
 #: The values of ``HARVEST_EVENT_VALIDATION``.
 EVENT_VALIDATION_MODES = ("refuse", "warn")
 #: Settings whose ``0`` means "never" rather than being refused.
-_ZERO_MEANS_NEVER = frozenset({"trigger_fires_retention_seconds", "workflow_schedule_catchup"})
+_ZERO_MEANS_NEVER = frozenset(
+    {"trigger_fires_retention_seconds", "workflow_schedule_catchup", "operational_rate_limit_hold_seconds"}
+)
 
 
 def _coerce(name: str, value: Any, default: Any) -> Any:

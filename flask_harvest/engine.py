@@ -24,6 +24,7 @@ from .errors import ConfigurationError
 from .jobs.base import JobBackend, JobKinds, JobRef
 from .jobs.local import LocalBackend
 from .jobs.rq import RqBackend, job_timeout_for
+from .outbound.hold_episodes import HoldEpisodes, LocalHoldEpisodes, RedisHoldEpisodes
 from .outbound.limiters import LocalRateLimiter, RateLimiter, RedisRateLimiter
 from .outbound.transport import Transport
 from .sweeper import Sweeper, SweepReport
@@ -38,6 +39,7 @@ from .webhooks.delivery import WEBHOOK_JOB, AttemptListener, DeliveryRunner, Rat
 from .webhooks.manager import Delegate, OutboundWebhookManager, SkipListener
 from .webhooks.operations import WebhookOperations
 from .webhooks.outbox import SqlOutbox
+from .webhooks.rate_holds import HoldWatch
 from .webhooks.stores.base import OutboundWebhookHandler
 from .workflows._schedule_store import SqlScheduleStore
 from .workflows.queues import QueueTable, parse_queue_settings
@@ -149,6 +151,7 @@ def build_engine(
         listener=on_attempt,
         limiter=limiter,
         rate_listener=on_rate_limited,
+        hold_watch=_hold_watch(settings, store, backend),
     )
     capabilities = store.capabilities
     if capabilities.engine is not None:
@@ -339,6 +342,22 @@ def _add_schedules(engine: HarvestEngine, store: SqlWorkflowStore, service: Work
         grace=schedule_grace(settings.sweep_interval_seconds),
     )
     engine.sweeper.add_step("workflow-schedules", engine.schedules.sweep)
+
+
+def _hold_watch(settings: Settings, store: OutboundWebhookHandler, backend: JobBackend) -> HoldWatch | None:
+    """The watch that tells the operational endpoint of long rate-limit holds, or ``None`` (and
+    nothing counted) without an endpoint or a threshold. Its episodes live where the rate limits'
+    buckets do: in Redis for the ``rq`` backend's processes, in memory for the ``local`` one."""
+    if not HoldWatch.wanted(settings):
+        return None
+    episodes: HoldEpisodes = (
+        RedisHoldEpisodes(
+            redis.Redis.from_url(settings.redis_url), f"harvest:held:{settings.webhooks_queue}:"
+        )
+        if settings.jobs_backend == "rq"
+        else LocalHoldEpisodes()
+    )
+    return HoldWatch(store, backend, settings, episodes)
 
 
 def _build_backend(

@@ -420,15 +420,18 @@ class Harvest:
 
     # -- the common calls ----------------------------------------------------------------------
 
-    def dispatch(self, topic: str, payload: Any) -> list[str]:
+    def dispatch(self, topic: str, payload: Any, *, ordering_key: str | None = None) -> list[str]:
         """Send ``payload`` to every subscription of ``topic``; return the delivery ids
-        (see :meth:`OutboundWebhookManager.dispatch`)."""
-        return get_engine().manager.dispatch(topic, payload)
+        (see :meth:`OutboundWebhookManager.dispatch`). ``ordering_key``: deliveries of one key
+        reach each subscription in dispatch order (:doc:`/ordering`)."""
+        return get_engine().manager.dispatch(topic, payload, ordering_key=ordering_key)
 
-    def dispatch_in_tx(self, conn: TransactionTarget, topic: str, payload: Any) -> str:
+    def dispatch_in_tx(
+        self, conn: TransactionTarget, topic: str, payload: Any, *, ordering_key: str | None = None
+    ) -> str:
         """Write the event into the caller's transaction; it is delivered once that commits
         (see :meth:`OutboundWebhookManager.dispatch_in_tx`)."""
-        return get_engine().manager.dispatch_in_tx(conn, topic, payload)
+        return get_engine().manager.dispatch_in_tx(conn, topic, payload, ordering_key=ordering_key)
 
     def start(
         self,

@@ -132,7 +132,7 @@ def assert_no_secret(result: Result) -> None:
             (),
             [
                 *("init-db", "subscriptions", "dlq", "deliveries", "purge", "stats", "sweep", "worker"),
-                *("outbox", "completion-delivery", "workflows"),
+                *("operational", "outbox", "completion-delivery", "workflows"),
                 *("triggers", "event-types"),
             ],
         ),
@@ -141,7 +141,7 @@ def assert_no_secret(result: Result) -> None:
             ("subscriptions",),
             ["add", "list", "show", "enable", "disable", "rotate-secret", "remove", "update"],
         ),
-        (("dlq",), ["list", "replay", "redrive"]),
+        (("dlq",), ["list", "replay", "skip", "redrive"]),
         (("deliveries",), ["show"]),
         (
             ("workflows",),

@@ -8,7 +8,7 @@ import pytest
 from flask import Flask
 from openapi_spec_validator import validate
 
-from flask_harvest import InMemoryOutboundWebhookHandler
+from flask_harvest import InMemoryOutboundWebhookHandler, get_engine
 
 from .pipeline import make_app
 from .test_actuator import AUTH, PREFIX, TOKEN
@@ -54,3 +54,32 @@ def test_request_bodies_come_from_the_schemas(document: dict[str, Any]) -> None:
     assert schemas["SubscriptionCreate"]["required"] == ["event_topics", "target_url"]
     assert schemas["SubscriptionCreate"]["additionalProperties"] is False
     assert schemas["SubscriptionCreate"]["properties"]["description"]["maxLength"] == 2048
+
+
+def test_the_document_lists_the_event_catalog(store_app_with_catalog: Flask) -> None:
+    document = store_app_with_catalog.test_client().get(f"{PREFIX}/openapi.json", headers=AUTH).get_json()
+    validate(document)
+    hooks = document["x-webhooks"]
+    assert list(hooks) == ["order.created"]
+    body = hooks["order.created"]["post"]["requestBody"]["content"]["application/json"]
+    assert body["schema"] == ORDER_SCHEMA and body["example"] == {"order_id": "ord_1"}
+    assert hooks["order.created"]["post"]["summary"] == "An order was placed."
+
+
+def test_without_a_catalog_there_is_no_webhooks_section(document: dict[str, Any]) -> None:
+    assert "x-webhooks" not in document
+
+
+ORDER_SCHEMA = {"type": "object", "required": ["order_id"], "properties": {"order_id": {"type": "string"}}}
+
+
+@pytest.fixture
+def store_app_with_catalog() -> Flask:
+    app = make_app(InMemoryOutboundWebhookHandler(), HARVEST_ACTUATOR_TOKEN=TOKEN)
+    get_engine(app).manager.catalog.register(
+        "order.created",
+        description="An order was placed.",
+        schema=ORDER_SCHEMA,
+        example={"order_id": "ord_1"},
+    )
+    return app

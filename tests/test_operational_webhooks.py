@@ -38,6 +38,8 @@ from flask_harvest.webhooks.operational import (
     DELIVERY_DEAD_LETTERED,
     OPERATIONAL_SUBSCRIPTION_ID,
     SUBSCRIPTION_DISABLED,
+    SUBSCRIPTION_RATE_LIMITED,
+    TEST,
 )
 from flask_harvest.webhooks.stores.base import Outcome
 from flask_harvest.webhooks.stores.sql import SqlOutboundWebhookStore
@@ -322,7 +324,12 @@ def test_the_catalog_lists_the_notifications_without_warning_about_ordinary_patt
 ) -> None:
     app = make_app(store, **ops_config(receiver))
     catalog = get_engine(app).manager.catalog
-    assert [t.name for t in catalog.types()] == [DELIVERY_DEAD_LETTERED, SUBSCRIPTION_DISABLED]
+    assert [t.name for t in catalog.types()] == [
+        DELIVERY_DEAD_LETTERED,
+        TEST,
+        SUBSCRIPTION_DISABLED,
+        SUBSCRIPTION_RATE_LIMITED,
+    ]
     assert catalog.unmatched_patterns(["order.*"]) == []
 
 

@@ -900,9 +900,11 @@ def test_capabilities(store: OutboundWebhookHandler) -> None:
     capabilities = store.capabilities
     assert store.supports_transactions is capabilities.transactions
     if isinstance(store, SqlOutboundWebhookStore):
-        assert capabilities == StoreCapabilities(transactions=True, engine=store.engine, schema=True)
+        assert capabilities == StoreCapabilities(
+            transactions=True, engine=store.engine, schema=True, ordering=True
+        )
     else:
-        assert capabilities == StoreCapabilities()
+        assert capabilities == StoreCapabilities(ordering=True)
     # Asking a store for its schema is always safe: a store without tables has nothing to do.
     store.ensure_schema()
     store.ensure_schema()

@@ -5,6 +5,7 @@ transaction, and a workflow job takes the workflow jobs queued behind it."""
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import timedelta
@@ -171,6 +172,14 @@ def batch_runner(store: SqlWorkflowStore, contexts: Contexts, concurrency: int =
     )
 
 
+def wait_until_idle(runner: WorkflowRunner) -> None:
+    """Wait until every run handed to ``runner`` has ended, slept or stopped."""
+    deadline = time.monotonic() + 60
+    while runner.free_slots() < runner.concurrency:
+        assert time.monotonic() < deadline, "the runs handed over never ended"
+        time.sleep(0.01)
+
+
 def test_submit_many_runs_a_batch_on_the_runner_threads_each_in_a_context_of_its_own(
     store: SqlWorkflowStore,
 ) -> None:
@@ -181,8 +190,10 @@ def test_submit_many_runs_a_batch_on_the_runner_threads_each_in_a_context_of_its
     try:
         runner.submit_many([*ids[:3], failing.execution_id])
         runner.submit_many(ids[3:])
+        # Before close(): a stopping runner gives back the runs that have not begun yet.
+        wait_until_idle(runner)
     finally:
-        runner.close()  # waits for the runs in flight
+        runner.close()
     for n, execution_id in enumerate(ids):
         done = store.get(execution_id)
         assert done is not None and done.state is S.COMPLETED and done.output == [0, n, 2 * n]

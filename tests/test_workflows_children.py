@@ -551,3 +551,85 @@ def test_an_unrecorded_wait_for_an_ended_child_replays_to_the_same_outcome(h: Ha
     assert h.get(execution.execution_id).output == [0, "Failed", 20]
     names = [s.name for s in h.store.list_steps(execution.execution_id)]
     assert names.count("harvest:wait_child") == 3
+
+
+# -- the end of a run without children ---------------------------------------------------------
+
+
+def _children_lookups(h: Harness, work: Any) -> int:
+    """How many statements ``work()`` sends that look for a run's children."""
+    seen: list[str] = []
+
+    def on_execute(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        if statement.lstrip().upper().startswith("SELECT") and "parent_execution_id =" in statement:
+            seen.append(statement)
+
+    sa.event.listen(h.store.engine, "before_cursor_execute", on_execute)
+    try:
+        work()
+    finally:
+        sa.event.remove(h.store.engine, "before_cursor_execute", on_execute)
+    return len(seen)
+
+
+def test_a_run_that_began_no_child_ends_without_looking_for_children(h: Harness) -> None:
+    fan_out(h)
+    h.registry.workflow("plain")(lambda ctx, value: ctx.step("one", lambda: 1))
+    plain, _ = h.runner.start("plain", None)
+    parent, _ = h.runner.start("parent", None)
+    assert _children_lookups(h, lambda: h.runner.run(plain.execution_id)) == 0
+    assert h.get(plain.execution_id).state is S.COMPLETED
+    # A run that began children looks for them at its end (here they had all ended).
+    assert _children_lookups(h, h.drain) >= 1
+    assert h.get(parent.execution_id).output == 0 + 2 + 4
+
+
+def test_a_replay_that_does_not_start_its_child_again_still_closes_it(h: Harness) -> None:
+    """The children a run began in an earlier attempt are known from its checkpoints, whatever
+    the code does in this one."""
+    attempts = {"count": 0}
+
+    @h.registry.workflow("child")
+    def child(ctx: WorkflowContext, value: Any) -> Any:
+        return value
+
+    @h.registry.workflow("parent")
+    def parent(ctx: WorkflowContext, value: Any) -> Any:
+        attempts["count"] += 1
+        if attempts["count"] == 1:
+            ctx.start_child("child", 1)
+            ctx.step("crash", lambda: (_ for _ in ()).throw(SimulatedCrash()))
+        return "the second attempt starts nothing"
+
+    execution, _ = h.runner.start("parent", None)
+    with pytest.raises(SimulatedCrash):
+        h.runner.run(execution.execution_id)
+    (kid,) = h.children(execution.execution_id)
+    h.clock.advance(seconds=LEASE + 1)
+    h.runner.sweep_once()
+    ended = h.runner.run(execution.execution_id)
+    assert ended is not None and ended.state is S.COMPLETED
+    assert h.get(kid.execution_id).state is S.TERMINATED
+
+
+def test_a_successor_closes_the_children_it_inherited(h: Harness) -> None:
+    @h.registry.workflow("child")
+    def child(ctx: WorkflowContext, value: Any) -> Any:
+        return value
+
+    @h.registry.workflow("parent")
+    def parent(ctx: WorkflowContext, value: Any) -> Any:
+        if value == "first":
+            ctx.start_child("child", 1)
+            ctx.continue_as_new("second")
+        return "the successor starts nothing"
+
+    execution, _ = h.runner.start("parent", "first")
+    h.runner.run(execution.execution_id)
+    assert h.get(execution.execution_id).state is S.CONTINUED_AS_NEW
+    successor_id = h.get(execution.execution_id).continued_to
+    (kid,) = h.children(successor_id)
+    assert h.get(kid.execution_id).state is S.PENDING
+    ended = h.runner.run(successor_id)
+    assert ended is not None and ended.state is S.COMPLETED
+    assert h.get(kid.execution_id).state is S.TERMINATED

@@ -16,6 +16,7 @@ from .deliveries import deliveries_cli
 from .dlq import dlq_cli
 from .event_types import event_types_cli
 from .maintenance import init_db_command, purge_command, stats_command, sweep_command, worker_command
+from .operational import operational_cli
 from .outbox import outbox_cli
 from .schedules import schedules_cli
 from .subscriptions import subscriptions_cli
@@ -38,6 +39,7 @@ for command in (
     event_types_cli,
     dlq_cli,
     deliveries_cli,
+    operational_cli,
     purge_command,
     stats_command,
     sweep_command,

@@ -14,7 +14,7 @@ from .callbacks import _callbacks, _duration
 
 # -- dead letters and deliveries -------------------------------------------------------------------
 
-dlq_cli = _Group("dlq", help="Dead-lettered deliveries: list and replay.")
+dlq_cli = _Group("dlq", help="Dead-lettered deliveries: list, replay and skip.")
 
 
 @dlq_cli.command("list")
@@ -83,6 +83,15 @@ def dlq_replay(
     if "warning" in data:
         click.echo(f"Warning: {data['warning']}", err=True)
     out.output(data, as_json, out.replay_result)
+
+
+@dlq_cli.command("skip")
+@click.argument("log_id")
+@out.json_option
+def dlq_skip(log_id: str, as_json: bool) -> None:
+    """Give up on a dead-lettered delivery: it is never sent, and the next delivery of its
+    ordering key is queued (the way to release a key held under the block policy without a replay)."""
+    out.output(_ops().skip(log_id).to_dict(), as_json, out.fields)
 
 
 @dlq_cli.command("redrive")

@@ -9,6 +9,7 @@ import click
 from ..errors import InvalidFieldError
 from ..webhooks.models import WebhookSubscriptionStatus
 from ..webhooks.operations import NewSecret
+from ..webhooks.ordering import DEFAULT_ORDERING_POLICY, OrderingPolicy
 from . import _common as out
 from ._common import HarvestGroup as _Group
 from ._common import operations as _ops
@@ -99,6 +100,13 @@ def _print_new_secret(created: NewSecret, as_json: bool, warnings: list[str] | N
 @_header_option
 @_rate_option
 @_burst_option
+@click.option(
+    "--ordering-policy",
+    type=click.Choice([p.value for p in OrderingPolicy]),
+    default=DEFAULT_ORDERING_POLICY.value,
+    show_default=True,
+    help="What an ordering key does when its head is dead-lettered: wait for an operator, or move on.",
+)
 @out.json_option
 def subscriptions_add(
     url: str,
@@ -110,6 +118,7 @@ def subscriptions_add(
     headers: tuple[str, ...],
     per_second: float | None,
     burst: int | None,
+    ordering_policy: str,
     as_json: bool,
 ) -> None:
     """Subscribe URL to events; prints the signing secret, once."""
@@ -122,6 +131,7 @@ def subscriptions_add(
         payload_filter=out.json_option_value("--filter", payload_filter),
         headers=_headers(headers),
         rate_limit=_rate_limit(per_second, burst),
+        ordering_policy=ordering_policy,
     )
     _print_new_secret(created, as_json, _ops().topic_warnings(created.subscription.event_topics))
 
@@ -135,6 +145,12 @@ def subscriptions_add(
 @_rate_option
 @_burst_option
 @click.option("--no-rate", is_flag=True, help="Remove the rate limit.")
+@click.option(
+    "--ordering-policy",
+    type=click.Choice([p.value for p in OrderingPolicy]),
+    default=None,
+    help="What an ordering key does when its head is dead-lettered (skip releases blocked keys).",
+)
 @out.json_option
 def subscriptions_update(
     subscription_id: str,
@@ -145,18 +161,30 @@ def subscriptions_update(
     per_second: float | None,
     burst: int | None,
     no_rate: bool,
+    ordering_policy: str | None,
     as_json: bool,
 ) -> None:
-    """Change the subscription's payload filter, custom headers (--header replaces them all) or
-    rate limit."""
+    """Change the subscription's payload filter, custom headers (--header replaces them all),
+    rate limit or ordering policy."""
     if headers and no_headers:
         raise InvalidFieldError("--header", "give --header or --no-headers, not both")
     rate_limit = _rate_limit(per_second, burst)
     if rate_limit is not None and no_rate:
         raise InvalidFieldError("--rate", "give --rate and --burst, or --no-rate, not both")
-    if not (payload_filter is not None or no_filter or headers or no_headers or rate_limit or no_rate):
+    changes = (
+        payload_filter is not None,
+        no_filter,
+        headers,
+        no_headers,
+        rate_limit,
+        no_rate,
+        ordering_policy,
+    )
+    if not any(changes):
         raise InvalidFieldError(
-            "--filter", "give --filter, --no-filter, --header, --no-headers, --rate and --burst, or --no-rate"
+            "--filter",
+            "give --filter, --no-filter, --header, --no-headers, --rate and --burst, --no-rate, "
+            "or --ordering-policy",
         )
     updated = _ops().update_subscription(
         subscription_id,
@@ -165,6 +193,7 @@ def subscriptions_update(
         headers={} if no_headers else (_headers(headers) if headers else None),
         rate_limit=rate_limit,
         remove_rate_limit=no_rate,
+        ordering_policy=ordering_policy,
     )
     out.output(updated.to_dict(), as_json, out.fields)
 

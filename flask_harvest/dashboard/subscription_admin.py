@@ -1,5 +1,6 @@
-"""Subscriptions from the console: create (the secret shown once), edit the payload filter,
-custom headers and rate limit, delete after a confirmation, and each subscription's health over the last hour.
+"""Subscriptions from the console: create (the secret shown once) with or without a payload
+filter, custom headers and a rate limit, edit them, delete after a confirmation, and each
+subscription's health over the last hour.
 
 Thin over :class:`~flask_harvest.webhooks.operations.WebhookOperations`, as the actuator is: the
 same model checks and SSRF policy, the same errors. Every POST carries the session's CSRF token
@@ -49,6 +50,32 @@ def _form_values() -> dict[str, str]:
         "topics": form_text("topics"),
         "description": form_text("description"),
         "subscription_id": form_text("subscription_id", max_chars=255),
+        **_options_values(),
+    }
+
+
+def _options_values() -> dict[str, str]:
+    """The posted payload filter, headers and rate fields, as typed (shown again on a refusal)."""
+    return {
+        "payload_filter": form_text("payload_filter", max_chars=MAX_OPTIONS_CHARS),
+        "headers": form_text("headers", max_chars=MAX_OPTIONS_CHARS),
+        "rate_per_second": form_text("rate_per_second", max_chars=64).strip(),
+        "rate_burst": form_text("rate_burst", max_chars=64).strip(),
+    }
+
+
+def _posted_options(form: dict[str, str]) -> dict[str, Any]:
+    """The filter, headers and rate limit fields as the operations' arguments (each empty: none).
+
+    :raises InvalidFieldError: a field that does not parse (the model checks the rest).
+    """
+    condition: Any = parse_json(form["payload_filter"], "payload_filter") if form["payload_filter"] else None
+    if form["payload_filter"] and condition is None:
+        raise InvalidFieldError("payload_filter", "must be a condition; leave it empty for no filter")
+    return {
+        "payload_filter": condition,
+        "headers": _posted_headers(form["headers"]),
+        "rate_limit": _posted_rate_limit(form["rate_per_second"], form["rate_burst"]),
     }
 
 
@@ -58,14 +85,18 @@ def new_subscription() -> tuple[str, int]:
     and the secret is never shown again)."""
     if request.method == "GET":
         return render_page("webhooks/new_subscription.html", form={}, error="")
-    values = _form_values()
     operations = get_engine().operations
+    values: dict[str, str] = {}
     try:
+        # Inside the try: a field that cannot even be read (a NUL, too long) is refused in the
+        # form too, which then comes back empty.
+        values = _form_values()
         created = operations.create_subscription(
             target_url=values["target_url"],
             event_topics=[t for t in _TOPIC_SPLIT.split(values["topics"]) if t],
             description=values["description"],
             subscription_id=values["subscription_id"] or None,
+            **_posted_options(values),
         )
     except HarvestError as exc:
         # The form comes back with what was typed and the error; nothing was stored.
@@ -148,25 +179,15 @@ def edit_subscription(subscription_id: str) -> BaseResponse | tuple[str, int]:
         return render_page(
             "webhooks/edit_subscription.html", subscription=found, form=options_form(found), error=""
         )
-    form = {
-        "payload_filter": form_text("payload_filter", max_chars=MAX_OPTIONS_CHARS),
-        "headers": form_text("headers", max_chars=MAX_OPTIONS_CHARS),
-        "rate_per_second": form_text("rate_per_second", max_chars=64).strip(),
-        "rate_burst": form_text("rate_burst", max_chars=64).strip(),
-    }
+    form = options_form(found)
     try:
-        condition: Any = (
-            parse_json(form["payload_filter"], "payload_filter") if form["payload_filter"] else None
-        )
-        if form["payload_filter"] and condition is None:
-            raise InvalidFieldError("payload_filter", "must be a condition; leave it empty for no filter")
+        form = _options_values()
+        options = _posted_options(form)
         operations.update_subscription(
             found.id,
-            payload_filter=condition,
-            remove_payload_filter=condition is None,
-            headers=_posted_headers(form["headers"]),
-            rate_limit=(limit := _posted_rate_limit(form["rate_per_second"], form["rate_burst"])),
-            remove_rate_limit=limit is None,
+            **options,
+            remove_payload_filter=options["payload_filter"] is None,
+            remove_rate_limit=options["rate_limit"] is None,
         )
     except HarvestError as exc:
         answer = error_answer(exc, "harvest dashboard")

@@ -26,6 +26,7 @@ from ..webhooks.models import (
     WebhookSubscriptionStatus,
     count_text,
 )
+from ..webhooks.operational import OPERATIONAL_SUBSCRIPTION_ID
 from ..webhooks.operations import MAX_BULK_REPLAY, MAX_GRACE_SECONDS
 from ._core import (
     NAV,
@@ -142,6 +143,7 @@ def subscriptions() -> tuple[str, int]:
         pages=pager("harvest_dashboard.subscriptions", filters, cursor, Page(items, next_cursor), fetch),
         statuses=SUBSCRIPTION_STATUSES,
         filters=filters,
+        operational_id=OPERATIONAL_SUBSCRIPTION_ID,
         notice="Deleted." if request.args.get("done") == "deleted" else "",
     )
 
@@ -160,6 +162,7 @@ def _subscription_page(
         health=subscription_health(subscription.id),
         options=options_form(subscription),
         health_deliveries=HEALTH_DELIVERIES,
+        operational=subscription.id == OPERATIONAL_SUBSCRIPTION_ID,
         max_grace=int(MAX_GRACE_SECONDS),
         default_grace=int(get_engine().settings.webhooks_secret_grace_seconds),
     )
@@ -167,7 +170,12 @@ def _subscription_page(
 
 @dashboard.get("/webhooks/subscriptions/<subscription_id>")
 def subscription(subscription_id: str) -> tuple[str, int]:
-    notices = {"enabled": "Enabled.", "disabled": "Disabled.", "saved": "Saved."}
+    notices = {
+        "enabled": "Enabled.",
+        "disabled": "Disabled.",
+        "saved": "Saved.",
+        "tested": "A test notification was queued: it is listed below once sent.",
+    }
     notice = notices.get(request.args.get("done", ""), "")
     return _subscription_page(get_engine().operations.get_subscription(subscription_id), notice=notice)
 
@@ -179,6 +187,13 @@ def set_subscription_status(subscription_id: str) -> BaseResponse:
     get_engine().operations.update_subscription(subscription_id, status=WebhookSubscriptionStatus(wanted))
     done = "enabled" if wanted == "active" else "disabled"
     return redirect(url_for(".subscription", subscription_id=subscription_id, done=done), 303)
+
+
+@dashboard.post("/webhooks/operational/test")
+def operational_test() -> BaseResponse:
+    """Send a test notification to the operational endpoint; back to its subscription's page."""
+    get_engine().operations.send_operational_test()
+    return redirect(url_for(".subscription", subscription_id=OPERATIONAL_SUBSCRIPTION_ID, done="tested"), 303)
 
 
 @dashboard.post("/webhooks/subscriptions/<subscription_id>/rotate-secret")

@@ -16,8 +16,10 @@ from .._app import get_engine
 from ..http.admin import install_admin_api, load_body, load_query, no_such_route
 from .models import WebhookSubscriptionStatus
 from .openapi import build_openapi
+from .ordering import DEFAULT_ORDERING_POLICY
 from .schemas import (
     DlqQuerySchema,
+    EmptySchema,
     ReplaySchema,
     RotateSecretSchema,
     SubscriptionCreateSchema,
@@ -68,6 +70,20 @@ def show_delivery(delivery_id: str) -> Response:
     return jsonify(get_engine().operations.delivery_with_attempts(delivery_id))
 
 
+@actuator.post("/deliveries/<delivery_id>/skip")
+def skip_delivery(delivery_id: str) -> Response:
+    """Give up on a dead-lettered delivery (it becomes skipped, never sent) and release its
+    ordering key. A JSON body is required, even if empty ({}), as for every write."""
+    load_body(EmptySchema())
+    return jsonify(get_engine().operations.skip(delivery_id).to_dict())
+
+
+@actuator.get("/subscriptions/<subscription_id>/blocked-keys")
+def blocked_keys(subscription_id: str) -> Response:
+    """The ordering keys of a subscription waiting for an operator (their head is dead-lettered)."""
+    return jsonify([k.to_dict() for k in get_engine().operations.blocked_keys(subscription_id)])
+
+
 @actuator.get("/stats")
 def stats() -> Response:
     return jsonify(get_engine().operations.stats())
@@ -94,6 +110,7 @@ def create_subscription() -> tuple[Response, int]:
         payload_filter=body.get("payload_filter"),
         headers=body.get("headers"),
         rate_limit=body.get("rate_limit"),
+        ordering_policy=body.get("ordering_policy", DEFAULT_ORDERING_POLICY),
     )
     # The one response that shows the secret: the caller must store it now.
     shown = {**created.subscription.to_dict(), "secret": created.secret}
@@ -122,6 +139,7 @@ def update_subscription(subscription_id: str) -> Response:
         headers=body.get("headers"),
         rate_limit=body.get("rate_limit"),
         remove_rate_limit="rate_limit" in body and body["rate_limit"] is None,
+        ordering_policy=body.get("ordering_policy"),
     )
     return jsonify(_with_warnings(updated.to_dict(), operations.topic_warnings(body.get("event_topics"))))
 
@@ -149,6 +167,24 @@ def rotate_secret(subscription_id: str) -> Response:
     return jsonify({**rotated.subscription.to_dict(), "secret": rotated.secret})
 
 
+# -- operational webhooks --------------------------------------------------------------------------
+
+
+@actuator.get("/operational")
+def operational_status() -> Response:
+    """The operational endpoint: configured or not, its reserved subscription, latest notifications."""
+    return jsonify(get_engine().operations.operational_status())
+
+
+@actuator.post("/operational/test")
+def operational_test() -> tuple[Response, int]:
+    """Send a test notification to the operational endpoint (the body is ``{}``)."""
+    load_body(EmptySchema())
+    notice, enqueue_error = get_engine().operations.send_operational_test()
+    shown = notice.to_dict()
+    return jsonify(shown if enqueue_error is None else {**shown, "enqueue_error": enqueue_error}), 202
+
+
 # -- the event catalog ------------------------------------------------------------------------------
 
 
@@ -166,7 +202,8 @@ def show_event_type(name: str) -> Response:
 @actuator.get("/openapi.json")
 def openapi() -> Response:
     """This API's OpenAPI 3 description, generated from the request schemas."""
-    return jsonify(build_openapi(get_engine().settings.actuator_prefix))
+    engine = get_engine()
+    return jsonify(build_openapi(engine.settings.actuator_prefix, engine.operations.event_types()))
 
 
 @actuator.route("/", defaults={"path": ""}, methods=["GET", "POST", "PUT", "PATCH", "DELETE"])

@@ -17,7 +17,7 @@ from .._threads import GroupCommit
 from .._time import utcnow
 from .._version import __version__
 from ..config import Settings
-from ..errors import InvalidStateError
+from ..errors import HarvestError, InvalidStateError
 from ..jobs.base import JobBackend, JobBackendError, JobRef
 from ..outbound.admission import Ticket
 from ..outbound.attempt import ResultObserver
@@ -33,6 +33,7 @@ from .models import (
     WebhookSubscriptionStatus,
     reserved_header,
 )
+from .ordering import DEFAULT_ORDERING_POLICY, releases_line
 from .stores.base import DeliverySchedule, OutboundWebhookHandler, Outcome, Recorded
 
 log = logging.getLogger(__name__)
@@ -69,6 +70,7 @@ class DeliveryRunner:
         *,
         limiter: RateLimiter | None = None,
         rate_listener: RateListener | None = None,
+        hold_watch: RateListener | None = None,
     ) -> None:
         self.store = store
         self.settings = settings
@@ -78,6 +80,9 @@ class DeliveryRunner:
         #: Keeps the subscriptions' rate-limit buckets (in Redis with the rq backend).
         self.limiter: RateLimiter = limiter or LocalRateLimiter()
         self.rate_listener = rate_listener
+        #: Told of each hold too: tells the operational endpoint of long ones
+        #: (:class:`~flask_harvest.webhooks.rate_holds.HoldWatch`); ``None`` without one.
+        self.hold_watch = hold_watch
         self._rng = rng or random.SystemRandom()
         # Attempts ending at once on many threads share one statement and one commit.
         self._records: GroupCommit[Outcome, Recorded] = GroupCommit(
@@ -117,9 +122,17 @@ class DeliveryRunner:
         if subscription is None or subscription.rate_limit is None:
             return 0.0
         wait = self.limiter.acquire(subscription.id, subscription.rate_limit, horizon)
-        if wait > 0 and self.rate_listener is not None:
-            self.rate_listener(claim, wait)
+        if wait > 0:
+            self.held_back(claim, wait)
         return wait
+
+    def held_back(self, claim: Claim, seconds: float) -> None:
+        """``claim`` is held ``seconds`` until its rate limit's turn: tell the listeners (the
+        metrics and signals, and the watch that tells the operational endpoint of long holds)."""
+        if self.rate_listener is not None:
+            self.rate_listener(claim, seconds)
+        if self.hold_watch is not None:
+            self.hold_watch(claim, seconds)
 
     def run(self, delivery_id: str) -> DeliveryState | None:
         """Make one attempt of ``delivery_id`` on this thread; return the state it ended in.
@@ -219,9 +232,28 @@ class DeliveryRunner:
             return False, None
         if result.state is DeliveryState.PENDING:
             self._schedule_retry(claim, result, at_front=keep_place)
+        elif claim.delivery.ordering_key is not None:
+            self._queue_next_in_line(claim, result)
         if recorded.notices:
             self._queue_notices(recorded.notices)
         return True, recorded.changed
+
+    def _queue_next_in_line(self, claim: Claim, result: AttemptResult) -> None:
+        """A keyed delivery finished: queue the next one of its key, if the line moves on."""
+        delivery, subscription = claim.delivery, claim.subscription
+        policy = subscription.ordering_policy if subscription is not None else DEFAULT_ORDERING_POLICY
+        if not releases_line(result.state, policy) or delivery.ordering_key is None:
+            return
+        try:
+            following = self.store.next_in_line(delivery.subscription_id, delivery.ordering_key)
+            self.backend.enqueue([delivery_job(schedule) for schedule in following])
+        except (JobBackendError, HarvestError) as exc:
+            # The next delivery is PENDING, due and at the head of its line: the sweeper queues it.
+            log.warning(
+                "harvest: could not queue the delivery after %s in its key's line (%s); the sweeper will",
+                delivery.id,
+                exc,
+            )
 
     def _send(self, claim: Claim, observe: ResultObserver | None = None) -> AttemptResult:
         delivery, subscription = claim.delivery, claim.subscription

@@ -28,6 +28,7 @@ from .models import (
     new_id,
 )
 from .operational import OPERATIONAL_SUBSCRIPTION_ID
+from .ordering import validate_ordering_key
 from .outbox import OutboxMessage, SqlOutbox, TransactionTarget
 from .payload import encode_payload
 from .stores.base import OutboundWebhookHandler
@@ -97,8 +98,11 @@ class OutboundWebhookManager:
 
     # -- dispatch ------------------------------------------------------------------------------
 
-    def dispatch(self, topic: str, payload: Any) -> list[str]:
+    def dispatch(self, topic: str, payload: Any, *, ordering_key: str | None = None) -> list[str]:
         """Send ``payload`` to every active subscription of ``topic``; return their delivery ids.
+
+        With ``ordering_key``, each subscription receives the deliveries of that key one at a
+        time, in dispatch order (see :doc:`/ordering`); without it, deliveries are unordered.
 
         The payload is serialised to JSON once; those bytes are stored and sent on every attempt.
         One delivery log per matching subscription is written in one round trip: ``PENDING`` for
@@ -112,31 +116,45 @@ class OutboundWebhookManager:
         pending rows that the sweeper queues later (SQL store). To tie the event to your own
         transaction, use :meth:`dispatch_in_tx`.
 
-        :raises InvalidFieldError: the topic is not a plain topic, or the payload is not JSON.
+        :raises InvalidFieldError: the topic is not a plain topic, the payload is not JSON, or the
+            ordering key is not a key.
         :raises PayloadSchemaError: the payload does not match its event type's schema (with
             ``HARVEST_EVENT_VALIDATION = "refuse"``); nothing was written.
         :raises UnknownEventTypeError: the catalog is strict and has no type for the topic.
+        :raises ConfigurationError: an ordering key was given to a store without ordered delivery.
         :raises EnqueueError: the jobs could not be queued; the deliveries were dead-lettered
             (replayable) and the error names them.
         :raises StoreError: the store failed; nothing was queued.
         """
         validate_topic(topic, pattern=False)
+        key = self._ordering_key(ordering_key)
         body = encode_payload(payload)
         self.check_event(topic, body)
         with tracing.publish(topic) as span:
-            ids = self._dispatch(topic, body, tracing.capture())
+            ids = self._dispatch(topic, body, tracing.capture(), key)
             span.set("messaging.batch.message_count", len(ids))
             return ids
 
-    def _dispatch(self, topic: str, body: str, trace_context: str | None) -> list[str]:
+    def _ordering_key(self, ordering_key: object) -> str | None:
+        key = validate_ordering_key(ordering_key)
+        if key is not None and not self.store.capabilities.ordering:
+            raise ConfigurationError(
+                "ordered delivery (ordering_key) needs a store that keeps deliveries in line: use the "
+                "SQL store or the in-memory store"
+            )
+        return key
+
+    def _dispatch(
+        self, topic: str, body: str, trace_context: str | None, ordering_key: str | None = None
+    ) -> list[str]:
         now = utcnow()
         payload = _decoder(body)
         # Fresh ids: the store may insert them without a duplicate check, in the transaction that
-        # reads the subscriptions.
+        # reads the subscriptions. A keyed delivery's place in line is numbered by the store.
         pairs = self.store.log_deliveries_for_topic(
             topic,
             lambda subscription: self._delivery(
-                topic, body, payload, subscription, now, new_id("msg"), trace_context
+                topic, body, payload, subscription, now, new_id("msg"), trace_context, ordering_key
             ),
         )
         deliveries = [delivery for _, delivery in pairs]
@@ -152,8 +170,13 @@ class OutboundWebhookManager:
         self._report_skipped(deliveries)
         return [d.id for d in pending]
 
-    def dispatch_in_tx(self, conn: TransactionTarget, topic: str, payload: Any) -> str:
+    def dispatch_in_tx(
+        self, conn: TransactionTarget, topic: str, payload: Any, *, ordering_key: str | None = None
+    ) -> str:
         """Write the event into the caller's transaction; return the outbox message id.
+
+        ``ordering_key`` orders the event's deliveries as :meth:`dispatch` does; the order is the
+        order in which the callers' transactions commit.
 
         ``conn`` is a SQLAlchemy ``Connection``, an ORM ``Session`` or Flask-SQLAlchemy's
         ``db.session``, on the same database as the SQL store. The event is sent if and only if
@@ -174,10 +197,11 @@ class OutboundWebhookManager:
                 "store (Harvest(app, db)); the in-memory store cannot"
             )
         validate_topic(topic, pattern=False)
+        key = self._ordering_key(ordering_key)
         body = encode_payload(payload)
         self.check_event(topic, body)
         with tracing.publish(topic):
-            return self.outbox.write(conn, topic, body, self._relay_soon, tracing.capture())
+            return self.outbox.write(conn, topic, body, self._relay_soon, tracing.capture(), key)
 
     def check_event(self, topic: str, body: str) -> None:
         """Check an encoded payload against the event type of ``topic``, before anything is written.
@@ -246,7 +270,15 @@ class OutboundWebhookManager:
         now = utcnow()
         built = (
             self._delivery(
-                m.topic, m.payload, payload, s, now, outbox_delivery_id(m.id, s.id), m.trace_context
+                m.topic,
+                m.payload,
+                payload,
+                s,
+                now,
+                outbox_delivery_id(m.id, s.id),
+                m.trace_context,
+                m.ordering_key,
+                m.ordering_seq,
             )
             for m, payload in ((m, _decoder(m.payload)) for m in messages)
             for s in by_topic[m.topic]
@@ -291,6 +323,8 @@ class OutboundWebhookManager:
         now: datetime,
         delivery_id: str,
         trace_context: str | None = None,
+        ordering_key: str | None = None,
+        ordering_seq: int | None = None,
     ) -> DeliveryLog | None:
         """The delivery of one event to one subscription of its topic, or ``None`` when the
         subscription's payload filter does not hold on the event's payload, or when it is the
@@ -312,6 +346,8 @@ class OutboundWebhookManager:
             next_attempt_at=now if active else None,
             created_at=now,
             trace_context=trace_context,
+            ordering_key=ordering_key,
+            ordering_seq=ordering_seq,
         )
 
     def _report_skipped(self, deliveries: Sequence[DeliveryLog]) -> None:

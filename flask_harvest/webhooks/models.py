@@ -36,6 +36,7 @@ from ..outbound.signing import (
 from ..outbound.signing import validate_secret as validate_secret
 from ..outbound.ssrf import MAX_URL_LENGTH as MAX_URL_LENGTH
 from ..outbound.ssrf import SsrfRejection, parse_url
+from .ordering import DEFAULT_ORDERING_POLICY, OrderingPolicy, validate_ordering_key, validate_ordering_policy
 from .topics import topic_matches, validate_topic
 
 #: The longest subscription (and delivery) id.
@@ -362,6 +363,7 @@ _SUBSCRIPTION_VALIDATORS: dict[str, Callable[[Any], Any]] = {
     "payload_filter": validate_filter,
     "headers": validate_headers,
     "rate_limit": validate_rate_limit,
+    "ordering_policy": validate_ordering_policy,
 }
 
 
@@ -396,6 +398,9 @@ class WebhookSubscription:
     #: At most this many deliveries per second, with this burst, across every worker process;
     #: ``None``: no limit. Given as a limit or its JSON form; kept as a limit.
     rate_limit: RateLimit | None = None
+    #: What an ordering key of this subscription does when its head is dead-lettered: wait for
+    #: an operator (``block``, the default) or move on (``skip``); see :mod:`.ordering`.
+    ordering_policy: OrderingPolicy = DEFAULT_ORDERING_POLICY
 
     def __post_init__(self) -> None:
         for name, check in _SUBSCRIPTION_VALIDATORS.items():
@@ -473,6 +478,7 @@ class SubscriptionChanges:
     remove_payload_filter: bool = False
     rate_limit: RateLimit | Mapping[str, Any] | None = None
     remove_rate_limit: bool = False
+    ordering_policy: OrderingPolicy | None = None
 
     def __post_init__(self) -> None:
         for flag in ("remove_payload_filter", "remove_rate_limit"):
@@ -528,6 +534,15 @@ class DeliveryLog:
     #: The W3C trace context of the dispatch, stored so every attempt joins its trace
     #: (:mod:`flask_harvest.tracing`); ``None`` when nothing was traced.
     trace_context: str | None = field(default=None, repr=False, metadata=PRIVATE)
+    #: Deliveries of one subscription with the same key are attempted one at a time, in dispatch
+    #: order (:mod:`.ordering`); ``None``: unordered.
+    ordering_key: str | None = None
+    #: The key's sequence number at dispatch, given by the store: the delivery's place in line.
+    ordering_seq: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.ordering_key is not None:
+            validate_ordering_key(self.ordering_key)
 
     @property
     def is_dlq(self) -> bool:

@@ -7,15 +7,18 @@ from :mod:`flask_harvest.webhooks.schemas`, so the document cannot drift from wh
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from apispec import APISpec
 from apispec.ext.marshmallow import MarshmallowPlugin
 
 from .._version import __version__
+from .catalog import EventType
 from .operations import ReplayOutcome
 from .schemas import (
     DlqQuerySchema,
+    EmptySchema,
     ReplaySchema,
     RotateSecretSchema,
     SubscriptionCreateSchema,
@@ -89,13 +92,18 @@ def _json(schema: Any) -> dict[str, Any]:
 
 
 def _responses(
-    ok: int, description: str, schema: Any | None = None, *, errors: tuple[int, ...]
+    ok: int,
+    description: str,
+    schema: Any | None = None,
+    *,
+    errors: tuple[int, ...],
+    conflict: str = "the id is taken, or the delivery is not dead-lettered",
 ) -> dict[str, Any]:
     refusals = {401: "no or a wrong bearer token", 403: "the actuator is closed, or the authorizer refused"}
     reasons = {
         400: "the body is not a JSON object (or nested too deeply)",
         404: "no such subscription, delivery or event type",
-        409: "the id is taken, or the delivery is not dead-lettered",
+        409: conflict,
         413: "the body is larger than 64 KiB",
         415: "the body is not JSON",
         422: "a field or query parameter has a wrong value",
@@ -119,8 +127,13 @@ def _id_parameter(name: str) -> dict[str, Any]:
     return {"name": name, "in": "path", "required": True, "schema": _ID}
 
 
-def build_openapi(prefix: str) -> dict[str, Any]:
-    """Return the actuator's OpenAPI 3.0 document, with paths under ``prefix``."""
+def build_openapi(prefix: str, event_types: Sequence[EventType] = ()) -> dict[str, Any]:
+    """Return the actuator's OpenAPI 3.0 document, with paths under ``prefix``.
+
+    :param event_types: the event catalog, listed under ``x-webhooks`` (the 3.0 form of 3.1's
+        ``webhooks``, as ReDoc reads it): one ``post`` per type, its body the type's JSON Schema
+        and example, so a subscriber's tooling can read what each topic sends.
+    """
     spec = APISpec(
         title="flask-harvest actuator",
         version=__version__,
@@ -141,6 +154,7 @@ def build_openapi(prefix: str) -> dict[str, Any]:
         ("SubscriptionCreate", SubscriptionCreateSchema),
         ("SubscriptionPatch", SubscriptionPatchSchema),
         ("RotateSecret", RotateSecretSchema),
+        ("Empty", EmptySchema),
         ("Replay", ReplaySchema),
     ):
         spec.components.schema(name, schema=schema)
@@ -190,6 +204,20 @@ def build_openapi(prefix: str) -> dict[str, Any]:
         },
     )
     spec.path(
+        path="/deliveries/{delivery_id}/skip",
+        operations={
+            "post": {
+                "summary": "Skip a dead-lettered delivery (never sent) and release its ordering key",
+                "description": "Send {}. The next delivery of its ordering key, if any, is queued.",
+                "parameters": [_id_parameter("delivery_id")],
+                "requestBody": request_body("Empty"),
+                "responses": _responses(
+                    200, "the skipped delivery", _OBJECT, errors=(400, 404, 409, 413, 415, 422)
+                ),
+            }
+        },
+    )
+    spec.path(
         path="/stats",
         operations={
             "get": {"summary": "Delivery counts", "responses": _responses(200, "counts", _OBJECT, errors=())}
@@ -220,7 +248,8 @@ def build_openapi(prefix: str) -> dict[str, Any]:
                 "responses": _responses(200, "the subscription", _OBJECT, errors=(404,)),
             },
             "patch": {
-                "summary": "Change URL, topics, description, status, payload filter, headers or rate limit",
+                "summary": "Change URL, topics, description, status, payload filter, headers, rate limit "
+                "or ordering policy",
                 "description": "A payload_filter of null removes the filter; headers replace every "
                 "custom header ({} removes them); a rate_limit of null removes the rate limit.",
                 "parameters": sub,
@@ -237,6 +266,21 @@ def build_openapi(prefix: str) -> dict[str, Any]:
         },
     )
     spec.path(
+        path="/subscriptions/{subscription_id}/blocked-keys",
+        operations={
+            "get": {
+                "summary": "Ordering keys waiting for an operator: their head is dead-lettered",
+                "parameters": sub,
+                "responses": _responses(
+                    200,
+                    "ordering_key, delivery_id, waiting",
+                    {"type": "array", "items": _OBJECT},
+                    errors=(404,),
+                ),
+            }
+        },
+    )
+    spec.path(
         path="/subscriptions/{subscription_id}/rotate-secret",
         operations={
             "post": {
@@ -245,6 +289,31 @@ def build_openapi(prefix: str) -> dict[str, Any]:
                 "requestBody": request_body("RotateSecret"),
                 "responses": _responses(
                     200, "the subscription and its new secret", _OBJECT, errors=(400, 404, 413, 415, 422)
+                ),
+            }
+        },
+    )
+    spec.path(
+        path="/operational",
+        operations={
+            "get": {
+                "summary": "The operational endpoint: its subscription and latest notifications",
+                "responses": _responses(200, "its status", _OBJECT, errors=()),
+            }
+        },
+    )
+    spec.path(
+        path="/operational/test",
+        operations={
+            "post": {
+                "summary": "Send a test notification to the operational endpoint (send {})",
+                "requestBody": request_body("Empty"),
+                "responses": _responses(
+                    202,
+                    "the test notification's delivery, queued",
+                    _OBJECT,
+                    errors=(400, 409, 413, 415, 422),
+                    conflict="no operational endpoint is configured, or it is turned off",
                 ),
             }
         },
@@ -277,7 +346,23 @@ def build_openapi(prefix: str) -> dict[str, Any]:
         },
     )
     document: dict[str, Any] = spec.to_dict()
-    for name in ("SubscriptionCreate", "SubscriptionPatch", "RotateSecret", "Replay"):
+    if event_types:
+        document["x-webhooks"] = {
+            event_type.name: {
+                "post": {
+                    "summary": event_type.description,
+                    "requestBody": {
+                        "required": True,
+                        "content": {
+                            "application/json": {"schema": event_type.schema, "example": event_type.example}
+                        },
+                    },
+                    "responses": {"2XX": {"description": "received"}},
+                }
+            }
+            for event_type in event_types
+        }
+    for name in ("SubscriptionCreate", "SubscriptionPatch", "RotateSecret", "Replay", "Empty"):
         # The schemas refuse unknown fields (marshmallow's RAISE); apispec says so only from 6.1.
         document["components"]["schemas"][name]["additionalProperties"] = False
     document["security"] = [{"bearer": []}]

@@ -1,5 +1,7 @@
 """Operational webhooks: the application's own endpoint is told when a subscription is turned off
-automatically and when a delivery is dead-lettered. Pure: no Flask, SQL or network.
+automatically, when a delivery is dead-lettered, and when a subscription's rate limit has held its
+deliveries back for longer than ``HARVEST_OPERATIONAL_RATE_LIMIT_HOLD_SECONDS``. Pure: no Flask,
+SQL or network.
 
 A notification is an ordinary delivery on a reserved topic (``harvest.``...), addressed to one
 reserved subscription (:data:`OPERATIONAL_SUBSCRIPTION_ID`) that the configuration
@@ -8,13 +10,15 @@ retries, dead-letters and shows it. It never fans out by topic, so no ordinary s
 receives one, whatever its patterns (``*`` included), and an ordinary dispatch never reaches the
 reserved subscription. The outcome rules attach an :class:`~.models.OperationalContext` to an
 attempt's result (:func:`context`); the store, when it records a transition, builds the
-notifications with :func:`notices` and writes them in the same transaction.
+notifications with :func:`notices` and writes them in the same transaction. A long rate-limit
+hold is no transition of a row: the delivery runner counts holds in episodes
+(:mod:`flask_harvest.outbound.holds`) and logs :func:`held_notice` once per episode.
 
 No loop: an attempt of the reserved subscription's own deliveries gets no context, so its
 dead-lettered notifications and its own failure make no further notification.
 
 A new kind of notification is one more :class:`Kind` in :data:`KINDS` (its topic, description,
-schema and example) and the rule in :func:`notices` that says when it is made.
+schema and example) and the rule that says when it is made (:func:`notices` for a transition).
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from ..config import Settings
@@ -46,13 +51,17 @@ __all__ = [
     "KINDS",
     "OPERATIONAL_SUBSCRIPTION_ID",
     "SUBSCRIPTION_DISABLED",
+    "SUBSCRIPTION_RATE_LIMITED",
+    "TEST",
     "Kind",
     "context",
     "enabled",
     "event_types",
+    "held_notice",
     "notices",
     "register",
     "subscription_for",
+    "test_notice",
 ]
 
 #: The id of the subscription that receives the operational notifications. Reserved: an ordinary
@@ -63,6 +72,10 @@ OPERATIONAL_SUBSCRIPTION_ID = "harvest_operational"
 SUBSCRIPTION_DISABLED = RESERVED_PREFIX + "subscription.disabled"
 #: The topic of the notification that a delivery was dead-lettered.
 DELIVERY_DEAD_LETTERED = RESERVED_PREFIX + "delivery.dead_lettered"
+#: The topic of the notification that a subscription's rate limit held its deliveries back long.
+SUBSCRIPTION_RATE_LIMITED = RESERVED_PREFIX + "subscription.rate_limited"
+#: The topic of a test notification an operator sends (the actuator, the CLI, the console).
+TEST = RESERVED_PREFIX + "operational.test"
 
 _TIME = {"type": "string", "format": "date-time"}
 _TEXT = {"type": "string"}
@@ -119,6 +132,24 @@ _DEAD_LETTERED_DATA = {
     "dead_lettered_at": _TIME,
 }
 
+_RATE_LIMITED_DATA = {
+    "subscription_id": _TEXT,
+    "subscription_url": _TEXT,
+    "rate_limit": {
+        "type": "object",
+        "required": ["per_second", "burst"],
+        "properties": {"per_second": {"type": "number"}, "burst": {"type": "integer", "minimum": 1}},
+    },
+    "threshold_seconds": {"type": "number"},
+    "held_since": _TIME,
+    "held_until": _TIME,
+    "delivery_id": _TEXT,
+    "topic": _TEXT,
+}
+
+_TEST_MESSAGE = "A test notification: operational webhooks reach this endpoint."
+_TEST_DATA = {"message": _TEXT}
+
 #: Every kind of operational notification, by topic: add a new kind here (and its rule in
 #: :func:`notices`).
 KINDS: dict[str, Kind] = {
@@ -163,6 +194,38 @@ KINDS: dict[str, Kind] = {
                     "created_at": "2025-01-31T11:00:00Z",
                     "dead_lettered_at": "2025-01-31T12:00:00Z",
                 },
+            },
+        ),
+        Kind(
+            SUBSCRIPTION_RATE_LIMITED,
+            "A subscription's rate limit has held its deliveries back for longer than "
+            "HARVEST_OPERATIONAL_RATE_LIMIT_HOLD_SECONDS: events arrive faster than the limit lets "
+            "them out, and the backlog grows. Told once per episode of holding.",
+            _envelope(SUBSCRIPTION_RATE_LIMITED, _RATE_LIMITED_DATA, list(_RATE_LIMITED_DATA)),
+            {
+                "type": SUBSCRIPTION_RATE_LIMITED,
+                "timestamp": "2025-01-31T12:05:00Z",
+                "data": {
+                    "subscription_id": "sub_1",
+                    "subscription_url": "https://receiver.example/hooks",
+                    "rate_limit": {"per_second": 10.0, "burst": 10},
+                    "threshold_seconds": 300.0,
+                    "held_since": "2025-01-31T12:00:00Z",
+                    "held_until": "2025-01-31T12:05:00Z",
+                    "delivery_id": "msg_1",
+                    "topic": "order.created",
+                },
+            },
+        ),
+        Kind(
+            TEST,
+            "A test notification an operator sent (flask harvest operational test, the admin API "
+            "or the console), to check that the endpoint receives and verifies notifications.",
+            _envelope(TEST, _TEST_DATA, list(_TEST_DATA)),
+            {
+                "type": TEST,
+                "timestamp": "2025-01-31T12:00:00Z",
+                "data": {"message": _TEST_MESSAGE},
             },
         ),
     )
@@ -265,20 +328,58 @@ def notices(
                 },
             )
         )
-    now = result.timestamp
-    return [
-        DeliveryLog(
-            id=new_id("msg"),
-            subscription_id=ctx.subscription_id,
-            topic=topic,
-            # ASCII: any text in an error (a lone surrogate too) travels escaped, never unsendable.
-            payload=json.dumps(
-                {"type": topic, "timestamp": isoformat(now), "data": data}, separators=(",", ":")
-            ),
-            max_attempts=ctx.max_attempts,
-            timestamp=now,
-            next_attempt_at=now,
-            created_at=now,
-        )
-        for topic, data in made
-    ]
+    return [_notice(topic, data, ctx.max_attempts, result.timestamp) for topic, data in made]
+
+
+def held_notice(
+    claim: Claim,
+    settings: Settings,
+    *,
+    held_since: datetime,
+    held_until: datetime,
+    now: datetime,
+) -> DeliveryLog | None:
+    """The notification that ``claim``'s subscription has been held back by its rate limit from
+    ``held_since`` to (at least) ``held_until``, or ``None`` when nothing may be notified (no
+    endpoint, a delivery of the endpoint's own, no rate limit)."""
+    subscription = claim.subscription
+    if (
+        not enabled(settings)
+        or claim.delivery.subscription_id == OPERATIONAL_SUBSCRIPTION_ID
+        or subscription is None
+        or subscription.rate_limit is None
+    ):
+        return None
+    data = {
+        "subscription_id": subscription.id,
+        "subscription_url": redact_url(subscription.target_url),
+        "rate_limit": subscription.rate_limit.to_dict(),
+        "threshold_seconds": settings.operational_rate_limit_hold_seconds,
+        "held_since": isoformat(held_since),
+        "held_until": isoformat(held_until),
+        "delivery_id": claim.delivery.id,
+        "topic": claim.delivery.topic,
+    }
+    return _notice(SUBSCRIPTION_RATE_LIMITED, data, settings.webhooks_max_attempts, now)
+
+
+def test_notice(settings: Settings, now: datetime) -> DeliveryLog | None:
+    """A test notification, or ``None`` when no endpoint is configured."""
+    if not enabled(settings):
+        return None
+    return _notice(TEST, {"message": _TEST_MESSAGE}, settings.webhooks_max_attempts, now)
+
+
+def _notice(topic: str, data: Mapping[str, Any], max_attempts: int, now: datetime) -> DeliveryLog:
+    """A notification: a delivery to the reserved subscription, due now."""
+    return DeliveryLog(
+        id=new_id("msg"),
+        subscription_id=OPERATIONAL_SUBSCRIPTION_ID,
+        topic=topic,
+        # ASCII: any text in an error (a lone surrogate too) travels escaped, never unsendable.
+        payload=json.dumps({"type": topic, "timestamp": isoformat(now), "data": data}, separators=(",", ":")),
+        max_attempts=max_attempts,
+        timestamp=now,
+        next_attempt_at=now,
+        created_at=now,
+    )

@@ -44,8 +44,9 @@ from .models import (
     validate_rate_limit,
 )
 from .operational import OPERATIONAL_SUBSCRIPTION_ID
+from .ordering import DEFAULT_ORDERING_POLICY, OrderingPolicy, validate_ordering_policy
 from .outbox import SqlOutbox
-from .stores.base import DlqCursor, OutboundWebhookHandler
+from .stores.base import BlockedKey, DeliverySchedule, DlqCursor, OutboundWebhookHandler
 from .topics import validate_topic
 
 #: The most deliveries one bulk replay may touch.
@@ -61,6 +62,8 @@ MAX_RETENTION_SECONDS = 100 * 365 * 24 * 3600.0
 #: The stats count at most this many deliveries in each state (past it a count reads ``1000+``), so
 #: a page view or a poll costs the same whatever history the table keeps.
 STATS_COUNT_CAP = 1000
+#: The operational endpoint's latest notifications its status shows.
+OPERATIONAL_RECENT = 10
 
 
 @dataclass(frozen=True)
@@ -165,6 +168,10 @@ def _filter(value: str | None, field: str) -> str | None:
     return value
 
 
+#: The ``last_error`` of a dead-lettered delivery an operator skipped.
+SKIPPED_BY_OPERATOR = "skipped by an operator; not sent"
+
+
 def _check_limit(limit: int) -> None:
     if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_DLQ_PAGE:
         raise InvalidFieldError("limit", f"must be between 1 and {MAX_DLQ_PAGE}")
@@ -219,6 +226,7 @@ class WebhookOperations:
         payload_filter: Condition | Mapping[str, Any] | None = None,
         headers: Mapping[str, str] | None = None,
         rate_limit: RateLimit | Mapping[str, Any] | None = None,
+        ordering_policy: OrderingPolicy | str = DEFAULT_ORDERING_POLICY,
     ) -> NewSecret:
         """Validate and store a subscription; a missing secret is generated.
 
@@ -230,6 +238,8 @@ class WebhookOperations:
         :param headers: custom headers sent with every delivery (not secrets: they are shown).
         :param rate_limit: at most this many deliveries per second, with this burst (or its JSON
             form, ``{"per_second": ..., "burst": ...}``), across every worker. ``None``: no limit.
+        :param ordering_policy: what an ordering key does when its head is dead-lettered:
+            ``block`` (wait for an operator, the default) or ``skip`` (move on).
         :raises InvalidFieldError: a field is invalid, or the URL is refused by the SSRF policy.
         :raises DuplicateSubscriptionError: the id is taken.
         """
@@ -249,6 +259,7 @@ class WebhookOperations:
             payload_filter=validate_filter(payload_filter),
             headers={} if headers is None else headers,
             rate_limit=validate_rate_limit(rate_limit),
+            ordering_policy=validate_ordering_policy(ordering_policy),
             **extra,
         )
         self._check_headers(subscription.headers)
@@ -286,6 +297,47 @@ class WebhookOperations:
             grace = timedelta(seconds=self.settings.webhooks_secret_grace_seconds)
             current = self.store.rotate_secret(wanted.id, wanted.secret, previous_expires_at=utcnow() + grace)
         return current
+
+    def operational_status(self) -> dict[str, Any]:
+        """The operational endpoint as an operator checks it: whether one is configured, its
+        reserved subscription (status, failures, URL; never the secret), the kinds it is sent,
+        the rate-limit threshold, and its latest notifications (newest first)."""
+        configured = operational.enabled(self.settings)
+        found = self.store.get_subscription(OPERATIONAL_SUBSCRIPTION_ID) if configured else None
+        recent, _ = (
+            self.deliveries_page(subscription_id=OPERATIONAL_SUBSCRIPTION_ID, limit=OPERATIONAL_RECENT)
+            if found is not None
+            else ([], None)
+        )
+        return {
+            "configured": configured,
+            "subscription": None if found is None else found.to_dict(),
+            "kinds": list(operational.KINDS),
+            "rate_limit_hold_seconds": self.settings.operational_rate_limit_hold_seconds,
+            "recent": [d.to_dict() for d in recent],
+        }
+
+    def send_operational_test(self) -> tuple[DeliveryLog, str | None]:
+        """Log a test notification to the operational endpoint and queue it; return its delivery,
+        and why its job could not be queued (the sweeper queues it later) or ``None``.
+
+        :raises InvalidStateError: no endpoint is configured, or its subscription is turned off
+            (enable it first: a test would only be dead-lettered).
+        """
+        notice = operational.test_notice(self.settings, utcnow())
+        found = self.store.get_subscription(OPERATIONAL_SUBSCRIPTION_ID) if notice is not None else None
+        if notice is None or found is None:
+            raise InvalidStateError(
+                "no operational endpoint is configured: set HARVEST_OPERATIONAL_WEBHOOK_URL and "
+                "HARVEST_OPERATIONAL_WEBHOOK_SECRET"
+            )
+        if found.status is not WebhookSubscriptionStatus.ACTIVE:
+            raise InvalidStateError(
+                f"the operational endpoint is {found.status.value}: enable {OPERATIONAL_SUBSCRIPTION_ID} "
+                "first (a test sent now would be dead-lettered)"
+            )
+        self.store.log_deliveries([notice])
+        return notice, self._enqueue([notice])
 
     def topic_warnings(self, event_topics: Sequence[str] | None) -> list[str]:
         """Return a warning for each of a subscription's topic patterns that selects no event type
@@ -373,9 +425,13 @@ class WebhookOperations:
         headers: Mapping[str, str] | None = None,
         rate_limit: RateLimit | Mapping[str, Any] | None = None,
         remove_rate_limit: bool = False,
+        ordering_policy: OrderingPolicy | str | None = None,
     ) -> WebhookSubscription:
         """Change a subscription's URL, topics, description, status (enable/disable), payload
-        filter, custom headers or rate limit; what is ``None`` is kept.
+        filter, custom headers, rate limit or ordering policy; what is ``None`` is kept.
+
+        Setting the ordering policy to ``skip`` releases the keys held by a dead-lettered head:
+        the sweeper queues their next deliveries.
 
         Enabling clears the failure count. A ``failed`` status cannot be set by hand.
         ``remove_payload_filter`` removes the filter; ``headers`` replaces every custom header
@@ -399,6 +455,7 @@ class WebhookOperations:
             headers=headers,
             rate_limit=rate_limit,
             remove_rate_limit=remove_rate_limit,
+            ordering_policy=None if ordering_policy is None else validate_ordering_policy(ordering_policy),
         )
         self._check_headers(changes.headers)
         if not changes.values():
@@ -505,6 +562,41 @@ class WebhookOperations:
             else:
                 rows.append(ReplayRow(delivery_id, ReplayOutcome.REPLAYED))
         return ReplayResult(rows, enqueue_error=self._enqueue(replayed) if replayed else None)
+
+    def skip(self, delivery_id: str) -> DeliveryLog:
+        """Give up on a dead-lettered delivery: it becomes ``SKIPPED`` and is never sent, and the
+        next delivery of its ordering key (if any) is queued at once. Replay is the other way to
+        release a key held under the ``block`` policy.
+
+        :raises DeliveryNotFoundError: no such delivery.
+        :raises InvalidStateError: the delivery is not dead-lettered.
+        """
+        skipped = self.store.skip_delivery(
+            _lookup(delivery_id, DeliveryNotFoundError), reason=SKIPPED_BY_OPERATOR, now=utcnow()
+        )
+        if skipped.ordering_key is not None:
+            following = self.store.next_in_line(skipped.subscription_id, skipped.ordering_key)
+            # Not queued (the backend is down): the next delivery is due at its line's head, and
+            # the sweeper queues it.
+            self._enqueue_schedules(following)
+        return skipped
+
+    def blocked_keys(self, subscription_id: str, *, limit: int = 50) -> list[BlockedKey]:
+        """The ordering keys of a subscription that wait for an operator (their head is
+        dead-lettered under the ``block`` policy), by key, at most ``limit``.
+
+        :raises SubscriptionNotFoundError: no such subscription.
+        """
+        _check_limit(limit)
+        self.get_subscription(subscription_id)
+        return self.store.blocked_keys(subscription_id, limit=limit)
+
+    def _enqueue_schedules(self, schedules: Sequence[DeliverySchedule]) -> str | None:
+        try:
+            self.backend.enqueue([delivery_job(s) for s in schedules])
+        except JobBackendError as exc:
+            return str(exc)
+        return None
 
     def _enqueue(self, deliveries: list[DeliveryLog]) -> str | None:
         try:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Connection, Engine, delete, event, func, insert, select, update
+from sqlalchemy import Connection, Engine, delete, event, exists, func, insert, select, update
 from sqlalchemy.orm import Session, SessionTransaction, scoped_session
 
 from .._sql import SqlDatabase
@@ -22,6 +22,7 @@ from .._time import utcnow
 from ..errors import InvalidFieldError
 from .models import new_id
 from .stores._schema import outbox_table
+from .stores.sql._statements import NEXT_ORDERING_SEQ
 
 _box = outbox_table
 _PENDING_KEY = "harvest_outbox_pending"
@@ -44,6 +45,9 @@ class OutboxMessage:
     claim_token: str
     #: The W3C trace context stored by the write (:mod:`flask_harvest.tracing`).
     trace_context: str | None = None
+    #: The ordering key, and the key's number taken by the write (:mod:`.ordering`).
+    ordering_key: str | None = None
+    ordering_seq: int | None = None
 
 
 class SqlOutbox:
@@ -67,23 +71,32 @@ class SqlOutbox:
         body: str,
         on_commit: CommitCallback,
         trace_context: str | None = None,
+        ordering_key: str | None = None,
     ) -> str:
         """Insert a message on ``target``'s transaction; return its id. Never commits.
 
         With a session, ``on_commit`` is called with the message id once the session commits (a
-        rollback forgets it); with a bare connection, the sweeper relays the message.
+        rollback forgets it); with a bare connection, the sweeper relays the message. With an
+        ``ordering_key``, the key's next number is taken in the same transaction: its row lock
+        numbers the messages of one key in commit order.
         """
         message_id = new_id("evt")
-        statement = insert(_box).values(
-            id=message_id, topic=topic, payload=body, created_at=utcnow(), trace_context=trace_context
-        )
+        values: dict[str, Any] = {
+            "id": message_id,
+            "topic": topic,
+            "payload": body,
+            "created_at": utcnow(),
+            "trace_context": trace_context,
+        }
         if isinstance(target, scoped_session):
             target = target()
-        if isinstance(target, Session):
-            target.execute(statement)
-            _remember(target, message_id, on_commit)
-        elif isinstance(target, Connection):
-            target.execute(statement)
+        if isinstance(target, (Session, Connection)):
+            if ordering_key is not None:
+                values["ordering_key"] = ordering_key
+                values["ordering_seq"] = target.execute(NEXT_ORDERING_SEQ, {"key": ordering_key}).scalar_one()
+            target.execute(insert(_box).values(values))
+            if isinstance(target, Session):
+                _remember(target, message_id, on_commit)
         else:
             raise InvalidFieldError(
                 "conn", "must be a SQLAlchemy Connection, an ORM Session, or Flask-SQLAlchemy's db.session"
@@ -99,6 +112,17 @@ class SqlOutbox:
             _box.c.relayed_at.is_(None),
             (_box.c.claimed_until.is_(None)) | (_box.c.claimed_until < now),
         )
+        # A keyed message waits until every earlier message of its key is relayed: relayed out of
+        # order, a later event's deliveries would be in line before an earlier one's exist.
+        earlier = _box.alias("earlier")
+        candidates = candidates.where(
+            _box.c.ordering_key.is_(None)
+            | ~exists().where(
+                earlier.c.ordering_key == _box.c.ordering_key,
+                earlier.c.relayed_at.is_(None),
+                earlier.c.ordering_seq < _box.c.ordering_seq,
+            )
+        )
         if ids is not None:
             candidates = candidates.where(_box.c.id.in_(list(ids)))
         candidates = candidates.order_by(_box.c.created_at).limit(limit)
@@ -108,12 +132,22 @@ class SqlOutbox:
             update(_box)
             .where(_box.c.id.in_(candidates.scalar_subquery()))
             .values(claim_token=token, claimed_until=now + timedelta(seconds=lease_seconds))
-            .returning(_box.c.id, _box.c.topic, _box.c.payload, _box.c.created_at, _box.c.trace_context)
+            .returning(
+                _box.c.id,
+                _box.c.topic,
+                _box.c.payload,
+                _box.c.created_at,
+                _box.c.trace_context,
+                _box.c.ordering_key,
+                _box.c.ordering_seq,
+            )
         )
         with self.db.transaction("claim outbox messages") as conn:
             rows = conn.execute(statement).all()
         return [
-            OutboxMessage(row.id, row.topic, row.payload, token, row.trace_context)
+            OutboxMessage(
+                row.id, row.topic, row.payload, token, row.trace_context, row.ordering_key, row.ordering_seq
+            )
             for row in sorted(rows, key=lambda row: row.created_at)
         ]
 

@@ -24,6 +24,7 @@ from .models import (
     validate_rate_limit,
 )
 from .operations import MAX_BULK_REPLAY, MAX_DLQ_PAGE, MAX_GRACE_SECONDS
+from .ordering import OrderingPolicy
 
 _ID = validate.Length(min=1, max=MAX_ID_LENGTH)
 _URL = validate.Length(max=MAX_URL_LENGTH)
@@ -125,6 +126,17 @@ class RateLimitField(fields.Dict):
         return dict(value)
 
 
+def OrderingPolicyField() -> Text:
+    """A subscription's ordering policy: ``block`` or ``skip``."""
+    return Text(
+        validate=validate.OneOf([policy.value for policy in OrderingPolicy]),
+        metadata={
+            "description": "what an ordering key does when its head is dead-lettered: block (wait "
+            "for an operator to replay or skip it; the default) or skip (move on to the next)"
+        },
+    )
+
+
 class SubscriptionCreateSchema(Schema):
     id = Text(validate=_ID)
     target_url = Text(required=True, validate=_URL)
@@ -134,6 +146,7 @@ class SubscriptionCreateSchema(Schema):
     payload_filter = PayloadFilter()
     headers = Headers()
     rate_limit = RateLimitField()
+    ordering_policy = OrderingPolicyField()
 
 
 class SubscriptionPatchSchema(Schema):
@@ -147,14 +160,20 @@ class SubscriptionPatchSchema(Schema):
     headers = Headers()
     #: ``null`` removes the rate limit.
     rate_limit = RateLimitField()
+    ordering_policy = OrderingPolicyField()
 
     @validates_schema
     def _not_empty(self, data: dict[str, Any], **kwargs: Any) -> None:
         if not data:
             raise ValidationError(
                 "give at least one of target_url, event_topics, description, status, payload_filter, "
-                "headers, rate_limit"
+                "headers, rate_limit, ordering_policy"
             )
+
+
+class EmptySchema(Schema):
+    """A write that takes no field: the body is ``{}``, required so that a cross-site form
+    cannot make the write."""
 
 
 class RotateSecretSchema(Schema):

@@ -28,6 +28,7 @@ from ._runs import Runs
 from ._schema import _OPEN, row_to_execution, steps_table
 from ._store_core import _OPEN_VALUES, StoreCore, TerminalTransition, _ex
 from .children import CHILD_STEP, WAIT_CHILD_STEP, child_outcome
+from .hooks import known_childless
 from .models import Execution, ExecutionState, JsonValue, ParentClosePolicy, decode_json, encode_json
 
 logger = logging.getLogger(__name__)
@@ -255,6 +256,8 @@ class ChildRuns:
         now = execution.completed_at or utcnow()
         if execution.parent_execution_id is not None and execution.state.outcome:
             self._wake(conn, execution, now)
+        if known_childless(conn, execution.execution_id):
+            return  # most runs: no statement spent looking for children
         if execution.state is ExecutionState.CONTINUED_AS_NEW:
             if execution.continued_to is not None:
                 conn.execute(

@@ -41,7 +41,7 @@ from .._threads import GroupCommit, PerProcess
 from ..errors import InvalidFieldError, InvalidStateError
 from ..shards import new_id
 from ._schema import NAME_LENGTH, WORKFLOW_TABLES, executions_table, row_to_execution
-from .hooks import TerminalHooks, pop_after_commit
+from .hooks import TerminalHooks, ending_childless, pop_after_commit
 from .models import OPEN_STATES, Execution, ExecutionState, JsonValue, encode_json, storable_text
 
 logger = logging.getLogger(__name__)
@@ -166,6 +166,7 @@ class _End:
     now: datetime
     token: str | None
     context: contextvars.Context
+    childless: bool = False  # the runner knows the run has no child runs to close
 
 
 @dataclass(frozen=True)
@@ -203,6 +204,7 @@ class TerminalTransition:
         now: datetime,
         token: str | None = None,
         conn: Connection | None = None,
+        childless: bool = False,
     ) -> Execution | None:
         """Move an open execution to terminal ``state``, once, in ``conn`` or a transaction of its
         own (:meth:`SqlWorkflowStore.finish <flask_harvest.workflows.store.SqlWorkflowStore.finish>`)."""
@@ -216,7 +218,7 @@ class TerminalTransition:
                 return self.finish_in(c, execution_id, state, output_text, error, now, extra)
         # Runs ending at once on this process's threads share one transaction; a lone one writes
         # at once. Each end keeps its guarded UPDATE and its hooks, in its caller's context.
-        end = _End(execution_id, state, output_text, error, now, token, contextvars.copy_context())
+        end = _End(execution_id, state, output_text, error, now, token, contextvars.copy_context(), childless)
         result = self._group.get().submit(end)
         if isinstance(result, Exception):
             raise result
@@ -265,7 +267,8 @@ class TerminalTransition:
             row = conn.execute(_FINISH, params).first()
         else:
             row = conn.execute(_FINISH_UNDER_LEASE, {**params, "end_token": end.token}).first()
-        return self._ended(conn, row, end.state)
+        with ending_childless(conn, end.execution_id, end.childless):
+            return self._ended(conn, row, end.state)
 
     def finish_in(
         self,

@@ -137,6 +137,7 @@ class WorkflowContext:
         self._unwritten: list[tuple[ChildStart, ChildHandle]] = []
         # Outcomes of ended children waited for and not checkpointed yet, written with them.
         self._unwritten_waits: list[tuple[int, JsonValue]] = []
+        self._began_child = False
         self._token = token
         self._store = store
         self._steps = steps
@@ -174,6 +175,15 @@ class WorkflowContext:
     @property
     def workflow_name(self) -> str:
         return self._execution.workflow_name
+
+    @property
+    def may_have_children(self) -> bool:
+        """Whether this run may have child runs: it began one, or one of its checkpoints (or of
+        the source it replays) records one. Its end looks for children to close only then."""
+        if self._began_child:
+            return True
+        replayed = self._recorded.values() if self._recorded else ()
+        return any(step.name == CHILD_STEP for step in (*self._steps.values(), *replayed))
 
     @property
     def attempt(self) -> int:
@@ -371,6 +381,7 @@ class WorkflowContext:
         :raises InvalidFieldError: a bad input, ``workflow_id`` or policy.
         """
         self._refuse_inside_step("ctx.start_child")
+        self._began_child = True
         try:
             policy = ParentClosePolicy(parent_close_policy)
         except ValueError:

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 from sqlalchemy import Connection
 
@@ -17,7 +18,7 @@ from .models import Execution
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["TerminalHook", "TerminalHooks", "after_commit", "run_after_commit"]
+__all__ = ["TerminalHook", "TerminalHooks", "after_commit", "known_childless", "run_after_commit"]
 
 #: ``conn.info`` key of the functions to call once the transaction has committed.
 _AFTER_COMMIT = "harvest_after_commit"
@@ -47,6 +48,31 @@ def run_after_commit(conn: Connection) -> None:
             fn()
         except Exception:
             logger.warning("harvest: an after-commit action failed; the sweeper covers it", exc_info=True)
+
+
+#: ``conn.info`` key of the runs ending in this transaction that are known to have no child runs.
+_CHILDLESS = "harvest_childless_ends"
+
+
+@contextmanager
+def ending_childless(conn: Connection, execution_id: str, childless: bool) -> Iterator[None]:
+    """While the block runs the end's hooks, tell them whether the run is known to have no
+    child runs (its runner saw every checkpoint of it, and no child start)."""
+    if not childless:
+        yield
+        return
+    ends: set[str] = conn.info.setdefault(_CHILDLESS, set())
+    ends.add(execution_id)
+    try:
+        yield
+    finally:
+        ends.discard(execution_id)
+
+
+def known_childless(conn: Connection, execution_id: str) -> bool:
+    """Whether the run ending in ``conn``'s transaction is known to have no child runs, so a
+    hook need not look for them (unknown: ``False``)."""
+    return execution_id in conn.info.get(_CHILDLESS, ())
 
 
 #: ``hook(conn, execution)``: runs inside the terminal transaction, after the state change landed.

@@ -18,9 +18,9 @@ from datetime import datetime, timedelta
 from sqlalchemy import Connection
 
 from .. import tracing
-from .._threads import PerProcess
+from .._threads import Heartbeat, PerProcess
 from .._time import utcnow
-from ..errors import HarvestError, InvalidFieldError, InvalidStateError, StoreError
+from ..errors import InvalidFieldError, InvalidStateError, StoreError
 from ..jobs.base import JobBackend, JobBackendError, JobRef
 from ..jobs.requeue import requeue_missing
 from ..jobs.tasks import carrying_job_context
@@ -186,8 +186,9 @@ class WorkflowRunner:
         quarantines it instead: it runs alone from then on).
     :param step_retry: the backoff between a step's retries, unless the step gives its own.
     :param max_input_bytes: the largest input accepted, as UTF-8 JSON.
-    :param heartbeat_interval: seconds between lease renewals while a workflow function runs (in a
-        thread); ``None`` for a third of the lease, ``0`` to renew only at step boundaries.
+    :param heartbeat_interval: seconds between lease renewals while a workflow function runs (by
+        one thread per process); ``None`` for a third of the lease, ``0`` to renew only at step
+        boundaries.
     :param concurrency: how many executions :meth:`run_many` and :meth:`submit_many` run at once,
         on threads of the runner's own; a quarantined execution runs alone.
     :param context: entered around each execution run on those threads (the Flask app context).
@@ -236,6 +237,10 @@ class WorkflowRunner:
         # quarantined run alone (see _gated).
         self._claims_alone = self.concurrency == 1
         self._gate = PerProcess(_Gate)
+        # One thread renews the leases of every run in progress in the process.
+        self._heartbeats = PerProcess(
+            lambda: Heartbeat(self._renew, self.heartbeat_interval, name="harvest-workflow-heartbeat")
+        )
         self.queues = queues if queues is not None else QueueTable()
         self._closing = threading.Event()
         self.queue_driver = QueueDriver(
@@ -661,19 +666,21 @@ class WorkflowRunner:
             raise
         except Exception as exc:
             error = str(ctx.fatal) if ctx.fatal is not None else describe_error(exc)
-            return self._end(claimed, token, ExecutionState.FAILED, error=error)
+            return self._end(claimed, token, ExecutionState.FAILED, error=error, ctx=ctx)
         if ctx.fatal is not None:
             # The workflow code caught the non-determinism error; the run is still wrong.
-            return self._end(claimed, token, ExecutionState.FAILED, error=str(ctx.fatal))
+            return self._end(claimed, token, ExecutionState.FAILED, error=str(ctx.fatal), ctx=ctx)
         try:
             encode_json(output, field="output")
         except InvalidFieldError as exc:
-            return self._end(claimed, token, ExecutionState.FAILED, error=f"the workflow returned {exc}")
+            return self._end(
+                claimed, token, ExecutionState.FAILED, error=f"the workflow returned {exc}", ctx=ctx
+            )
         if claimed.deadline is not None and claimed.deadline < self.clock():
             return self._end(
-                claimed, token, ExecutionState.TIMED_OUT, error=timeout_message(claimed.deadline)
+                claimed, token, ExecutionState.TIMED_OUT, error=timeout_message(claimed.deadline), ctx=ctx
             )
-        return self._end(claimed, token, ExecutionState.COMPLETED, output=output)
+        return self._end(claimed, token, ExecutionState.COMPLETED, output=output, ctx=ctx)
 
     def _recorded_steps(self, claimed: Execution) -> dict[int, StepRecord] | None:
         """A fork in mode recorded: its source's checkpoints from the fork point on, read at each
@@ -691,9 +698,18 @@ class WorkflowRunner:
         *,
         output: JsonValue = None,
         error: str | None = None,
+        ctx: WorkflowContext | None = None,
     ) -> Execution | None:
+        # A run that began no child and inherited none has none to close: its end skips the look.
+        childless = ctx is not None and not ctx.may_have_children and execution.continued_from is None
         ended = self.store.finish(
-            execution.execution_id, state, output=output, error=error, now=self.clock(), token=token
+            execution.execution_id,
+            state,
+            output=output,
+            error=error,
+            now=self.clock(),
+            token=token,
+            childless=childless,
         )
         if ended is None:
             logger.info(
@@ -754,28 +770,11 @@ class WorkflowRunner:
         if self.heartbeat_interval <= 0:
             yield
             return
-        stop = threading.Event()
-
-        def beat() -> None:
-            while not stop.wait(self.heartbeat_interval):
-                try:
-                    alive = self.store.heartbeat(
-                        execution_id, token, now=self.clock(), lease_seconds=self.lease_seconds
-                    )
-                except HarvestError:
-                    logger.warning("heartbeat of workflow execution %s failed", execution_id, exc_info=True)
-                    continue
-                if not alive:
-                    # Ended or taken over: the code stops at its next boundary, which finds out too.
-                    return
-
-        thread = threading.Thread(target=beat, name=f"harvest-heartbeat-{execution_id}", daemon=True)
-        thread.start()
-        try:
+        with self._heartbeats.get().keeping(execution_id, token):
             yield
-        finally:
-            stop.set()
-            thread.join()
+
+    def _renew(self, execution_id: str, token: str) -> bool:
+        return self.store.heartbeat(execution_id, token, now=self.clock(), lease_seconds=self.lease_seconds)
 
     # -- sweeping --------------------------------------------------------------------------------
 

@@ -389,9 +389,17 @@ class ShardedWorkflowStore(SqlWorkflowStore):
         now: datetime,
         token: str | None = None,
         conn: Connection | None = None,
+        childless: bool = False,
     ) -> Execution | None:
         return self._of(execution_id).finish(
-            execution_id, state, output=output, error=error, now=now, token=token, conn=conn
+            execution_id,
+            state,
+            output=output,
+            error=error,
+            now=now,
+            token=token,
+            conn=conn,
+            childless=childless,
         )
 
     # -- queues --------------------------------------------------------------------------------

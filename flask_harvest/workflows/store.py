@@ -447,6 +447,7 @@ class SqlWorkflowStore:
         now: datetime,
         token: str | None = None,
         conn: Connection | None = None,
+        childless: bool = False,
     ) -> Execution | None:
         """THE terminal transition: move an open execution to terminal ``state``, once.
 
@@ -456,10 +457,19 @@ class SqlWorkflowStore:
 
         :param output: the result, for ``Completed`` only.
         :param error: the error message, reason or cause, for the other terminal states.
+        :param childless: the caller knows the run has no child runs (its runner saw all its
+            checkpoints), so the end does not look for children to close.
         :returns: the execution after the transition, or ``None`` if it did not land.
         """
         return self._terminal.finish(
-            execution_id, state, output=output, error=error, now=now, token=token, conn=conn
+            execution_id,
+            state,
+            output=output,
+            error=error,
+            now=now,
+            token=token,
+            conn=conn,
+            childless=childless,
         )
 
     # -- queues --------------------------------------------------------------------------------

@@ -186,3 +186,32 @@ def test_a_post_without_the_csrf_token_is_refused(browser: WebDriver, live: Live
     assert "CSRF token is missing" in by_id(browser, "error-message").text
     stored = live.store.get_subscription("sub_orders")
     assert stored is not None and stored.status is WebhookSubscriptionStatus.ACTIVE
+
+
+def test_create_a_subscription_with_a_filter_headers_and_a_rate_limit(browser: WebDriver, live: Live) -> None:
+    sign_in(browser, live)
+    browser.get(live.page(f"{PREFIX}/webhooks/subscriptions/new"))
+    by_id(browser, "s-target").send_keys(live.receiver.url("/opts"))
+    by_id(browser, "s-topics").send_keys("order.*")
+    by_id(browser, "s-id").send_keys("sub_opts")
+    by_id(browser, "s-filter").send_keys('{"type": "Eq", "data": {"path": "region", "value": "EU"}}')
+    by_id(browser, "s-headers").send_keys("Connection: close")
+    by_id(browser, "s-rate").send_keys("5")
+    by_id(browser, "s-burst").send_keys("2")
+    submit_and_wait(browser, by_id(browser, "create-subscription"))
+    # Refused in the form, with what was typed kept; nothing written.
+    assert "headers" in by_id(browser, "form-error").text
+    assert by_id(browser, "s-burst").get_attribute("value") == "2"
+    assert live.store.get_subscription("sub_opts") is None
+    headers = by_id(browser, "s-headers")
+    headers.clear()
+    headers.send_keys("X-Tenant: acme")
+    submit_and_wait(browser, by_id(browser, "create-subscription"))
+    assert by_id(browser, "new-secret").text
+    stored = live.store.get_subscription("sub_opts")
+    assert stored is not None and stored.headers == {"X-Tenant": "acme"}
+    assert stored.rate_limit is not None and stored.rate_limit.burst == 2
+    browser.get(live.page(f"{PREFIX}/webhooks/subscriptions/sub_opts"))
+    assert "X-Tenant: acme" in by_id(browser, "custom-headers").text
+    assert "5 per second, bursts of 2" in by_id(browser, "rate-limit").text
+    assert "region" in by_id(browser, "payload-filter").text

@@ -475,9 +475,9 @@ class FaultEnv:
         self.secrets.append(secret)
         return self.store.add_subscription(WebhookSubscription(url, tuple(topics), secret, id=sub_id))
 
-    def dispatch(self, topic: str, payload: Any) -> list[str]:
+    def dispatch(self, topic: str, payload: Any, *, ordering_key: str | None = None) -> list[str]:
         with self._apps[0].app_context() if self._apps else self.app().app_context():
-            return self.state.manager.dispatch(topic, payload)
+            return self.state.manager.dispatch(topic, payload, ordering_key=ordering_key)
 
     # -- workers ------------------------------------------------------------------------------
 

@@ -11,7 +11,8 @@ set with ``PUT /_mode/<name>`` and a JSON body (the default is ``{"kind": "ok"}`
 
 ``ok``          200.
 ``status``      ``status`` with ``headers``; with ``once_per_id``, only to the first request of each
-                webhook-id (then 200).
+                webhook-id (then 200); with ``percent``, only to the webhook-ids whose SHA-256
+                falls in that share (a deterministic choice; the others get 200).
 ``slow``        200 after ``delay`` seconds.
 ``silent``      reads the request and never answers (until the client hangs up).
 ``drip``        200 with a ``Content-Length`` of 100,000, then one byte a second.
@@ -88,7 +89,7 @@ class Receiver:
         webhook_id = headers.get("webhook-id")
         status = 200
         if kind == "status" and not (mode.get("once_per_id") and (name, webhook_id) in self.seen):
-            status = int(mode["status"])
+            status = int(mode["status"]) if _chosen(webhook_id, mode.get("percent", 100)) else 200
         self.seen.add((name, webhook_id or ""))
         digest = hashlib.sha256(body).hexdigest()[:32]
         self.receipts.append([name, webhook_id, digest, time.time(), status if kind == "status" else kind])
@@ -124,6 +125,12 @@ class Receiver:
                 self.sent[name] = self.sent.get(name, 0) + sent
             return False
         return await _reply(writer, 200)
+
+
+def _chosen(webhook_id: str | None, percent: float) -> bool:
+    """Whether ``webhook_id`` is among the ``percent`` of ids a ``status`` mode answers."""
+    digest = hashlib.sha256((webhook_id or "").encode()).digest()
+    return int.from_bytes(digest[:4], "big") % 10_000 < percent * 100
 
 
 async def _read_request(reader: asyncio.StreamReader) -> tuple[str, str, dict[str, str], bytes] | None:

@@ -39,6 +39,7 @@ from ..models import (
     WebhookSubscriptionStatus,
     filter_json,
 )
+from ..ordering import DEFAULT_ORDERING_POLICY, LINE_STATES, MAX_ORDERING_KEY_LENGTH, OrderingPolicy
 from ..topic_index import MAX_KEY_LENGTH, pattern_key
 
 #: Ids are at most this long (the models' limit).
@@ -71,6 +72,9 @@ subscriptions_table = Table(
     Column("headers", JSON(none_as_null=True), nullable=True),
     # The rate limit, {"per_second": ..., "burst": ...}; NULL (rows of earlier versions): none.
     Column("rate_limit", JSON(none_as_null=True), nullable=True),
+    # What an ordering key does after its head is dead-lettered; NULL (rows of earlier versions):
+    # the default policy (ordering.DEFAULT_ORDERING_POLICY).
+    Column("ordering_policy", String(16), nullable=True),
     # The dashboard's subscription list, oldest first, a keyset walk.
     Index("ix_harvest_webhook_subscriptions_created", "created_at", "id"),
     # The overview's failing and disabled subscriptions: the few rows TROUBLED selects.
@@ -94,6 +98,12 @@ subscription_topics_table = Table(
     Column("subscription_id", String(ID_LENGTH), primary_key=True),
     # Rewriting or removing one subscription's keys.
     Index("ix_harvest_webhook_subscription_topics_subscription", "subscription_id"),
+)
+
+#: The rows of the ordering index: keyed, in a state that may hold a key's line. A literal, which
+#: the head-of-line query repeats word for word (SQLite uses a partial index only then).
+LINE_ROWS_SQL = "ordering_key IS NOT NULL AND state IN ({})".format(
+    ", ".join(f"'{state.value}'" for state in LINE_STATES)
 )
 
 # No foreign key to the subscriptions: a delivery log outlives its removed subscription.
@@ -120,6 +130,9 @@ deliveries_table = Table(
     Column("lease_token", String(32), nullable=True),
     # The dispatch's W3C trace context (flask_harvest.tracing); added to older tables on start-up.
     Column("trace_context", Text, nullable=True),
+    # Ordered delivery (webhooks.ordering): the key, and its sequence number at dispatch.
+    Column("ordering_key", String(MAX_ORDERING_KEY_LENGTH), nullable=True),
+    Column("ordering_seq", BigInteger, nullable=True),
     # The due scan, the claim and the queue-lag gauge: pending rows only (a partial index), so it
     # stays the size of the backlog however much history the table keeps. Queries name the state as
     # a literal (PENDING_ROWS) so the planner can match the predicate in a prepared statement too.
@@ -155,6 +168,26 @@ deliveries_table = Table(
     Index("ix_harvest_webhook_deliveries_subscription_recent", "subscription_id", "timestamp", "id"),
     # The topic filter, newest first: without it a rare topic walks the whole time index.
     Index("ix_harvest_webhook_deliveries_topic_recent", "topic", "timestamp", "id"),
+    # The head-of-line check of ordered deliveries: the earlier rows of a (subscription, key) that
+    # may hold its line. Partial, so it holds the keyed backlog only, never the delivered history.
+    Index(
+        "ix_harvest_webhook_deliveries_ordering_line",
+        "subscription_id",
+        "ordering_key",
+        "ordering_seq",
+        "id",
+        postgresql_where=text(LINE_ROWS_SQL),
+        sqlite_where=text(LINE_ROWS_SQL),
+    ),
+)
+
+# The last sequence number of each ordering key: a dispatch with a key takes the next one with an
+# upsert, whose row lock makes dispatches of one key number in the order they commit.
+ordering_keys_table = Table(
+    "harvest_webhook_ordering_keys",
+    metadata,
+    Column("ordering_key", String(MAX_ORDERING_KEY_LENGTH), primary_key=True),
+    Column("last_seq", BigInteger, nullable=False),
 )
 
 #: The literal conditions of the partial indexes' rows, for queries: a bound parameter would hide
@@ -209,6 +242,9 @@ outbox_table = Table(
     Column("last_error", Text, nullable=True),
     # The W3C trace context of dispatch_in_tx, handed to the deliveries the relay makes.
     Column("trace_context", Text, nullable=True),
+    # dispatch_in_tx's ordering key, and the key's number taken in the writer's transaction.
+    Column("ordering_key", String(MAX_ORDERING_KEY_LENGTH), nullable=True),
+    Column("ordering_seq", BigInteger, nullable=True),
     # The relay's scan of unrelayed messages, and the purge of relayed ones.
     Index("ix_harvest_outbox_relayed_created", "relayed_at", "created_at"),
 )
@@ -221,6 +257,7 @@ WEBHOOK_TABLES = (
     deliveries_table,
     attempts_table,
     outbox_table,
+    ordering_keys_table,
 )
 
 
@@ -256,6 +293,8 @@ def subscription_column_values(values: Mapping[str, Any]) -> dict[str, Any]:
     if "rate_limit" in columns:
         limit = columns["rate_limit"]
         columns["rate_limit"] = None if limit is None else limit.to_dict()
+    if "ordering_policy" in columns:
+        columns["ordering_policy"] = OrderingPolicy(columns["ordering_policy"]).value
     return columns
 
 
@@ -314,6 +353,10 @@ def row_to_subscription(row: Row[Any]) -> WebhookSubscription:
     values["headers"] = dict(values["headers"] or {})
     stored_limit = values["rate_limit"]
     values["rate_limit"] = None if stored_limit is None else RateLimit(**stored_limit)
+    stored_policy = values["ordering_policy"]
+    values["ordering_policy"] = (
+        DEFAULT_ORDERING_POLICY if stored_policy is None else OrderingPolicy(stored_policy)
+    )
     return WebhookSubscription.from_trusted(values)
 
 

@@ -79,6 +79,21 @@ class Recorded:
     notices: tuple[DeliveryLog, ...] = ()
 
 
+@dataclass(frozen=True)
+class BlockedKey:
+    """An ordering key of a subscription whose line waits for an operator: its head is
+    dead-lettered under the ``block`` policy (:meth:`OutboundWebhookHandler.blocked_keys`)."""
+
+    ordering_key: str
+    #: The dead-lettered delivery at its head: replay it or skip it to release the key.
+    delivery_id: str
+    #: How many deliveries of the key wait behind it.
+    waiting: int
+
+    def to_dict(self) -> dict[str, object]:
+        return {"ordering_key": self.ordering_key, "delivery_id": self.delivery_id, "waiting": self.waiting}
+
+
 def fold_stats(
     groups: Iterable[tuple[str, str, int, datetime | None]],
     *,
@@ -154,11 +169,18 @@ class StoreCapabilities:
     :param engine: the SQLAlchemy engine of the store's database; required with ``transactions``.
     :param schema: the store has tables that :meth:`OutboundWebhookHandler.ensure_schema` creates
         (``flask harvest init-db``).
+    :param ordering: the store keeps deliveries with an ordering key in line
+        (:mod:`~flask_harvest.webhooks.ordering`): it numbers them when they are logged, claims
+        only the head of each line, and implements :meth:`OutboundWebhookHandler.next_in_line`,
+        :meth:`~OutboundWebhookHandler.skip_delivery` and
+        :meth:`~OutboundWebhookHandler.blocked_keys`. ``dispatch(..., ordering_key=...)`` refuses
+        a store without it.
     """
 
     transactions: bool = False
     engine: Engine | None = None
     schema: bool = False
+    ordering: bool = False
 
     def __post_init__(self) -> None:
         if self.transactions and self.engine is None:
@@ -618,7 +640,40 @@ class OutboundWebhookHandler(abc.ABC):
 
     @abc.abstractmethod
     def due_deliveries(self, *, now: datetime, limit: int) -> list[str]:
-        """Return the ids of up to ``limit`` ``PENDING`` deliveries due at ``now``, oldest due first."""
+        """Return the ids of up to ``limit`` ``PENDING`` deliveries due at ``now``, oldest due first.
+
+        A store with ordering (:attr:`StoreCapabilities.ordering`) returns only deliveries at the
+        head of their key's line: the others are waiting, not lost.
+        """
+
+    # -- ordered delivery (optional: StoreCapabilities.ordering) ----------------------------------
+
+    def next_in_line(self, subscription_id: str, ordering_key: str) -> list[DeliverySchedule]:
+        """Return the ``PENDING`` delivery of ``subscription_id`` and ``ordering_key`` that may be
+        attempted next (at most one), or nothing if the key's line is empty or held.
+
+        Called after a delivery of the key finished, to queue its successor. This default returns
+        nothing (a store without ordering).
+        """
+        return []
+
+    def skip_delivery(self, delivery_id: str, *, reason: str, now: datetime) -> DeliveryLog:
+        """Move a dead-lettered delivery to ``SKIPPED`` with ``reason`` (an operator gives up on it),
+        which releases its ordering key.
+
+        :raises DeliveryNotFoundError: no such delivery.
+        :raises InvalidStateError: the delivery is not dead-lettered (or the store cannot skip).
+        """
+        raise InvalidStateError(
+            f"this store cannot skip delivery {delivery_id!r}: it has no ordered delivery"
+        )
+
+    def blocked_keys(self, subscription_id: str, *, limit: int = 50) -> list[BlockedKey]:
+        """Return up to ``limit`` keys of ``subscription_id`` held by a dead-lettered head, by key.
+
+        Meaningful for a subscription with the ``block`` policy; this default returns nothing.
+        """
+        return []
 
 
 #: The seed's older name for the contract.

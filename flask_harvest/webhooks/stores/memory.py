@@ -27,8 +27,18 @@ from ..models import (
     WebhookSubscription,
     WebhookSubscriptionStatus,
 )
+from ..ordering import DEFAULT_ORDERING_POLICY, OrderingPolicy, at_head, next_in_line, position
 from ..topic_index import pattern_key, topic_keys
-from .base import DlqCursor, OutboundWebhookHandler, capped_groups, fold_stats, minute_buckets
+from .base import (
+    BlockedKey,
+    DeliverySchedule,
+    DlqCursor,
+    OutboundWebhookHandler,
+    StoreCapabilities,
+    capped_groups,
+    fold_stats,
+    minute_buckets,
+)
 
 
 class InMemoryOutboundWebhookHandler(OutboundWebhookHandler):
@@ -51,9 +61,15 @@ class InMemoryOutboundWebhookHandler(OutboundWebhookHandler):
         # The topic index (as the SQL store's table): pattern key -> ids of the subscriptions
         # with a pattern under it, so dispatch looks at the candidates only.
         self._by_key: dict[str, set[str]] = {}
+        # The last sequence number of each ordering key (the SQL store's ordering keys table).
+        self._ordering_seqs: dict[str, int] = {}
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} subscriptions={len(self._subscriptions)}>"
+
+    @property
+    def capabilities(self) -> StoreCapabilities:
+        return StoreCapabilities(ordering=True)
 
     # -- subscriptions -------------------------------------------------------------------------
 
@@ -139,7 +155,14 @@ class InMemoryOutboundWebhookHandler(OutboundWebhookHandler):
     def log_deliveries(self, deliveries: Sequence[DeliveryLog]) -> list[str]:
         inserted = []
         with self._lock:
+            # One number per key per call, as the SQL store takes them.
+            seqs: dict[str, int] = {}
             for delivery in deliveries:
+                key = delivery.ordering_key
+                if key is not None and delivery.ordering_seq is None:
+                    if key not in seqs:
+                        seqs[key] = self._ordering_seqs[key] = self._ordering_seqs.get(key, 0) + 1
+                    delivery = delivery.replace(ordering_seq=seqs[key])
                 if delivery.id not in self._deliveries:
                     self._deliveries[delivery.id] = delivery
                     inserted.append(delivery.id)
@@ -235,6 +258,7 @@ class InMemoryOutboundWebhookHandler(OutboundWebhookHandler):
                 delivery is None
                 or delivery.state is not DeliveryState.PENDING
                 or (delivery.next_attempt_at is not None and delivery.next_attempt_at > now)
+                or not self._at_head(delivery)
             ):
                 return None
             token = uuid.uuid4().hex
@@ -347,9 +371,73 @@ class InMemoryOutboundWebhookHandler(OutboundWebhookHandler):
                 if d.state is DeliveryState.PENDING
                 and d.next_attempt_at is not None
                 and d.next_attempt_at <= now
+                and self._at_head(d)
             ]
         due.sort(key=lambda d: (d.next_attempt_at or now, d.id))
         return [d.id for d in due[:limit]]
+
+    # -- ordered delivery ----------------------------------------------------------------------
+
+    def _policy(self, subscription_id: str) -> OrderingPolicy:
+        subscription = self._subscriptions.get(subscription_id)
+        return DEFAULT_ORDERING_POLICY if subscription is None else subscription.ordering_policy
+
+    def _line(self, subscription_id: str, ordering_key: str) -> list[DeliveryLog]:
+        # A scan of every delivery: this store is for tests and development.
+        return [
+            d
+            for d in self._deliveries.values()
+            if d.ordering_key == ordering_key and d.subscription_id == subscription_id
+        ]
+
+    def _at_head(self, delivery: DeliveryLog) -> bool:
+        if delivery.ordering_key is None:
+            return True
+        line = self._line(delivery.subscription_id, delivery.ordering_key)
+        return at_head(delivery, line, self._policy(delivery.subscription_id))
+
+    def next_in_line(self, subscription_id: str, ordering_key: str) -> list[DeliverySchedule]:
+        with self._lock:
+            head = next_in_line(self._line(subscription_id, ordering_key), self._policy(subscription_id))
+            if head is None:
+                return []
+            delivery = self._deliveries[head.id]
+        return [DeliverySchedule(delivery.id, delivery.attempt, delivery.next_attempt_at)]
+
+    def skip_delivery(self, delivery_id: str, *, reason: str, now: datetime) -> DeliveryLog:
+        with self._lock:
+            delivery = self._deliveries.get(delivery_id)
+            if delivery is None:
+                raise DeliveryNotFoundError(delivery_id)
+            if delivery.state is not DeliveryState.DLQ:
+                raise InvalidStateError(
+                    f"delivery {delivery_id!r} is {delivery.state.value}, not dead-lettered; "
+                    "only deliveries in the DLQ can be skipped"
+                )
+            skipped = delivery.replace(state=DeliveryState.SKIPPED, last_error=reason, timestamp=now)
+            self._deliveries[delivery_id] = skipped
+            return skipped
+
+    def blocked_keys(self, subscription_id: str, *, limit: int = 50) -> list[BlockedKey]:
+        with self._lock:
+            if self._policy(subscription_id) is not OrderingPolicy.BLOCK:
+                return []
+            lines: dict[str, list[DeliveryLog]] = {}
+            for d in self._deliveries.values():
+                if d.subscription_id == subscription_id and d.ordering_key is not None:
+                    lines.setdefault(d.ordering_key, []).append(d)
+        blocked = []
+        for key in sorted(lines):
+            line = sorted(lines[key], key=position)
+            held = [
+                d
+                for d in line
+                if d.state in (DeliveryState.PENDING, DeliveryState.INFLIGHT, DeliveryState.DLQ)
+            ]
+            if held and held[0].state is DeliveryState.DLQ:
+                waiting = sum(1 for d in line if d.state is DeliveryState.PENDING)
+                blocked.append(BlockedKey(key, held[0].id, waiting))
+        return blocked[:limit]
 
 
 #: The seed's older name.

@@ -42,6 +42,7 @@ from .._schema import (
     subscriptions_table,
 )
 from ..base import (
+    BlockedKey,
     DeliverySchedule,
     DlqCursor,
     OutboundWebhookHandler,
@@ -97,7 +98,7 @@ class SqlOutboundWebhookStore(OutboundWebhookHandler):
 
     @property
     def capabilities(self) -> StoreCapabilities:
-        return StoreCapabilities(transactions=True, engine=self.engine, schema=True)
+        return StoreCapabilities(transactions=True, engine=self.engine, schema=True, ordering=True)
 
     def ensure_schema(self) -> None:
         """Create the webhook tables and indexes where they do not exist yet, and file every
@@ -296,3 +297,12 @@ class SqlOutboundWebhookStore(OutboundWebhookHandler):
 
     def due_deliveries(self, *, now: datetime, limit: int) -> list[str]:
         return self._deliveries.due_deliveries(now=now, limit=limit)
+
+    def next_in_line(self, subscription_id: str, ordering_key: str) -> list[DeliverySchedule]:
+        return self._deliveries.next_in_line(subscription_id, ordering_key)
+
+    def skip_delivery(self, delivery_id: str, *, reason: str, now: datetime) -> DeliveryLog:
+        return self._deliveries.skip_delivery(delivery_id, reason=reason, now=now)
+
+    def blocked_keys(self, subscription_id: str, *, limit: int = 50) -> list[BlockedKey]:
+        return self._deliveries.blocked_keys(subscription_id, limit=limit)

@@ -29,8 +29,10 @@ from sqlalchemy.dialects import postgresql
 from sqlalchemy.sql import Executable
 
 from ...models import WAITING_STATES, DeliveryAttempt, DeliveryState
+from ...ordering import DEFAULT_ORDERING_POLICY, LINE_STATES
 from .._schema import attempts_table as _atts
 from .._schema import deliveries_table as _dels
+from .._schema import ordering_keys_table as _okeys
 from .._schema import subscription_topics_table as _keys
 from .._schema import subscriptions_table as _subs
 from ..base import Outcome
@@ -48,6 +50,72 @@ def chunks(items: Sequence[Any], size: int = CHUNK) -> Iterator[Sequence[Any]]:
         yield items[start : start + size]
 
 
+# -- ordered delivery (webhooks.ordering) ------------------------------------------------------
+# A keyed delivery is at the head of its line when no earlier row of its subscription and key holds
+# the line: pending or in flight, or dead-lettered under the "block" policy. The earlier rows are
+# read through the partial ordering index, whose predicate the query repeats word for word.
+
+_DLQ = DeliveryState.DLQ.value
+_BLOCK = DEFAULT_ORDERING_POLICY.value
+_LINE_IN = ", ".join(f"'{state.value}'" for state in LINE_STATES)
+
+
+def head_of_line_sql(row: str) -> str:
+    """The head-of-line condition as SQL text, for the delivery row aliased ``row``."""
+    return f"""({row}.ordering_key IS NULL OR NOT EXISTS (
+        SELECT 1 FROM {_dels.name} AS earlier
+        WHERE earlier.subscription_id = {row}.subscription_id
+            AND earlier.ordering_key = {row}.ordering_key
+            AND earlier.ordering_key IS NOT NULL AND earlier.state IN ({_LINE_IN})
+            AND (earlier.ordering_seq < {row}.ordering_seq
+                OR (earlier.ordering_seq = {row}.ordering_seq AND earlier.id < {row}.id))
+            AND (earlier.state <> '{_DLQ}' OR COALESCE((
+                SELECT s.ordering_policy FROM {_subs.name} AS s WHERE s.id = {row}.subscription_id
+            ), '{_BLOCK}') = '{_BLOCK}')
+    ))"""  # noqa: S608 (table, column and state names, no input)
+
+
+#: The next number of an ordering key: an upsert whose row lock orders one key's dispatches by
+#: commit (PostgreSQL and SQLite 3.35+ both take ON CONFLICT ... RETURNING).
+NEXT_ORDERING_SEQ = text(
+    f"""
+INSERT INTO {_okeys.name} (ordering_key, last_seq) VALUES (:key, 1)
+ON CONFLICT (ordering_key) DO UPDATE SET last_seq = {_okeys.name}.last_seq + 1
+RETURNING last_seq
+"""  # noqa: S608
+)
+
+#: The pending delivery of a (subscription, key) that may go next, if any: at most one.
+NEXT_IN_LINE = text(
+    f"""
+SELECT d.id, d.attempt, d.next_attempt_at FROM {_dels.name} AS d
+WHERE d.subscription_id = :sub AND d.ordering_key = :key
+    AND d.ordering_key IS NOT NULL AND d.state IN ({_LINE_IN}) AND d.state = '{_PENDING}'
+    AND {head_of_line_sql("d")}
+ORDER BY d.ordering_seq, d.id
+LIMIT 1
+"""  # noqa: S608
+).columns(_dels.c.id, _dels.c.attempt, _dels.c.next_attempt_at)
+
+#: The keys of a subscription whose line is held by a dead-lettered head (the "block" policy).
+BLOCKED_KEYS = text(
+    f"""
+SELECT d.ordering_key, d.id, COUNT(w.id) AS waiting FROM {_dels.name} AS d
+LEFT JOIN {_dels.name} AS w ON w.subscription_id = d.subscription_id
+    AND w.ordering_key = d.ordering_key AND w.state = '{_PENDING}'
+WHERE d.subscription_id = :sub AND d.ordering_key IS NOT NULL AND d.state IN ({_LINE_IN})
+    AND d.state = '{_DLQ}' AND {head_of_line_sql("d")}
+    AND COALESCE((SELECT s.ordering_policy FROM {_subs.name} AS s WHERE s.id = :sub), '{_BLOCK}') = '{_BLOCK}'
+GROUP BY d.ordering_key, d.id
+ORDER BY d.ordering_key
+LIMIT :limit
+"""  # noqa: S608
+)
+
+#: The head-of-line condition on the deliveries table itself (the claim and the due scan).
+AT_HEAD = text(head_of_line_sql(_dels.name))
+
+
 # PostgreSQL's batch claim, a constant text so psycopg prepares it once per connection. The rows
 # are found by primary key alone and locked in id order (two claims with overlapping ids never
 # deadlock); whether each is still claimable is checked on the locked version. Putting the state
@@ -56,7 +124,7 @@ def chunks(items: Sequence[Any], size: int = CHUNK) -> Iterator[Sequence[Any]]:
 # through the due index for each claim: tens of milliseconds per claim with a 20,000-row backlog.
 CLAIM_MANY_SQL = f"""
 WITH locked AS MATERIALIZED (
-    SELECT id, state, next_attempt_at FROM {_dels.name}
+    SELECT id, state, next_attempt_at, subscription_id, ordering_key, ordering_seq FROM {_dels.name}
     WHERE id = ANY(CAST(:ids AS varchar[]))
     ORDER BY id
     FOR UPDATE
@@ -69,6 +137,7 @@ UPDATE {_dels.name} AS d SET
 FROM locked
 WHERE d.id = locked.id AND locked.state = '{_PENDING}'
     AND (locked.next_attempt_at IS NULL OR locked.next_attempt_at <= :now)
+    AND {head_of_line_sql("locked")}
 RETURNING {", ".join(f'd."{column.name}"' for column in _dels.c)}
 """  # noqa: S608 (table and column names, no input)
 CLAIM_MANY = text(CLAIM_MANY_SQL).columns(*_dels.c)

@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import ColumnElement, Connection, Row, delete, or_, select, update
+from sqlalchemy import ColumnElement, Connection, Row, TextClause, delete, or_, select, update
 from sqlalchemy.sql import Executable
 
 from ...._input import id_problem
@@ -41,15 +41,19 @@ from .._schema import (
 from .._schema import attempts_table as _atts
 from .._schema import deliveries_table as _dels
 from .._schema import subscriptions_table as _subs
-from ..base import DeliverySchedule, Outcome, Recorded
+from ..base import BlockedKey, DeliverySchedule, Outcome, Recorded
 from ._statements import (
     APPEND_ATTEMPT,
+    AT_HEAD,
     ATTEMPT_COLUMNS,
+    BLOCKED_KEYS,
     CHUNK,
     CLAIM_MANY,
     COUNT_FAILURE,
     FINISH_MANY,
     INSERT_DELIVERY,
+    NEXT_IN_LINE,
+    NEXT_ORDERING_SEQ,
     RESET_FAILURES,
     SCHEDULES_BY_IDS,
     SUBSCRIPTIONS_BY_IDS,
@@ -95,12 +99,14 @@ class DeliveryPipeline:
             built = ((s, build(s)) for s in self.subscriptions.matching(conn, topic))
             pairs = [(s, delivery) for s, delivery in built if delivery is not None]
             if pairs:
+                numbered = _numbered(conn, [delivery for _, delivery in pairs])
+                pairs = [(s, delivery) for (s, _), delivery in zip(pairs, numbered, strict=True)]
                 conn.execute(INSERT_DELIVERY, [delivery_values(delivery) for _, delivery in pairs])
         return pairs
 
     def _insert_deliveries(self, conn: Connection, deliveries: Sequence[DeliveryLog]) -> list[str]:
         """Insert on ``conn`` (the caller's transaction); return the ids that were new."""
-        rows = list({d.id: delivery_values(d) for d in deliveries}.values())
+        rows = list({d.id: delivery_values(d) for d in _numbered(conn, deliveries)}.values())
         stmt = self.db.insert(_dels).on_conflict_do_nothing(index_elements=[_dels.c.id]).returning(_dels.c.id)
         # SQLAlchemy's "insertmanyvalues" sends this as multi-row INSERTs of CHUNK rows each.
         result = conn.execution_options(insertmanyvalues_page_size=CHUNK).execute(stmt, rows)
@@ -385,24 +391,71 @@ class DeliveryPipeline:
                 ).scalars()
             )
 
+    def next_in_line(self, subscription_id: str, ordering_key: str) -> list[DeliverySchedule]:
+        with self.db.transaction("find the next delivery of a key") as conn:
+            rows = conn.execute(NEXT_IN_LINE, {"sub": subscription_id, "key": ordering_key}).all()
+        return [DeliverySchedule(*row) for row in rows]
+
+    def skip_delivery(self, delivery_id: str, *, reason: str, now: datetime) -> DeliveryLog:
+        with self.db.transaction("skip a dead-lettered delivery") as conn:
+            row = conn.execute(
+                update(_dels)
+                .where(_dels.c.id == delivery_id, _dels.c.state == DeliveryState.DLQ.value)
+                .values(state=DeliveryState.SKIPPED.value, last_error=reason, timestamp=now)
+                .returning(*_dels.c)
+            ).first()
+            if row is not None:
+                return row_to_delivery(row)
+            state = conn.execute(select(_dels.c.state).where(_dels.c.id == delivery_id)).scalar()
+        if state is None:
+            raise DeliveryNotFoundError(delivery_id)
+        raise InvalidStateError(
+            f"delivery {delivery_id!r} is {state}, not dead-lettered; "
+            "only deliveries in the DLQ can be skipped"
+        )
+
+    def blocked_keys(self, subscription_id: str, *, limit: int) -> list[BlockedKey]:
+        with self.db.transaction("list blocked ordering keys") as conn:
+            rows = conn.execute(BLOCKED_KEYS, {"sub": subscription_id, "limit": limit}).all()
+        return [BlockedKey(key, delivery_id, int(waiting)) for key, delivery_id, waiting in rows]
+
     def due_deliveries(self, *, now: datetime, limit: int) -> list[str]:
         with self.db.transaction("list due deliveries") as conn:
             return list(
                 conn.execute(
                     select(_dels.c.id)
-                    .where(PENDING_ROWS, _dels.c.next_attempt_at <= now)
+                    .where(PENDING_ROWS, _dels.c.next_attempt_at <= now, AT_HEAD)
                     .order_by(_dels.c.next_attempt_at, _dels.c.id)
                     .limit(limit)
                 ).scalars()
             )
 
 
-def _due(now: datetime) -> tuple[ColumnElement[bool], ...]:
+def _due(now: datetime) -> tuple[ColumnElement[bool] | TextClause, ...]:
     """The conditions of a claimable delivery: ``PENDING`` and due at ``now``."""
     return (
         PENDING_ROWS,
         or_(_dels.c.next_attempt_at.is_(None), _dels.c.next_attempt_at <= now),
+        AT_HEAD,
     )
+
+
+def _numbered(conn: Connection, deliveries: Sequence[DeliveryLog]) -> Sequence[DeliveryLog]:
+    """``deliveries`` with a place in their key's line: each key without one takes its next number
+    on ``conn`` (one per key per call, shared by the call's deliveries of that key). The upsert's
+    row lock lasts until the caller's transaction ends, so a later dispatch of the key, which waits
+    for it, numbers after this one."""
+    keys = {d.ordering_key for d in deliveries if d.ordering_key is not None and d.ordering_seq is None}
+    if not keys:
+        return deliveries
+    # Sorted: two dispatches taking the same keys lock them in the same order (no deadlock).
+    seqs = {key: conn.execute(NEXT_ORDERING_SEQ, {"key": key}).scalar_one() for key in sorted(keys)}
+    return [
+        d.replace(ordering_seq=seqs[d.ordering_key])
+        if d.ordering_key is not None and d.ordering_seq is None
+        else d
+        for d in deliveries
+    ]
 
 
 def _lease(
