@@ -47,6 +47,7 @@ SCENARIOS = {
     "S20": "bench.s20_shards",
     "S21": "bench.s21_rate_limit",
     "S22": "bench.s22_ordered",
+    "S23": "bench.s23_dispatch_checks",
 }
 
 

@@ -116,3 +116,19 @@ def test_quick_rate_limit_benchmark_reports_the_rate_against_the_limit(tmp_path:
     for row in entry["rows"]:
         assert row["scenario"] == "S21" and isinstance(row["value"], float), row
     assert "| S21 |" in stdout
+
+
+@pytest.mark.postgres
+@pytest.mark.redis
+@pytest.mark.slow
+def test_quick_dispatch_checks_benchmark_compares_checked_with_plain_dispatch(tmp_path: Path) -> None:
+    report, stdout = run_bench(tmp_path / "s23.json", "S23", timeout=240)
+    entry = report["scenarios"]["S23"]
+    assert "error" not in entry, entry
+    assert [row["figure"] for row in entry["rows"]] == [
+        f"dispatch with schema check and filters, K={k} (median)" for k in (1, 10)
+    ]
+    for row in entry["rows"]:
+        assert row["scenario"] == "S23" and isinstance(row["value"], float), row
+        assert row["baseline"] > 0 and row["ratio"] > 0
+    assert "| S23 |" in stdout

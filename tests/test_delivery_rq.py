@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import signal
 import time
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
 import redis
 from flask import Flask
+from rq.scheduler import RQScheduler
 from werkzeug.wrappers import Request, Response
 
 from flask_harvest import (
@@ -18,6 +20,9 @@ from flask_harvest import (
     generate_secret,
     get_engine,
 )
+from flask_harvest._time import utcnow
+from flask_harvest.jobs.base import JobRef, row_id_of
+from flask_harvest.jobs.rq import RqBackend
 from flask_harvest.testing import CapturingReceiver
 from flask_harvest.webhooks.stores.sql import SqlOutboundWebhookStore
 from flask_harvest.worker import HarvestWorker
@@ -157,3 +162,23 @@ def test_a_killed_worker_is_recovered_after_one_lease(
     assert second.webhook_id == delivery_id
     # Not RQ's abandoned-job timeout (minutes): about one lease plus a sweep interval.
     assert recovery < 15, recovery
+
+
+def test_a_job_scheduled_at_the_front_goes_to_the_head_of_the_queue_when_due(redis_conn: redis.Redis) -> None:
+    # Work given back only to wait for its turn (a rate limit's) must not then wait behind the
+    # backlog queued meanwhile; other scheduled work (retries) keeps its place at the back.
+    backend = RqBackend(redis_conn, "harvest-front", job_timeout=60, batch_size=1)
+    backend.enqueue([JobRef("webhook", "queued_1"), JobRef("webhook", "queued_2")])
+    due = utcnow() - timedelta(seconds=2)
+    front, back = JobRef("webhook", "turn", 1, due), JobRef("webhook", "retry", 2, due)
+    backend.schedule(front, at_front=True)
+    backend.schedule(back)
+    # RQ's scheduler, once, as a worker's runs it every second (RQ leaves these untyped).
+    scheduler = RQScheduler([backend.queue], connection=redis_conn)
+    assert scheduler.acquire_locks()  # type: ignore[no-untyped-call]
+    try:
+        scheduler.enqueue_scheduled_jobs()  # type: ignore[no-untyped-call]
+    finally:
+        scheduler.release_locks()  # type: ignore[no-untyped-call]
+    queued = [row_id_of(job_id, "webhook") for job_id in backend.queue.job_ids]
+    assert queued == ["turn", "queued_1", "queued_2", "retry"]

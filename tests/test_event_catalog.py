@@ -212,3 +212,11 @@ def test_any_json_payload_matches_or_gets_a_path(payload: Any) -> None:
         return  # not a payload dispatch accepts: encode_payload refuses it before the catalog
     _, problem = order_catalog().check("order.created", data)
     assert problem is None or problem.path.startswith("$")
+
+
+def test_a_type_builds_its_validator_once_and_still_explains_a_mismatch() -> None:
+    event_type = order_catalog().get("order.created")
+    assert event_type is not None
+    assert event_type.validator() is event_type.validator()  # not rebuilt at every dispatch
+    problem = event_type.problem({})
+    assert problem is not None and problem.path == "$"

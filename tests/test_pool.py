@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from typing import Any
@@ -22,8 +23,9 @@ from flask_harvest import (
 )
 from flask_harvest.jobs.rq import TASK, take_jobs
 from flask_harvest.outbound.admission import INITIAL_LIMIT
+from flask_harvest.outbound.rate import RateLimit
 from flask_harvest.testing import CapturingReceiver
-from flask_harvest.webhooks.delivery import WEBHOOK_JOB
+from flask_harvest.webhooks.delivery import WEBHOOK_JOB, delivery_job
 from flask_harvest.worker import DeliveryPool, HarvestWorker
 
 from .pipeline import rq_app, rq_backend, wait_final
@@ -327,3 +329,41 @@ def test_a_worker_takes_jobs_for_fewer_than_a_batch_of_slots_when_a_batch_does_n
     assert _deliver_while_held(app, pool, receiver, gate, len(fast))
     assert held.most == 7
     assert wait_final(store, [*held_ids, *fast], timeout=5) == [DeliveryState.DELIVERED]
+
+
+def test_deliveries_given_back_for_their_rate_keep_their_place_and_come_back_at_its_pace(
+    store: OutboundWebhookHandler, redis_conn: redis.Redis, redis_url: str, receiver: CapturingReceiver
+) -> None:
+    # One every two seconds: the held one's turn is far enough off for the steps below to see it held.
+    limit = RateLimit(per_second=0.5, burst=1)
+    store.add_subscription(
+        WebhookSubscription(receiver.url("/slow-rate"), ["a.*"], SECRET, id="sub", rate_limit=limit)
+    )
+    app = rq_app(store, redis_url)
+    with app.app_context():
+        ids = [i for n in range(6) for i in get_engine(app).manager.dispatch("a.b", {"n": n})]
+    pool = pool_of(app, 8, 2, min_per_subscription=2)  # a fixed in-flight limit of 2
+    try:
+        # The first goes at once (the burst), the second is held for its turn two seconds later,
+        # lending its slot meanwhile: every slot is free again once the first was answered.
+        pool.deliver_many(ids[:2])
+        receiver.wait_for(1, path="/slow-rate", timeout=10)
+        end = time.monotonic() + 10
+        while pool.free_slots() < pool.size and time.monotonic() < end:
+            time.sleep(0.01)
+        assert pool.free_slots() == pool.size
+        # Now its rate sets the pace: the third takes the last place under the in-flight limit
+        # (and waits for its turn), the others go back to the queue, to its head when due, due
+        # one interval of the limit apart rather than all at once.
+        states = pool.deliver_many(ids[2:])
+        given_back = [d for d in store.get_deliveries(ids[2:]) if d.state is DeliveryState.PENDING]
+    finally:
+        pool.shutdown(wait=False)  # the held ones go back too, due at their turns
+    assert states == [DeliveryState.INFLIGHT] + [DeliveryState.PENDING] * 3
+    assert len(given_back) == 3
+    assert {d.attempt for d in given_back} == {1}  # no attempt used
+    dues = sorted(d.next_attempt_at for d in given_back if d.next_attempt_at is not None)
+    gaps = [(later - earlier).total_seconds() for earlier, later in itertools.pairwise(dues)]
+    assert len(gaps) == 2 and min(gaps) >= 1.9, gaps
+    for delivery in given_back:
+        assert Job.fetch(delivery_job(delivery).job_id, connection=redis_conn).enqueue_at_front

@@ -124,6 +124,28 @@ def test_dispatch_makes_exactly_the_deliveries_whose_payload_matches(store: Outb
     assert all(0 < len(want[s]) < 100 for s in FILTERS if s != "sub_all")
 
 
+def test_a_changed_filter_applies_from_the_next_dispatch(store: OutboundWebhookHandler) -> None:
+    # Parsed filters are kept between dispatches: a change must still reach the next one.
+    store.add_subscription(
+        WebhookSubscription(
+            "http://127.0.0.1:9/f", ["order.*"], SECRET, id="sub_f", payload_filter=parse_condition(EU)
+        )
+    )
+    app = make_app(store, delegate=lambda delivery, subscription: None)
+    with app.app_context():
+        manager = get_engine().manager
+        assert manager.dispatch("order.created", {"region": "EU"}) != []
+        assert manager.dispatch("order.created", {"region": "US"}) == []
+        store.update_subscription(
+            "sub_f",
+            SubscriptionChanges(payload_filter={"type": "Eq", "data": {"path": "region", "value": "US"}}),
+        )
+        assert manager.dispatch("order.created", {"region": "EU"}) == []
+        assert manager.dispatch("order.created", {"region": "US"}) != []
+        store.update_subscription("sub_f", SubscriptionChanges(remove_payload_filter=True))
+        assert manager.dispatch("order.created", {"region": "EU"}) != []
+
+
 def test_the_outbox_relay_filters_the_same_way(sql_store: SqlOutboundWebhookStore) -> None:
     subscribe_all(sql_store)
     app = make_app(sql_store, delegate=lambda delivery, subscription: None)

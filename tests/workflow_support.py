@@ -77,7 +77,7 @@ class Scheduled(JobBackend):
     def enqueue(self, refs: Sequence[JobRef]) -> None:
         self.calls.extend((ref.id, ref.due) for ref in refs)
 
-    def schedule(self, ref: JobRef) -> None:
+    def schedule(self, ref: JobRef, *, at_front: bool = False) -> None:
         self.calls.append((ref.id, ref.due))
 
     def live_jobs(self, refs: Sequence[JobRef]) -> set[JobRef]:

@@ -325,12 +325,13 @@ class CompletionCallbacks:
             self.listener(recorded, outcome)
         return outcome.state
 
-    def defer(self, delivery: CompletionDelivery, seconds: float) -> None:
+    def defer(self, delivery: CompletionDelivery, seconds: float, *, keep_place: bool = False) -> None:
         """Give a claimed delivery back, unsent and without using an attempt, due in ``seconds``
-        (the worker's pool does, when its endpoint has as many attempts in flight as it may)."""
+        (the worker's pool does, when its endpoint has as many attempts in flight as it may);
+        with ``keep_place``, its job goes to the head of the queue when due."""
         due = utcnow() + timedelta(seconds=seconds)
         if self.store.give_back(delivery, due=due, now=utcnow()):
-            self._schedule(delivery.delivery_id, delivery.attempts - 1, due)
+            self._schedule(delivery.delivery_id, delivery.attempts - 1, due, at_front=keep_place)
 
     def _send(self, delivery: CompletionDelivery, observe: ResultObserver | None) -> Verdict:
         now = utcnow()
@@ -348,9 +349,9 @@ class CompletionCallbacks:
             observe(result)
         return judge(result, attempt=delivery.attempts, policy=delivery.retry_policy, now=utcnow())
 
-    def _schedule(self, delivery_id: str, attempts: int, due: datetime) -> None:
+    def _schedule(self, delivery_id: str, attempts: int, due: datetime, *, at_front: bool = False) -> None:
         try:
-            self.backend.schedule(JobRef(CALLBACK_JOB, delivery_id, attempts, due))
+            self.backend.schedule(JobRef(CALLBACK_JOB, delivery_id, attempts, due), at_front=at_front)
         except JobBackendError as exc:
             log.warning(
                 "harvest: could not schedule completion delivery %s (%s); the sweeper will", delivery_id, exc

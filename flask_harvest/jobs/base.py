@@ -158,9 +158,12 @@ class JobBackend(abc.ABC):
         """
 
     @abc.abstractmethod
-    def schedule(self, ref: JobRef) -> None:
+    def schedule(self, ref: JobRef, *, at_front: bool = False) -> None:
         """Queue a job to run at ``ref.due``.
 
+        :param at_front: when due, the job goes to the head of the queue, before the jobs queued
+            meanwhile: for work given back only to wait for its turn, which must not then wait
+            behind a backlog as well. A backend whose jobs have no order ignores it.
         :raises JobBackendError: the job could not be queued.
         """
 

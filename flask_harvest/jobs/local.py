@@ -81,7 +81,8 @@ class LocalBackend(JobBackend):
     def _submit(self, ref: JobRef) -> None:
         self._executor.get().submit(self._work, ref)
 
-    def schedule(self, ref: JobRef) -> None:
+    def schedule(self, ref: JobRef, *, at_front: bool = False) -> None:
+        # Due jobs start on the executor as they come due: no queue for a backlog to form in.
         now = utcnow()
         delay = max(0.0, ((ref.due or now) - now).total_seconds())
         with self._lock:

@@ -211,12 +211,13 @@ class RqBackend(JobBackend):
             except redis.RedisError as exc:
                 raise JobBackendError(f"Redis refused the jobs ({type(exc).__name__})") from exc
 
-    def schedule(self, ref: JobRef) -> None:
+    def schedule(self, ref: JobRef, *, at_front: bool = False) -> None:
         options = self._ref_options(ref)
         # enqueue_at spells the job timeout ``job_timeout``, prepare_data spells it ``timeout``.
         options["job_timeout"] = options.pop("timeout")
         try:
-            self.queue.enqueue_at(_due_second(ref.due), TASK, ref.kind, ref.id, **options)
+            # With at_front, RQ's scheduler pushes the job to the head of the queue when it is due.
+            self.queue.enqueue_at(_due_second(ref.due), TASK, ref.kind, ref.id, at_front=at_front, **options)
         except redis.RedisError as exc:
             raise JobBackendError(f"Redis refused the delayed job ({type(exc).__name__})") from exc
 

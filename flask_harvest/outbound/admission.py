@@ -112,15 +112,20 @@ class Ticket:
     :param failing: its row says the endpoint's last attempt failed (used until this process has
         seen an attempt of the endpoint).
     :param label: its id, for logs.
-    :param rate_limited: its endpoint has a rate limit too: its runner says when it may go
-        (a delivery must pass both); ``False`` costs nothing more.
+    :param per_second: its endpoint's rate limit, deliveries per second, if it has one: its
+        runner says when it may go (a delivery must pass both); ``None`` costs nothing more.
     """
 
     endpoint: str
     sendable: bool
     failing: bool
     label: str
-    rate_limited: bool = False
+    per_second: float | None = None
+
+    @property
+    def rate_limited(self) -> bool:
+        """Whether its endpoint has a rate limit too."""
+        return self.per_second is not None
 
 
 # How much each new success weighs in the recent-latency average.

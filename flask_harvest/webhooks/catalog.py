@@ -13,6 +13,7 @@ import json
 import threading
 from collections.abc import Iterable
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 from jsonschema import (
@@ -154,14 +155,23 @@ class EventType:
         }
 
     def validator(self) -> Any:
-        """A validator of this type's schema, which never fetches a remote ``$ref``."""
+        """A validator of this type's schema, which never fetches a remote ``$ref``; built once
+        per type, as every dispatch of the type uses it."""
+        return self._validator
+
+    @cached_property
+    def _validator(self) -> Any:
         cls = _validator_class(self.schema, self.name)
         return cls(self.schema, registry=_OFFLINE)
 
     def problem(self, payload: Any) -> PayloadProblem | None:
         """Return the most relevant reason ``payload`` (JSON data) does not match, or ``None``."""
         try:
-            error = best_match(self.validator().iter_errors(payload))
+            validator = self.validator()
+            # The common case first: a valid payload, without collecting and ranking errors.
+            if validator.is_valid(payload):
+                return None
+            error = best_match(validator.iter_errors(payload))
         except Unresolvable as exc:
             return PayloadProblem("$", f"the schema cannot be applied: {exc} (remote $refs are not fetched)")
         except RecursionError:

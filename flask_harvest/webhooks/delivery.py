@@ -109,12 +109,13 @@ class DeliveryRunner:
         """What the worker's admission needs of a claimed delivery: its subscription is its
         endpoint, whose failure count says whether it is failing."""
         subscription = claim.subscription
+        limit = subscription.rate_limit if subscription is not None else None
         return Ticket(
             endpoint=claim.delivery.subscription_id,
             sendable=subscription is not None,
             failing=subscription is not None and subscription.consecutive_failures > 0,
             label=claim.delivery.id,
-            rate_limited=subscription is not None and subscription.rate_limit is not None,
+            per_second=limit.per_second if limit is not None else None,
         )
 
     def rate_wait(self, claim: Claim, horizon: float | None = None) -> float:
@@ -149,8 +150,8 @@ class DeliveryRunner:
             return None
         wait = self.rate_wait(claim)
         if wait > 0:
-            # Its turn comes later: back to the queue, due then, no attempt used.
-            self.defer(claim, wait)
+            # Its turn comes later: back to the queue, due then, no attempt used, keeping its place.
+            self.defer(claim, wait, keep_place=True)
             return DeliveryState.PENDING
         return self.attempt(claim)
 
@@ -204,11 +205,14 @@ class DeliveryRunner:
             self.listener(claim, result, changed)
         return result.state
 
-    def defer(self, claim: Claim, seconds: float) -> None:
+    def defer(self, claim: Claim, seconds: float, *, keep_place: bool = False) -> None:
         """Give a claimed delivery back, unsent and without using an attempt, due in ``seconds``.
 
         Used when its subscription already has as many attempts in flight as it may, or must
         wait for its rate limit.
+
+        :param keep_place: when due, its job goes to the head of the queue (it waited for its
+            rate limit's turn only, and must not then wait behind other subscriptions' backlog).
         """
         delivery = claim.delivery
         result = AttemptResult(
@@ -218,9 +222,11 @@ class DeliveryRunner:
             last_error=delivery.last_error,
             timestamp=delivery.timestamp,
         )
-        self._record(claim, result)
+        self._record(claim, result, keep_place=keep_place)
 
-    def _record(self, claim: Claim, result: AttemptResult) -> tuple[bool, WebhookSubscriptionStatus | None]:
+    def _record(
+        self, claim: Claim, result: AttemptResult, *, keep_place: bool = False
+    ) -> tuple[bool, WebhookSubscriptionStatus | None]:
         """Write ``result``; return whether we still held the lease, and any status change."""
         key = claim.delivery.ordering_key
         # Where a pool starts claims at once, the next delivery of the key is leased with this
@@ -238,7 +244,7 @@ class DeliveryRunner:
             )
             return False, None
         if result.state is DeliveryState.PENDING:
-            self._schedule_retry(claim, result)
+            self._schedule_retry(claim, result, at_front=keep_place)
         if recorded.following:
             self._follow(recorded.following)
         if recorded.released:
@@ -332,12 +338,12 @@ class DeliveryRunner:
                 exc,
             )
 
-    def _schedule_retry(self, claim: Claim, result: AttemptResult) -> None:
+    def _schedule_retry(self, claim: Claim, result: AttemptResult, *, at_front: bool = False) -> None:
         retry = claim.delivery.replace(
             attempt=result.attempt_number, next_attempt_at=result.next_attempt_at, state=result.state
         )
         try:
-            self.backend.schedule(delivery_job(retry))
+            self.backend.schedule(delivery_job(retry), at_front=at_front)
         except JobBackendError as exc:
             # The row is PENDING with its due time: the sweeper enqueues it when the backend is back.
             log.warning("harvest: could not schedule retry of %s (%s); the sweeper will", retry.id, exc)

@@ -27,7 +27,7 @@ from ..._sql import UTCDateTime as UTCDateTime
 from ..._sql import drop_indexes_sql
 from ..._sql import metadata as metadata
 from ..._sql import schema_sql as _schema_sql
-from ...conditions import parse_condition
+from ...conditions import Condition, parse_condition
 from ...outbound.rate import RateLimit
 from ..models import (
     MAX_ID_LENGTH,
@@ -320,6 +320,27 @@ def delivery_values(delivery: DeliveryLog) -> dict[str, Any]:
     return columns
 
 
+# Parsed filters by their stored JSON (as ``repr`` spells the decoded value), bounded.
+_FILTERS: dict[str, Condition] = {}
+_MAX_FILTERS = 1024
+
+
+def _stored_filter(stored: Any) -> Condition:
+    """The condition a stored filter's JSON describes.
+
+    Every dispatch reads its subscriptions' rows again; parsing their filters each time was most
+    of what a filter cost a dispatch, and a filter rarely changes. Keyed by the value itself, so
+    a changed filter is parsed afresh; conditions are immutable, so sharing one is safe."""
+    key = repr(stored)
+    found = _FILTERS.get(key)
+    if found is None:
+        found = parse_condition(stored)
+        if len(_FILTERS) >= _MAX_FILTERS:
+            _FILTERS.clear()
+        _FILTERS[key] = found
+    return found
+
+
 def row_to_subscription(row: Row[Any]) -> WebhookSubscription:
     # Rows were validated on the way in: re-validating every one on each read (URL parsing, topic
     # patterns, secret decoding) was a measurable part of dispatch.
@@ -328,7 +349,7 @@ def row_to_subscription(row: Row[Any]) -> WebhookSubscription:
     values["status"] = WebhookSubscriptionStatus(values["status"])
     # Parsed, not validated again: the condition was checked when it was stored.
     stored_filter = values["payload_filter"]
-    values["payload_filter"] = None if stored_filter is None else parse_condition(stored_filter)
+    values["payload_filter"] = None if stored_filter is None else _stored_filter(stored_filter)
     values["headers"] = dict(values["headers"] or {})
     stored_limit = values["rate_limit"]
     values["rate_limit"] = None if stored_limit is None else RateLimit(**stored_limit)
