@@ -434,6 +434,7 @@ def test_subscription_to_dict() -> None:
         "payload_filter": None,
         "headers": {},
         "rate_limit": None,
+        "tenant": None,
     }
     assert next(iter(sub.to_dict())) == "id"
     filtered = sub.replace(
@@ -516,7 +517,7 @@ def test_delivery_to_dict_is_the_seed_dlq_shape_plus_state_and_schedule() -> Non
         created_at=datetime(2026, 5, 26, 6, 59, 30, tzinfo=timezone(timedelta(hours=2))),
     )
     data = log.to_dict()
-    assert set(data) == SEED_DLQ_FIELDS | {"state", "next_attempt_at", "created_at"}
+    assert set(data) == SEED_DLQ_FIELDS | {"state", "next_attempt_at", "created_at", "tenant"}
     assert next(iter(data)) == "id"
     # The seed's example, field for field.
     assert {key: data[key] for key in SEED_DLQ_FIELDS} == {

@@ -36,6 +36,7 @@ from ..outbound.signing import (
 from ..outbound.signing import validate_secret as validate_secret
 from ..outbound.ssrf import MAX_URL_LENGTH as MAX_URL_LENGTH
 from ..outbound.ssrf import SsrfRejection, parse_url
+from .tenants import validate_tenant
 from .topics import topic_matches, validate_topic
 
 #: The longest subscription (and delivery) id.
@@ -362,6 +363,7 @@ _SUBSCRIPTION_VALIDATORS: dict[str, Callable[[Any], Any]] = {
     "payload_filter": validate_filter,
     "headers": validate_headers,
     "rate_limit": validate_rate_limit,
+    "tenant": validate_tenant,
 }
 
 
@@ -396,6 +398,10 @@ class WebhookSubscription:
     #: At most this many deliveries per second, with this burst, across every worker process;
     #: ``None``: no limit. Given as a limit or its JSON form; kept as a limit.
     rate_limit: RateLimit | None = None
+    #: The tenant the subscription belongs to (:mod:`~flask_harvest.webhooks.tenants`): it gets the
+    #: events dispatched for that tenant only. ``None``: no tenant, the events dispatched without one.
+    #: Set at creation; an edit cannot move a subscription to another tenant.
+    tenant: str | None = None
 
     def __post_init__(self) -> None:
         for name, check in _SUBSCRIPTION_VALIDATORS.items():
@@ -528,6 +534,9 @@ class DeliveryLog:
     #: The W3C trace context of the dispatch, stored so every attempt joins its trace
     #: (:mod:`flask_harvest.tracing`); ``None`` when nothing was traced.
     trace_context: str | None = field(default=None, repr=False, metadata=PRIVATE)
+    #: The tenant of its subscription, copied when the delivery is made, so that a tenant's
+    #: deliveries are listed without reading the subscriptions; ``None``: no tenant.
+    tenant: str | None = None
 
     @property
     def is_dlq(self) -> bool:
@@ -604,6 +613,9 @@ class OperationalContext:
     created_at: datetime
     #: Its subscription's URL as it may be shown (credentials and query values hidden).
     subscription_url: str
+    #: The tenant of that delivery, named in the notifications (which are the application's own,
+    #: untenanted deliveries).
+    tenant: str | None = None
 
 
 @dataclass(frozen=True)

@@ -106,6 +106,7 @@ _DISABLED_DATA = {
     "delivery_id": _TEXT,
     "topic": _TEXT,
     "disabled_at": _TIME,
+    "tenant": _NULLABLE_TEXT,
 }
 _DEAD_LETTERED_DATA = {
     "delivery_id": _TEXT,
@@ -117,6 +118,7 @@ _DEAD_LETTERED_DATA = {
     "last_error": _NULLABLE_TEXT,
     "created_at": _TIME,
     "dead_lettered_at": _TIME,
+    "tenant": _NULLABLE_TEXT,
 }
 
 #: Every kind of operational notification, by topic: add a new kind here (and its rule in
@@ -141,6 +143,7 @@ KINDS: dict[str, Kind] = {
                     "delivery_id": "msg_1",
                     "topic": "order.created",
                     "disabled_at": "2025-01-31T12:00:00Z",
+                    "tenant": "acme",
                 },
             },
         ),
@@ -162,6 +165,7 @@ KINDS: dict[str, Kind] = {
                     "last_error": "HTTP 500",
                     "created_at": "2025-01-31T11:00:00Z",
                     "dead_lettered_at": "2025-01-31T12:00:00Z",
+                    "tenant": None,
                 },
             },
         ),
@@ -214,6 +218,7 @@ def context(claim: Claim, settings: Settings) -> OperationalContext | None:
         topic=delivery.topic,
         created_at=delivery.created_at,
         subscription_url=redact_url(subscription.target_url) if subscription is not None else "",
+        tenant=delivery.tenant,
     )
 
 
@@ -245,6 +250,7 @@ def notices(
                     "delivery_id": delivery_id,
                     "topic": ctx.topic,
                     "disabled_at": isoformat(result.timestamp),
+                    "tenant": ctx.tenant,
                 },
             )
         )
@@ -262,6 +268,7 @@ def notices(
                     "last_error": result.last_error,
                     "created_at": isoformat(ctx.created_at),
                     "dead_lettered_at": isoformat(result.timestamp),
+                    "tenant": ctx.tenant,
                 },
             )
         )

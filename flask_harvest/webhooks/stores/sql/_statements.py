@@ -29,6 +29,7 @@ from sqlalchemy.dialects import postgresql
 from sqlalchemy.sql import Executable
 
 from ...models import WAITING_STATES, DeliveryAttempt, DeliveryState
+from ...tenants import ALL_TENANTS, TenantScope
 from .._schema import attempts_table as _atts
 from .._schema import deliveries_table as _dels
 from .._schema import subscription_topics_table as _keys
@@ -108,8 +109,14 @@ def attempts_per_minute_query(postgresql: bool) -> Executable:
     )
 
 
+def capped_stats_query(tenant: TenantScope = ALL_TENANTS) -> Executable:
+    """:func:`_capped_stats_query` for ``tenant``'s scope (bind :func:`scope_params` too): one
+    tenant's branches walk the (tenant, state, timestamp, id) index instead."""
+    return _capped_stats_query(_scope_kind(tenant))
+
+
 @functools.cache
-def capped_stats_query() -> Executable:
+def _capped_stats_query(kind: str) -> Executable:
     """delivery_stats' statement with a cap: for each state, its first ``cap_read`` rows in the
     order of the (state, timestamp, id) index (the longest-waiting for pending and in-flight rows,
     the newest for the others), grouped by subscription. Each state's branch is one bounded walk
@@ -128,7 +135,7 @@ def capped_stats_query() -> Executable:
                 _dels.c.created_at,
                 func.row_number().over(order_by=order).label("position"),
             )
-            .where(_dels.c.state == literal_column(f"'{state.value}'"))
+            .where(_dels.c.state == literal_column(f"'{state.value}'"), *_in_scope(_dels.c.tenant, kind))
             .order_by(*order)
             .limit(bindparam("cap_read", type_=Integer))
             .subquery()
@@ -145,24 +152,43 @@ def capped_stats_query() -> Executable:
     ).group_by(read.c.subscription_id, read.c.state)
 
 
-# The subscriptions filed under any of the keys, by dialect.
-UNDER_KEYS: dict[str, Executable] = {
-    # SQLite: an expanding IN, one index probe per key.
-    "sqlite": select(_subs).where(
-        _subs.c.id.in_(
-            select(_keys.c.subscription_id).where(_keys.c.pattern_key.in_(bindparam("keys", expanding=True)))
-        )
-    ),
-    # PostgreSQL: one array parameter, so the statement text never changes with the number of
-    # keys and psycopg keeps it prepared (the expanding IN cost about 40 us more per dispatch).
-    "postgresql": select(_subs).where(
-        _subs.c.id.in_(
-            select(_keys.c.subscription_id).where(
-                _keys.c.pattern_key == any_(bindparam("keys", type_=postgresql.ARRAY(String)))
-            )
-        )
-    ),
-}
+def _scope_kind(tenant: TenantScope) -> str:
+    """Which statement a scope takes: every row, the untenanted rows, or one tenant's (bound)."""
+    return "all" if tenant is ALL_TENANTS else "none" if tenant is None else "tenant"
+
+
+def scope_params(tenant: TenantScope) -> dict[str, str]:
+    """The bound parameters of a statement built for ``tenant``'s scope (:func:`under_keys`)."""
+    return {"tenant": tenant} if isinstance(tenant, str) else {}
+
+
+def _in_scope(column: Any, kind: str) -> list[Any]:
+    if kind == "all":
+        return []
+    return [column.is_(None)] if kind == "none" else [column == bindparam("tenant", type_=String)]
+
+
+@functools.cache
+def _under_keys(dialect: str, kind: str) -> Executable:
+    # SQLite: an expanding IN, one index probe per key. PostgreSQL: one array parameter, so the
+    # statement text never changes with the number of keys and psycopg keeps it prepared (the
+    # expanding IN cost about 40 us more per dispatch).
+    if dialect == "postgresql":
+        keyed = _keys.c.pattern_key == any_(bindparam("keys", type_=postgresql.ARRAY(String)))
+    else:
+        keyed = _keys.c.pattern_key.in_(bindparam("keys", expanding=True))
+    # The key rows' tenant (a copy) narrows the lookup to one tenant's keys, and the subscription's
+    # own has the last word.
+    filed = select(_keys.c.subscription_id).where(keyed, *_in_scope(_keys.c.tenant, kind))
+    return select(_subs).where(_subs.c.id.in_(filed), *_in_scope(_subs.c.tenant, kind))
+
+
+def under_keys(dialect: str, tenant: TenantScope = ALL_TENANTS) -> Executable:
+    """The subscriptions of ``tenant``'s scope filed under any of the ``keys`` (a bound list),
+    built once per dialect and kind of scope; bind :func:`scope_params` too."""
+    return _under_keys(dialect, _scope_kind(tenant))
+
+
 INSERT_DELIVERY = insert(_dels)
 
 # -- finish_attempt's statements ----------------------------------------------------------------

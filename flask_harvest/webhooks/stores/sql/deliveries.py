@@ -31,10 +31,12 @@ from ...models import (
     WebhookSubscription,
     WebhookSubscriptionStatus,
 )
+from ...tenants import ALL_TENANTS, TenantScope
 from .._schema import (
     INFLIGHT_ROWS,
     PENDING_ROWS,
     delivery_values,
+    in_scope_sql,
     row_to_delivery,
     row_to_subscription,
 )
@@ -85,14 +87,17 @@ class DeliveryPipeline:
             return self._insert_deliveries(conn, deliveries)
 
     def log_deliveries_for_topic(
-        self, topic: str, build: Callable[[WebhookSubscription], DeliveryLog | None]
+        self,
+        topic: str,
+        build: Callable[[WebhookSubscription], DeliveryLog | None],
+        tenant: TenantScope = ALL_TENANTS,
     ) -> list[tuple[WebhookSubscription, DeliveryLog]]:
         # One transaction, and a plain INSERT: the ids are new, so neither ON CONFLICT nor
         # RETURNING (which only the outbox relay needs) is worth its cost here. An executemany of
         # one prebuilt statement: psycopg pipelines the rows in one round trip, and building a
         # multi-row VALUES statement per call measured 2 to 3 times slower in Python.
         with self.db.transaction("log deliveries") as conn:
-            built = ((s, build(s)) for s in self.subscriptions.matching(conn, topic))
+            built = ((s, build(s)) for s in self.subscriptions.matching(conn, topic, tenant))
             pairs = [(s, delivery) for s, delivery in built if delivery is not None]
             if pairs:
                 conn.execute(INSERT_DELIVERY, [delivery_values(delivery) for _, delivery in pairs])
@@ -349,11 +354,15 @@ class DeliveryPipeline:
                 )
         return moved
 
-    def replay_delivery(self, delivery_id: str, *, now: datetime) -> DeliveryLog:
+    def replay_delivery(
+        self, delivery_id: str, *, now: datetime, tenant: TenantScope = ALL_TENANTS
+    ) -> DeliveryLog:
+        # Another tenant's delivery is not found: neither moved nor its state told.
+        scope = [] if (condition := in_scope_sql(_dels.c.tenant, tenant)) is None else [condition]
         with self.db.transaction("replay a delivery") as conn:
             row = conn.execute(
                 update(_dels)
-                .where(_dels.c.id == delivery_id, _dels.c.state == DeliveryState.DLQ.value)
+                .where(_dels.c.id == delivery_id, _dels.c.state == DeliveryState.DLQ.value, *scope)
                 .values(
                     state=_PENDING,
                     attempt=1,
@@ -366,7 +375,7 @@ class DeliveryPipeline:
             ).first()
             if row is not None:
                 return row_to_delivery(row)
-            state = conn.execute(select(_dels.c.state).where(_dels.c.id == delivery_id)).scalar()
+            state = conn.execute(select(_dels.c.state).where(_dels.c.id == delivery_id, *scope)).scalar()
         if state is None:
             raise DeliveryNotFoundError(delivery_id)
         raise InvalidStateError(
