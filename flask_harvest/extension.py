@@ -420,15 +420,17 @@ class Harvest:
 
     # -- the common calls ----------------------------------------------------------------------
 
-    def dispatch(self, topic: str, payload: Any) -> list[str]:
-        """Send ``payload`` to every subscription of ``topic``; return the delivery ids
-        (see :meth:`OutboundWebhookManager.dispatch`)."""
-        return get_engine().manager.dispatch(topic, payload)
+    def dispatch(self, topic: str, payload: Any, *, tenant: str | None = None) -> list[str]:
+        """Send ``payload`` to every subscription of ``topic`` of ``tenant`` (``None``: the
+        untenanted ones); return the delivery ids (see :meth:`OutboundWebhookManager.dispatch`)."""
+        return get_engine().manager.dispatch(topic, payload, tenant=tenant)
 
-    def dispatch_in_tx(self, conn: TransactionTarget, topic: str, payload: Any) -> str:
-        """Write the event into the caller's transaction; it is delivered once that commits
-        (see :meth:`OutboundWebhookManager.dispatch_in_tx`)."""
-        return get_engine().manager.dispatch_in_tx(conn, topic, payload)
+    def dispatch_in_tx(
+        self, conn: TransactionTarget, topic: str, payload: Any, *, tenant: str | None = None
+    ) -> str:
+        """Write the event (for ``tenant``'s subscriptions) into the caller's transaction; it is
+        delivered once that commits (see :meth:`OutboundWebhookManager.dispatch_in_tx`)."""
+        return get_engine().manager.dispatch_in_tx(conn, topic, payload, tenant=tenant)
 
     def start(
         self,

@@ -3,6 +3,10 @@
 Deny by default: with no ``HARVEST_ACTUATOR_TOKEN`` and no authorizer registered with
 :meth:`~flask_harvest.extension.Harvest.actuator_authorizer`, every route
 answers 403. Secrets appear only in the responses that create a subscription or rotate its secret.
+
+Every route takes a tenant scope, ``?tenant=<tenant>``: it then reads and changes that tenant's
+subscriptions and deliveries only, and answers 404 for another tenant's, as for one that does not
+exist. Without it a route sees every tenant's rows.
 """
 
 from __future__ import annotations
@@ -10,9 +14,10 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from flask import Blueprint, Response, jsonify
+from flask import Blueprint, Response, jsonify, request
 
 from .._app import get_engine
+from ..errors import InvalidFieldError
 from ..http.admin import install_admin_api, load_body, load_query, no_such_route
 from .models import WebhookSubscriptionStatus
 from .openapi import build_openapi
@@ -23,11 +28,25 @@ from .schemas import (
     SubscriptionCreateSchema,
     SubscriptionPatchSchema,
 )
+from .tenants import ALL_TENANTS, TenantScope, validate_tenant
 
 log = logging.getLogger(__name__)
 actuator = Blueprint("harvest_actuator", __name__)
 
 install_admin_api(actuator, realm="harvest-actuator")
+
+
+def _scope() -> TenantScope:
+    """The request's tenant scope: ``?tenant=<tenant>``, or every tenant without it.
+
+    :raises InvalidFieldError: (422) the tenant is not a valid tenant, or is given twice.
+    """
+    given = request.args.getlist("tenant")
+    if not given:
+        return ALL_TENANTS
+    if len(given) > 1:
+        raise InvalidFieldError("tenant", "give one tenant, once")
+    return validate_tenant(given[0])
 
 
 # -- deliveries ------------------------------------------------------------------------------------
@@ -37,7 +56,8 @@ install_admin_api(actuator, realm="harvest-actuator")
 def list_dlq() -> Response:
     """Dead-lettered deliveries, newest first; ``X-Next-Cursor`` continues the listing."""
     query = load_query(DlqQuerySchema())
-    page, next_cursor = get_engine().operations.dlq_page(**query)
+    query.pop("tenant", None)  # the scope, read (and checked) as on every route
+    page, next_cursor = get_engine().operations.dlq_page(**query, tenant=_scope())
     response = jsonify([d.to_dict() for d in page])
     if next_cursor:
         response.headers["X-Next-Cursor"] = next_cursor
@@ -48,10 +68,11 @@ def list_dlq() -> Response:
 def replay() -> tuple[Response, int]:
     """Replay one dead-lettered delivery (``log_id``) or many (subscription and/or window); a bulk
     replay answers each selected delivery's outcome, never an error half-way."""
+    scope = _scope()
     body = load_body(ReplaySchema())
     engine = get_engine()
     if "log_id" in body:
-        result = engine.operations.replay(body["log_id"])
+        result = engine.operations.replay(body["log_id"], tenant=scope)
     else:
         result = engine.operations.replay_many(
             subscription_id=body.get("subscription_id"),
@@ -59,18 +80,19 @@ def replay() -> tuple[Response, int]:
             until=body.get("until"),
             limit=body["limit"],
             dry_run=body["dry_run"],
+            tenant=scope,
         )
     return jsonify(result.to_dict()), 202 if result.enqueue_error else 200
 
 
 @actuator.get("/deliveries/<delivery_id>")
 def show_delivery(delivery_id: str) -> Response:
-    return jsonify(get_engine().operations.delivery_with_attempts(delivery_id))
+    return jsonify(get_engine().operations.delivery_with_attempts(delivery_id, tenant=_scope()))
 
 
 @actuator.get("/stats")
 def stats() -> Response:
-    return jsonify(get_engine().operations.stats())
+    return jsonify(get_engine().operations.stats(tenant=_scope()))
 
 
 # -- subscriptions ---------------------------------------------------------------------------------
@@ -78,12 +100,21 @@ def stats() -> Response:
 
 @actuator.get("/subscriptions")
 def list_subscriptions() -> Response:
-    return jsonify([s.to_dict() for s in get_engine().operations.list_subscriptions()])
+    return jsonify([s.to_dict() for s in get_engine().operations.list_subscriptions(tenant=_scope())])
 
 
 @actuator.post("/subscriptions")
 def create_subscription() -> tuple[Response, int]:
+    scope = _scope()
     body = load_body(SubscriptionCreateSchema())
+    tenant = body.get("tenant")
+    if scope is not ALL_TENANTS:
+        # A scoped caller creates in its own tenant; naming another would step out of the scope.
+        if "tenant" in body and tenant != scope:
+            raise InvalidFieldError(
+                "tenant", "must be the tenant of the request's scope (?tenant=), or left out"
+            )
+        tenant = scope
     operations = get_engine().operations
     created = operations.create_subscription(
         target_url=body["target_url"],
@@ -94,6 +125,7 @@ def create_subscription() -> tuple[Response, int]:
         payload_filter=body.get("payload_filter"),
         headers=body.get("headers"),
         rate_limit=body.get("rate_limit"),
+        tenant=tenant,
     )
     # The one response that shows the secret: the caller must store it now.
     shown = {**created.subscription.to_dict(), "secret": created.secret}
@@ -102,11 +134,12 @@ def create_subscription() -> tuple[Response, int]:
 
 @actuator.get("/subscriptions/<subscription_id>")
 def show_subscription(subscription_id: str) -> Response:
-    return jsonify(get_engine().operations.get_subscription(subscription_id).to_dict())
+    return jsonify(get_engine().operations.get_subscription(subscription_id, tenant=_scope()).to_dict())
 
 
 @actuator.patch("/subscriptions/<subscription_id>")
 def update_subscription(subscription_id: str) -> Response:
+    scope = _scope()
     body = load_body(SubscriptionPatchSchema())
     status = body.get("status")
     operations = get_engine().operations
@@ -122,6 +155,7 @@ def update_subscription(subscription_id: str) -> Response:
         headers=body.get("headers"),
         rate_limit=body.get("rate_limit"),
         remove_rate_limit="rate_limit" in body and body["rate_limit"] is None,
+        tenant=scope,
     )
     return jsonify(_with_warnings(updated.to_dict(), operations.topic_warnings(body.get("event_topics"))))
 
@@ -133,7 +167,7 @@ def _with_warnings(shown: dict[str, Any], warnings: list[str]) -> dict[str, Any]
 
 @actuator.delete("/subscriptions/<subscription_id>")
 def remove_subscription(subscription_id: str) -> tuple[str, int]:
-    get_engine().operations.remove_subscription(subscription_id)
+    get_engine().operations.remove_subscription(subscription_id, tenant=_scope())
     return "", 204
 
 
@@ -141,9 +175,10 @@ def remove_subscription(subscription_id: str) -> tuple[str, int]:
 def rotate_secret(subscription_id: str) -> Response:
     # A JSON body is required, even if empty ({}): a cross-site form cannot send one, so a
     # cookie-trusting authorizer cannot be tricked into rotating a secret.
+    scope = _scope()
     body = load_body(RotateSecretSchema())
     rotated = get_engine().operations.rotate_secret(
-        subscription_id, new_secret=body.get("secret"), grace_seconds=body.get("grace_seconds")
+        subscription_id, new_secret=body.get("secret"), grace_seconds=body.get("grace_seconds"), tenant=scope
     )
     # The one response that shows the new secret.
     return jsonify({**rotated.subscription.to_dict(), "secret": rotated.secret})

@@ -44,6 +44,8 @@ class OutboxMessage:
     claim_token: str
     #: The W3C trace context stored by the write (:mod:`flask_harvest.tracing`).
     trace_context: str | None = None
+    #: The tenant whose subscriptions the message is for; ``None``: the untenanted ones.
+    tenant: str | None = None
 
 
 class SqlOutbox:
@@ -67,6 +69,8 @@ class SqlOutbox:
         body: str,
         on_commit: CommitCallback,
         trace_context: str | None = None,
+        *,
+        tenant: str | None = None,
     ) -> str:
         """Insert a message on ``target``'s transaction; return its id. Never commits.
 
@@ -75,7 +79,12 @@ class SqlOutbox:
         """
         message_id = new_id("evt")
         statement = insert(_box).values(
-            id=message_id, topic=topic, payload=body, created_at=utcnow(), trace_context=trace_context
+            id=message_id,
+            topic=topic,
+            payload=body,
+            created_at=utcnow(),
+            trace_context=trace_context,
+            tenant=tenant,
         )
         if isinstance(target, scoped_session):
             target = target()
@@ -108,12 +117,19 @@ class SqlOutbox:
             update(_box)
             .where(_box.c.id.in_(candidates.scalar_subquery()))
             .values(claim_token=token, claimed_until=now + timedelta(seconds=lease_seconds))
-            .returning(_box.c.id, _box.c.topic, _box.c.payload, _box.c.created_at, _box.c.trace_context)
+            .returning(
+                _box.c.id,
+                _box.c.topic,
+                _box.c.payload,
+                _box.c.created_at,
+                _box.c.trace_context,
+                _box.c.tenant,
+            )
         )
         with self.db.transaction("claim outbox messages") as conn:
             rows = conn.execute(statement).all()
         return [
-            OutboxMessage(row.id, row.topic, row.payload, token, row.trace_context)
+            OutboxMessage(row.id, row.topic, row.payload, token, row.trace_context, row.tenant)
             for row in sorted(rows, key=lambda row: row.created_at)
         ]
 

@@ -24,6 +24,7 @@ from .models import (
     validate_rate_limit,
 )
 from .operations import MAX_BULK_REPLAY, MAX_DLQ_PAGE, MAX_GRACE_SECONDS
+from .tenants import MAX_TENANT_LENGTH, validate_tenant
 
 _ID = validate.Length(min=1, max=MAX_ID_LENGTH)
 _URL = validate.Length(max=MAX_URL_LENGTH)
@@ -125,6 +126,29 @@ class RateLimitField(fields.Dict):
         return dict(value)
 
 
+class Tenant(fields.String):
+    """A tenant (:func:`~.tenants.validate_tenant`): printable, no spaces, at most 128 characters."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        description = (
+            f"the tenant (1 to {MAX_TENANT_LENGTH} printable characters without spaces) the "
+            "subscription belongs to: it receives the events dispatched for that tenant only"
+        )
+        super().__init__(
+            validate=validate.Length(min=1, max=MAX_TENANT_LENGTH),
+            metadata={"description": description},
+            **kwargs,
+        )
+
+    def _deserialize(self, value: Any, attr: str | None, data: Any, **kwargs: Any) -> str:
+        text: str = super()._deserialize(value, attr, data, **kwargs)
+        try:
+            validate_tenant(text, attr or "tenant")
+        except InvalidFieldError as exc:
+            raise ValidationError(exc.message) from None
+        return text
+
+
 class SubscriptionCreateSchema(Schema):
     id = Text(validate=_ID)
     target_url = Text(required=True, validate=_URL)
@@ -134,6 +158,7 @@ class SubscriptionCreateSchema(Schema):
     payload_filter = PayloadFilter()
     headers = Headers()
     rate_limit = RateLimitField()
+    tenant = Tenant()
 
 
 class SubscriptionPatchSchema(Schema):
@@ -201,3 +226,5 @@ class DlqQuerySchema(Schema):
     cursor = Text(validate=validate.Length(min=1, max=1024))
     subscription_id = Text(validate=_ID)
     topic = Text(validate=_ID)
+    #: The scope, as on every route (see the actuator).
+    tenant = Tenant()
