@@ -64,8 +64,13 @@ def test_arbitrary_policies_never_get_a_5xx_nor_a_change_on_4xx(
         assert response.status_code in (200, 201)
         assert response.get_json()["ordering_policy"] == value
     else:
-        assert response.status_code == 422, response.get_json()
-        assert "ordering_policy" in response.get_json()["error"]["fields"]
+        error = response.get_json()["error"]
+        if response.status_code == 400:
+            # A float JSON cannot carry (NaN, Infinity) makes the whole body bad JSON.
+            assert error["code"] == "bad_json", error
+        else:
+            assert response.status_code == 422, error
+            assert "ordering_policy" in error["fields"]
         assert snapshot(store) == before
 
 
