@@ -75,7 +75,7 @@ def _add_others(engine: sa.Engine, count: int) -> None:
 def _insert(engine: sa.Engine, subscriptions: list[WebhookSubscription]) -> None:
     with engine.begin() as conn:
         conn.execute(sa.insert(subscriptions_table), [subscription_values(s) for s in subscriptions])
-        keys = [row for s in subscriptions for row in topic_rows(s.id, s.event_topics)]
+        keys = [row for s in subscriptions for row in topic_rows(s.id, s.event_topics, s.tenant)]
         conn.execute(sa.insert(subscription_topics_table), keys)
 
 

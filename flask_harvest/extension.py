@@ -420,18 +420,29 @@ class Harvest:
 
     # -- the common calls ----------------------------------------------------------------------
 
-    def dispatch(self, topic: str, payload: Any, *, ordering_key: str | None = None) -> list[str]:
-        """Send ``payload`` to every subscription of ``topic``; return the delivery ids
-        (see :meth:`OutboundWebhookManager.dispatch`). ``ordering_key``: deliveries of one key
-        reach each subscription in dispatch order (:doc:`/ordering`)."""
-        return get_engine().manager.dispatch(topic, payload, ordering_key=ordering_key)
+    def dispatch(
+        self, topic: str, payload: Any, *, ordering_key: str | None = None, tenant: str | None = None
+    ) -> list[str]:
+        """Send ``payload`` to every subscription of ``topic`` of ``tenant`` (``None``: the
+        untenanted ones); return the delivery ids (see :meth:`OutboundWebhookManager.dispatch`).
+        ``ordering_key``: deliveries of one key reach each subscription in dispatch order
+        (:doc:`/ordering`)."""
+        return get_engine().manager.dispatch(topic, payload, ordering_key=ordering_key, tenant=tenant)
 
     def dispatch_in_tx(
-        self, conn: TransactionTarget, topic: str, payload: Any, *, ordering_key: str | None = None
+        self,
+        conn: TransactionTarget,
+        topic: str,
+        payload: Any,
+        *,
+        ordering_key: str | None = None,
+        tenant: str | None = None,
     ) -> str:
-        """Write the event into the caller's transaction; it is delivered once that commits
-        (see :meth:`OutboundWebhookManager.dispatch_in_tx`)."""
-        return get_engine().manager.dispatch_in_tx(conn, topic, payload, ordering_key=ordering_key)
+        """Write the event (for ``tenant``'s subscriptions) into the caller's transaction; it is
+        delivered once that commits (see :meth:`OutboundWebhookManager.dispatch_in_tx`)."""
+        return get_engine().manager.dispatch_in_tx(
+            conn, topic, payload, ordering_key=ordering_key, tenant=tenant
+        )
 
     def start(
         self,

@@ -63,13 +63,14 @@ def test_create_takes_a_filter_headers_and_a_rate_limit_and_the_page_shows_them(
     client: FlaskClient, csrf: str, store: OutboundWebhookHandler
 ) -> None:
     page = text(client.get(NEW))
-    for field in ("payload_filter", "headers", "rate_per_second", "rate_burst"):
+    for field in ("tenant", "payload_filter", "headers", "rate_per_second", "rate_burst"):
         assert f'name="{field}"' in page
     created = client.post(
         NEW,
         data=form(
             csrf,
             subscription_id="sub_opts",
+            tenant="acme",
             payload_filter=json.dumps(EU),
             headers="X-Tenant: acme\n\nX-Env: prod\n",
             rate_per_second="2.5",
@@ -81,6 +82,7 @@ def test_create_takes_a_filter_headers_and_a_rate_limit_and_the_page_shows_them(
     assert filter_json(stored.payload_filter) == filter_json(parse_condition(EU))
     assert stored.headers == {"X-Tenant": "acme", "X-Env": "prod"}
     assert stored.rate_limit == RateLimit(per_second=2.5, burst=4)
+    assert stored.tenant == "acme"
     shown = text(client.get(f"{PREFIX}/webhooks/subscriptions/sub_opts"))
     assert (
         "&#34;region&#34;" in shown and "X-Tenant: acme" in shown and "2.5 per second, bursts of 4" in shown
@@ -115,6 +117,19 @@ BAD_OPTIONS = [
     ({"rate_per_second": "5", "rate_burst": "-1"}, "rate_limit"),
     ({"rate_per_second": "5", "rate_burst": "9999999"}, "rate_limit"),
 ]
+
+
+def test_a_bad_tenant_is_refused_in_the_form_with_the_options_kept(
+    client: FlaskClient, csrf: str, store: OutboundWebhookHandler
+) -> None:
+    response = client.post(
+        NEW, data=form(csrf, tenant="a b", headers="X-Env: prod", rate_per_second="2", rate_burst="3")
+    )
+    assert response.status_code == 422, text(response)
+    page = text(response)
+    assert 'id="form-error"' in page and "tenant" in page
+    assert 'value="a b"' in page and "X-Env: prod" in page and 'value="3"' in page
+    assert store.list_subscriptions() == []
 
 
 @pytest.mark.parametrize(("fields", "named"), BAD_OPTIONS)

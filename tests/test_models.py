@@ -435,6 +435,7 @@ def test_subscription_to_dict() -> None:
         "headers": {},
         "rate_limit": None,
         "ordering_policy": "block",
+        "tenant": None,
     }
     assert next(iter(sub.to_dict())) == "id"
     filtered = sub.replace(
@@ -523,6 +524,7 @@ def test_delivery_to_dict_is_the_seed_dlq_shape_plus_state_and_schedule() -> Non
         "created_at",
         "ordering_key",
         "ordering_seq",
+        "tenant",
     }
     assert next(iter(data)) == "id"
     # The seed's example, field for field.

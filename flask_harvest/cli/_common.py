@@ -23,11 +23,25 @@ from ..engine import HarvestEngine
 from ..errors import HarvestError, InvalidFieldError
 from ..webhooks.models import count_text
 from ..webhooks.operations import WebhookOperations
+from ..webhooks.tenants import ALL_TENANTS, TenantScope
 
 #: The ``--json`` flag every reporting command takes.
 json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
 #: The ``--yes`` flag of every command that deletes or ends something: see :func:`confirm`.
 yes_option = click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
+tenant_option = click.option(
+    "--tenant",
+    default=None,
+    metavar="TENANT",
+    help="Only this tenant's subscriptions and deliveries: another tenant's are not found (default: "
+    "every tenant's).",
+)
+
+
+def scope(tenant: str | None) -> TenantScope:
+    """``--tenant`` as a scope: every tenant without it (the tenant is checked where it is used)."""
+    return ALL_TENANTS if tenant is None else tenant
+
 
 #: Longest value shown in a table cell; ``--json`` shows values whole.
 CELL_WIDTH = 60

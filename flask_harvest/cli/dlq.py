@@ -24,13 +24,19 @@ dlq_cli = _Group("dlq", help="Dead-lettered deliveries: list, replay and skip.")
 @click.option("--cursor", default=None, help="Continue after a previous page (its 'more:' line).")
 @click.option("--subscription", "subscription_id", default=None, help="Only this subscription's.")
 @click.option("--topic", default=None, help="Only this topic's.")
+@out.tenant_option
 @out.json_option
 def dlq_list(
-    limit: int, cursor: str | None, subscription_id: str | None, topic: str | None, as_json: bool
+    limit: int,
+    cursor: str | None,
+    subscription_id: str | None,
+    topic: str | None,
+    tenant: str | None,
+    as_json: bool,
 ) -> None:
     """Dead-lettered deliveries, newest first."""
     page, next_cursor = _ops().dlq_page(
-        limit=limit, cursor=cursor, subscription_id=subscription_id, topic=topic
+        limit=limit, cursor=cursor, subscription_id=subscription_id, topic=topic, tenant=out.scope(tenant)
     )
     data = {"deliveries": [d.to_dict() for d in page], "next_cursor": next_cursor}
     out.output(data, as_json, out.dlq_page)
@@ -49,6 +55,7 @@ def dlq_list(
     "--limit", type=click.IntRange(1, MAX_BULK_REPLAY), default=None, help="Bulk: at most this many [100]."
 )
 @click.option("--dry-run", is_flag=True, help="Bulk: say what would be replayed, change nothing.")
+@out.tenant_option
 @out.json_option
 def dlq_replay(
     log_id: str | None,
@@ -57,6 +64,7 @@ def dlq_replay(
     until: datetime | None,
     limit: int | None,
     dry_run: bool,
+    tenant: str | None,
     as_json: bool,
 ) -> None:
     """Replay LOG_ID, or in bulk (--subscription and/or --since/--until), newest first.
@@ -68,7 +76,7 @@ def dlq_replay(
     if log_id is not None and (bulk or limit is not None or dry_run):
         raise click.UsageError("give LOG_ID or the bulk options (--subscription, --since, --until), not both")
     if log_id is not None:
-        result = _ops().replay(log_id)
+        result = _ops().replay(log_id, tenant=out.scope(tenant))
     elif bulk:
         result = _ops().replay_many(
             subscription_id=subscription_id,
@@ -76,6 +84,7 @@ def dlq_replay(
             until=until,
             limit=limit or 100,
             dry_run=dry_run,
+            tenant=out.scope(tenant),
         )
     else:
         raise click.UsageError("give LOG_ID, or --subscription and/or --since/--until for a bulk replay")
@@ -87,11 +96,12 @@ def dlq_replay(
 
 @dlq_cli.command("skip")
 @click.argument("log_id")
+@out.tenant_option
 @out.json_option
-def dlq_skip(log_id: str, as_json: bool) -> None:
+def dlq_skip(log_id: str, tenant: str | None, as_json: bool) -> None:
     """Give up on a dead-lettered delivery: it is never sent, and the next delivery of its
     ordering key is queued (the way to release a key held under the block policy without a replay)."""
-    out.output(_ops().skip(log_id).to_dict(), as_json, out.fields)
+    out.output(_ops().skip(log_id, tenant=out.scope(tenant)).to_dict(), as_json, out.fields)
 
 
 @dlq_cli.command("redrive")

@@ -148,8 +148,9 @@ def purge_command(before: datetime | None, older_than: float | None, yes: bool, 
 
 
 @click.command("stats", cls=out.HarvestCommand)
+@out.tenant_option
 @out.json_option
 @with_appcontext
-def stats_command(as_json: bool) -> None:
+def stats_command(tenant: str | None, as_json: bool) -> None:
     """Delivery counts by state, DLQ depth and the oldest pending delivery's age."""
-    out.output(_ops().stats(), as_json, out.stats)
+    out.output(_ops().stats(tenant=out.scope(tenant)), as_json, out.stats)

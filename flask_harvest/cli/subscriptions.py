@@ -107,6 +107,13 @@ def _print_new_secret(created: NewSecret, as_json: bool, warnings: list[str] | N
     show_default=True,
     help="What an ordering key does when its head is dead-lettered: wait for an operator, or move on.",
 )
+@click.option(
+    "--tenant",
+    default=None,
+    metavar="TENANT",
+    help="The tenant the subscription belongs to: it receives the events dispatched for that tenant "
+    "only (default: none, the events dispatched without a tenant).",
+)
 @out.json_option
 def subscriptions_add(
     url: str,
@@ -119,6 +126,7 @@ def subscriptions_add(
     per_second: float | None,
     burst: int | None,
     ordering_policy: str,
+    tenant: str | None,
     as_json: bool,
 ) -> None:
     """Subscribe URL to events; prints the signing secret, once."""
@@ -132,6 +140,7 @@ def subscriptions_add(
         headers=_headers(headers),
         rate_limit=_rate_limit(per_second, burst),
         ordering_policy=ordering_policy,
+        tenant=tenant,
     )
     _print_new_secret(created, as_json, _ops().topic_warnings(created.subscription.event_topics))
 
@@ -151,6 +160,7 @@ def subscriptions_add(
     default=None,
     help="What an ordering key does when its head is dead-lettered (skip releases blocked keys).",
 )
+@out.tenant_option
 @out.json_option
 def subscriptions_update(
     subscription_id: str,
@@ -162,6 +172,7 @@ def subscriptions_update(
     burst: int | None,
     no_rate: bool,
     ordering_policy: str | None,
+    tenant: str | None,
     as_json: bool,
 ) -> None:
     """Change the subscription's payload filter, custom headers (--header replaces them all),
@@ -194,45 +205,53 @@ def subscriptions_update(
         rate_limit=rate_limit,
         remove_rate_limit=no_rate,
         ordering_policy=ordering_policy,
+        tenant=out.scope(tenant),
     )
     out.output(updated.to_dict(), as_json, out.fields)
 
 
 @subscriptions_cli.command("list")
+@out.tenant_option
 @out.json_option
-def subscriptions_list(as_json: bool) -> None:
+def subscriptions_list(tenant: str | None, as_json: bool) -> None:
     """Every subscription, oldest first."""
-    data = [s.to_dict() for s in _ops().list_subscriptions()]
+    data = [s.to_dict() for s in _ops().list_subscriptions(tenant=out.scope(tenant))]
     out.output(data, as_json, out.subscription_rows)
 
 
 @subscriptions_cli.command("show")
 @click.argument("subscription_id")
+@out.tenant_option
 @out.json_option
-def subscriptions_show(subscription_id: str, as_json: bool) -> None:
+def subscriptions_show(subscription_id: str, tenant: str | None, as_json: bool) -> None:
     """One subscription (its secret is never shown)."""
-    out.output(_ops().get_subscription(subscription_id).to_dict(), as_json, out.fields)
+    shown = _ops().get_subscription(subscription_id, tenant=out.scope(tenant))
+    out.output(shown.to_dict(), as_json, out.fields)
 
 
-def _set_status(subscription_id: str, status: WebhookSubscriptionStatus, as_json: bool) -> None:
-    updated = _ops().update_subscription(subscription_id, status=status)
+def _set_status(
+    subscription_id: str, status: WebhookSubscriptionStatus, tenant: str | None, as_json: bool
+) -> None:
+    updated = _ops().update_subscription(subscription_id, status=status, tenant=out.scope(tenant))
     out.output(updated.to_dict(), as_json, lambda d: f"subscription {d['id']} is now {d['status']}")
 
 
 @subscriptions_cli.command("enable")
 @click.argument("subscription_id")
+@out.tenant_option
 @out.json_option
-def subscriptions_enable(subscription_id: str, as_json: bool) -> None:
+def subscriptions_enable(subscription_id: str, tenant: str | None, as_json: bool) -> None:
     """Deliver to the subscription again (clears its failure count)."""
-    _set_status(subscription_id, WebhookSubscriptionStatus.ACTIVE, as_json)
+    _set_status(subscription_id, WebhookSubscriptionStatus.ACTIVE, tenant, as_json)
 
 
 @subscriptions_cli.command("disable")
 @click.argument("subscription_id")
+@out.tenant_option
 @out.json_option
-def subscriptions_disable(subscription_id: str, as_json: bool) -> None:
+def subscriptions_disable(subscription_id: str, tenant: str | None, as_json: bool) -> None:
     """Stop delivering to the subscription; its new deliveries are skipped until enabled."""
-    _set_status(subscription_id, WebhookSubscriptionStatus.DISABLED, as_json)
+    _set_status(subscription_id, WebhookSubscriptionStatus.DISABLED, tenant, as_json)
 
 
 @subscriptions_cli.command("rotate-secret")
@@ -244,21 +263,25 @@ def subscriptions_disable(subscription_id: str, as_json: bool) -> None:
     default=None,
     help="How long the old secret keeps signing too (default: HARVEST_WEBHOOKS_SECRET_GRACE_SECONDS).",
 )
+@out.tenant_option
 @out.json_option
 def subscriptions_rotate_secret(
-    subscription_id: str, secret: str | None, grace_seconds: float | None, as_json: bool
+    subscription_id: str, secret: str | None, grace_seconds: float | None, tenant: str | None, as_json: bool
 ) -> None:
     """Give the subscription a new secret; prints it, once."""
-    rotated = _ops().rotate_secret(subscription_id, new_secret=secret, grace_seconds=grace_seconds)
+    rotated = _ops().rotate_secret(
+        subscription_id, new_secret=secret, grace_seconds=grace_seconds, tenant=out.scope(tenant)
+    )
     _print_new_secret(rotated, as_json)
 
 
 @subscriptions_cli.command("remove")
 @click.argument("subscription_id")
+@out.tenant_option
 @out.yes_option
-def subscriptions_remove(subscription_id: str, yes: bool) -> None:
+def subscriptions_remove(subscription_id: str, tenant: str | None, yes: bool) -> None:
     """Delete the subscription; its delivery logs stay. Asks first (--yes does not)."""
-    subscription = _ops().get_subscription(subscription_id)
+    subscription = _ops().get_subscription(subscription_id, tenant=out.scope(tenant))
     out.confirm(f"Remove subscription {subscription.id} ({subscription.target_url})?", yes)
-    _ops().remove_subscription(subscription_id)
+    _ops().remove_subscription(subscription_id, tenant=out.scope(tenant))
     click.echo(f"removed subscription {subscription_id}; its delivery logs stay")

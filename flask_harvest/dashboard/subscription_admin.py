@@ -24,6 +24,7 @@ from ..errors import HarvestError, InvalidFieldError
 from ..http.admin import error_answer
 from ..webhooks.attempt_stats import AttemptStats, attempt_stats
 from ..webhooks.models import WebhookSubscription, filter_json
+from ..webhooks.tenants import MAX_TENANT_LENGTH
 from ._core import dashboard, form_text, render_page, unconfirmed
 
 #: The window of a subscription's health, and the most deliveries (those attempted last) whose
@@ -50,6 +51,7 @@ def _form_values() -> dict[str, str]:
         "topics": form_text("topics"),
         "description": form_text("description"),
         "subscription_id": form_text("subscription_id", max_chars=255),
+        "tenant": form_text("tenant", max_chars=MAX_TENANT_LENGTH),
         **_options_values(),
     }
 
@@ -107,6 +109,7 @@ def new_subscription() -> tuple[str, int]:
             event_topics=[t for t in _TOPIC_SPLIT.split(values["topics"]) if t],
             description=values["description"],
             subscription_id=values["subscription_id"] or None,
+            tenant=values["tenant"] or None,
             **_creation_options(_posted_options(values)),
         )
     except HarvestError as exc:

@@ -32,6 +32,7 @@ from .ordering import validate_ordering_key
 from .outbox import OutboxMessage, SqlOutbox, TransactionTarget
 from .payload import encode_payload
 from .stores.base import OutboundWebhookHandler
+from .tenants import validate_tenant
 from .topics import validate_topic
 
 log = logging.getLogger(__name__)
@@ -98,8 +99,15 @@ class OutboundWebhookManager:
 
     # -- dispatch ------------------------------------------------------------------------------
 
-    def dispatch(self, topic: str, payload: Any, *, ordering_key: str | None = None) -> list[str]:
-        """Send ``payload`` to every active subscription of ``topic``; return their delivery ids.
+    def dispatch(
+        self, topic: str, payload: Any, *, ordering_key: str | None = None, tenant: str | None = None
+    ) -> list[str]:
+        """Send ``payload`` to every active subscription of ``topic`` of ``tenant``; return their
+        delivery ids.
+
+        Only the subscriptions of ``tenant`` are considered, and without a tenant only the
+        untenanted ones (:mod:`~flask_harvest.webhooks.tenants`): an event never reaches another
+        tenant's endpoint. Each delivery carries its subscription's tenant.
 
         With ``ordering_key``, each subscription receives the deliveries of that key one at a
         time, in dispatch order (see :doc:`/ordering`); without it, deliveries are unordered.
@@ -116,8 +124,8 @@ class OutboundWebhookManager:
         pending rows that the sweeper queues later (SQL store). To tie the event to your own
         transaction, use :meth:`dispatch_in_tx`.
 
-        :raises InvalidFieldError: the topic is not a plain topic, the payload is not JSON, or the
-            ordering key is not a key.
+        :raises InvalidFieldError: the topic is not a plain topic, the tenant not a tenant, the
+            payload is not JSON, or the ordering key is not a key.
         :raises PayloadSchemaError: the payload does not match its event type's schema (with
             ``HARVEST_EVENT_VALIDATION = "refuse"``); nothing was written.
         :raises UnknownEventTypeError: the catalog is strict and has no type for the topic.
@@ -128,10 +136,11 @@ class OutboundWebhookManager:
         """
         validate_topic(topic, pattern=False)
         key = self._ordering_key(ordering_key)
+        validate_tenant(tenant)
         body = encode_payload(payload)
         self.check_event(topic, body)
         with tracing.publish(topic) as span:
-            ids = self._dispatch(topic, body, tracing.capture(), key)
+            ids = self._dispatch(topic, body, tracing.capture(), key, tenant)
             span.set("messaging.batch.message_count", len(ids))
             return ids
 
@@ -145,7 +154,12 @@ class OutboundWebhookManager:
         return key
 
     def _dispatch(
-        self, topic: str, body: str, trace_context: str | None, ordering_key: str | None = None
+        self,
+        topic: str,
+        body: str,
+        trace_context: str | None,
+        ordering_key: str | None = None,
+        tenant: str | None = None,
     ) -> list[str]:
         now = utcnow()
         payload = _decoder(body)
@@ -156,6 +170,7 @@ class OutboundWebhookManager:
             lambda subscription: self._delivery(
                 topic, body, payload, subscription, now, new_id("msg"), trace_context, ordering_key
             ),
+            tenant=tenant,
         )
         deliveries = [delivery for _, delivery in pairs]
         pending = [d for d in deliveries if d.state is DeliveryState.PENDING]
@@ -171,12 +186,20 @@ class OutboundWebhookManager:
         return [d.id for d in pending]
 
     def dispatch_in_tx(
-        self, conn: TransactionTarget, topic: str, payload: Any, *, ordering_key: str | None = None
+        self,
+        conn: TransactionTarget,
+        topic: str,
+        payload: Any,
+        *,
+        ordering_key: str | None = None,
+        tenant: str | None = None,
     ) -> str:
         """Write the event into the caller's transaction; return the outbox message id.
 
         ``ordering_key`` orders the event's deliveries as :meth:`dispatch` does; the order is the
-        order in which the callers' transactions commit.
+        order in which the callers' transactions commit. The message keeps ``tenant``: its relay
+        delivers to that tenant's subscriptions only, as :meth:`dispatch` does (without a tenant,
+        to the untenanted ones).
 
         ``conn`` is a SQLAlchemy ``Connection``, an ORM ``Session`` or Flask-SQLAlchemy's
         ``db.session``, on the same database as the SQL store. The event is sent if and only if
@@ -186,7 +209,8 @@ class OutboundWebhookManager:
         derived from the message and the subscription, so a second relay never sends twice.
 
         :raises ConfigurationError: the store cannot share a transaction (the in-memory store).
-        :raises InvalidFieldError: the topic is not a plain topic, or the payload is not JSON.
+        :raises InvalidFieldError: the topic is not a plain topic, the tenant not a tenant, the
+            payload is not JSON, or the ordering key is not a key.
         :raises PayloadSchemaError: the payload does not match its event type's schema (with
             ``HARVEST_EVENT_VALIDATION = "refuse"``); nothing was written.
         :raises UnknownEventTypeError: the catalog is strict and has no type for the topic.
@@ -198,10 +222,13 @@ class OutboundWebhookManager:
             )
         validate_topic(topic, pattern=False)
         key = self._ordering_key(ordering_key)
+        validate_tenant(tenant)
         body = encode_payload(payload)
         self.check_event(topic, body)
         with tracing.publish(topic):
-            return self.outbox.write(conn, topic, body, self._relay_soon, tracing.capture(), key)
+            return self.outbox.write(
+                conn, topic, body, self._relay_soon, tracing.capture(), key, tenant=tenant
+            )
 
     def check_event(self, topic: str, body: str) -> None:
         """Check an encoded payload against the event type of ``topic``, before anything is written.
@@ -265,8 +292,15 @@ class OutboundWebhookManager:
         return RelayReport(len(messages), 0)
 
     def _relay(self, messages: Sequence[OutboxMessage]) -> None:
-        # Only the subscriptions of the batch's topics, from the topic index.
-        by_topic = self.store.subscriptions_for_topics([m.topic for m in messages])
+        # Only the subscriptions of the batch's topics, from the topic index: one lookup per tenant
+        # of the batch, so a message reaches its own tenant's subscriptions only.
+        by_tenant: dict[str | None, list[OutboxMessage]] = {}
+        for message in messages:
+            by_tenant.setdefault(message.tenant, []).append(message)
+        matched = {
+            tenant: self.store.subscriptions_for_topics([m.topic for m in batch], tenant=tenant)
+            for tenant, batch in by_tenant.items()
+        }
         now = utcnow()
         built = (
             self._delivery(
@@ -281,10 +315,12 @@ class OutboundWebhookManager:
                 m.ordering_seq,
             )
             for m, payload in ((m, _decoder(m.payload)) for m in messages)
-            for s in by_topic[m.topic]
+            for s in matched[m.tenant][m.topic]
         )
         deliveries = [delivery for delivery in built if delivery is not None]
-        subscriptions = {s.id: s for matched in by_topic.values() for s in matched}
+        subscriptions = {
+            s.id: s for by_topic in matched.values() for found in by_topic.values() for s in found
+        }
         inserted = set(self.store.log_deliveries(deliveries))
         pending_ids = [d.id for d in deliveries if d.state is DeliveryState.PENDING]
         # Stored rows, not the ones built above: a delivery that already has a result is done.
@@ -348,6 +384,7 @@ class OutboundWebhookManager:
             trace_context=trace_context,
             ordering_key=ordering_key,
             ordering_seq=ordering_seq,
+            tenant=subscription.tenant,
         )
 
     def _report_skipped(self, deliveries: Sequence[DeliveryLog]) -> None:

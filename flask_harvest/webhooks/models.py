@@ -37,6 +37,7 @@ from ..outbound.signing import validate_secret as validate_secret
 from ..outbound.ssrf import MAX_URL_LENGTH as MAX_URL_LENGTH
 from ..outbound.ssrf import SsrfRejection, parse_url
 from .ordering import DEFAULT_ORDERING_POLICY, OrderingPolicy, validate_ordering_key, validate_ordering_policy
+from .tenants import validate_tenant
 from .topics import topic_matches, validate_topic
 
 #: The longest subscription (and delivery) id.
@@ -364,6 +365,7 @@ _SUBSCRIPTION_VALIDATORS: dict[str, Callable[[Any], Any]] = {
     "headers": validate_headers,
     "rate_limit": validate_rate_limit,
     "ordering_policy": validate_ordering_policy,
+    "tenant": validate_tenant,
 }
 
 
@@ -401,6 +403,10 @@ class WebhookSubscription:
     #: What an ordering key of this subscription does when its head is dead-lettered: wait for
     #: an operator (``block``, the default) or move on (``skip``); see :mod:`.ordering`.
     ordering_policy: OrderingPolicy = DEFAULT_ORDERING_POLICY
+    #: The tenant the subscription belongs to (:mod:`~flask_harvest.webhooks.tenants`): it gets the
+    #: events dispatched for that tenant only. ``None``: no tenant, the events dispatched without one.
+    #: Set at creation; an edit cannot move a subscription to another tenant.
+    tenant: str | None = None
 
     def __post_init__(self) -> None:
         for name, check in _SUBSCRIPTION_VALIDATORS.items():
@@ -539,6 +545,9 @@ class DeliveryLog:
     ordering_key: str | None = None
     #: The key's sequence number at dispatch, given by the store: the delivery's place in line.
     ordering_seq: int | None = None
+    #: The tenant of its subscription, copied when the delivery is made, so that a tenant's
+    #: deliveries are listed without reading the subscriptions; ``None``: no tenant.
+    tenant: str | None = None
 
     def __post_init__(self) -> None:
         if self.ordering_key is not None:
@@ -619,6 +628,9 @@ class OperationalContext:
     created_at: datetime
     #: Its subscription's URL as it may be shown (credentials and query values hidden).
     subscription_url: str
+    #: The tenant of that delivery, named in the notifications (which are the application's own,
+    #: untenanted deliveries).
+    tenant: str | None = None
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,7 @@ from .schemas import (
     SubscriptionCreateSchema,
     SubscriptionPatchSchema,
 )
+from .tenants import MAX_TENANT_LENGTH
 
 _ERROR = {
     "type": "object",
@@ -125,6 +126,36 @@ _ID = {"type": "string", "minLength": 1, "maxLength": 255, "pattern": "^[^/]+$"}
 
 def _id_parameter(name: str) -> dict[str, Any]:
     return {"name": name, "in": "path", "required": True, "schema": _ID}
+
+
+#: The tenant scope every route of subscriptions and deliveries takes.
+_TENANT_PARAMETER = {
+    "name": "tenant",
+    "in": "query",
+    "required": False,
+    "description": f"read and change only this tenant's subscriptions and deliveries (printable, no "
+    f"spaces, at most {MAX_TENANT_LENGTH} characters); another tenant's answer 404 as absent ones",
+    "schema": {"type": "string", "minLength": 1, "maxLength": MAX_TENANT_LENGTH},
+}
+#: The paths whose routes take no tenant scope (the event catalog and this document are the app's).
+_UNSCOPED = ("/event-types", "/event-types/{name}", "/openapi.json", "/dlq")
+
+
+def _add_tenant_scope(document: dict[str, Any]) -> None:
+    """Add the ``tenant`` query parameter, and its 422, to every scoped operation (``/dlq`` has it
+    from its query schema)."""
+    for path, operations in document["paths"].items():
+        if path in _UNSCOPED:
+            continue
+        for operation in operations.values():
+            operation["parameters"] = [*operation.get("parameters", []), dict(_TENANT_PARAMETER)]
+            operation["responses"].setdefault(
+                "422",
+                {
+                    "description": "a field or query parameter has a wrong value",
+                    **_json({"$ref": "#/components/schemas/Error"}),
+                },
+            )
 
 
 def build_openapi(prefix: str, event_types: Sequence[EventType] = ()) -> dict[str, Any]:
@@ -298,7 +329,8 @@ def build_openapi(prefix: str, event_types: Sequence[EventType] = ()) -> dict[st
         operations={
             "get": {
                 "summary": "The operational endpoint: its subscription and latest notifications",
-                "responses": _responses(200, "its status", _OBJECT, errors=()),
+                "description": "The endpoint is the application's own: in a tenant's scope it answers 404.",
+                "responses": _responses(200, "its status", _OBJECT, errors=(404,)),
             }
         },
     )
@@ -312,7 +344,7 @@ def build_openapi(prefix: str, event_types: Sequence[EventType] = ()) -> dict[st
                     202,
                     "the test notification's delivery, queued",
                     _OBJECT,
-                    errors=(400, 409, 413, 415, 422),
+                    errors=(400, 404, 409, 413, 415, 422),
                     conflict="no operational endpoint is configured, or it is turned off",
                 ),
             }
@@ -366,4 +398,5 @@ def build_openapi(prefix: str, event_types: Sequence[EventType] = ()) -> dict[st
         # The schemas refuse unknown fields (marshmallow's RAISE); apispec says so only from 6.1.
         document["components"]["schemas"][name]["additionalProperties"] = False
     document["security"] = [{"bearer": []}]
+    _add_tenant_scope(document)
     return document

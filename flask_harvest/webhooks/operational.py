@@ -119,6 +119,7 @@ _DISABLED_DATA = {
     "delivery_id": _TEXT,
     "topic": _TEXT,
     "disabled_at": _TIME,
+    "tenant": _NULLABLE_TEXT,
 }
 _DEAD_LETTERED_DATA = {
     "delivery_id": _TEXT,
@@ -130,6 +131,7 @@ _DEAD_LETTERED_DATA = {
     "last_error": _NULLABLE_TEXT,
     "created_at": _TIME,
     "dead_lettered_at": _TIME,
+    "tenant": _NULLABLE_TEXT,
 }
 
 _RATE_LIMITED_DATA = {
@@ -145,6 +147,7 @@ _RATE_LIMITED_DATA = {
     "held_until": _TIME,
     "delivery_id": _TEXT,
     "topic": _TEXT,
+    "tenant": _NULLABLE_TEXT,
 }
 
 _TEST_MESSAGE = "A test notification: operational webhooks reach this endpoint."
@@ -172,6 +175,7 @@ KINDS: dict[str, Kind] = {
                     "delivery_id": "msg_1",
                     "topic": "order.created",
                     "disabled_at": "2025-01-31T12:00:00Z",
+                    "tenant": "acme",
                 },
             },
         ),
@@ -193,6 +197,7 @@ KINDS: dict[str, Kind] = {
                     "last_error": "HTTP 500",
                     "created_at": "2025-01-31T11:00:00Z",
                     "dead_lettered_at": "2025-01-31T12:00:00Z",
+                    "tenant": None,
                 },
             },
         ),
@@ -214,6 +219,7 @@ KINDS: dict[str, Kind] = {
                     "held_until": "2025-01-31T12:05:00Z",
                     "delivery_id": "msg_1",
                     "topic": "order.created",
+                    "tenant": "acme",
                 },
             },
         ),
@@ -277,6 +283,7 @@ def context(claim: Claim, settings: Settings) -> OperationalContext | None:
         topic=delivery.topic,
         created_at=delivery.created_at,
         subscription_url=redact_url(subscription.target_url) if subscription is not None else "",
+        tenant=delivery.tenant,
     )
 
 
@@ -308,6 +315,7 @@ def notices(
                     "delivery_id": delivery_id,
                     "topic": ctx.topic,
                     "disabled_at": isoformat(result.timestamp),
+                    "tenant": ctx.tenant,
                 },
             )
         )
@@ -325,6 +333,7 @@ def notices(
                     "last_error": result.last_error,
                     "created_at": isoformat(ctx.created_at),
                     "dead_lettered_at": isoformat(result.timestamp),
+                    "tenant": ctx.tenant,
                 },
             )
         )
@@ -359,6 +368,7 @@ def held_notice(
         "held_until": isoformat(held_until),
         "delivery_id": claim.delivery.id,
         "topic": claim.delivery.topic,
+        "tenant": claim.delivery.tenant,
     }
     return _notice(SUBSCRIPTION_RATE_LIMITED, data, settings.webhooks_max_attempts, now)
 

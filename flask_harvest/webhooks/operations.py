@@ -47,6 +47,7 @@ from .operational import OPERATIONAL_SUBSCRIPTION_ID
 from .ordering import DEFAULT_ORDERING_POLICY, OrderingPolicy, validate_ordering_policy
 from .outbox import SqlOutbox
 from .stores.base import BlockedKey, DeliverySchedule, DlqCursor, OutboundWebhookHandler
+from .tenants import ALL_TENANTS, TenantScope, in_scope, validate_scope, validate_tenant
 from .topics import validate_topic
 
 #: The most deliveries one bulk replay may touch.
@@ -189,7 +190,9 @@ class WebhookOperations:
     """What an operator can do with webhooks; the actuator and the CLI are thin over it.
 
     Every method validates its input fully before it changes anything, and raises the package's
-    own errors.
+    own errors. Every method that reads or changes subscriptions or deliveries takes a keyword
+    ``tenant`` (:data:`~flask_harvest.webhooks.tenants.TenantScope`, every tenant by default): a row
+    of another tenant is then exactly as absent as one that does not exist.
     """
 
     def __init__(
@@ -227,6 +230,7 @@ class WebhookOperations:
         headers: Mapping[str, str] | None = None,
         rate_limit: RateLimit | Mapping[str, Any] | None = None,
         ordering_policy: OrderingPolicy | str = DEFAULT_ORDERING_POLICY,
+        tenant: str | None = None,
     ) -> NewSecret:
         """Validate and store a subscription; a missing secret is generated.
 
@@ -240,6 +244,8 @@ class WebhookOperations:
             form, ``{"per_second": ..., "burst": ...}``), across every worker. ``None``: no limit.
         :param ordering_policy: what an ordering key does when its head is dead-lettered:
             ``block`` (wait for an operator, the default) or ``skip`` (move on).
+        :param tenant: the tenant the subscription belongs to (it receives that tenant's events
+            only); ``None``: no tenant.
         :raises InvalidFieldError: a field is invalid, or the URL is refused by the SSRF policy.
         :raises DuplicateSubscriptionError: the id is taken.
         """
@@ -260,6 +266,7 @@ class WebhookOperations:
             headers={} if headers is None else headers,
             rate_limit=validate_rate_limit(rate_limit),
             ordering_policy=validate_ordering_policy(ordering_policy),
+            tenant=validate_tenant(tenant),
             **extra,
         )
         self._check_headers(subscription.headers)
@@ -298,10 +305,15 @@ class WebhookOperations:
             current = self.store.rotate_secret(wanted.id, wanted.secret, previous_expires_at=utcnow() + grace)
         return current
 
-    def operational_status(self) -> dict[str, Any]:
+    def operational_status(self, *, tenant: TenantScope = ALL_TENANTS) -> dict[str, Any]:
         """The operational endpoint as an operator checks it: whether one is configured, its
         reserved subscription (status, failures, URL; never the secret), the kinds it is sent,
-        the rate-limit threshold, and its latest notifications (newest first)."""
+        the rate-limit threshold, and its latest notifications (newest first).
+
+        :raises SubscriptionNotFoundError: ``tenant`` is a tenant: the endpoint is the
+            application's own, untenanted, so it is absent from a tenant's scope.
+        """
+        self._operational_in_scope(tenant)
         configured = operational.enabled(self.settings)
         found = self.store.get_subscription(OPERATIONAL_SUBSCRIPTION_ID) if configured else None
         recent, _ = (
@@ -317,13 +329,15 @@ class WebhookOperations:
             "recent": [d.to_dict() for d in recent],
         }
 
-    def send_operational_test(self) -> tuple[DeliveryLog, str | None]:
+    def send_operational_test(self, *, tenant: TenantScope = ALL_TENANTS) -> tuple[DeliveryLog, str | None]:
         """Log a test notification to the operational endpoint and queue it; return its delivery,
         and why its job could not be queued (the sweeper queues it later) or ``None``.
 
         :raises InvalidStateError: no endpoint is configured, or its subscription is turned off
             (enable it first: a test would only be dead-lettered).
+        :raises SubscriptionNotFoundError: ``tenant`` is a tenant (see :meth:`operational_status`).
         """
+        self._operational_in_scope(tenant)
         notice = operational.test_notice(self.settings, utcnow())
         found = self.store.get_subscription(OPERATIONAL_SUBSCRIPTION_ID) if notice is not None else None
         if notice is None or found is None:
@@ -338,6 +352,13 @@ class WebhookOperations:
             )
         self.store.log_deliveries([notice])
         return notice, self._enqueue([notice])
+
+    @staticmethod
+    def _operational_in_scope(tenant: TenantScope) -> None:
+        # The reserved subscription is untenanted: in a tenant's scope it is as absent as any row
+        # of another tenant (and its notifications, which name tenants, are not listed).
+        if not in_scope(validate_scope(tenant), None):
+            raise SubscriptionNotFoundError(OPERATIONAL_SUBSCRIPTION_ID)
 
     def topic_warnings(self, event_topics: Sequence[str] | None) -> list[str]:
         """Return a warning for each of a subscription's topic patterns that selects no event type
@@ -360,17 +381,19 @@ class WebhookOperations:
             raise EventTypeNotFoundError(name if isinstance(name, str) else repr(name))
         return found
 
-    def list_subscriptions(self) -> list[WebhookSubscription]:
-        """Return every subscription, oldest first."""
-        return self.store.list_subscriptions()
+    def list_subscriptions(self, *, tenant: TenantScope = ALL_TENANTS) -> list[WebhookSubscription]:
+        """Return every subscription (of the ``tenant`` scope), oldest first."""
+        return self.store.list_subscriptions(tenant=validate_scope(tenant))
 
-    def troubled_subscriptions(self, *, limit: int = 50) -> list[WebhookSubscription]:
+    def troubled_subscriptions(
+        self, *, limit: int = 50, tenant: TenantScope = ALL_TENANTS
+    ) -> list[WebhookSubscription]:
         """Return at most ``limit`` disabled or failing subscriptions, the most failures first.
 
         :raises InvalidFieldError: a limit outside 1 to 500.
         """
         _check_limit(limit)
-        return self.store.troubled_subscriptions(limit=limit)
+        return self.store.troubled_subscriptions(limit=limit, tenant=validate_scope(tenant))
 
     def subscriptions_page(
         self,
@@ -379,6 +402,7 @@ class WebhookOperations:
         cursor: str | None = None,
         status: WebhookSubscriptionStatus | None = None,
         topic: str | None = None,
+        tenant: TenantScope = ALL_TENANTS,
     ) -> tuple[list[WebhookSubscription], str | None]:
         """Return one page of subscriptions, oldest first, in ``status`` and/or selecting the event
         ``topic``, and the cursor of the next page (or ``None``): a keyset walk, never a count.
@@ -393,21 +417,29 @@ class WebhookOperations:
             after=decode_position(cursor) if cursor else None,
             status=status,
             topic=validate_topic(topic, pattern=False) if topic is not None else None,
+            tenant=validate_scope(tenant),
         )
         page = rows[:limit]
         return page, encode_position(page[-1].created_at, page[-1].id) if len(rows) > limit else None
 
-    def remove_subscription(self, subscription_id: str) -> None:
+    def remove_subscription(self, subscription_id: str, *, tenant: TenantScope = ALL_TENANTS) -> None:
         """Delete a subscription; its delivery logs stay.
 
-        :raises SubscriptionNotFoundError: no such subscription.
+        :raises SubscriptionNotFoundError: no such subscription (in the ``tenant`` scope).
         """
-        if not self.store.remove_subscription(_lookup(subscription_id, SubscriptionNotFoundError)):
+        scope = validate_scope(tenant)
+        looked_up = _lookup(subscription_id, SubscriptionNotFoundError)
+        if not self.store.remove_subscription(looked_up, tenant=scope):
             raise SubscriptionNotFoundError(subscription_id)
 
-    def get_subscription(self, subscription_id: str) -> WebhookSubscription:
-        """Return the subscription or raise :class:`SubscriptionNotFoundError`."""
-        subscription = self.store.get_subscription(_lookup(subscription_id, SubscriptionNotFoundError))
+    def get_subscription(
+        self, subscription_id: str, *, tenant: TenantScope = ALL_TENANTS
+    ) -> WebhookSubscription:
+        """Return the subscription or raise :class:`SubscriptionNotFoundError` (also for one that
+        is not in the ``tenant`` scope)."""
+        scope = validate_scope(tenant)
+        looked_up = _lookup(subscription_id, SubscriptionNotFoundError)
+        subscription = self.store.get_subscription(looked_up, tenant=scope)
         if subscription is None:
             raise SubscriptionNotFoundError(subscription_id)
         return subscription
@@ -426,6 +458,7 @@ class WebhookOperations:
         rate_limit: RateLimit | Mapping[str, Any] | None = None,
         remove_rate_limit: bool = False,
         ordering_policy: OrderingPolicy | str | None = None,
+        tenant: TenantScope = ALL_TENANTS,
     ) -> WebhookSubscription:
         """Change a subscription's URL, topics, description, status (enable/disable), payload
         filter, custom headers, rate limit or ordering policy; what is ``None`` is kept.
@@ -436,8 +469,9 @@ class WebhookOperations:
         Enabling clears the failure count. A ``failed`` status cannot be set by hand.
         ``remove_payload_filter`` removes the filter; ``headers`` replaces every custom header
         (``{}`` removes them); ``remove_rate_limit`` removes the rate limit. Everything is
-        validated before anything is written.
+        validated before anything is written. A subscription keeps its tenant.
         """
+        scope = validate_scope(tenant)
         if target_url is not None:
             self._check_target(target_url)
         if status is WebhookSubscriptionStatus.FAILED:
@@ -459,8 +493,9 @@ class WebhookOperations:
         )
         self._check_headers(changes.headers)
         if not changes.values():
-            return self.get_subscription(subscription_id)
-        return self.store.update_subscription(_lookup(subscription_id, SubscriptionNotFoundError), changes)
+            return self.get_subscription(subscription_id, tenant=scope)
+        looked_up = _lookup(subscription_id, SubscriptionNotFoundError)
+        return self.store.update_subscription(looked_up, changes, tenant=scope)
 
     def rotate_secret(
         self,
@@ -468,12 +503,14 @@ class WebhookOperations:
         *,
         new_secret: str | None = None,
         grace_seconds: float | None = None,
+        tenant: TenantScope = ALL_TENANTS,
     ) -> NewSecret:
         """Give a subscription a new secret; the old one keeps signing for ``grace_seconds``.
 
         During the grace period every delivery carries signatures from both secrets, so the receiver
         can switch without downtime. The default grace is ``HARVEST_WEBHOOKS_SECRET_GRACE_SECONDS``.
         """
+        scope = validate_scope(tenant)
         _lookup(subscription_id, SubscriptionNotFoundError)
         grace = self.settings.webhooks_secret_grace_seconds if grace_seconds is None else grace_seconds
         # A huge number would overflow the expiry time.
@@ -481,16 +518,19 @@ class WebhookOperations:
         chosen = standard_secret(new_secret) if new_secret is not None else generate_secret()
         expires = utcnow() + timedelta(seconds=grace)
         return NewSecret(
-            self.store.rotate_secret(subscription_id, chosen, previous_expires_at=expires), chosen
+            self.store.rotate_secret(subscription_id, chosen, previous_expires_at=expires, tenant=scope),
+            chosen,
         )
 
-    def replay(self, delivery_id: str) -> ReplayResult:
+    def replay(self, delivery_id: str, *, tenant: TenantScope = ALL_TENANTS) -> ReplayResult:
         """Replay one dead-lettered delivery: attempt 1 again, same id, a fresh job.
 
-        :raises DeliveryNotFoundError: no such delivery.
+        :raises DeliveryNotFoundError: no such delivery (in the ``tenant`` scope).
         :raises InvalidStateError: the delivery is not dead-lettered.
         """
-        replayed = self.store.replay_delivery(_lookup(delivery_id, DeliveryNotFoundError), now=utcnow())
+        scope = validate_scope(tenant)
+        looked_up = _lookup(delivery_id, DeliveryNotFoundError)
+        replayed = self.store.replay_delivery(looked_up, now=utcnow(), tenant=scope)
         row = ReplayRow(replayed.id, ReplayOutcome.REPLAYED)
         return ReplayResult([row], enqueue_error=self._enqueue([replayed]))
 
@@ -502,6 +542,7 @@ class WebhookOperations:
         until: datetime | None = None,
         limit: int = 100,
         dry_run: bool = False,
+        tenant: TenantScope = ALL_TENANTS,
     ) -> ReplayResult:
         """Replay the DLQ of one subscription and/or a time window, newest first, at most ``limit``.
 
@@ -513,6 +554,7 @@ class WebhookOperations:
         :raises InvalidFieldError: no selector, a bad window or limit (nothing is replayed).
         :raises SubscriptionNotFoundError: no such subscription (nothing is replayed).
         """
+        scope = validate_scope(tenant)
         since, until = _window(since, "since"), _window(until, "until")
         if subscription_id is None and since is None and until is None:
             raise InvalidFieldError(
@@ -523,17 +565,19 @@ class WebhookOperations:
         if since is not None and until is not None and since >= until:
             raise InvalidFieldError("since", "must be earlier than until")
         if subscription_id is not None:
-            self.get_subscription(subscription_id)
+            self.get_subscription(subscription_id, tenant=scope)
         candidates = self.store.list_dlq(
-            limit=limit, subscription_id=subscription_id, since=since, until=until
+            limit=limit, subscription_id=subscription_id, since=since, until=until, tenant=scope
         )
         if dry_run:
             return ReplayResult(
                 [ReplayRow(d.id, ReplayOutcome.WOULD_REPLAY) for d in candidates], dry_run=True
             )
-        return self._replay_each([d.id for d in candidates])
+        return self._replay_each([d.id for d in candidates], scope)
 
-    def replay_selected(self, delivery_ids: Sequence[str]) -> ReplayResult:
+    def replay_selected(
+        self, delivery_ids: Sequence[str], *, tenant: TenantScope = ALL_TENANTS
+    ) -> ReplayResult:
         """Replay the chosen deliveries (the dashboard's "replay selected"), each on its own: one
         that is not in the DLQ, or not there at all, is reported with the reason and the others
         are replayed all the same.
@@ -541,11 +585,12 @@ class WebhookOperations:
         :raises InvalidFieldError: (field ``delivery_id``) no id, or more than
             :data:`MAX_BULK_REPLAY` (nothing is replayed).
         """
+        scope = validate_scope(tenant)
         if not delivery_ids or len(delivery_ids) > MAX_BULK_REPLAY:
             raise InvalidFieldError("delivery_id", f"choose between 1 and {MAX_BULK_REPLAY} deliveries")
-        return self._replay_each(list(dict.fromkeys(delivery_ids)))
+        return self._replay_each(list(dict.fromkeys(delivery_ids)), scope)
 
-    def _replay_each(self, delivery_ids: Sequence[str]) -> ReplayResult:
+    def _replay_each(self, delivery_ids: Sequence[str], tenant: TenantScope) -> ReplayResult:
         now = utcnow()
         rows: list[ReplayRow] = []
         replayed: list[DeliveryLog] = []
@@ -554,7 +599,7 @@ class WebhookOperations:
             # already pending, so an error now would leave the call half done and unreported.
             try:
                 looked_up = _lookup(delivery_id, DeliveryNotFoundError)
-                replayed.append(self.store.replay_delivery(looked_up, now=now))
+                replayed.append(self.store.replay_delivery(looked_up, now=now, tenant=tenant))
             except DeliveryNotFoundError as exc:
                 rows.append(ReplayRow(delivery_id, ReplayOutcome.NOT_FOUND, str(exc)))
             except InvalidStateError as exc:
@@ -563,33 +608,41 @@ class WebhookOperations:
                 rows.append(ReplayRow(delivery_id, ReplayOutcome.REPLAYED))
         return ReplayResult(rows, enqueue_error=self._enqueue(replayed) if replayed else None)
 
-    def skip(self, delivery_id: str) -> DeliveryLog:
+    def skip(self, delivery_id: str, *, tenant: TenantScope = ALL_TENANTS) -> DeliveryLog:
         """Give up on a dead-lettered delivery: it becomes ``SKIPPED`` and is never sent, and the
         next delivery of its ordering key (if any) is queued at once. Replay is the other way to
         release a key held under the ``block`` policy.
 
-        :raises DeliveryNotFoundError: no such delivery.
+        :raises DeliveryNotFoundError: no such delivery (in the ``tenant`` scope).
         :raises InvalidStateError: the delivery is not dead-lettered.
         """
+        scope = validate_scope(tenant)
         skipped = self.store.skip_delivery(
-            _lookup(delivery_id, DeliveryNotFoundError), reason=SKIPPED_BY_OPERATOR, now=utcnow()
+            _lookup(delivery_id, DeliveryNotFoundError),
+            reason=SKIPPED_BY_OPERATOR,
+            now=utcnow(),
+            tenant=scope,
         )
         if skipped.ordering_key is not None:
+            # Unscoped: the line is one subscription's, so its next delivery is of the same tenant.
             following = self.store.next_in_line(skipped.subscription_id, skipped.ordering_key)
             # Not queued (the backend is down): the next delivery is due at its line's head, and
             # the sweeper queues it.
             self._enqueue_schedules(following)
         return skipped
 
-    def blocked_keys(self, subscription_id: str, *, limit: int = 50) -> list[BlockedKey]:
+    def blocked_keys(
+        self, subscription_id: str, *, limit: int = 50, tenant: TenantScope = ALL_TENANTS
+    ) -> list[BlockedKey]:
         """The ordering keys of a subscription that wait for an operator (their head is
         dead-lettered under the ``block`` policy), by key, at most ``limit``.
 
-        :raises SubscriptionNotFoundError: no such subscription.
+        :raises SubscriptionNotFoundError: no such subscription (in the ``tenant`` scope).
         """
+        scope = validate_scope(tenant)
         _check_limit(limit)
-        self.get_subscription(subscription_id)
-        return self.store.blocked_keys(subscription_id, limit=limit)
+        self.get_subscription(subscription_id, tenant=scope)
+        return self.store.blocked_keys(subscription_id, limit=limit, tenant=scope)
 
     def _enqueue_schedules(self, schedules: Sequence[DeliverySchedule]) -> str | None:
         try:
@@ -613,10 +666,16 @@ class WebhookOperations:
         cursor: str | None = None,
         subscription_id: str | None = None,
         topic: str | None = None,
+        tenant: TenantScope = ALL_TENANTS,
     ) -> tuple[list[DeliveryLog], str | None]:
         """Return one page of the DLQ, newest first, and the cursor of the next page (or ``None``)."""
         return self.deliveries_page(
-            state=DeliveryState.DLQ, limit=limit, cursor=cursor, subscription_id=subscription_id, topic=topic
+            state=DeliveryState.DLQ,
+            limit=limit,
+            cursor=cursor,
+            subscription_id=subscription_id,
+            topic=topic,
+            tenant=tenant,
         )
 
     def deliveries_page(
@@ -629,11 +688,12 @@ class WebhookOperations:
         topic: str | None = None,
         since: datetime | None = None,
         until: datetime | None = None,
+        tenant: TenantScope = ALL_TENANTS,
     ) -> tuple[list[DeliveryLog], str | None]:
         """Return one page of deliveries (in ``state``, or any), newest first by their latest
         attempt, and the cursor of the next page (or ``None``): a keyset walk, never a count."""
         return self._page(
-            self.store.list_deliveries, state, limit, cursor, subscription_id, topic, since, until
+            self.store.list_deliveries, state, limit, cursor, subscription_id, topic, since, until, tenant
         )
 
     def delivery_summaries_page(
@@ -646,11 +706,20 @@ class WebhookOperations:
         topic: str | None = None,
         since: datetime | None = None,
         until: datetime | None = None,
+        tenant: TenantScope = ALL_TENANTS,
     ) -> tuple[list[DeliverySummary], str | None]:
         """:meth:`deliveries_page` as :class:`DeliverySummary` values (what a list page shows),
         with the same checks and cursors."""
         return self._page(
-            self.store.list_delivery_summaries, state, limit, cursor, subscription_id, topic, since, until
+            self.store.list_delivery_summaries,
+            state,
+            limit,
+            cursor,
+            subscription_id,
+            topic,
+            since,
+            until,
+            tenant,
         )
 
     def count_deliveries(
@@ -662,14 +731,17 @@ class WebhookOperations:
         since: datetime | None = None,
         until: datetime | None = None,
         cap: int = 1000,
+        tenant: TenantScope = ALL_TENANTS,
     ) -> int:
         """How many deliveries :meth:`delivery_summaries_page` lists with these filters, counting at
         most ``cap`` (a count equal to ``cap`` means "at least"): a list page's total, in one
         bounded read (the SQL store's is one statement), with the listing's checks."""
+        scope = validate_scope(tenant)
         since, until = _window(since, "since"), _window(until, "until")
         if since is not None and until is not None and since >= until:
             raise InvalidFieldError("since", "must be earlier than until")
         return self.store.count_deliveries(
+            tenant=scope,
             cap=cap,
             state=state,
             subscription_id=_filter(subscription_id, "subscription_id"),
@@ -688,7 +760,9 @@ class WebhookOperations:
         topic: str | None,
         since: datetime | None,
         until: datetime | None,
+        tenant: TenantScope,
     ) -> tuple[list[_Listed], str | None]:
+        scope = validate_scope(tenant)
         _check_limit(limit)
         since, until = _window(since, "since"), _window(until, "until")
         if since is not None and until is not None and since >= until:
@@ -702,6 +776,7 @@ class WebhookOperations:
             topic=_filter(topic, "topic"),
             since=since,
             until=until,
+            tenant=scope,
         )
         page = rows[:limit]
         return page, encode_cursor(page[-1]) if len(rows) > limit else None
@@ -719,34 +794,39 @@ class WebhookOperations:
             for n in range(minutes)
         ]
 
-    def overall_stats(self) -> dict[str, Any]:
+    def overall_stats(self, *, tenant: TenantScope = ALL_TENANTS) -> dict[str, Any]:
         """Return :meth:`stats`' ``overall`` part alone (the dashboard's overview): the same
         capped counts, without a dictionary per subscription."""
-        overall, _ = self.store.delivery_stats(cap=STATS_COUNT_CAP)
+        overall, _ = self.store.delivery_stats(cap=STATS_COUNT_CAP, tenant=validate_scope(tenant))
         return overall.to_dict(utcnow())
 
-    def stats(self) -> dict[str, Any]:
+    def stats(self, *, tenant: TenantScope = ALL_TENANTS) -> dict[str, Any]:
         """Return delivery counts by state, DLQ depth and oldest pending age: overall and per
         subscription, each state counted up to :data:`STATS_COUNT_CAP` (``capped`` says which
-        stopped there)."""
+        stopped there); of the ``tenant`` scope's deliveries."""
         now = utcnow()
-        overall, per_subscription = self.store.delivery_stats(cap=STATS_COUNT_CAP)
+        overall, per_subscription = self.store.delivery_stats(
+            cap=STATS_COUNT_CAP, tenant=validate_scope(tenant)
+        )
         return {
             "overall": overall.to_dict(now),
             "subscriptions": {sub: s.to_dict(now) for sub, s in sorted(per_subscription.items())},
         }
 
-    def delivery_with_attempts(self, delivery_id: str) -> dict[str, Any]:
+    def delivery_with_attempts(
+        self, delivery_id: str, *, tenant: TenantScope = ALL_TENANTS
+    ) -> dict[str, Any]:
         """Return a delivery's JSON form with its attempt history under ``attempts``.
 
-        :raises DeliveryNotFoundError: no such delivery.
+        :raises DeliveryNotFoundError: no such delivery (in the ``tenant`` scope).
         """
-        delivery = self.store.get_delivery(_lookup(delivery_id, DeliveryNotFoundError))
+        scope = validate_scope(tenant)
+        delivery = self.store.get_delivery(_lookup(delivery_id, DeliveryNotFoundError), tenant=scope)
         if delivery is None:
             raise DeliveryNotFoundError(delivery_id)
         return {
             **delivery.to_dict(),
-            "attempts": [a.to_dict() for a in self.store.list_attempts(delivery_id)],
+            "attempts": [a.to_dict() for a in self.store.list_attempts(delivery_id, tenant=scope)],
         }
 
     def purge_delivered(self, cutoff: datetime) -> int:

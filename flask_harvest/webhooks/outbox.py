@@ -48,6 +48,8 @@ class OutboxMessage:
     #: The ordering key, and the key's number taken by the write (:mod:`.ordering`).
     ordering_key: str | None = None
     ordering_seq: int | None = None
+    #: The tenant whose subscriptions the message is for; ``None``: the untenanted ones.
+    tenant: str | None = None
 
 
 class SqlOutbox:
@@ -72,6 +74,8 @@ class SqlOutbox:
         on_commit: CommitCallback,
         trace_context: str | None = None,
         ordering_key: str | None = None,
+        *,
+        tenant: str | None = None,
     ) -> str:
         """Insert a message on ``target``'s transaction; return its id. Never commits.
 
@@ -87,6 +91,7 @@ class SqlOutbox:
             "payload": body,
             "created_at": utcnow(),
             "trace_context": trace_context,
+            "tenant": tenant,
         }
         if isinstance(target, scoped_session):
             target = target()
@@ -140,13 +145,21 @@ class SqlOutbox:
                 _box.c.trace_context,
                 _box.c.ordering_key,
                 _box.c.ordering_seq,
+                _box.c.tenant,
             )
         )
         with self.db.transaction("claim outbox messages") as conn:
             rows = conn.execute(statement).all()
         return [
             OutboxMessage(
-                row.id, row.topic, row.payload, token, row.trace_context, row.ordering_key, row.ordering_seq
+                row.id,
+                row.topic,
+                row.payload,
+                token,
+                row.trace_context,
+                row.ordering_key,
+                row.ordering_seq,
+                row.tenant,
             )
             for row in sorted(rows, key=lambda row: row.created_at)
         ]

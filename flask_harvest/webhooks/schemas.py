@@ -25,6 +25,7 @@ from .models import (
 )
 from .operations import MAX_BULK_REPLAY, MAX_DLQ_PAGE, MAX_GRACE_SECONDS
 from .ordering import OrderingPolicy
+from .tenants import MAX_TENANT_LENGTH, validate_tenant
 
 _ID = validate.Length(min=1, max=MAX_ID_LENGTH)
 _URL = validate.Length(max=MAX_URL_LENGTH)
@@ -137,6 +138,29 @@ def OrderingPolicyField() -> Text:
     )
 
 
+class Tenant(fields.String):
+    """A tenant (:func:`~.tenants.validate_tenant`): printable, no spaces, at most 128 characters."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        description = (
+            f"the tenant (1 to {MAX_TENANT_LENGTH} printable characters without spaces) the "
+            "subscription belongs to: it receives the events dispatched for that tenant only"
+        )
+        super().__init__(
+            validate=validate.Length(min=1, max=MAX_TENANT_LENGTH),
+            metadata={"description": description},
+            **kwargs,
+        )
+
+    def _deserialize(self, value: Any, attr: str | None, data: Any, **kwargs: Any) -> str:
+        text: str = super()._deserialize(value, attr, data, **kwargs)
+        try:
+            validate_tenant(text, attr or "tenant")
+        except InvalidFieldError as exc:
+            raise ValidationError(exc.message) from None
+        return text
+
+
 class SubscriptionCreateSchema(Schema):
     id = Text(validate=_ID)
     target_url = Text(required=True, validate=_URL)
@@ -147,6 +171,7 @@ class SubscriptionCreateSchema(Schema):
     headers = Headers()
     rate_limit = RateLimitField()
     ordering_policy = OrderingPolicyField()
+    tenant = Tenant()
 
 
 class SubscriptionPatchSchema(Schema):
@@ -220,3 +245,5 @@ class DlqQuerySchema(Schema):
     cursor = Text(validate=validate.Length(min=1, max=1024))
     subscription_id = Text(validate=_ID)
     topic = Text(validate=_ID)
+    #: The scope, as on every route (see the actuator).
+    tenant = Tenant()

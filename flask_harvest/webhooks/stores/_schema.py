@@ -13,6 +13,7 @@ from sqlalchemy import (
     JSON,
     BigInteger,
     Column,
+    ColumnElement,
     Index,
     Integer,
     String,
@@ -40,6 +41,7 @@ from ..models import (
     filter_json,
 )
 from ..ordering import DEFAULT_ORDERING_POLICY, LINE_STATES, MAX_ORDERING_KEY_LENGTH, OrderingPolicy
+from ..tenants import ALL_TENANTS, MAX_TENANT_LENGTH, TenantScope
 from ..topic_index import MAX_KEY_LENGTH, pattern_key
 
 #: Ids are at most this long (the models' limit).
@@ -49,6 +51,9 @@ ID_LENGTH = MAX_ID_LENGTH
 #: The subscriptions an operator should look at: disabled ones and failing ones (a literal, as the
 #: partial index's predicate must be for the planner to use it).
 TROUBLED_SQL = f"status <> '{WebhookSubscriptionStatus.ACTIVE.value}' OR consecutive_failures > 0"
+
+#: The rows of some tenant: the predicate of the deliveries' tenant indexes.
+TENANTED_SQL = "tenant IS NOT NULL"
 
 subscriptions_table = Table(
     "harvest_webhook_subscriptions",
@@ -75,8 +80,12 @@ subscriptions_table = Table(
     # What an ordering key does after its head is dead-lettered; NULL (rows of earlier versions):
     # the default policy (ordering.DEFAULT_ORDERING_POLICY).
     Column("ordering_policy", String(16), nullable=True),
+    # The tenant (flask_harvest.webhooks.tenants); NULL (rows of earlier versions too): no tenant.
+    Column("tenant", String(MAX_TENANT_LENGTH), nullable=True),
     # The dashboard's subscription list, oldest first, a keyset walk.
     Index("ix_harvest_webhook_subscriptions_created", "created_at", "id"),
+    # A tenant's subscriptions, oldest first (a scoped listing).
+    Index("ix_harvest_webhook_subscriptions_tenant_created", "tenant", "created_at", "id"),
     # The overview's failing and disabled subscriptions: the few rows TROUBLED selects.
     Index(
         "ix_harvest_webhook_subscriptions_troubled",
@@ -96,8 +105,13 @@ subscription_topics_table = Table(
     # The primary key leads with the key: it is the index dispatch looks keys up in.
     Column("pattern_key", String(MAX_KEY_LENGTH), primary_key=True),
     Column("subscription_id", String(ID_LENGTH), primary_key=True),
+    # The subscription's tenant, copied: a dispatch for a tenant looks up its keys only, however
+    # many other tenants subscribe to the same topics. NULL (rows of earlier versions): no tenant.
+    Column("tenant", String(MAX_TENANT_LENGTH), nullable=True),
     # Rewriting or removing one subscription's keys.
     Index("ix_harvest_webhook_subscription_topics_subscription", "subscription_id"),
+    # A dispatch's lookup within its tenant (an untenanted one: tenant IS NULL).
+    Index("ix_harvest_webhook_subscription_topics_tenant", "tenant", "pattern_key"),
 )
 
 #: The rows of the ordering index: keyed, in a state that may hold a key's line. A literal, which
@@ -133,6 +147,9 @@ deliveries_table = Table(
     # Ordered delivery (webhooks.ordering): the key, and its sequence number at dispatch.
     Column("ordering_key", String(MAX_ORDERING_KEY_LENGTH), nullable=True),
     Column("ordering_seq", BigInteger, nullable=True),
+    # The subscription's tenant, copied when the delivery is made, so a tenant's listings read
+    # their own index; NULL (rows of earlier versions too): no tenant.
+    Column("tenant", String(MAX_TENANT_LENGTH), nullable=True),
     # The due scan, the claim and the queue-lag gauge: pending rows only (a partial index), so it
     # stays the size of the backlog however much history the table keeps. Queries name the state as
     # a literal (PENDING_ROWS) so the planner can match the predicate in a prepared statement too.
@@ -178,6 +195,26 @@ deliveries_table = Table(
         "id",
         postgresql_where=text(LINE_ROWS_SQL),
         sqlite_where=text(LINE_ROWS_SQL),
+    ),
+    # A tenant's listings newest first, in every state and in one (its DLQ, its stats). Partial: an
+    # application without tenants pays nothing for them on each insert, and a query for one tenant
+    # (tenant = ..., which implies the predicate) still reads them.
+    Index(
+        "ix_harvest_webhook_deliveries_tenant_recent",
+        "tenant",
+        "timestamp",
+        "id",
+        postgresql_where=text(TENANTED_SQL),
+        sqlite_where=text(TENANTED_SQL),
+    ),
+    Index(
+        "ix_harvest_webhook_deliveries_tenant_state_recent",
+        "tenant",
+        "state",
+        "timestamp",
+        "id",
+        postgresql_where=text(TENANTED_SQL),
+        sqlite_where=text(TENANTED_SQL),
     ),
 )
 
@@ -245,6 +282,8 @@ outbox_table = Table(
     # dispatch_in_tx's ordering key, and the key's number taken in the writer's transaction.
     Column("ordering_key", String(MAX_ORDERING_KEY_LENGTH), nullable=True),
     Column("ordering_seq", BigInteger, nullable=True),
+    # The tenant of dispatch_in_tx: the relay delivers to its subscriptions only. NULL: no tenant.
+    Column("tenant", String(MAX_TENANT_LENGTH), nullable=True),
     # The relay's scan of unrelayed messages, and the purge of relayed ones.
     Index("ix_harvest_outbox_relayed_created", "relayed_at", "created_at"),
 )
@@ -302,10 +341,20 @@ def subscription_column_values(values: Mapping[str, Any]) -> dict[str, Any]:
 # cheapest way to read them all, and delivery_values runs once per delivery logged.
 
 
-def topic_rows(subscription_id: str, patterns: Iterable[str]) -> list[dict[str, str]]:
-    """Return the topic index rows of a subscription with ``patterns`` (one per distinct key)."""
+def topic_rows(
+    subscription_id: str, patterns: Iterable[str], tenant: str | None = None
+) -> list[dict[str, Any]]:
+    """Return the topic index rows of a subscription of ``tenant`` with ``patterns`` (one per
+    distinct key)."""
     keys = dict.fromkeys(pattern_key(pattern) for pattern in patterns)
-    return [{"pattern_key": key, "subscription_id": subscription_id} for key in keys]
+    return [{"pattern_key": key, "subscription_id": subscription_id, "tenant": tenant} for key in keys]
+
+
+def in_scope_sql(column: ColumnElement[Any], scope: TenantScope) -> ColumnElement[bool] | None:
+    """The condition that keeps the rows of ``scope`` (a ``tenant`` column), ``None`` for every row."""
+    if scope is ALL_TENANTS:
+        return None
+    return column.is_(None) if scope is None else column == scope
 
 
 def subscription_values(subscription: WebhookSubscription) -> dict[str, Any]:

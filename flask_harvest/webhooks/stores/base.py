@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING
 
-from ...errors import InvalidStateError
+from ...errors import DeliveryNotFoundError, InvalidStateError
 from .. import operational
 from ..models import (
     WAITING_STATES,
@@ -31,6 +31,7 @@ from ..models import (
     WebhookSubscription,
     WebhookSubscriptionStatus,
 )
+from ..tenants import ALL_TENANTS, TenantScope
 
 if TYPE_CHECKING:
     # Only a type: the contract itself needs no SQL.
@@ -220,6 +221,12 @@ class OutboundWebhookHandler(abc.ABC):
 
     Errors of the underlying database are raised as :class:`~flask_harvest.errors.StoreError` with
     the driver's exception as ``__cause__``.
+
+    Every method that reads, lists or changes subscriptions, deliveries or attempts by id takes a
+    keyword ``tenant``, a :data:`~flask_harvest.webhooks.tenants.TenantScope`: with a tenant (or
+    ``None``, the untenanted rows) it sees that tenant's rows only, and a row of another tenant is
+    exactly as absent as one that does not exist (``None``, an empty list, a not-found error, nothing
+    changed). The default, :data:`~flask_harvest.webhooks.tenants.ALL_TENANTS`, sees every row.
     """
 
     @property
@@ -245,12 +252,14 @@ class OutboundWebhookHandler(abc.ABC):
         """
 
     @abc.abstractmethod
-    def get_subscription(self, subscription_id: str) -> WebhookSubscription | None:
-        """Return the subscription, or ``None``."""
+    def get_subscription(
+        self, subscription_id: str, *, tenant: TenantScope = ALL_TENANTS
+    ) -> WebhookSubscription | None:
+        """Return the subscription, or ``None`` (also when it is not in the ``tenant`` scope)."""
 
     @abc.abstractmethod
-    def list_subscriptions(self) -> list[WebhookSubscription]:
-        """Return every subscription, oldest first."""
+    def list_subscriptions(self, *, tenant: TenantScope = ALL_TENANTS) -> list[WebhookSubscription]:
+        """Return every subscription (of the ``tenant`` scope), oldest first."""
 
     def list_subscriptions_page(
         self,
@@ -259,6 +268,7 @@ class OutboundWebhookHandler(abc.ABC):
         after: SubscriptionCursor | None = None,
         status: WebhookSubscriptionStatus | None = None,
         topic: str | None = None,
+        tenant: TenantScope = ALL_TENANTS,
     ) -> list[WebhookSubscription]:
         """Return at most ``limit`` subscriptions, oldest first by ``(created_at, id)``: the keyset
         listing behind the dashboard, filtered in the query.
@@ -270,7 +280,11 @@ class OutboundWebhookHandler(abc.ABC):
         This default filters :meth:`subscriptions_for_topic` or :meth:`list_subscriptions` (the
         in-memory store's topic index makes the first a lookup); the SQL store walks an index.
         """
-        candidates = self.subscriptions_for_topic(topic) if topic is not None else self.list_subscriptions()
+        candidates = (
+            self.subscriptions_for_topic(topic, tenant=tenant)
+            if topic is not None
+            else self.list_subscriptions(tenant=tenant)
+        )
         chosen = (
             s
             for s in candidates
@@ -278,7 +292,9 @@ class OutboundWebhookHandler(abc.ABC):
         )
         return list(itertools.islice(chosen, limit))
 
-    def troubled_subscriptions(self, *, limit: int) -> list[WebhookSubscription]:
+    def troubled_subscriptions(
+        self, *, limit: int, tenant: TenantScope = ALL_TENANTS
+    ) -> list[WebhookSubscription]:
         """Return at most ``limit`` subscriptions that are disabled or failing (not ``active``, or
         with consecutive failures), the most failures first: what the dashboard's overview lists.
 
@@ -287,26 +303,33 @@ class OutboundWebhookHandler(abc.ABC):
         """
         troubled = [
             s
-            for s in self.list_subscriptions()
+            for s in self.list_subscriptions(tenant=tenant)
             if s.status is not WebhookSubscriptionStatus.ACTIVE or s.consecutive_failures
         ]
         troubled.sort(key=lambda s: (-s.consecutive_failures, s.created_at, s.id))
         return troubled[:limit]
 
     @abc.abstractmethod
-    def update_subscription(self, subscription_id: str, changes: SubscriptionChanges) -> WebhookSubscription:
+    def update_subscription(
+        self, subscription_id: str, changes: SubscriptionChanges, *, tenant: TenantScope = ALL_TENANTS
+    ) -> WebhookSubscription:
         """Set the fields ``changes`` names, and ``updated_at``, on the stored subscription, in one
         atomic step; return it as stored.
 
         Only those fields are written: a failure counted or a status set by a worker meanwhile
         stays (never read, change and write the whole row back).
 
-        :raises SubscriptionNotFoundError: there is none with that id.
+        :raises SubscriptionNotFoundError: there is none with that id (in the ``tenant`` scope).
         """
 
     @abc.abstractmethod
     def rotate_secret(
-        self, subscription_id: str, secret: str, *, previous_expires_at: datetime
+        self,
+        subscription_id: str,
+        secret: str,
+        *,
+        previous_expires_at: datetime,
+        tenant: TenantScope = ALL_TENANTS,
     ) -> WebhookSubscription:
         """Make ``secret`` the subscription's secret in one atomic step: the current secret becomes
         ``previous_secret``, signing too until ``previous_expires_at``; return it as stored.
@@ -316,30 +339,37 @@ class OutboundWebhookHandler(abc.ABC):
         """
 
     @abc.abstractmethod
-    def remove_subscription(self, subscription_id: str) -> bool:
-        """Delete the subscription; return whether it existed. Its delivery logs stay."""
+    def remove_subscription(self, subscription_id: str, *, tenant: TenantScope = ALL_TENANTS) -> bool:
+        """Delete the subscription; return whether it existed (in the ``tenant`` scope). Its
+        delivery logs stay."""
 
-    def subscriptions_for_topic(self, topic: str) -> list[WebhookSubscription]:
-        """Return the subscriptions, whatever their status, whose topics select ``topic``."""
-        return [s for s in self.list_subscriptions() if s.matches(topic)]
+    def subscriptions_for_topic(
+        self, topic: str, *, tenant: TenantScope = ALL_TENANTS
+    ) -> list[WebhookSubscription]:
+        """Return the subscriptions (of the ``tenant`` scope), whatever their status, whose topics
+        select ``topic``. A dispatch asks for its own tenant's, or ``None``'s."""
+        return [s for s in self.list_subscriptions(tenant=tenant) if s.matches(topic)]
 
-    def subscriptions_for_topics(self, topics: Sequence[str]) -> dict[str, list[WebhookSubscription]]:
-        """Return each of ``topics`` with the subscriptions, whatever their status, that select it.
+    def subscriptions_for_topics(
+        self, topics: Sequence[str], *, tenant: TenantScope = ALL_TENANTS
+    ) -> dict[str, list[WebhookSubscription]]:
+        """Return each of ``topics`` with the subscriptions (of the ``tenant`` scope), whatever
+        their status, that select it.
 
-        The outbox relay calls it once per batch of messages. This default reads every
+        The outbox relay calls it once per tenant of a batch of messages. This default reads every
         subscription once; the SQL and in-memory stores look the topics up in their topic index.
         """
-        subscriptions = self.list_subscriptions()
+        subscriptions = self.list_subscriptions(tenant=tenant)
         return {topic: [s for s in subscriptions if s.matches(topic)] for topic in dict.fromkeys(topics)}
 
     def set_subscription_status(
-        self, subscription_id: str, status: WebhookSubscriptionStatus
+        self, subscription_id: str, status: WebhookSubscriptionStatus, *, tenant: TenantScope = ALL_TENANTS
     ) -> WebhookSubscription:
         """Set a subscription's status; enabling one also clears its failure count.
 
-        :raises SubscriptionNotFoundError: there is none with that id.
+        :raises SubscriptionNotFoundError: there is none with that id (in the ``tenant`` scope).
         """
-        return self.update_subscription(subscription_id, SubscriptionChanges(status=status))
+        return self.update_subscription(subscription_id, SubscriptionChanges(status=status), tenant=tenant)
 
     # -- delivery logs -------------------------------------------------------------------------
 
@@ -352,10 +382,15 @@ class OutboundWebhookHandler(abc.ABC):
         """
 
     def log_deliveries_for_topic(
-        self, topic: str, build: Callable[[WebhookSubscription], DeliveryLog | None]
+        self,
+        topic: str,
+        build: Callable[[WebhookSubscription], DeliveryLog | None],
+        *,
+        tenant: TenantScope = ALL_TENANTS,
     ) -> list[tuple[WebhookSubscription, DeliveryLog]]:
         """Log one delivery, made by ``build``, per subscription whose topics select ``topic``
-        (whatever its status) and for which ``build`` returns one (``None``: that subscription
+        (whatever its status) in the ``tenant`` scope (a dispatch passes its tenant, or ``None``)
+        and for which ``build`` returns one (``None``: that subscription
         takes no delivery); return the ``(subscription, delivery)`` pairs.
 
         ``build`` must give every delivery a new id: a store may insert without looking for
@@ -363,18 +398,22 @@ class OutboundWebhookHandler(abc.ABC):
         :meth:`subscriptions_for_topic` and :meth:`log_deliveries`; the SQL store does both in
         one transaction.
         """
-        built = ((subscription, build(subscription)) for subscription in self.subscriptions_for_topic(topic))
+        matched = self.subscriptions_for_topic(topic, tenant=tenant)
+        built = ((subscription, build(subscription)) for subscription in matched)
         pairs = [(subscription, delivery) for subscription, delivery in built if delivery is not None]
         self.log_deliveries([delivery for _, delivery in pairs])
         return pairs
 
     @abc.abstractmethod
-    def get_delivery(self, delivery_id: str) -> DeliveryLog | None:
-        """Return the delivery log, or ``None``."""
+    def get_delivery(self, delivery_id: str, *, tenant: TenantScope = ALL_TENANTS) -> DeliveryLog | None:
+        """Return the delivery log, or ``None`` (also when it is not in the ``tenant`` scope)."""
 
     @abc.abstractmethod
-    def get_deliveries(self, delivery_ids: Sequence[str]) -> list[DeliveryLog]:
-        """Return the delivery logs that exist among ``delivery_ids``, in no particular order."""
+    def get_deliveries(
+        self, delivery_ids: Sequence[str], *, tenant: TenantScope = ALL_TENANTS
+    ) -> list[DeliveryLog]:
+        """Return the delivery logs (of the ``tenant`` scope) that exist among ``delivery_ids``, in
+        no particular order."""
 
     def get_schedules(self, delivery_ids: Sequence[str]) -> list[DeliverySchedule]:
         """Return the next attempt and due time of the deliveries that exist among
@@ -389,8 +428,9 @@ class OutboundWebhookHandler(abc.ABC):
         ]
 
     @abc.abstractmethod
-    def list_attempts(self, delivery_id: str) -> list[DeliveryAttempt]:
-        """Return the delivery's recorded attempts, oldest first.
+    def list_attempts(self, delivery_id: str, *, tenant: TenantScope = ALL_TENANTS) -> list[DeliveryAttempt]:
+        """Return the delivery's recorded attempts, oldest first (none when the delivery is not in
+        the ``tenant`` scope).
 
         A store may keep only the latest attempt (the in-memory store does).
         """
@@ -404,12 +444,14 @@ class OutboundWebhookHandler(abc.ABC):
         topic: str | None = None,
         since: datetime | None = None,
         until: datetime | None = None,
+        tenant: TenantScope = ALL_TENANTS,
     ) -> list[DeliveryLog]:
         """Return dead-lettered deliveries, newest first by ``(timestamp, id)``.
 
         :param before: return only rows older than this cursor (the last row of a previous page).
         :param since: only rows dead-lettered at or after this time.
         :param until: only rows dead-lettered before this time.
+        :param tenant: only rows of this scope.
         """
         return self.list_deliveries(
             limit=limit,
@@ -419,6 +461,7 @@ class OutboundWebhookHandler(abc.ABC):
             topic=topic,
             since=since,
             until=until,
+            tenant=tenant,
         )
 
     @abc.abstractmethod
@@ -432,6 +475,7 @@ class OutboundWebhookHandler(abc.ABC):
         topic: str | None = None,
         since: datetime | None = None,
         until: datetime | None = None,
+        tenant: TenantScope = ALL_TENANTS,
     ) -> list[DeliveryLog]:
         """Return deliveries in any state (or in ``state``), newest first by ``(timestamp, id)``:
         the keyset listing behind the dashboard, one bounded index walk per page.
@@ -450,6 +494,7 @@ class OutboundWebhookHandler(abc.ABC):
         topic: str | None = None,
         since: datetime | None = None,
         until: datetime | None = None,
+        tenant: TenantScope = ALL_TENANTS,
     ) -> list[DeliverySummary]:
         """Return :meth:`list_deliveries`' rows as :class:`DeliverySummary` values, same
         parameters, same order: what a list page shows, without the payload or response body. A
@@ -462,6 +507,7 @@ class OutboundWebhookHandler(abc.ABC):
             topic=topic,
             since=since,
             until=until,
+            tenant=tenant,
         )
         return [DeliverySummary.of(delivery) for delivery in listed]
 
@@ -474,6 +520,7 @@ class OutboundWebhookHandler(abc.ABC):
         topic: str | None = None,
         since: datetime | None = None,
         until: datetime | None = None,
+        tenant: TenantScope = ALL_TENANTS,
     ) -> int:
         """Return how many deliveries :meth:`list_deliveries` lists with these filters, counting at
         most ``cap`` (a count equal to ``cap`` means "at least"): a list page's total. A store may
@@ -481,7 +528,13 @@ class OutboundWebhookHandler(abc.ABC):
         if cap < 1:
             return 0
         listed = self.list_delivery_summaries(
-            limit=cap, state=state, subscription_id=subscription_id, topic=topic, since=since, until=until
+            limit=cap,
+            state=state,
+            subscription_id=subscription_id,
+            topic=topic,
+            since=since,
+            until=until,
+            tenant=tenant,
         )
         return len(listed)
 
@@ -494,13 +547,15 @@ class OutboundWebhookHandler(abc.ABC):
         """
 
     def recent_attempts(
-        self, subscription_id: str, *, since: datetime, limit: int
+        self, subscription_id: str, *, since: datetime, limit: int, tenant: TenantScope = ALL_TENANTS
     ) -> list[tuple[int | None, int | None]]:
         """Return ``(response_status, elapsed_ms)`` of the attempts since ``since`` of the
         ``limit`` deliveries of ``subscription_id`` attempted last: a bounded sample for the
         dashboard's success rate and latency. This default reads those deliveries and their
         attempts; the SQL store joins them in one query on its indexes."""
-        recent = self.list_deliveries(limit=limit, subscription_id=subscription_id, since=since)
+        recent = self.list_deliveries(
+            limit=limit, subscription_id=subscription_id, since=since, tenant=tenant
+        )
         return [
             (a.response_status, a.elapsed_ms)
             for d in recent
@@ -509,9 +564,11 @@ class OutboundWebhookHandler(abc.ABC):
         ]
 
     @abc.abstractmethod
-    def delivery_stats(self, *, cap: int | None = None) -> tuple[DeliveryStats, dict[str, DeliveryStats]]:
+    def delivery_stats(
+        self, *, cap: int | None = None, tenant: TenantScope = ALL_TENANTS
+    ) -> tuple[DeliveryStats, dict[str, DeliveryStats]]:
         """Return delivery counts by state and the oldest pending delivery: overall, and per
-        subscription id.
+        subscription id; of the ``tenant`` scope's deliveries only.
 
         :param cap: read at most this many rows of each state, so the cost stays bounded however
             long the history: a state with more is marked capped (see :class:`DeliveryStats` for
@@ -667,12 +724,14 @@ class OutboundWebhookHandler(abc.ABC):
         """Move ``PENDING`` deliveries to the DLQ with ``error``; return the ids moved."""
 
     @abc.abstractmethod
-    def replay_delivery(self, delivery_id: str, *, now: datetime) -> DeliveryLog:
+    def replay_delivery(
+        self, delivery_id: str, *, now: datetime, tenant: TenantScope = ALL_TENANTS
+    ) -> DeliveryLog:
         """Move a dead-lettered delivery back to ``PENDING``, due now, with ``attempt`` = 1.
 
         The id, payload and topic stay, so the receiver sees the same ``webhook-id``.
 
-        :raises DeliveryNotFoundError: no such delivery.
+        :raises DeliveryNotFoundError: no such delivery (in the ``tenant`` scope).
         :raises InvalidStateError: the delivery is not dead-lettered.
         """
 
@@ -711,19 +770,26 @@ class OutboundWebhookHandler(abc.ABC):
         """
         return set()
 
-    def skip_delivery(self, delivery_id: str, *, reason: str, now: datetime) -> DeliveryLog:
+    def skip_delivery(
+        self, delivery_id: str, *, reason: str, now: datetime, tenant: TenantScope = ALL_TENANTS
+    ) -> DeliveryLog:
         """Move a dead-lettered delivery to ``SKIPPED`` with ``reason`` (an operator gives up on it),
         which releases its ordering key.
 
-        :raises DeliveryNotFoundError: no such delivery.
+        :raises DeliveryNotFoundError: no such delivery (in the ``tenant`` scope).
         :raises InvalidStateError: the delivery is not dead-lettered (or the store cannot skip).
         """
+        if self.get_delivery(delivery_id, tenant=tenant) is None:
+            raise DeliveryNotFoundError(delivery_id)
         raise InvalidStateError(
             f"this store cannot skip delivery {delivery_id!r}: it has no ordered delivery"
         )
 
-    def blocked_keys(self, subscription_id: str, *, limit: int = 50) -> list[BlockedKey]:
-        """Return up to ``limit`` keys of ``subscription_id`` held by a dead-lettered head, by key.
+    def blocked_keys(
+        self, subscription_id: str, *, limit: int = 50, tenant: TenantScope = ALL_TENANTS
+    ) -> list[BlockedKey]:
+        """Return up to ``limit`` keys of ``subscription_id`` held by a dead-lettered head, by key
+        (none when its deliveries are not in the ``tenant`` scope).
 
         Meaningful for a subscription with the ``block`` policy; this default returns nothing.
         """

@@ -28,6 +28,7 @@ from ..models import (
     WebhookSubscriptionStatus,
 )
 from ..ordering import DEFAULT_ORDERING_POLICY, OrderingPolicy, at_head, next_in_line, position
+from ..tenants import ALL_TENANTS, TenantScope, in_scope
 from ..topic_index import pattern_key, topic_keys
 from .base import (
     BlockedKey,
@@ -94,57 +95,77 @@ class InMemoryOutboundWebhookHandler(OutboundWebhookHandler):
                 if not ids:
                     del self._by_key[key]
 
-    def subscriptions_for_topics(self, topics: Sequence[str]) -> dict[str, list[WebhookSubscription]]:
-        return {topic: self.subscriptions_for_topic(topic) for topic in dict.fromkeys(topics)}
+    def subscriptions_for_topics(
+        self, topics: Sequence[str], *, tenant: TenantScope = ALL_TENANTS
+    ) -> dict[str, list[WebhookSubscription]]:
+        return {topic: self.subscriptions_for_topic(topic, tenant=tenant) for topic in dict.fromkeys(topics)}
 
-    def subscriptions_for_topic(self, topic: str) -> list[WebhookSubscription]:
+    def subscriptions_for_topic(
+        self, topic: str, *, tenant: TenantScope = ALL_TENANTS
+    ) -> list[WebhookSubscription]:
         with self._lock:
             ids = {i for key in topic_keys(topic) for i in self._by_key.get(key, ())}
             # A long pattern's key selects a superset: the matcher has the last word.
             found = [self._subscriptions[i] for i in ids]
-        return sorted((s for s in found if s.matches(topic)), key=lambda s: (s.created_at, s.id))
+        chosen = (s for s in found if in_scope(tenant, s.tenant) and s.matches(topic))
+        return sorted(chosen, key=lambda s: (s.created_at, s.id))
 
-    def get_subscription(self, subscription_id: str) -> WebhookSubscription | None:
+    def get_subscription(
+        self, subscription_id: str, *, tenant: TenantScope = ALL_TENANTS
+    ) -> WebhookSubscription | None:
         with self._lock:
-            return self._subscriptions.get(subscription_id)
+            found = self._subscriptions.get(subscription_id)
+        return found if found is not None and in_scope(tenant, found.tenant) else None
 
-    def list_subscriptions(self) -> list[WebhookSubscription]:
+    def list_subscriptions(self, *, tenant: TenantScope = ALL_TENANTS) -> list[WebhookSubscription]:
         with self._lock:
-            return sorted(self._subscriptions.values(), key=lambda s: (s.created_at, s.id))
+            chosen = [s for s in self._subscriptions.values() if in_scope(tenant, s.tenant)]
+        return sorted(chosen, key=lambda s: (s.created_at, s.id))
 
-    def update_subscription(self, subscription_id: str, changes: SubscriptionChanges) -> WebhookSubscription:
-        return self._change(subscription_id, **changes.values())
+    def update_subscription(
+        self, subscription_id: str, changes: SubscriptionChanges, *, tenant: TenantScope = ALL_TENANTS
+    ) -> WebhookSubscription:
+        return self._change(subscription_id, tenant, **changes.values())
 
     def rotate_secret(
-        self, subscription_id: str, secret: str, *, previous_expires_at: datetime
+        self,
+        subscription_id: str,
+        secret: str,
+        *,
+        previous_expires_at: datetime,
+        tenant: TenantScope = ALL_TENANTS,
     ) -> WebhookSubscription:
         with self._lock:
-            current = self._get(subscription_id)
+            current = self._get(subscription_id, tenant)
             return self._change(
                 subscription_id,
+                tenant,
                 secret=secret,
                 previous_secret=current.secret,
                 previous_secret_expires_at=previous_expires_at,
             )
 
-    def _get(self, subscription_id: str) -> WebhookSubscription:
+    def _get(self, subscription_id: str, tenant: TenantScope) -> WebhookSubscription:
         subscription = self._subscriptions.get(subscription_id)
-        if subscription is None:
+        if subscription is None or not in_scope(tenant, subscription.tenant):
             raise SubscriptionNotFoundError(subscription_id)
         return subscription
 
-    def _change(self, subscription_id: str, **values: Any) -> WebhookSubscription:
+    def _change(self, subscription_id: str, tenant: TenantScope, **values: Any) -> WebhookSubscription:
         # Read and write under the lock, from the stored value: what a worker wrote stays.
         with self._lock:
-            current = self._get(subscription_id)
+            current = self._get(subscription_id, tenant)
             updated = current.replace(**values, updated_at=utcnow())
             self._unfile(current)
             self._subscriptions[subscription_id] = updated
             self._file(updated)
             return updated
 
-    def remove_subscription(self, subscription_id: str) -> bool:
+    def remove_subscription(self, subscription_id: str, *, tenant: TenantScope = ALL_TENANTS) -> bool:
         with self._lock:
+            found = self._subscriptions.get(subscription_id)
+            if found is None or not in_scope(tenant, found.tenant):
+                return False
             removed = self._subscriptions.pop(subscription_id, None)
             if removed is not None:
                 self._unfile(removed)
@@ -168,16 +189,22 @@ class InMemoryOutboundWebhookHandler(OutboundWebhookHandler):
                     inserted.append(delivery.id)
         return inserted
 
-    def get_delivery(self, delivery_id: str) -> DeliveryLog | None:
+    def get_delivery(self, delivery_id: str, *, tenant: TenantScope = ALL_TENANTS) -> DeliveryLog | None:
         with self._lock:
-            return self._deliveries.get(delivery_id)
+            found = self._deliveries.get(delivery_id)
+        return found if found is not None and in_scope(tenant, found.tenant) else None
 
-    def get_deliveries(self, delivery_ids: Sequence[str]) -> list[DeliveryLog]:
+    def get_deliveries(
+        self, delivery_ids: Sequence[str], *, tenant: TenantScope = ALL_TENANTS
+    ) -> list[DeliveryLog]:
         with self._lock:
-            return [self._deliveries[i] for i in delivery_ids if i in self._deliveries]
+            found = [self._deliveries[i] for i in delivery_ids if i in self._deliveries]
+        return [d for d in found if in_scope(tenant, d.tenant)]
 
-    def list_attempts(self, delivery_id: str) -> list[DeliveryAttempt]:
+    def list_attempts(self, delivery_id: str, *, tenant: TenantScope = ALL_TENANTS) -> list[DeliveryAttempt]:
         with self._lock:
+            if self.get_delivery(delivery_id, tenant=tenant) is None:
+                return []
             latest = self._latest_attempt.get(delivery_id)
             return [latest] if latest else []
 
@@ -191,12 +218,14 @@ class InMemoryOutboundWebhookHandler(OutboundWebhookHandler):
         topic: str | None = None,
         since: datetime | None = None,
         until: datetime | None = None,
+        tenant: TenantScope = ALL_TENANTS,
     ) -> list[DeliveryLog]:
         with self._lock:
             rows = [
                 d
                 for d in self._deliveries.values()
-                if (state is None or d.state is state)
+                if in_scope(tenant, d.tenant)
+                and (state is None or d.state is state)
                 and (subscription_id is None or d.subscription_id == subscription_id)
                 and (topic is None or d.topic == topic)
                 and (before is None or (d.timestamp, d.id) < before)
@@ -215,9 +244,11 @@ class InMemoryOutboundWebhookHandler(OutboundWebhookHandler):
             ]
         return minute_buckets(started)
 
-    def delivery_stats(self, *, cap: int | None = None) -> tuple[DeliveryStats, dict[str, DeliveryStats]]:
+    def delivery_stats(
+        self, *, cap: int | None = None, tenant: TenantScope = ALL_TENANTS
+    ) -> tuple[DeliveryStats, dict[str, DeliveryStats]]:
         with self._lock:
-            deliveries = list(self._deliveries.values())
+            deliveries = [d for d in self._deliveries.values() if in_scope(tenant, d.tenant)]
         if cap is not None:
             groups, capped = capped_groups(deliveries, cap)
             return fold_stats(groups, cap=cap, capped=capped)
@@ -331,10 +362,12 @@ class InMemoryOutboundWebhookHandler(OutboundWebhookHandler):
                     moved.append(delivery_id)
         return moved
 
-    def replay_delivery(self, delivery_id: str, *, now: datetime) -> DeliveryLog:
+    def replay_delivery(
+        self, delivery_id: str, *, now: datetime, tenant: TenantScope = ALL_TENANTS
+    ) -> DeliveryLog:
         with self._lock:
             delivery = self._deliveries.get(delivery_id)
-            if delivery is None:
+            if delivery is None or not in_scope(tenant, delivery.tenant):
                 raise DeliveryNotFoundError(delivery_id)
             if delivery.state is not DeliveryState.DLQ:
                 raise InvalidStateError(
@@ -413,10 +446,12 @@ class InMemoryOutboundWebhookHandler(OutboundWebhookHandler):
                 if d is not None and d.state is DeliveryState.PENDING and not self._at_head(d)
             }
 
-    def skip_delivery(self, delivery_id: str, *, reason: str, now: datetime) -> DeliveryLog:
+    def skip_delivery(
+        self, delivery_id: str, *, reason: str, now: datetime, tenant: TenantScope = ALL_TENANTS
+    ) -> DeliveryLog:
         with self._lock:
             delivery = self._deliveries.get(delivery_id)
-            if delivery is None:
+            if delivery is None or not in_scope(tenant, delivery.tenant):
                 raise DeliveryNotFoundError(delivery_id)
             if delivery.state is not DeliveryState.DLQ:
                 raise InvalidStateError(
@@ -427,13 +462,20 @@ class InMemoryOutboundWebhookHandler(OutboundWebhookHandler):
             self._deliveries[delivery_id] = skipped
             return skipped
 
-    def blocked_keys(self, subscription_id: str, *, limit: int = 50) -> list[BlockedKey]:
+    def blocked_keys(
+        self, subscription_id: str, *, limit: int = 50, tenant: TenantScope = ALL_TENANTS
+    ) -> list[BlockedKey]:
         with self._lock:
             if self._policy(subscription_id) is not OrderingPolicy.BLOCK:
                 return []
             lines: dict[str, list[DeliveryLog]] = {}
+            # A delivery carries its subscription's tenant: the scope filters the deliveries.
             for d in self._deliveries.values():
-                if d.subscription_id == subscription_id and d.ordering_key is not None:
+                if (
+                    d.subscription_id == subscription_id
+                    and d.ordering_key is not None
+                    and in_scope(tenant, d.tenant)
+                ):
                     lines.setdefault(d.ordering_key, []).append(d)
         blocked = []
         for key in sorted(lines):

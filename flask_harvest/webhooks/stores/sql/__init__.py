@@ -31,6 +31,7 @@ from ...models import (
     WebhookSubscription,
     WebhookSubscriptionStatus,
 )
+from ...tenants import ALL_TENANTS, TenantScope
 from .._schema import (
     WEBHOOK_TABLES,
     UTCDateTime,
@@ -125,17 +126,23 @@ class SqlOutboundWebhookStore(OutboundWebhookHandler):
     def add_subscription(self, subscription: WebhookSubscription) -> WebhookSubscription:
         return self._subscriptions.add(subscription)
 
-    def get_subscription(self, subscription_id: str) -> WebhookSubscription | None:
-        return self._subscriptions.get(subscription_id)
+    def get_subscription(
+        self, subscription_id: str, *, tenant: TenantScope = ALL_TENANTS
+    ) -> WebhookSubscription | None:
+        return self._subscriptions.get(subscription_id, tenant)
 
-    def subscriptions_for_topic(self, topic: str) -> list[WebhookSubscription]:
-        return self._subscriptions.for_topic(topic)
+    def subscriptions_for_topic(
+        self, topic: str, *, tenant: TenantScope = ALL_TENANTS
+    ) -> list[WebhookSubscription]:
+        return self._subscriptions.for_topic(topic, tenant)
 
-    def subscriptions_for_topics(self, topics: Sequence[str]) -> dict[str, list[WebhookSubscription]]:
-        return self._subscriptions.for_topics(topics)
+    def subscriptions_for_topics(
+        self, topics: Sequence[str], *, tenant: TenantScope = ALL_TENANTS
+    ) -> dict[str, list[WebhookSubscription]]:
+        return self._subscriptions.for_topics(topics, tenant)
 
-    def list_subscriptions(self) -> list[WebhookSubscription]:
-        return self._subscriptions.list_all()
+    def list_subscriptions(self, *, tenant: TenantScope = ALL_TENANTS) -> list[WebhookSubscription]:
+        return self._subscriptions.list_all(tenant)
 
     def list_subscriptions_page(
         self,
@@ -144,24 +151,34 @@ class SqlOutboundWebhookStore(OutboundWebhookHandler):
         after: SubscriptionCursor | None = None,
         status: WebhookSubscriptionStatus | None = None,
         topic: str | None = None,
+        tenant: TenantScope = ALL_TENANTS,
     ) -> list[WebhookSubscription]:
-        return self._subscriptions.page(limit=limit, after=after, status=status, topic=topic)
+        return self._subscriptions.page(limit=limit, after=after, status=status, topic=topic, tenant=tenant)
 
-    def troubled_subscriptions(self, *, limit: int) -> list[WebhookSubscription]:
-        return self._subscriptions.troubled(limit=limit)
+    def troubled_subscriptions(
+        self, *, limit: int, tenant: TenantScope = ALL_TENANTS
+    ) -> list[WebhookSubscription]:
+        return self._subscriptions.troubled(limit=limit, tenant=tenant)
 
-    def update_subscription(self, subscription_id: str, changes: SubscriptionChanges) -> WebhookSubscription:
-        return self._subscriptions.update(subscription_id, changes)
+    def update_subscription(
+        self, subscription_id: str, changes: SubscriptionChanges, *, tenant: TenantScope = ALL_TENANTS
+    ) -> WebhookSubscription:
+        return self._subscriptions.update(subscription_id, changes, tenant)
 
     def rotate_secret(
-        self, subscription_id: str, secret: str, *, previous_expires_at: datetime
+        self,
+        subscription_id: str,
+        secret: str,
+        *,
+        previous_expires_at: datetime,
+        tenant: TenantScope = ALL_TENANTS,
     ) -> WebhookSubscription:
         return self._subscriptions.rotate_secret(
-            subscription_id, secret, previous_expires_at=previous_expires_at
+            subscription_id, secret, previous_expires_at=previous_expires_at, tenant=tenant
         )
 
-    def remove_subscription(self, subscription_id: str) -> bool:
-        return self._subscriptions.remove(subscription_id)
+    def remove_subscription(self, subscription_id: str, *, tenant: TenantScope = ALL_TENANTS) -> bool:
+        return self._subscriptions.remove(subscription_id, tenant)
 
     # -- delivery logs -------------------------------------------------------------------------
 
@@ -169,21 +186,27 @@ class SqlOutboundWebhookStore(OutboundWebhookHandler):
         return self._deliveries.log_deliveries(deliveries)
 
     def log_deliveries_for_topic(
-        self, topic: str, build: Callable[[WebhookSubscription], DeliveryLog | None]
+        self,
+        topic: str,
+        build: Callable[[WebhookSubscription], DeliveryLog | None],
+        *,
+        tenant: TenantScope = ALL_TENANTS,
     ) -> list[tuple[WebhookSubscription, DeliveryLog]]:
-        return self._deliveries.log_deliveries_for_topic(topic, build)
+        return self._deliveries.log_deliveries_for_topic(topic, build, tenant)
 
-    def get_delivery(self, delivery_id: str) -> DeliveryLog | None:
-        return self._reports.get_delivery(delivery_id)
+    def get_delivery(self, delivery_id: str, *, tenant: TenantScope = ALL_TENANTS) -> DeliveryLog | None:
+        return self._reports.get_delivery(delivery_id, tenant)
 
-    def get_deliveries(self, delivery_ids: Sequence[str]) -> list[DeliveryLog]:
-        return self._reports.get_deliveries(delivery_ids)
+    def get_deliveries(
+        self, delivery_ids: Sequence[str], *, tenant: TenantScope = ALL_TENANTS
+    ) -> list[DeliveryLog]:
+        return self._reports.get_deliveries(delivery_ids, tenant)
 
     def get_schedules(self, delivery_ids: Sequence[str]) -> list[DeliverySchedule]:
         return self._deliveries.get_schedules(delivery_ids)
 
-    def list_attempts(self, delivery_id: str) -> list[DeliveryAttempt]:
-        return self._reports.list_attempts(delivery_id)
+    def list_attempts(self, delivery_id: str, *, tenant: TenantScope = ALL_TENANTS) -> list[DeliveryAttempt]:
+        return self._reports.list_attempts(delivery_id, tenant)
 
     def list_deliveries(
         self,
@@ -195,8 +218,9 @@ class SqlOutboundWebhookStore(OutboundWebhookHandler):
         topic: str | None = None,
         since: datetime | None = None,
         until: datetime | None = None,
+        tenant: TenantScope = ALL_TENANTS,
     ) -> list[DeliveryLog]:
-        page = DeliveryPage(limit, before, state, subscription_id, topic, since, until)
+        page = DeliveryPage(limit, before, state, subscription_id, topic, since, until, tenant)
         return self._reports.list_deliveries(page)
 
     def list_delivery_summaries(
@@ -209,8 +233,9 @@ class SqlOutboundWebhookStore(OutboundWebhookHandler):
         topic: str | None = None,
         since: datetime | None = None,
         until: datetime | None = None,
+        tenant: TenantScope = ALL_TENANTS,
     ) -> list[DeliverySummary]:
-        page = DeliveryPage(limit, before, state, subscription_id, topic, since, until)
+        page = DeliveryPage(limit, before, state, subscription_id, topic, since, until, tenant)
         return self._reports.list_delivery_summaries(page)
 
     def count_deliveries(
@@ -222,20 +247,23 @@ class SqlOutboundWebhookStore(OutboundWebhookHandler):
         topic: str | None = None,
         since: datetime | None = None,
         until: datetime | None = None,
+        tenant: TenantScope = ALL_TENANTS,
     ) -> int:
-        page = DeliveryPage(max(0, cap), None, state, subscription_id, topic, since, until)
+        page = DeliveryPage(max(0, cap), None, state, subscription_id, topic, since, until, tenant)
         return self._reports.count_deliveries(page)
 
     def attempts_per_minute(self, *, since: datetime, until: datetime) -> list[tuple[datetime, int, int]]:
         return self._reports.attempts_per_minute(since=since, until=until)
 
-    def delivery_stats(self, *, cap: int | None = None) -> tuple[DeliveryStats, dict[str, DeliveryStats]]:
-        return self._reports.delivery_stats(cap=cap)
+    def delivery_stats(
+        self, *, cap: int | None = None, tenant: TenantScope = ALL_TENANTS
+    ) -> tuple[DeliveryStats, dict[str, DeliveryStats]]:
+        return self._reports.delivery_stats(cap=cap, tenant=tenant)
 
     def recent_attempts(
-        self, subscription_id: str, *, since: datetime, limit: int
+        self, subscription_id: str, *, since: datetime, limit: int, tenant: TenantScope = ALL_TENANTS
     ) -> list[tuple[int | None, int | None]]:
-        return self._reports.recent_attempts(subscription_id, since=since, limit=limit)
+        return self._reports.recent_attempts(subscription_id, since=since, limit=limit, tenant=tenant)
 
     def queue_gauges(self, *, now: datetime, dlq_limit: int) -> tuple[int, datetime | None]:
         return self._reports.queue_gauges(now=now, dlq_limit=dlq_limit)
@@ -290,8 +318,10 @@ class SqlOutboundWebhookStore(OutboundWebhookHandler):
     def dead_letter(self, delivery_ids: Sequence[str], error: str, *, now: datetime) -> list[str]:
         return self._deliveries.dead_letter(delivery_ids, error, now=now)
 
-    def replay_delivery(self, delivery_id: str, *, now: datetime) -> DeliveryLog:
-        return self._deliveries.replay_delivery(delivery_id, now=now)
+    def replay_delivery(
+        self, delivery_id: str, *, now: datetime, tenant: TenantScope = ALL_TENANTS
+    ) -> DeliveryLog:
+        return self._deliveries.replay_delivery(delivery_id, now=now, tenant=tenant)
 
     def release_expired_leases(self, *, now: datetime) -> list[str]:
         return self._deliveries.release_expired_leases(now=now)
@@ -305,8 +335,12 @@ class SqlOutboundWebhookStore(OutboundWebhookHandler):
     def waiting_in_line(self, delivery_ids: Sequence[str]) -> set[str]:
         return self._deliveries.waiting_in_line(delivery_ids)
 
-    def skip_delivery(self, delivery_id: str, *, reason: str, now: datetime) -> DeliveryLog:
-        return self._deliveries.skip_delivery(delivery_id, reason=reason, now=now)
+    def skip_delivery(
+        self, delivery_id: str, *, reason: str, now: datetime, tenant: TenantScope = ALL_TENANTS
+    ) -> DeliveryLog:
+        return self._deliveries.skip_delivery(delivery_id, reason=reason, now=now, tenant=tenant)
 
-    def blocked_keys(self, subscription_id: str, *, limit: int = 50) -> list[BlockedKey]:
-        return self._deliveries.blocked_keys(subscription_id, limit=limit)
+    def blocked_keys(
+        self, subscription_id: str, *, limit: int = 50, tenant: TenantScope = ALL_TENANTS
+    ) -> list[BlockedKey]:
+        return self._deliveries.blocked_keys(subscription_id, limit=limit, tenant=tenant)

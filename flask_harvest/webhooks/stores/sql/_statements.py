@@ -14,6 +14,7 @@ from typing import Any
 from sqlalchemy import (
     Integer,
     String,
+    TextClause,
     any_,
     bindparam,
     case,
@@ -30,6 +31,7 @@ from sqlalchemy.sql import Executable
 
 from ...models import WAITING_STATES, DeliveryAttempt, DeliveryState
 from ...ordering import DEFAULT_ORDERING_POLICY, LINE_STATES
+from ...tenants import ALL_TENANTS, TenantScope
 from .._schema import attempts_table as _atts
 from .._schema import deliveries_table as _dels
 from .._schema import ordering_keys_table as _okeys
@@ -122,20 +124,30 @@ WHERE d.id = ANY(CAST(:ids AS varchar[])) AND NOT {head_of_line_sql("d")}
 """  # noqa: S608
 )
 
-#: The keys of a subscription whose line is held by a dead-lettered head (the "block" policy).
-BLOCKED_KEYS = text(
-    f"""
+
+def blocked_keys_query(tenant: TenantScope = ALL_TENANTS) -> TextClause:
+    """The keys of a subscription whose line is held by a dead-lettered head (the "block"
+    policy), of the heads in ``tenant``'s scope; bind :func:`scope_params` too."""
+    return _blocked_keys_query(_scope_kind(tenant))
+
+
+@functools.cache
+def _blocked_keys_query(kind: str) -> TextClause:
+    scoped = {"all": "", "none": "AND d.tenant IS NULL", "tenant": "AND d.tenant = :tenant"}[kind]
+    return text(
+        f"""
 SELECT d.ordering_key, d.id, COUNT(w.id) AS waiting FROM {_dels.name} AS d
 LEFT JOIN {_dels.name} AS w ON w.subscription_id = d.subscription_id
     AND w.ordering_key = d.ordering_key AND w.state = '{_PENDING}'
 WHERE d.subscription_id = :sub AND d.ordering_key IS NOT NULL AND d.state IN ({_LINE_IN})
-    AND d.state = '{_DLQ}' AND {head_of_line_sql("d")}
+    AND d.state = '{_DLQ}' AND {head_of_line_sql("d")} {scoped}
     AND COALESCE((SELECT s.ordering_policy FROM {_subs.name} AS s WHERE s.id = :sub), '{_BLOCK}') = '{_BLOCK}'
 GROUP BY d.ordering_key, d.id
 ORDER BY d.ordering_key
 LIMIT :limit
 """  # noqa: S608
-)
+    )
+
 
 #: The head-of-line condition on the deliveries table itself (the claim and the due scan).
 AT_HEAD = text(head_of_line_sql(_dels.name))
@@ -204,8 +216,14 @@ def attempts_per_minute_query(postgresql: bool) -> Executable:
     )
 
 
+def capped_stats_query(tenant: TenantScope = ALL_TENANTS) -> Executable:
+    """:func:`_capped_stats_query` for ``tenant``'s scope (bind :func:`scope_params` too): one
+    tenant's branches walk the (tenant, state, timestamp, id) index instead."""
+    return _capped_stats_query(_scope_kind(tenant))
+
+
 @functools.cache
-def capped_stats_query() -> Executable:
+def _capped_stats_query(kind: str) -> Executable:
     """delivery_stats' statement with a cap: for each state, its first ``cap_read`` rows in the
     order of the (state, timestamp, id) index (the longest-waiting for pending and in-flight rows,
     the newest for the others), grouped by subscription. Each state's branch is one bounded walk
@@ -224,7 +242,7 @@ def capped_stats_query() -> Executable:
                 _dels.c.created_at,
                 func.row_number().over(order_by=order).label("position"),
             )
-            .where(_dels.c.state == literal_column(f"'{state.value}'"))
+            .where(_dels.c.state == literal_column(f"'{state.value}'"), *_in_scope(_dels.c.tenant, kind))
             .order_by(*order)
             .limit(bindparam("cap_read", type_=Integer))
             .subquery()
@@ -241,24 +259,43 @@ def capped_stats_query() -> Executable:
     ).group_by(read.c.subscription_id, read.c.state)
 
 
-# The subscriptions filed under any of the keys, by dialect.
-UNDER_KEYS: dict[str, Executable] = {
-    # SQLite: an expanding IN, one index probe per key.
-    "sqlite": select(_subs).where(
-        _subs.c.id.in_(
-            select(_keys.c.subscription_id).where(_keys.c.pattern_key.in_(bindparam("keys", expanding=True)))
-        )
-    ),
-    # PostgreSQL: one array parameter, so the statement text never changes with the number of
-    # keys and psycopg keeps it prepared (the expanding IN cost about 40 us more per dispatch).
-    "postgresql": select(_subs).where(
-        _subs.c.id.in_(
-            select(_keys.c.subscription_id).where(
-                _keys.c.pattern_key == any_(bindparam("keys", type_=postgresql.ARRAY(String)))
-            )
-        )
-    ),
-}
+def _scope_kind(tenant: TenantScope) -> str:
+    """Which statement a scope takes: every row, the untenanted rows, or one tenant's (bound)."""
+    return "all" if tenant is ALL_TENANTS else "none" if tenant is None else "tenant"
+
+
+def scope_params(tenant: TenantScope) -> dict[str, str]:
+    """The bound parameters of a statement built for ``tenant``'s scope (:func:`under_keys`)."""
+    return {"tenant": tenant} if isinstance(tenant, str) else {}
+
+
+def _in_scope(column: Any, kind: str) -> list[Any]:
+    if kind == "all":
+        return []
+    return [column.is_(None)] if kind == "none" else [column == bindparam("tenant", type_=String)]
+
+
+@functools.cache
+def _under_keys(dialect: str, kind: str) -> Executable:
+    # SQLite: an expanding IN, one index probe per key. PostgreSQL: one array parameter, so the
+    # statement text never changes with the number of keys and psycopg keeps it prepared (the
+    # expanding IN cost about 40 us more per dispatch).
+    if dialect == "postgresql":
+        keyed = _keys.c.pattern_key == any_(bindparam("keys", type_=postgresql.ARRAY(String)))
+    else:
+        keyed = _keys.c.pattern_key.in_(bindparam("keys", expanding=True))
+    # The key rows' tenant (a copy) narrows the lookup to one tenant's keys, and the subscription's
+    # own has the last word.
+    filed = select(_keys.c.subscription_id).where(keyed, *_in_scope(_keys.c.tenant, kind))
+    return select(_subs).where(_subs.c.id.in_(filed), *_in_scope(_subs.c.tenant, kind))
+
+
+def under_keys(dialect: str, tenant: TenantScope = ALL_TENANTS) -> Executable:
+    """The subscriptions of ``tenant``'s scope filed under any of the ``keys`` (a bound list),
+    built once per dialect and kind of scope; bind :func:`scope_params` too."""
+    return _under_keys(dialect, _scope_kind(tenant))
+
+
 INSERT_DELIVERY = insert(_dels)
 
 # -- finish_attempt's statements ----------------------------------------------------------------

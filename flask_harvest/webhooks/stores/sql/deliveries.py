@@ -32,10 +32,12 @@ from ...models import (
     WebhookSubscription,
     WebhookSubscriptionStatus,
 )
+from ...tenants import ALL_TENANTS, TenantScope
 from .._schema import (
     INFLIGHT_ROWS,
     PENDING_ROWS,
     delivery_values,
+    in_scope_sql,
     row_to_delivery,
     row_to_subscription,
 )
@@ -47,7 +49,6 @@ from ._statements import (
     APPEND_ATTEMPT,
     AT_HEAD,
     ATTEMPT_COLUMNS,
-    BLOCKED_KEYS,
     CHUNK,
     CLAIM_MANY,
     COUNT_FAILURE,
@@ -61,10 +62,12 @@ from ._statements import (
     SCHEDULES_BY_IDS,
     SUBSCRIPTIONS_BY_IDS,
     WAITING_AMONG,
+    blocked_keys_query,
     chunks,
     finish_many_params,
     finish_statement,
     naive_utc,
+    scope_params,
 )
 from .subscriptions import SubscriptionRows
 
@@ -93,14 +96,17 @@ class DeliveryPipeline:
             return self._insert_deliveries(conn, deliveries)
 
     def log_deliveries_for_topic(
-        self, topic: str, build: Callable[[WebhookSubscription], DeliveryLog | None]
+        self,
+        topic: str,
+        build: Callable[[WebhookSubscription], DeliveryLog | None],
+        tenant: TenantScope = ALL_TENANTS,
     ) -> list[tuple[WebhookSubscription, DeliveryLog]]:
         # One transaction, and a plain INSERT: the ids are new, so neither ON CONFLICT nor
         # RETURNING (which only the outbox relay needs) is worth its cost here. An executemany of
         # one prebuilt statement: psycopg pipelines the rows in one round trip, and building a
         # multi-row VALUES statement per call measured 2 to 3 times slower in Python.
         with self.db.transaction("log deliveries") as conn:
-            built = ((s, build(s)) for s in self.subscriptions.matching(conn, topic))
+            built = ((s, build(s)) for s in self.subscriptions.matching(conn, topic, tenant))
             pairs = [(s, delivery) for s, delivery in built if delivery is not None]
             if pairs:
                 numbered = _numbered(conn, [delivery for _, delivery in pairs])
@@ -427,11 +433,15 @@ class DeliveryPipeline:
                 )
         return moved
 
-    def replay_delivery(self, delivery_id: str, *, now: datetime) -> DeliveryLog:
+    def replay_delivery(
+        self, delivery_id: str, *, now: datetime, tenant: TenantScope = ALL_TENANTS
+    ) -> DeliveryLog:
+        # Another tenant's delivery is not found: neither moved nor its state told.
+        scope = [] if (condition := in_scope_sql(_dels.c.tenant, tenant)) is None else [condition]
         with self.db.transaction("replay a delivery") as conn:
             row = conn.execute(
                 update(_dels)
-                .where(_dels.c.id == delivery_id, _dels.c.state == DeliveryState.DLQ.value)
+                .where(_dels.c.id == delivery_id, _dels.c.state == DeliveryState.DLQ.value, *scope)
                 .values(
                     state=_PENDING,
                     attempt=1,
@@ -444,7 +454,7 @@ class DeliveryPipeline:
             ).first()
             if row is not None:
                 return row_to_delivery(row)
-            state = conn.execute(select(_dels.c.state).where(_dels.c.id == delivery_id)).scalar()
+            state = conn.execute(select(_dels.c.state).where(_dels.c.id == delivery_id, *scope)).scalar()
         if state is None:
             raise DeliveryNotFoundError(delivery_id)
         raise InvalidStateError(
@@ -483,17 +493,21 @@ class DeliveryPipeline:
                 waiting.update(rows.scalars())
         return waiting
 
-    def skip_delivery(self, delivery_id: str, *, reason: str, now: datetime) -> DeliveryLog:
+    def skip_delivery(
+        self, delivery_id: str, *, reason: str, now: datetime, tenant: TenantScope = ALL_TENANTS
+    ) -> DeliveryLog:
+        # Another tenant's delivery is not found: neither skipped nor its state told.
+        scope = [] if (condition := in_scope_sql(_dels.c.tenant, tenant)) is None else [condition]
         with self.db.transaction("skip a dead-lettered delivery") as conn:
             row = conn.execute(
                 update(_dels)
-                .where(_dels.c.id == delivery_id, _dels.c.state == DeliveryState.DLQ.value)
+                .where(_dels.c.id == delivery_id, _dels.c.state == DeliveryState.DLQ.value, *scope)
                 .values(state=DeliveryState.SKIPPED.value, last_error=reason, timestamp=now)
                 .returning(*_dels.c)
             ).first()
             if row is not None:
                 return row_to_delivery(row)
-            state = conn.execute(select(_dels.c.state).where(_dels.c.id == delivery_id)).scalar()
+            state = conn.execute(select(_dels.c.state).where(_dels.c.id == delivery_id, *scope)).scalar()
         if state is None:
             raise DeliveryNotFoundError(delivery_id)
         raise InvalidStateError(
@@ -501,9 +515,12 @@ class DeliveryPipeline:
             "only deliveries in the DLQ can be skipped"
         )
 
-    def blocked_keys(self, subscription_id: str, *, limit: int) -> list[BlockedKey]:
+    def blocked_keys(
+        self, subscription_id: str, *, limit: int, tenant: TenantScope = ALL_TENANTS
+    ) -> list[BlockedKey]:
+        params = {"sub": subscription_id, "limit": limit, **scope_params(tenant)}
         with self.db.transaction("list blocked ordering keys") as conn:
-            rows = conn.execute(BLOCKED_KEYS, {"sub": subscription_id, "limit": limit}).all()
+            rows = conn.execute(blocked_keys_query(tenant), params).all()
         return [BlockedKey(key, delivery_id, int(waiting)) for key, delivery_id, waiting in rows]
 
     def due_deliveries(self, *, now: datetime, limit: int) -> list[str]:

@@ -24,12 +24,13 @@ from ...models import (
     DeliverySummary,
     WebhookSubscriptionStatus,
 )
-from .._schema import PENDING_ROWS, row_to_attempt, row_to_delivery
+from ...tenants import ALL_TENANTS, TenantScope
+from .._schema import PENDING_ROWS, in_scope_sql, row_to_attempt, row_to_delivery
 from .._schema import attempts_table as _atts
 from .._schema import deliveries_table as _dels
 from .._schema import subscriptions_table as _subs
 from ..base import DlqCursor, fold_stats
-from ._statements import attempts_per_minute_query, capped_stats_query, chunks
+from ._statements import attempts_per_minute_query, capped_stats_query, chunks, scope_params
 
 _DLQ = DeliveryState.DLQ.value
 
@@ -49,6 +50,7 @@ class DeliveryPage:
     topic: str | None
     since: datetime | None
     until: datetime | None
+    tenant: TenantScope = ALL_TENANTS
 
     def narrow(self, query: Select[Any]) -> Select[Any] | None:
         """``query`` (of the deliveries table) narrowed to this page, newest first by
@@ -56,6 +58,7 @@ class DeliveryPage:
         subscription_id, topic, before = self.subscription_id, self.topic, self.before
         if any(key is not None and id_problem(key) is not None for key in (subscription_id, topic)):
             return None
+        query = _scoped(query, self.tenant)
         if self.state is not None:
             query = query.where(_dels.c.state == self.state.value)
         if self.since is not None:
@@ -76,8 +79,9 @@ class DeliveryPage:
 
     @property
     def by_key(self) -> bool:
-        """Whether the page is filtered by subscription or topic (values a generic plan misjudges)."""
-        return self.subscription_id is not None or self.topic is not None
+        """Whether the page is filtered by subscription, topic or tenant (values a generic plan
+        misjudges)."""
+        return self.subscription_id is not None or self.topic is not None or isinstance(self.tenant, str)
 
 
 class DeliveryReports:
@@ -87,29 +91,34 @@ class DeliveryReports:
         self.db = db
         self._custom_plans = db.postgres
 
-    def get_delivery(self, delivery_id: str) -> DeliveryLog | None:
+    def get_delivery(self, delivery_id: str, tenant: TenantScope = ALL_TENANTS) -> DeliveryLog | None:
         if id_problem(delivery_id) is not None:
             return None
         with self.db.transaction("read a delivery") as conn:
-            row = conn.execute(select(_dels).where(_dels.c.id == delivery_id)).first()
+            row = conn.execute(_scoped(select(_dels).where(_dels.c.id == delivery_id), tenant)).first()
         return row_to_delivery(row) if row is not None else None
 
-    def get_deliveries(self, delivery_ids: Sequence[str]) -> list[DeliveryLog]:
+    def get_deliveries(
+        self, delivery_ids: Sequence[str], tenant: TenantScope = ALL_TENANTS
+    ) -> list[DeliveryLog]:
         unique = [i for i in dict.fromkeys(delivery_ids) if id_problem(i) is None]
         found: list[DeliveryLog] = []
         with self.db.transaction("read deliveries") as conn:
             for chunk in chunks(unique):
-                rows = conn.execute(select(_dels).where(_dels.c.id.in_(chunk))).all()
+                rows = conn.execute(_scoped(select(_dels).where(_dels.c.id.in_(chunk)), tenant)).all()
                 found.extend(row_to_delivery(row) for row in rows)
         return found
 
-    def list_attempts(self, delivery_id: str) -> list[DeliveryAttempt]:
+    def list_attempts(self, delivery_id: str, tenant: TenantScope = ALL_TENANTS) -> list[DeliveryAttempt]:
         if id_problem(delivery_id) is not None:
             return []
+        query = select(_atts).where(_atts.c.delivery_id == delivery_id).order_by(_atts.c.id)
+        if tenant is not ALL_TENANTS:
+            # Attempts carry no tenant: their delivery's is the one that counts.
+            owned = _scoped(select(_dels.c.id).where(_dels.c.id == delivery_id), tenant)
+            query = query.where(owned.exists())
         with self.db.transaction("list a delivery's attempts") as conn:
-            rows = conn.execute(
-                select(_atts).where(_atts.c.delivery_id == delivery_id).order_by(_atts.c.id)
-            ).all()
+            rows = conn.execute(query).all()
         return [row_to_attempt(row) for row in rows]
 
     def list_deliveries(self, page: DeliveryPage) -> list[DeliveryLog]:
@@ -160,12 +169,12 @@ class DeliveryReports:
         return result
 
     def recent_attempts(
-        self, subscription_id: str, *, since: datetime, limit: int
+        self, subscription_id: str, *, since: datetime, limit: int, tenant: TenantScope = ALL_TENANTS
     ) -> list[tuple[int | None, int | None]]:
         # The deliveries attempted last walk (subscription_id, timestamp): a delivery's timestamp
         # is its latest attempt's, so one attempted in the window has timestamp >= since.
         recent = (
-            select(_dels.c.id)
+            _scoped(select(_dels.c.id), tenant)
             .where(_dels.c.subscription_id == subscription_id, _dels.c.timestamp >= since)
             .order_by(_dels.c.timestamp.desc(), _dels.c.id.desc())
             .limit(limit)
@@ -177,11 +186,14 @@ class DeliveryReports:
         with self.db.read("read a subscription's recent attempts") as conn:
             return [(status, elapsed) for status, elapsed in conn.execute(query).all()]
 
-    def delivery_stats(self, *, cap: int | None = None) -> tuple[DeliveryStats, dict[str, DeliveryStats]]:
+    def delivery_stats(
+        self, *, cap: int | None = None, tenant: TenantScope = ALL_TENANTS
+    ) -> tuple[DeliveryStats, dict[str, DeliveryStats]]:
         if cap is None:
             # Every row: a grouped scan of the whole table (tests, small tables).
-            query = select(
-                _dels.c.subscription_id, _dels.c.state, func.count(), func.min(_dels.c.created_at)
+            query = _scoped(
+                select(_dels.c.subscription_id, _dels.c.state, func.count(), func.min(_dels.c.created_at)),
+                tenant,
             ).group_by(_dels.c.subscription_id, _dels.c.state)
             with self.db.transaction("count deliveries") as conn:
                 groups = [(row[0], row[1], int(row[2]), row[3]) for row in conn.execute(query)]
@@ -190,7 +202,8 @@ class DeliveryReports:
         if check_cap < 1:
             raise ValueError("cap must be at least 1")
         with self.db.read("count deliveries") as conn:
-            rows = conn.execute(capped_stats_query(), {"cap": check_cap, "cap_read": check_cap + 1}).all()
+            params = {"cap": check_cap, "cap_read": check_cap + 1, **scope_params(tenant)}
+            rows = conn.execute(capped_stats_query(tenant), params).all()
         # A group whose only row is the one past the cap was read to learn that there is more.
         groups = [
             (row.subscription_id, row.state, int(row.counted), row.oldest) for row in rows if row.counted
@@ -236,3 +249,9 @@ class DeliveryReports:
                 key=("webhook subscriptions by status",),
             )
         return dict(zip(statuses, counts, strict=True))
+
+
+def _scoped(query: Select[Any], tenant: TenantScope) -> Select[Any]:
+    """``query`` (of the deliveries table) narrowed to the rows of ``tenant``'s scope."""
+    condition = in_scope_sql(_dels.c.tenant, tenant)
+    return query if condition is None else query.where(condition)
