@@ -112,7 +112,7 @@ class Settings:
     #: Workflow runs one worker process runs at once, on threads. A run that kills its process (a
     #: poison pill) takes the runs beside it down: none of them is charged for it, and each runs
     #: alone from then on, so only a death while alone counts towards the poison-pill limit.
-    workflow_concurrency: int = 8
+    workflow_concurrency: int = 12
     #: Missed ticks a workflow schedule starts at most after its workers were down (the most
     #: recent ones; the older ones are skipped and logged); ``0`` starts none of them.
     workflow_schedule_catchup: int = 1

@@ -7,6 +7,7 @@ it and registers the result on an app. Scripts, tests and other frameworks can c
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
@@ -14,6 +15,8 @@ from functools import partial
 from typing import Any
 
 import redis
+import sqlalchemy as sa
+from sqlalchemy.pool import QueuePool
 
 from ._sql import new_pool_in_each_child
 from .callbacks.service import CALLBACK_JOB, CompletionCallbacks
@@ -56,6 +59,8 @@ JobContext = Callable[[], AbstractContextManager[Any]]
 
 #: Decides whether a request may use the admin surfaces (the actuator): only ``True`` allows it.
 Authorizer = Callable[[Any], bool]
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -192,6 +197,33 @@ def build_engine(
     )
 
 
+#: Connections a worker process's own work takes beside its runs: the writer of a grouped
+#: commit, a batch's claim and the sweeper.
+_OWN_CONNECTIONS = 3
+
+
+def _check_pool_room(sql: sa.Engine, concurrency: int) -> None:
+    """Warn when the pool cannot give every run at once a connection beside the store's own: a
+    run whose steps use the database (a Flask-SQLAlchemy session holds its connection until the
+    run ends) would wait for one, and so would the commits that end the runs."""
+    pool = sql.pool
+    if not isinstance(pool, QueuePool):
+        return  # no limit (NullPool), or one shared connection (an in-memory SQLite database)
+    overflow = getattr(pool, "_max_overflow", -1)  # SQLAlchemy has no public reader of it
+    room = pool.size() + overflow
+    if overflow >= 0 and room < concurrency + _OWN_CONNECTIONS:
+        logger.warning(
+            "flask-harvest runs up to %d workflow runs at once per process (%s), but the database "
+            "pool holds %d connections: give it at least %d (pool_size plus max_overflow, in "
+            "SQLALCHEMY_ENGINE_OPTIONS with Flask-SQLAlchemy), or lower %s",
+            concurrency,
+            KEYS["workflow_concurrency"],
+            room,
+            concurrency + _OWN_CONNECTIONS,
+            KEYS["workflow_concurrency"],
+        )
+
+
 def add_workflows(
     engine: HarvestEngine, store: SqlWorkflowStore, registry: WorkflowRegistry
 ) -> WorkflowService:
@@ -219,6 +251,8 @@ def add_workflows(
             declared=registry.queues,
         ),
     )
+    for sql in store.shards.engines if isinstance(store, ShardedWorkflowStore) else [store.engine]:
+        _check_pool_room(sql, runner.concurrency)
     # A queued run's end frees its queue's slot: the queue gets a claim attempt after the commit.
     store.hooks.register(runner.queue_driver.on_terminal)
     # Runs that a terminal hook starts in its transaction are queued once that transaction commits.
