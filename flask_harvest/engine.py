@@ -214,8 +214,9 @@ def _check_pool_room(sql: sa.Engine, concurrency: int) -> None:
     if overflow >= 0 and room < concurrency + _OWN_CONNECTIONS:
         logger.warning(
             "flask-harvest runs up to %d workflow runs at once per process (%s), but the database "
-            "pool holds %d connections: give it at least %d (pool_size plus max_overflow, in "
-            "SQLALCHEMY_ENGINE_OPTIONS with Flask-SQLAlchemy), or lower %s",
+            "pool holds %d connections: if your steps use the database, runs will wait for one; "
+            "give the pool at least %d (pool_size plus max_overflow, in SQLALCHEMY_ENGINE_OPTIONS "
+            "with Flask-SQLAlchemy), or lower %s",
             concurrency,
             KEYS["workflow_concurrency"],
             room,
