@@ -9,7 +9,8 @@ engines in the same round; rounds alternate which engine goes first; best of eac
   times the rows record, first to last.
 * **while running**: the workers run first; a client then starts the N runs one after another (as
   a web app would), ours at the default settings, DBOS enqueueing. Counted from the first start
-  call to the last completion, so the start path counts.
+  call to the last completion, so the start path counts. With one client, a system whose workers
+  keep up shows the client's start rate; a second row starts from 4 client threads.
 * **10 steps**: steps/s of a 10-step no-op workflow started at once, ours at the default settings.
 * **start**: ms per start call (ours) and per ``DBOSClient.enqueue`` (DBOS), both timed by the
   harness one call after another, before the workers start (and, second row, while they run).
@@ -23,7 +24,9 @@ import math
 import sys
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from flask_harvest.config import Settings
@@ -104,16 +107,23 @@ def _at_once(
 
 
 def _while_running(
-    start: Callable[[int], str], count: int, finished: Finished, workers: Workers
+    start: Callable[[int], str], count: int, finished: Finished, workers: Workers, clients: int = 1
 ) -> dict[str, float]:
-    """Start the workers, then ``count`` runs one after another; throughput from the first start
-    call to the last completion."""
+    """Start the workers, then ``count`` runs one after another from each of ``clients`` threads
+    (as the threads of a web app would); throughput from the first start call to the last
+    completion."""
     running = workers()
+
+    def client(first_number: int) -> None:
+        for number in range(first_number, count, clients):
+            start(number)
+
     try:
         first = time.time()
         begun = time.perf_counter()
-        for number in range(count):
-            start(number)
+        with ThreadPoolExecutor(clients) as pool:
+            for done in [pool.submit(client, number) for number in range(clients)]:
+                done.result()
         start_seconds = time.perf_counter() - begun
     except BaseException:
         _workers.stop_all(running)
@@ -122,10 +132,16 @@ def _while_running(
     span = max(ends) - first
     return {
         "workflows_per_s": count / span if span > 0 else math.nan,
-        "start_ms_each": start_seconds * 1000 / count,
+        # Each client's calls one after another: the time one start took.
+        "start_ms_each": start_seconds * 1000 * clients / count,
         "worker_cpu_ms_per_workflow": cpu * 1000 / count,
         "span_s": span,
     }
+
+
+#: Client threads of the while-running variant whose figure is the workers', not one client's.
+CLIENTS = 4
+_clients = partial(_while_running, clients=CLIENTS)
 
 
 def _best(results: list[dict[str, float]]) -> dict[str, float]:
@@ -143,7 +159,17 @@ def run(ctx: Context) -> Result:
     client = _dbos_app.client()
     found: dict[str, list[dict[str, float]]] = {
         key: []
-        for key in ("harvest", "harvest_tuned", "dbos", "harvest_live", "dbos_live", "harvest_10", "dbos_10")
+        for key in (
+            "harvest",
+            "harvest_tuned",
+            "dbos",
+            "harvest_live",
+            "dbos_live",
+            "harvest_clients",
+            "dbos_clients",
+            "harvest_10",
+            "dbos_10",
+        )
     }
 
     def ours(setup: Setup, measure: Any, name: str, tag: str) -> dict[str, float]:
@@ -180,6 +206,8 @@ def run(ctx: Context) -> Result:
                 ("harvest_tuned", lambda: ours(TUNED, _at_once, NOOP3, f"{tag}-tuned")),  # noqa: B023
                 ("harvest_live", lambda: ours(DEFAULT, _while_running, NOOP3, f"{tag}-live")),  # noqa: B023
                 ("dbos_live", lambda: theirs(_while_running, _dbos_app.WORKFLOW, f"{tag}-live")),  # noqa: B023
+                ("harvest_clients", lambda: ours(DEFAULT, _clients, NOOP3, f"{tag}-clients")),  # noqa: B023
+                ("dbos_clients", lambda: theirs(_clients, _dbos_app.WORKFLOW, f"{tag}-clients")),  # noqa: B023
                 ("harvest_10", lambda: ours(DEFAULT, _at_once, NOOP10, f"{tag}-10")),  # noqa: B023
                 ("dbos_10", lambda: theirs(_at_once, _dbos_app.WORKFLOW10, f"{tag}-10")),  # noqa: B023
             ]
@@ -195,6 +223,7 @@ def run(ctx: Context) -> Result:
 def _result(found: dict[str, list[dict[str, float]]], count: int, rounds: int) -> Result:
     default, tuned, base = _best(found["harvest"]), _best(found["harvest_tuned"]), _best(found["dbos"])
     live, base_live = _best(found["harvest_live"]), _best(found["dbos_live"])
+    many, base_many = _best(found["harvest_clients"]), _best(found["dbos_clients"])
     long, base_long = _best(found["harvest_10"]), _best(found["dbos_10"])
 
     def cpu(ours: dict[str, float], theirs: dict[str, float]) -> str:
@@ -243,7 +272,16 @@ def _result(found: dict[str, list[dict[str, float]]], count: int, rounds: int) -
             live,
             base_live,
             f"default settings; the client's starts took {live['start_ms_each']:.1f} vs "
-            f"{base_live['start_ms_each']:.1f} ms each",
+            f"{base_live['start_ms_each']:.1f} ms each (one client starts at most "
+            f"{1000 / live['start_ms_each']:.0f} vs {1000 / base_live['start_ms_each']:.0f} /s)",
+        ),
+        throughput(
+            f"workflows/s, {count:,} started by {CLIENTS} client threads while the workers run, "
+            "first start to last end",
+            many,
+            base_many,
+            f"default settings; a start took {many['start_ms_each']:.1f} vs "
+            f"{base_many['start_ms_each']:.1f} ms in each client",
         ),
         throughput(
             f"steps/s, {LONG_STEPS}-step workflow, {count:,} started at once, default settings",
