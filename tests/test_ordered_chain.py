@@ -139,3 +139,30 @@ def test_waiting_in_line_names_the_deliveries_behind_their_key(store: OutboundWe
     assert store.waiting_in_line(ids) == {second.id, third.id}
     _finish(store, head, now)
     assert store.waiting_in_line(ids) == {third.id}
+
+
+@pytest.mark.parametrize("follow", [TERMS, None])
+def test_two_outcomes_of_one_line_in_a_batch_hand_on_its_next_delivery_once(
+    store: OutboundWebhookHandler, follow: LeaseTerms | None
+) -> None:
+    # Two deliveries of one key in flight at once: under "skip" the second went ahead of the
+    # dead-lettered first, which an operator then replayed.
+    now = utcnow()
+    sub = _subscription(store, OrderingPolicy.SKIP)
+    first, second, third = (log_keyed(store, sub, now, "k") for _ in range(3))
+    claim = store.claim_delivery(first.id, now=now, lease_seconds=LEASE, max_attempts=5)
+    assert claim is not None
+    dead = result_for(claim.delivery, now, state=DeliveryState.DLQ, effect=SubscriptionEffect.COUNT_FAILURE)
+    store.finish_attempt(first.id, claim.lease_token, dead)
+    claims = [store.claim_delivery(second.id, now=now, lease_seconds=LEASE, max_attempts=5)]
+    store.replay_delivery(first.id, now=now)
+    claims.append(store.claim_delivery(first.id, now=now, lease_seconds=LEASE, max_attempts=5))
+    outcomes = []
+    for leased in claims:
+        assert leased is not None
+        result = success_for(leased.delivery, now)
+        outcomes.append(Outcome(leased.delivery.id, leased.lease_token, result, "k", follow))
+    recorded = store.finish_attempts(outcomes)
+    assert all(r.held for r in recorded)
+    handed = [delivery_id for r in recorded for delivery_id in _next_ids(r)]
+    assert handed == [third.id]  # once: two workers would otherwise send it at the same time

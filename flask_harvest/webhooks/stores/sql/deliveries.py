@@ -296,11 +296,15 @@ class DeliveryPipeline:
             for claim in self._claim_on(conn, ids, now, terms):
                 claimed[(claim.delivery.subscription_id, claim.delivery.ordering_key or "")] = claim
         out = list(recorded)
-        for place, line in lines.items():
+        # Each line's next delivery goes to the first outcome of the line only (pop): two outcomes
+        # of one line in a batch would otherwise hand one lease to two workers, which send it at
+        # once.
+        for place, line in sorted(lines.items()):
             if line in claimed and outcomes[place].follow is not None:
-                out[place] = dataclasses.replace(out[place], following=(claimed[line],))
-            elif line in found:
-                out[place] = dataclasses.replace(out[place], released=(found[line],))
+                out[place] = dataclasses.replace(out[place], following=(claimed.pop(line),))
+                found.pop(line, None)
+            elif line in found and line not in claimed:
+                out[place] = dataclasses.replace(out[place], released=(found.pop(line),))
         return out
 
     def _claim_on(
