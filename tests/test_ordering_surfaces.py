@@ -11,7 +11,7 @@ from flask.testing import FlaskClient
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from flask_harvest import DeliveryState, OutboundWebhookHandler, WebhookSubscription
+from flask_harvest import DeliveryState, EnqueueError, OutboundWebhookHandler, WebhookSubscription, get_engine
 from flask_harvest.webhooks.models import utcnow
 from flask_harvest.webhooks.ordering import OrderingPolicy
 
@@ -110,3 +110,23 @@ def test_the_cli_sets_and_refuses_a_policy_and_skips(store: OutboundWebhookHandl
     assert found is not None and found.ordering_policy is OrderingPolicy.BLOCK
     missing = runner.invoke(args=["harvest", "dlq", "skip", "msg_nothing"])
     assert missing.exit_code == 1 and "msg_nothing" in missing.output
+
+
+def test_a_failed_enqueue_dead_letters_only_the_deliveries_it_failed_to_queue(
+    store: OutboundWebhookHandler,
+) -> None:
+    # The job backend is down (nothing listens on port 9): dispatch queues the head of each line.
+    app = make_app(store, HARVEST_JOBS_BACKEND="rq", HARVEST_REDIS_URL="redis://127.0.0.1:9/0")
+    for sub_id in ("sub_held", "sub_free"):
+        store.add_subscription(WebhookSubscription("http://127.0.0.1:9/h", ["order.*"], SECRET, id=sub_id))
+    earlier = log_keyed(store, "sub_held", utcnow(), "order-42")  # holds sub_held's line
+    with app.app_context(), pytest.raises(EnqueueError) as caught:
+        get_engine().manager.dispatch("order.created", {}, ordering_key="order-42")
+    [failed] = caught.value.delivery_ids
+    dead = store.get_delivery(failed)
+    assert dead is not None and (dead.subscription_id, dead.state) == ("sub_free", DeliveryState.DLQ)
+    # The delivery behind the earlier one needed no job: it keeps its place in line.
+    [behind] = [d for d in store.list_deliveries(subscription_id="sub_held") if d.id != earlier.id]
+    assert behind.state is DeliveryState.PENDING
+    assert store.blocked_keys("sub_held") == []
+    assert [d.id for d in store.list_dlq()] == [failed]

@@ -130,8 +130,8 @@ class OutboundWebhookManager:
             ``HARVEST_EVENT_VALIDATION = "refuse"``); nothing was written.
         :raises UnknownEventTypeError: the catalog is strict and has no type for the topic.
         :raises ConfigurationError: an ordering key was given to a store without ordered delivery.
-        :raises EnqueueError: the jobs could not be queued; the deliveries were dead-lettered
-            (replayable) and the error names them.
+        :raises EnqueueError: the jobs could not be queued; the deliveries whose jobs failed were
+            dead-lettered (replayable) and the error names them.
         :raises StoreError: the store failed; nothing was queued.
         """
         validate_topic(topic, pattern=False)
@@ -174,10 +174,13 @@ class OutboundWebhookManager:
         )
         deliveries = [delivery for _, delivery in pairs]
         pending = [d for d in deliveries if d.state is DeliveryState.PENDING]
+        queued = self._needing_jobs(pending)
         try:
-            self._hand_over(pending, {s.id: s for s, _ in pairs})
+            self._hand_over(queued, {s.id: s for s, _ in pairs})
         except JobBackendError as exc:
-            ids = [d.id for d in pending]
+            # Only the deliveries whose jobs failed: one waiting behind its key needed no job, and
+            # dead-lettering it would block its key (or, under "skip", drop it from the line).
+            ids = [d.id for d in queued]
             moved = self.store.dead_letter(ids, f"enqueue failed: {exc}", now=utcnow())
             log.error("harvest: enqueue failed (%s); dead-lettered %d deliveries", exc, len(moved))
             raise EnqueueError(ids, str(exc)) from exc
@@ -329,7 +332,7 @@ class OutboundWebhookManager:
             for d in self.store.get_deliveries(pending_ids)
             if d.state is DeliveryState.PENDING and d.attempt == 1 and d.last_error is None
         ]
-        self._hand_over(waiting, subscriptions)
+        self._hand_over(self._needing_jobs(waiting), subscriptions)
         self._report_skipped([d for d in deliveries if d.id in inserted])
 
     def _relay_soon(self, message_ids: list[str]) -> None:
@@ -392,15 +395,25 @@ class OutboundWebhookManager:
         if skipped and self._on_skipped is not None:
             self._on_skipped(skipped)
 
-    def _hand_over(self, pending: list[DeliveryLog], subscriptions: dict[str, WebhookSubscription]) -> None:
+    def _needing_jobs(self, pending: list[DeliveryLog]) -> list[DeliveryLog]:
+        """The deliveries of ``pending`` to hand over: all of them to a delegate; to the job
+        backend, those not waiting behind an earlier delivery of their key."""
         if self.delegate is not None:
-            for delivery in pending:
-                # A delegate error reaches the caller as it is, and the row is not dead-lettered.
-                self.delegate(delivery, subscriptions[delivery.subscription_id])
-            return
+            return pending
         keyed = [d.id for d in pending if d.ordering_key is not None]
         # A delivery behind an earlier one of its key gets no job: it would claim nothing. The one
         # ahead queues it as it finishes; should they cross (it finished before this commit was
         # visible to it), the sweeper's scan of due heads queues it.
         waiting = self.store.waiting_in_line(keyed) if keyed else set()
-        self.backend.enqueue([delivery_job(d) for d in pending if d.id not in waiting])
+        return [d for d in pending if d.id not in waiting]
+
+    def _hand_over(
+        self, deliveries: list[DeliveryLog], subscriptions: dict[str, WebhookSubscription]
+    ) -> None:
+        """Give each delivery to the delegate, or queue its job (:meth:`_needing_jobs` chose them)."""
+        if self.delegate is not None:
+            for delivery in deliveries:
+                # A delegate error reaches the caller as it is, and the row is not dead-lettered.
+                self.delegate(delivery, subscriptions[delivery.subscription_id])
+            return
+        self.backend.enqueue([delivery_job(d) for d in deliveries])
