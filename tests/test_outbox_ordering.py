@@ -11,6 +11,7 @@ import sqlalchemy as sa
 from flask_harvest import DeliveryState
 from flask_harvest.testing import CapturingReceiver
 from flask_harvest.webhooks.manager import outbox_delivery_id
+from flask_harvest.webhooks.models import utcnow
 from flask_harvest.webhooks.stores._schema import outbox_table
 
 from .pipeline import wait_final
@@ -103,3 +104,25 @@ def test_the_relay_waits_for_the_earlier_messages_of_a_key(
     refs = arrival(receiver)
     assert sorted(refs) == ["ord_1", "ord_2", "ord_other"]
     assert refs.index("ord_1") < refs.index("ord_2")
+
+
+def test_a_dispatch_after_an_unrelayed_keyed_message_waits_for_it(
+    database_url: str, receiver: CapturingReceiver
+) -> None:
+    outbox = make_outbox_app(database_url)
+    subscribe(outbox, receiver, "sub_a")
+    manager, store = outbox.state.manager, outbox.state.store
+    with outbox.app.app_context():
+        earlier = write_on_connection(outbox, "ord_1", "k")  # committed, not relayed
+        [later] = manager.dispatch("order.created", {"ref": "ord_2"}, ordering_key="k")
+        # The earlier event's delivery does not exist yet, but it holds the line all the same.
+        assert store.waiting_in_line([later]) == {later}
+        assert store.claim_delivery(later, now=utcnow(), lease_seconds=30, max_attempts=5) is None
+        stored = store.get_delivery(later)
+        assert stored is not None and stored.state is DeliveryState.PENDING
+        assert manager.relay_outbox([earlier]).relayed == 1
+    ids = [outbox_delivery_id(earlier, "sub_a"), later]
+    # Queued by the earlier delivery as it finishes (no job was queued for it at dispatch).
+    assert wait_final(store, ids) == [DeliveryState.DELIVERED]
+    manager.close()
+    assert arrival(receiver) == ["ord_1", "ord_2"]

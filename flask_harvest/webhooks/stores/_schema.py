@@ -54,6 +54,8 @@ TROUBLED_SQL = f"status <> '{WebhookSubscriptionStatus.ACTIVE.value}' OR consecu
 
 #: The rows of some tenant: the predicate of the deliveries' tenant indexes.
 TENANTED_SQL = "tenant IS NOT NULL"
+# The outbox messages that hold their key's line: keyed and not relayed yet.
+UNRELAYED_KEYED_SQL = "ordering_key IS NOT NULL AND relayed_at IS NULL"
 
 subscriptions_table = Table(
     "harvest_webhook_subscriptions",
@@ -286,6 +288,15 @@ outbox_table = Table(
     Column("tenant", String(MAX_TENANT_LENGTH), nullable=True),
     # The relay's scan of unrelayed messages, and the purge of relayed ones.
     Index("ix_harvest_outbox_relayed_created", "relayed_at", "created_at"),
+    # The unrelayed keyed messages, which hold their key's line (the head-of-line check). Partial:
+    # it holds the few messages not yet relayed, never the relayed history.
+    Index(
+        "ix_harvest_outbox_unrelayed_key",
+        "ordering_key",
+        "ordering_seq",
+        postgresql_where=text(UNRELAYED_KEYED_SQL),
+        sqlite_where=text(UNRELAYED_KEYED_SQL),
+    ),
 )
 
 

@@ -35,6 +35,7 @@ from ...tenants import ALL_TENANTS, TenantScope
 from .._schema import attempts_table as _atts
 from .._schema import deliveries_table as _dels
 from .._schema import ordering_keys_table as _okeys
+from .._schema import outbox_table as _box
 from .._schema import subscription_topics_table as _keys
 from .._schema import subscriptions_table as _subs
 from ..base import Outcome
@@ -55,7 +56,9 @@ def chunks(items: Sequence[Any], size: int = CHUNK) -> Iterator[Sequence[Any]]:
 # -- ordered delivery (webhooks.ordering) ------------------------------------------------------
 # A keyed delivery is at the head of its line when no earlier row of its subscription and key holds
 # the line: pending or in flight, or dead-lettered under the "block" policy. The earlier rows are
-# read through the partial ordering index, whose predicate the query repeats word for word.
+# read through the partial ordering index, whose predicate the query repeats word for word. An
+# earlier outbox message of its key and tenant that is not relayed yet holds the line too: its
+# deliveries do not exist yet, and a dispatch() of the key after it must not overtake them.
 
 _DLQ = DeliveryState.DLQ.value
 _BLOCK = DEFAULT_ORDERING_POLICY.value
@@ -74,6 +77,12 @@ def head_of_line_sql(row: str) -> str:
             AND (earlier.state <> '{_DLQ}' OR COALESCE((
                 SELECT s.ordering_policy FROM {_subs.name} AS s WHERE s.id = {row}.subscription_id
             ), '{_BLOCK}') = '{_BLOCK}')
+    ) AND NOT EXISTS (
+        SELECT 1 FROM {_box.name} AS unrelayed
+        WHERE unrelayed.ordering_key = {row}.ordering_key
+            AND unrelayed.ordering_key IS NOT NULL AND unrelayed.relayed_at IS NULL
+            AND unrelayed.ordering_seq < {row}.ordering_seq
+            AND (unrelayed.tenant = {row}.tenant OR (unrelayed.tenant IS NULL AND {row}.tenant IS NULL))
     ))"""  # noqa: S608 (table, column and state names, no input)
 
 
@@ -163,7 +172,8 @@ NOT_AT_HEAD = text(f"NOT {head_of_line_sql(_dels.name)}")
 # through the due index for each claim: tens of milliseconds per claim with a 20,000-row backlog.
 CLAIM_MANY_SQL = f"""
 WITH locked AS MATERIALIZED (
-    SELECT id, state, next_attempt_at, subscription_id, ordering_key, ordering_seq FROM {_dels.name}
+    SELECT id, state, next_attempt_at, subscription_id, ordering_key, ordering_seq, tenant
+    FROM {_dels.name}
     WHERE id = ANY(CAST(:ids AS varchar[]))
     ORDER BY id
     FOR UPDATE
