@@ -4,18 +4,21 @@ messages of a key."""
 
 from __future__ import annotations
 
+import functools
 import json
+import threading
 
+import pytest
 import sqlalchemy as sa
 
-from flask_harvest import DeliveryState
+from flask_harvest import DeliveryState, WebhookSubscription
 from flask_harvest.testing import CapturingReceiver
 from flask_harvest.webhooks.manager import outbox_delivery_id
 from flask_harvest.webhooks.models import utcnow
 from flask_harvest.webhooks.stores._schema import outbox_table
 
 from .pipeline import wait_final
-from .test_outbox import Order, OutboxApp, database_url, make_outbox_app, subscribe
+from .test_outbox import SECRET, Order, OutboxApp, database_url, make_outbox_app, subscribe
 
 __all__ = ["database_url"]  # the fixture, used by name
 
@@ -126,3 +129,72 @@ def test_a_dispatch_after_an_unrelayed_keyed_message_waits_for_it(
     assert wait_final(store, ids) == [DeliveryState.DELIVERED]
     manager.close()
     assert arrival(receiver) == ["ord_1", "ord_2"]
+
+
+def _subscribe_tenants(outbox: OutboxApp, receiver: CapturingReceiver, *tenants: str) -> None:
+    for tenant in tenants:
+        outbox.state.store.add_subscription(
+            WebhookSubscription(
+                receiver.url(f"/{tenant}"), ["order.*"], SECRET, id=f"sub_{tenant}", tenant=tenant
+            )
+        )
+
+
+def test_a_key_of_one_tenant_does_not_hold_the_same_key_of_another(
+    database_url: str, receiver: CapturingReceiver
+) -> None:
+    outbox = make_outbox_app(database_url)
+    _subscribe_tenants(outbox, receiver, "acme", "globex")
+    manager = outbox.state.manager
+    with outbox.app.app_context():
+        write = functools.partial(manager.dispatch_in_tx, topic="order.created", ordering_key="order-1")
+        with outbox.engine.begin() as conn:
+            held = write(conn, payload={"ref": "acme_1"}, tenant="acme")  # committed, not relayed
+        with outbox.engine.begin() as conn:
+            first = write(conn, payload={"ref": "globex_1"}, tenant="globex")
+        with outbox.engine.begin() as conn:
+            second = write(conn, payload={"ref": "globex_2"}, tenant="globex")
+        assert manager.relay_outbox([first]).relayed == 1
+        # acme's unrelayed message of the key does not hold globex's messages of it.
+        assert manager.relay_outbox([second]).relayed == 1
+        assert manager.relay_outbox([held]).relayed == 1
+    ids = [
+        outbox_delivery_id(m, f"sub_{t}") for m, t in ((held, "acme"), (first, "globex"), (second, "globex"))
+    ]
+    assert wait_final(outbox.state.store, ids) == [DeliveryState.DELIVERED]
+    manager.close()
+    refs = arrival(receiver)
+    assert refs.index("globex_1") < refs.index("globex_2")
+
+
+@pytest.mark.parametrize("database_url", ["postgres"], indirect=True)
+def test_an_open_transaction_of_one_tenant_does_not_block_another_on_the_same_key(
+    database_url: str, receiver: CapturingReceiver
+) -> None:
+    outbox = make_outbox_app(database_url)
+    _subscribe_tenants(outbox, receiver, "acme", "globex")
+    manager = outbox.state.manager
+    dispatched: list[str] = []
+
+    def dispatch_for_globex() -> None:
+        with outbox.app.app_context():
+            dispatched.extend(
+                manager.dispatch(
+                    "order.created", {"ref": "globex_1"}, ordering_key="order-1", tenant="globex"
+                )
+            )
+
+    with outbox.app.app_context(), outbox.engine.connect() as conn:
+        with conn.begin():
+            # acme's transaction takes acme's number of the key and stays open meanwhile.
+            manager.dispatch_in_tx(
+                conn, "order.created", {"ref": "acme_1"}, ordering_key="order-1", tenant="acme"
+            )
+            other = threading.Thread(target=dispatch_for_globex)
+            other.start()
+            other.join(timeout=30)  # a hang detector: without per-tenant keys it waits for the commit
+            blocked = other.is_alive()
+        other.join()
+    assert not blocked, "globex's dispatch waited for acme's transaction"
+    assert wait_final(outbox.state.store, dispatched) == [DeliveryState.DELIVERED]
+    manager.close()

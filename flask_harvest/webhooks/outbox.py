@@ -22,7 +22,7 @@ from .._time import utcnow
 from ..errors import InvalidFieldError
 from .models import new_id
 from .stores._schema import outbox_table
-from .stores.sql._statements import NEXT_ORDERING_SEQ
+from .stores.sql._statements import NEXT_ORDERING_SEQ, ordering_seq_params
 
 _box = outbox_table
 _PENDING_KEY = "harvest_outbox_pending"
@@ -98,7 +98,9 @@ class SqlOutbox:
         if isinstance(target, (Session, Connection)):
             if ordering_key is not None:
                 values["ordering_key"] = ordering_key
-                values["ordering_seq"] = target.execute(NEXT_ORDERING_SEQ, {"key": ordering_key}).scalar_one()
+                values["ordering_seq"] = target.execute(
+                    NEXT_ORDERING_SEQ, ordering_seq_params(tenant, ordering_key)
+                ).scalar_one()
             target.execute(insert(_box).values(values))
             if isinstance(target, Session):
                 _remember(target, message_id, on_commit)
@@ -117,8 +119,9 @@ class SqlOutbox:
             _box.c.relayed_at.is_(None),
             (_box.c.claimed_until.is_(None)) | (_box.c.claimed_until < now),
         )
-        # A keyed message waits until every earlier message of its key is relayed: relayed out of
-        # order, a later event's deliveries would be in line before an earlier one's exist.
+        # A keyed message waits until every earlier message of its key (and tenant: keys are per
+        # tenant) is relayed: relayed out of order, a later event's deliveries would be in line
+        # before an earlier one's exist.
         earlier = _box.alias("earlier")
         candidates = candidates.where(
             _box.c.ordering_key.is_(None)
@@ -126,6 +129,7 @@ class SqlOutbox:
                 earlier.c.ordering_key == _box.c.ordering_key,
                 earlier.c.relayed_at.is_(None),
                 earlier.c.ordering_seq < _box.c.ordering_seq,
+                earlier.c.tenant.is_not_distinct_from(_box.c.tenant),
             )
         )
         if ids is not None:

@@ -220,11 +220,14 @@ deliveries_table = Table(
     ),
 )
 
-# The last sequence number of each ordering key: a dispatch with a key takes the next one with an
-# upsert, whose row lock makes dispatches of one key number in the order they commit.
+# The last sequence number of each ordering key of each tenant: a dispatch with a key takes the next
+# one with an upsert, whose row lock makes dispatches of one key number in the order they commit.
+# Per tenant: one tenant's open transaction never holds another's key of the same name.
 ordering_keys_table = Table(
     "harvest_webhook_ordering_keys",
     metadata,
+    # '' for no tenant: a primary key column cannot be NULL.
+    Column("tenant", String(MAX_TENANT_LENGTH), primary_key=True, server_default=""),
     Column("ordering_key", String(MAX_ORDERING_KEY_LENGTH), primary_key=True),
     Column("last_seq", BigInteger, nullable=False),
 )

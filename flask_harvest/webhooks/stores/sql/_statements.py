@@ -86,15 +86,21 @@ def head_of_line_sql(row: str) -> str:
     ))"""  # noqa: S608 (table, column and state names, no input)
 
 
-#: The next number of an ordering key: an upsert whose row lock orders one key's dispatches by
-#: commit (PostgreSQL and SQLite 3.35+ both take ON CONFLICT ... RETURNING).
+#: The next number of an ordering key of a tenant: an upsert whose row lock orders one key's
+#: dispatches by commit (PostgreSQL and SQLite 3.35+ both take ON CONFLICT ... RETURNING). Bind
+#: :func:`ordering_seq_params`.
 NEXT_ORDERING_SEQ = text(
     f"""
-INSERT INTO {_okeys.name} (ordering_key, last_seq) VALUES (:key, 1)
-ON CONFLICT (ordering_key) DO UPDATE SET last_seq = {_okeys.name}.last_seq + 1
+INSERT INTO {_okeys.name} (tenant, ordering_key, last_seq) VALUES (:tenant, :key, 1)
+ON CONFLICT (tenant, ordering_key) DO UPDATE SET last_seq = {_okeys.name}.last_seq + 1
 RETURNING last_seq
 """  # noqa: S608
 )
+
+
+def ordering_seq_params(tenant: str | None, key: str) -> dict[str, str]:
+    """:data:`NEXT_ORDERING_SEQ`'s parameters: no tenant is stored as ''."""
+    return {"tenant": tenant or "", "key": key}
 
 
 def _next_in_line_sql(sub: str, key: str) -> str:

@@ -67,6 +67,7 @@ from ._statements import (
     finish_many_params,
     finish_statement,
     naive_utc,
+    ordering_seq_params,
     scope_params,
 )
 from .subscriptions import SubscriptionRows
@@ -553,13 +554,20 @@ def _numbered(conn: Connection, deliveries: Sequence[DeliveryLog]) -> Sequence[D
     on ``conn`` (one per key per call, shared by the call's deliveries of that key). The upsert's
     row lock lasts until the caller's transaction ends, so a later dispatch of the key, which waits
     for it, numbers after this one."""
-    keys = {d.ordering_key for d in deliveries if d.ordering_key is not None and d.ordering_seq is None}
+    keys = {
+        (d.tenant or "", d.ordering_key)
+        for d in deliveries
+        if d.ordering_key is not None and d.ordering_seq is None
+    }
     if not keys:
         return deliveries
     # Sorted: two dispatches taking the same keys lock them in the same order (no deadlock).
-    seqs = {key: conn.execute(NEXT_ORDERING_SEQ, {"key": key}).scalar_one() for key in sorted(keys)}
+    seqs = {
+        line: conn.execute(NEXT_ORDERING_SEQ, ordering_seq_params(*line)).scalar_one()
+        for line in sorted(keys)
+    }
     return [
-        d.replace(ordering_seq=seqs[d.ordering_key])
+        d.replace(ordering_seq=seqs[(d.tenant or "", d.ordering_key)])
         if d.ordering_key is not None and d.ordering_seq is None
         else d
         for d in deliveries
