@@ -365,6 +365,21 @@ class InMemoryOutboundWebhookHandler(OutboundWebhookHandler):
     def replay_delivery(
         self, delivery_id: str, *, now: datetime, tenant: TenantScope = ALL_TENANTS
     ) -> DeliveryLog:
+        return self._move_dead_letter(
+            delivery_id,
+            tenant,
+            "replayed",
+            state=DeliveryState.PENDING,
+            attempt=1,
+            next_attempt_at=now,
+            timestamp=now,
+        )
+
+    def _move_dead_letter(
+        self, delivery_id: str, tenant: TenantScope, done: str, **changes: Any
+    ) -> DeliveryLog:
+        """Apply ``changes`` to a dead-lettered delivery in ``tenant``'s scope (another tenant's
+        is not found); refuse one in another state, naming what ``done`` to it needs."""
         with self._lock:
             delivery = self._deliveries.get(delivery_id)
             if delivery is None or not in_scope(tenant, delivery.tenant):
@@ -372,13 +387,11 @@ class InMemoryOutboundWebhookHandler(OutboundWebhookHandler):
             if delivery.state is not DeliveryState.DLQ:
                 raise InvalidStateError(
                     f"delivery {delivery_id!r} is {delivery.state.value}, not dead-lettered; "
-                    "only deliveries in the DLQ can be replayed"
+                    f"only deliveries in the DLQ can be {done}"
                 )
-            replayed = delivery.replace(
-                state=DeliveryState.PENDING, attempt=1, next_attempt_at=now, timestamp=now
-            )
-            self._deliveries[delivery_id] = replayed
-            return replayed
+            moved = delivery.replace(**changes)
+            self._deliveries[delivery_id] = moved
+            return moved
 
     def release_expired_leases(self, *, now: datetime) -> list[str]:
         released = []
@@ -449,18 +462,9 @@ class InMemoryOutboundWebhookHandler(OutboundWebhookHandler):
     def skip_delivery(
         self, delivery_id: str, *, reason: str, now: datetime, tenant: TenantScope = ALL_TENANTS
     ) -> DeliveryLog:
-        with self._lock:
-            delivery = self._deliveries.get(delivery_id)
-            if delivery is None or not in_scope(tenant, delivery.tenant):
-                raise DeliveryNotFoundError(delivery_id)
-            if delivery.state is not DeliveryState.DLQ:
-                raise InvalidStateError(
-                    f"delivery {delivery_id!r} is {delivery.state.value}, not dead-lettered; "
-                    "only deliveries in the DLQ can be skipped"
-                )
-            skipped = delivery.replace(state=DeliveryState.SKIPPED, last_error=reason, timestamp=now)
-            self._deliveries[delivery_id] = skipped
-            return skipped
+        return self._move_dead_letter(
+            delivery_id, tenant, "skipped", state=DeliveryState.SKIPPED, last_error=reason, timestamp=now
+        )
 
     def blocked_keys(
         self, subscription_id: str, *, limit: int = 50, tenant: TenantScope = ALL_TENANTS

@@ -441,20 +441,31 @@ class DeliveryPipeline:
     def replay_delivery(
         self, delivery_id: str, *, now: datetime, tenant: TenantScope = ALL_TENANTS
     ) -> DeliveryLog:
-        # Another tenant's delivery is not found: neither moved nor its state told.
+        return self._move_dead_letter(
+            delivery_id,
+            tenant,
+            "replay a delivery",
+            "replayed",
+            state=_PENDING,
+            attempt=1,
+            next_attempt_at=now,
+            timestamp=now,
+            lease_expires_at=None,
+            lease_token=None,
+        )
+
+    def _move_dead_letter(
+        self, delivery_id: str, tenant: TenantScope, action: str, done: str, **values: Any
+    ) -> DeliveryLog:
+        """Set ``values`` on a dead-lettered delivery in ``tenant``'s scope (another tenant's is
+        not found, its state not told), in a transaction named ``action``; refuse one in another
+        state, saying only deliveries in the DLQ can be ``done``."""
         scope = [] if (condition := in_scope_sql(_dels.c.tenant, tenant)) is None else [condition]
-        with self.db.transaction("replay a delivery") as conn:
+        with self.db.transaction(action) as conn:
             row = conn.execute(
                 update(_dels)
                 .where(_dels.c.id == delivery_id, _dels.c.state == DeliveryState.DLQ.value, *scope)
-                .values(
-                    state=_PENDING,
-                    attempt=1,
-                    next_attempt_at=now,
-                    timestamp=now,
-                    lease_expires_at=None,
-                    lease_token=None,
-                )
+                .values(**values)
                 .returning(*_dels.c)
             ).first()
             if row is not None:
@@ -464,7 +475,7 @@ class DeliveryPipeline:
             raise DeliveryNotFoundError(delivery_id)
         raise InvalidStateError(
             f"delivery {delivery_id!r} is {state}, not dead-lettered; "
-            "only deliveries in the DLQ can be replayed"
+            f"only deliveries in the DLQ can be {done}"
         )
 
     def release_expired_leases(self, *, now: datetime) -> list[str]:
@@ -501,23 +512,14 @@ class DeliveryPipeline:
     def skip_delivery(
         self, delivery_id: str, *, reason: str, now: datetime, tenant: TenantScope = ALL_TENANTS
     ) -> DeliveryLog:
-        # Another tenant's delivery is not found: neither skipped nor its state told.
-        scope = [] if (condition := in_scope_sql(_dels.c.tenant, tenant)) is None else [condition]
-        with self.db.transaction("skip a dead-lettered delivery") as conn:
-            row = conn.execute(
-                update(_dels)
-                .where(_dels.c.id == delivery_id, _dels.c.state == DeliveryState.DLQ.value, *scope)
-                .values(state=DeliveryState.SKIPPED.value, last_error=reason, timestamp=now)
-                .returning(*_dels.c)
-            ).first()
-            if row is not None:
-                return row_to_delivery(row)
-            state = conn.execute(select(_dels.c.state).where(_dels.c.id == delivery_id, *scope)).scalar()
-        if state is None:
-            raise DeliveryNotFoundError(delivery_id)
-        raise InvalidStateError(
-            f"delivery {delivery_id!r} is {state}, not dead-lettered; "
-            "only deliveries in the DLQ can be skipped"
+        return self._move_dead_letter(
+            delivery_id,
+            tenant,
+            "skip a dead-lettered delivery",
+            "skipped",
+            state=DeliveryState.SKIPPED.value,
+            last_error=reason,
+            timestamp=now,
         )
 
     def blocked_keys(
