@@ -109,6 +109,16 @@ def _parent(stored: str | None) -> _Context | None:
     return context if _trace.get_current_span(context).get_span_context().is_valid else None
 
 
+def _inert() -> bool:
+    """Whether a span started now, without a stored parent, could only be the API's invalid
+    no-op span: no tracer provider is set, and no span is current (one from an incoming request
+    would have to be carried on)."""
+    provider = _trace.get_tracer_provider()
+    if not isinstance(provider, _trace.ProxyTracerProvider | _trace.NoOpTracerProvider):
+        return False
+    return not _trace.get_current_span().get_span_context().is_valid
+
+
 @contextlib.contextmanager
 def span(
     name: str,
@@ -133,9 +143,12 @@ def span(
     if not ENABLED:
         yield _NO_SPAN
         return
+    context = _parent(parent)
+    if context is None and _inert():
+        yield _NO_SPAN  # what the API's no-op tracer would start, at a tenth of its cost
+        return
     tracer = _trace.get_tracer("flask_harvest", __version__)
     values = {k: v for k, v in (attributes or {}).items() if v is not None}
-    context = _parent(parent)
     links = []
     if link_current and context is not None:
         current = _trace.get_current_span().get_span_context()

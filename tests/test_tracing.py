@@ -484,3 +484,30 @@ def test_a_captured_context_reads_back_as_the_same_span() -> None:
     context = tracing._parent(stored)
     assert context is not None
     assert trace.get_current_span(context).get_span_context().span_id == current.get_span_context().span_id
+
+
+#: With the API but no tracer provider: a span is the inert one unless a span is current (one an
+#: incoming request carried), whose trace the stored context still names.
+_NO_PROVIDER = """
+import json
+from opentelemetry import trace
+from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
+from flask_harvest import tracing
+
+with tracing.span("alone") as alone:
+    print(json.dumps({"alone": tracing.capture(), "inert": alone is tracing._NO_SPAN}))
+incoming = SpanContext(0x1234, 0x5678, is_remote=True, trace_flags=TraceFlags(1))
+with trace.use_span(NonRecordingSpan(incoming)):
+    with tracing.span("carried") as carried:
+        print(json.dumps({"carried": tracing.capture(), "inert": carried is tracing._NO_SPAN}))
+"""
+
+
+def test_without_a_provider_a_span_carries_an_incoming_trace_and_is_inert_otherwise() -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", _NO_PROVIDER], capture_output=True, text=True, timeout=60, check=True
+    )
+    alone, carried = (json.loads(line) for line in done.stdout.splitlines())
+    assert alone == {"alone": None, "inert": True}
+    assert carried["inert"] is False
+    assert json.loads(carried["carried"])["traceparent"].startswith("00-" + f"{0x1234:032x}")
