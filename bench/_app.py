@@ -101,8 +101,11 @@ def base_config() -> dict[str, Any]:
         "HARVEST_REDIS_URL": REDIS_URL,
         # The receivers run on 127.0.0.1, which the SSRF policy refuses by default.
         "HARVEST_WEBHOOKS_ALLOW_PRIVATE_TARGETS": True,
-        # S9's throughput: 32 runs at once per worker (the default of 1 keeps poison pills apart).
+        # The tuned workflow setting: 32 runs at once per worker, and a pool with a connection for
+        # each and the worker's own three, as the deployment guide says (the default-settings rows
+        # remove the concurrency key, and their default of 12 fits any pool of 15 or more).
         "HARVEST_WORKFLOW_CONCURRENCY": 32,
+        "SQLALCHEMY_ENGINE_OPTIONS": {"pool_size": 5, "max_overflow": 30},
     }
 
 
