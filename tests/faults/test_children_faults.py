@@ -11,7 +11,6 @@ PostgreSQL) running the parent and child workflows of ``children_app.py``.
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Iterator
 from typing import Any
 
@@ -77,7 +76,10 @@ def test_a_parent_killed_after_starting_its_children_starts_none_again(cf: Child
     kids = cf.children(parent)
     assert len(kids) == 3 and {k.state for k in kids} == {S.COMPLETED}
     for kid in kids:
-        assert cf.effects(kid.execution_id) == Counter({"kid": 1})
+        # Once each; twice only for a kid whose step the doomed worker was running when it died
+        # (its effect committed, its checkpoint not yet): steps are at least once.
+        pids = cf.effect_pids(kid.execution_id, "kid")
+        assert len(pids) == 1 or (len(pids) == 2 and pids[0] == doomed.pid != pids[1]), pids
     with cf.env.inspector.connect() as conn:
         rows = conn.execute(sa.text("SELECT count(*) FROM harvest_workflow_executions")).scalar_one()
     assert rows == 4
