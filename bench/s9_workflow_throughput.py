@@ -144,6 +144,20 @@ CLIENTS = 4
 _clients = partial(_while_running, clients=CLIENTS)
 
 
+#: The variants of a round, each run by both engines: their results in ``details``.
+VARIANTS = (
+    "harvest",
+    "harvest_tuned",
+    "dbos",
+    "harvest_live",
+    "dbos_live",
+    "harvest_clients",
+    "dbos_clients",
+    "harvest_10",
+    "dbos_10",
+)
+
+
 def _best(results: list[dict[str, float]]) -> dict[str, float]:
     return max(results, key=lambda r: r["workflows_per_s"])
 
@@ -157,20 +171,7 @@ def run(ctx: Context) -> Result:
     rounds = ctx.pick(2, 1)
     dbos_engine = dbos_prepare()
     client = _dbos_app.client()
-    found: dict[str, list[dict[str, float]]] = {
-        key: []
-        for key in (
-            "harvest",
-            "harvest_tuned",
-            "dbos",
-            "harvest_live",
-            "dbos_live",
-            "harvest_clients",
-            "dbos_clients",
-            "harvest_10",
-            "dbos_10",
-        )
-    }
+    found: dict[str, list[dict[str, float]]] = {key: [] for key in VARIANTS}
 
     def ours(setup: Setup, measure: Any, name: str, tag: str) -> dict[str, float]:
         reset_all(ctx.engine)

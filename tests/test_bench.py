@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from bench.s9_workflow_throughput import VARIANTS
 from flask_harvest.config import Settings
 
 from .conftest import IN_CI
@@ -96,18 +97,7 @@ def test_quick_workflow_benchmarks_compare_with_dbos(tmp_path: Path) -> None:
     s9 = report["scenarios"]["S9"]["details"]
     # Every run of both engines completed (the scenario counts them from their rows).
     assert s9["count"] == 300
-    variants = (
-        "harvest",
-        "harvest_tuned",
-        "dbos",
-        "harvest_live",
-        "dbos_live",
-        "harvest_clients",
-        "dbos_clients",
-        "harvest_10",
-        "dbos_10",
-    )
-    assert all(len(s9[variant]) == 1 for variant in variants), s9
+    assert all(len(s9[variant]) == 1 for variant in VARIANTS), s9
     # The default-settings rows run at the package's default, whatever it is.
     assert s9["default_workflow_concurrency"] == Settings().workflow_concurrency
 
