@@ -235,7 +235,8 @@ def add_workflows(
     if engine.workflows is not None:
         raise ConfigurationError("this engine runs workflows already: add them once")
     settings = engine.settings
-    for sql in store.shards.engines if isinstance(store, ShardedWorkflowStore) else [store.engine]:
+    engines = store.shards.engines if isinstance(store, ShardedWorkflowStore) else [store.engine]
+    for sql in engines:
         new_pool_in_each_child(sql)  # as build_engine does for the webhook store's
     runner = WorkflowRunner(
         store,
@@ -252,7 +253,7 @@ def add_workflows(
             declared=registry.queues,
         ),
     )
-    for sql in store.shards.engines if isinstance(store, ShardedWorkflowStore) else [store.engine]:
+    for sql in engines:
         _check_pool_room(sql, runner.concurrency)
     # A queued run's end frees its queue's slot: the queue gets a claim attempt after the commit.
     store.hooks.register(runner.queue_driver.on_terminal)
