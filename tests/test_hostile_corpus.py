@@ -487,6 +487,20 @@ CLI_COMMANDS: list[list[str | None]] = [
     ["dlq", "replay", "--since", "2020-01-01T00:00:00Z", "--limit", None],
     ["deliveries", "show", None],
     ["outbox", "purge", "--older-than", None, "--yes"],
+    # Ordered delivery, tenants and the operational endpoint.
+    ["subscriptions", "add", "https://x.example.com", "--topic", "a", "--ordering-policy", None],
+    ["subscriptions", "add", "https://x.example.com", "--topic", "a", "--tenant", None],
+    ["subscriptions", "update", "sub_1", "--ordering-policy", None],
+    ["subscriptions", "list", "--tenant", None],
+    ["subscriptions", "show", "sub_1", "--tenant", None],
+    ["dlq", "skip", None],
+    ["dlq", "skip", "dlv_1", "--tenant", None],
+    ["dlq", "list", "--tenant", None],
+    ["dlq", "replay", "--subscription", "sub_1", "--tenant", None, "--dry-run"],
+    ["deliveries", "show", "dlv_1", "--tenant", None],
+    ["stats", "--tenant", None],
+    ["operational", "status", "--json"],
+    ["operational", "test", "--json"],
 ]
 
 
