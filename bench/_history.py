@@ -119,24 +119,31 @@ def delivery_id(number: int) -> str:
     return "dlv_" + hashlib.md5(f"h{number}".encode()).hexdigest()  # noqa: S324 (an id, not a secret)
 
 
-def _spec(history: int, pending: int) -> str:
-    # Every table's DDL: an index added or dropped anywhere seeds afresh.
+def schema_fingerprint() -> str:
+    """A digest of every table's DDL: a seed recorded with another one is seeded afresh, so an
+    index added or dropped anywhere is measured as the schema has it."""
     ddl = WEBHOOK_SCHEMA_SQL + schema_sql(metadata.sorted_tables)
-    schema = hashlib.sha256(ddl.encode()).hexdigest()[:16]
-    return f"history={history} pending={pending} subscriptions={SUBSCRIPTIONS} schema={schema} workflows v5"
+    return hashlib.sha256(ddl.encode()).hexdigest()[:16]
 
 
-def seeded(url: str, *, history: int, pending: int) -> History:
-    """The database at ``url`` with ``history`` delivered and dead-lettered rows (each with its
-    attempt) and ``pending`` due pending rows; seeded unless it already holds exactly that."""
-    spec = _spec(history, pending)
+def _spec(history: int, pending: int) -> str:
+    return (
+        f"history={history} pending={pending} subscriptions={SUBSCRIPTIONS} "
+        f"schema={schema_fingerprint()} workflows v5"
+    )
+
+
+def kept_or_seeded(url: str, spec: str, seed: Callable[[sa.Engine], None]) -> float:
+    """The database at ``url`` as ``seed`` fills it: kept if an earlier seeding recorded ``spec``
+    in it, else dropped, created with empty tables and seeded. Return the seconds the seeding took
+    (0 when kept)."""
     ensure_database(url)
     engine = sa.create_engine(url)
     try:
         with engine.begin() as conn:
             conn.exec_driver_sql(f"CREATE TABLE IF NOT EXISTS {_MARKER} (spec text NOT NULL)")
             if conn.exec_driver_sql(f"SELECT spec FROM {_MARKER}").scalar() == spec:  # noqa: S608
-                return History(url, history, pending, 0.0)
+                return 0.0
     finally:
         engine.dispose()
     # Afresh: an index the schema no longer has must not stay behind to help the planner.
@@ -146,13 +153,20 @@ def seeded(url: str, *, history: int, pending: int) -> History:
     engine = sa.create_engine(url)
     try:
         reset_database(engine)
-        _seed(engine, history, pending)
+        seed(engine)
         with engine.begin() as conn:
             conn.exec_driver_sql(f"CREATE TABLE {_MARKER} (spec text NOT NULL)")
             conn.execute(sa.text(f"INSERT INTO {_MARKER} (spec) VALUES (:spec)"), {"spec": spec})  # noqa: S608
     finally:
         engine.dispose()
-    return History(url, history, pending, time.perf_counter() - started)
+    return time.perf_counter() - started
+
+
+def seeded(url: str, *, history: int, pending: int) -> History:
+    """The database at ``url`` with ``history`` delivered and dead-lettered rows (each with its
+    attempt) and ``pending`` due pending rows; seeded unless it already holds exactly that."""
+    seconds = kept_or_seeded(url, _spec(history, pending), lambda engine: _seed(engine, history, pending))
+    return History(url, history, pending, seconds)
 
 
 def _every(rate: int, history: int) -> int:
