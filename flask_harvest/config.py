@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from ._input import text_problem
 from .errors import ConfigurationError, InvalidFieldError
 from .outbound.backoff import RetryPolicy
 from .outbound.signing import DEFAULT_SIGNATURE_HEADER, validate_secret
@@ -165,6 +166,23 @@ class Settings:
     #: Seconds a dashboard sign-in lasts before the token must be given again.
     dashboard_session_seconds: float = 8 * 3600.0
 
+    #: The key that signs consumer portal links and sessions; empty (the default): the app's
+    #: ``secret_key``. Changing it ends every portal link and session at once.
+    portal_secret_key: str = field(default="", repr=False)
+    #: Seconds a portal link made by ``harvest.portal_url`` can be opened.
+    portal_link_seconds: float = 600.0
+    #: Seconds a portal session (opened from a link) lasts.
+    portal_session_seconds: float = 3600.0
+    #: The portal's title, shown to customers.
+    portal_name: str = "Webhooks"
+    #: An image shown beside the portal's title: an ``https://`` URL or a path of the app.
+    portal_logo_url: str = ""
+    #: The portal's accent colour (links, buttons), as ``#rrggbb``; empty: the console's.
+    portal_accent_color: str = ""
+    #: The origins that may show the portal in a frame (comma-separated, such as
+    #: ``https://app.example.com``); empty (the default): none may.
+    portal_frame_ancestors: str = ""
+
     #: Count deliveries, attempts, workflow ends, callbacks and trigger fires as Prometheus metrics
     #: and serve them for scraping (needs the ``metrics`` extra, ``prometheus_client``).
     metrics: bool = False
@@ -257,7 +275,7 @@ def _coerce(name: str, value: Any, default: Any) -> Any:
         except (TypeError, ValueError) as exc:
             raise ConfigurationError(f"{key} must map queue names to JSON limits ({exc})") from None
     if name.endswith(
-        ("_cidrs", "_allowlist", "_shards")
+        ("_cidrs", "_allowlist", "_shards", "_ancestors")
     ):  # a network list: a comma-separated string, or a list of strings
         if isinstance(value, list | tuple) and all(isinstance(item, str) for item in value):
             return ",".join(value)
@@ -306,6 +324,7 @@ def load_settings(config: Mapping[str, Any], overrides: Mapping[str, Any]) -> Se
             ) from None
     shard_urls(settings)
     _check_operational_webhook(settings)
+    _check_portal(settings)
     token = settings.actuator_token
     if token and (len(token.strip()) < MIN_ACTUATOR_TOKEN_LENGTH or token != token.strip()):
         # A guessable token opens the admin API; "Bearer " plus spaces must never be a credential.
@@ -374,6 +393,51 @@ def _check_operational_webhook(settings: Settings) -> None:
     except InvalidFieldError as exc:
         # The message names the problem, never the value.
         raise ConfigurationError(f"{secret_key} is not a usable signing secret: {exc.message}") from None
+
+
+#: A theme colour: six hex digits, nothing a stylesheet could read as more than a colour.
+_COLOR = re.compile(r"#[0-9A-Fa-f]{6}")
+#: A logo: an https URL or an absolute path of the app, without quotes, spaces or parentheses.
+_LOGO_URL = re.compile(r"(?:https://[A-Za-z0-9.-]+(?::[0-9]{1,5})?)?/[A-Za-z0-9._~/%?=&+-]*")
+#: A frame ancestor: ``'self'`` or a scheme and host (a ``*.`` subdomain wildcard and a port
+#: allowed), the forms CSP's frame-ancestors takes.
+_FRAME_ANCESTOR = re.compile(r"'self'|https?://(?:\*\.)?[A-Za-z0-9.-]+(?::[0-9]{1,5})?")
+
+
+def portal_frame_ancestors(settings: Settings) -> list[str]:
+    """The origins of ``HARVEST_PORTAL_FRAME_ANCESTORS``, in order (empty: no frame may show the
+    portal).
+
+    :raises ConfigurationError: an entry is not ``'self'`` or an origin such as
+        ``https://app.example.com``.
+    """
+    key = KEYS["portal_frame_ancestors"]
+    origins = [part.strip() for part in settings.portal_frame_ancestors.split(",") if part.strip()]
+    for origin in origins:
+        if not _FRAME_ANCESTOR.fullmatch(origin):
+            raise ConfigurationError(
+                f"{key} must list origins such as 'https://app.example.com' or 'self' in quotes, "
+                f"not {origin[:100]!r}"
+            )
+    return origins
+
+
+def _check_portal(settings: Settings) -> None:
+    """Refuse a portal theme or frame policy that is not plainly a colour, a URL or origins: each
+    reaches a stylesheet or a header as it is."""
+    portal_frame_ancestors(settings)
+    color = settings.portal_accent_color
+    if color and not _COLOR.fullmatch(color):
+        raise ConfigurationError(f"{KEYS['portal_accent_color']} must be a colour such as '#1f6feb'")
+    logo = settings.portal_logo_url
+    if logo and (len(logo) > 2048 or not _LOGO_URL.fullmatch(logo) or logo.startswith("//")):
+        raise ConfigurationError(
+            f"{KEYS['portal_logo_url']} must be an https:// URL or a path of the app such as "
+            "'/static/logo.svg'"
+        )
+    name = settings.portal_name
+    if len(name) > 100 or text_problem(name) is not None or not name.strip():
+        raise ConfigurationError(f"{KEYS['portal_name']} must be a title of 1 to 100 characters")
 
 
 def shard_urls(settings: Settings) -> list[str]:

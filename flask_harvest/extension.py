@@ -34,6 +34,7 @@ from .dashboard._core import check_dashboard_config
 from .engine import AdminAccess, Authorizer, HarvestEngine, add_triggers, add_workflows, build_engine
 from .errors import ConfigurationError
 from .outbound.attempt import Verdict
+from .portal import portal_url
 from .triggers.admin import trigger_admin
 from .triggers.definitions import CompletionTrigger
 from .triggers.firing import FireEvent, FireListener
@@ -443,6 +444,17 @@ class Harvest:
         return get_engine().manager.dispatch_in_tx(
             conn, topic, payload, ordering_key=ordering_key, tenant=tenant
         )
+
+    def portal_url(self, tenant: str, *, expires_in: float | None = None) -> str:
+        """Return a short-lived signed link that opens the consumer portal for ``tenant`` (its
+        endpoints and deliveries only); hand it only to that tenant's signed-in users. Call it in
+        a request, with the portal blueprint registered (:doc:`/portal`).
+
+        :param expires_in: seconds the link can be opened (``HARVEST_PORTAL_LINK_SECONDS``).
+        :raises InvalidFieldError: ``tenant`` is not a tenant id, or ``expires_in`` is out of range.
+        :raises ConfigurationError: the portal blueprint is not registered on the app.
+        """
+        return portal_url(tenant, expires_in=expires_in)
 
     def start(
         self,

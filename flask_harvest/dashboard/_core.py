@@ -8,7 +8,6 @@ Page modules (:mod:`.webhooks`, and one per subsystem) add their routes to :data
 
 from __future__ import annotations
 
-import io
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -17,7 +16,6 @@ from urllib.parse import quote, unquote, urlsplit
 
 from flask import Blueprint, Flask, Response, current_app, g, redirect, render_template, request, url_for
 from marshmallow import ValidationError
-from werkzeug.datastructures import MultiDict
 from werkzeug.exceptions import HTTPException
 from werkzeug.http import HTTP_STATUS_CODES
 from werkzeug.wrappers import Response as BaseResponse
@@ -26,8 +24,9 @@ from .._app import get_engine
 from .._input import text_problem
 from ..config import KEYS, Settings
 from ..engine import HarvestEngine
-from ..errors import ConfigurationError, HarvestError, InvalidFieldError
-from ..http.admin import MAX_BODY_BYTES, authorizer_allows, error_answer, read_body
+from ..errors import ConfigurationError, HarvestError
+from ..http.admin import authorizer_allows, error_answer
+from ..http.forms import MAX_FIELD_CHARS, form_text, posted_form, read_form
 from ._session import COOKIE_NAME, DashboardSession, csrf_matches, digest_matches, dump_session, load_session
 
 dashboard = Blueprint(
@@ -51,8 +50,6 @@ SECURITY_HEADERS = {
 }
 #: Endpoints open without sign-in (the sign-in form itself and the stylesheet).
 _OPEN_ENDPOINTS = frozenset({"harvest_dashboard.static", "harvest_dashboard.sign_in"})
-#: The longest form field the dashboard reads.
-MAX_FIELD_CHARS = 2048
 
 
 @dataclass(frozen=True)
@@ -202,33 +199,12 @@ def safe_next(target: str | None) -> str:
     return confined_next(target, url_for("harvest_dashboard.overview"))
 
 
-def _read_form() -> MultiDict[str, str]:
-    """Parse the request's form from a body of at most :data:`MAX_BODY_BYTES`, read through the
-    admin APIs' own limit (413 before a larger one is read, so no anonymous request makes the
-    server buffer it or spool its files to disk)."""
-    body = read_body(MAX_BODY_BYTES)
-    parser = request.make_form_data_parser()
-    _, fields, files = parser.parse(io.BytesIO(body), request.mimetype, len(body), request.mimetype_params)
-    for _, upload in files.items(multi=True):
-        upload.close()  # no page takes a file
-    return fields
-
-
-def posted_form() -> MultiDict[str, str]:
-    """The submitted form of a request other than ``GET`` or ``HEAD`` (empty for those).
-
-    Pages read this, never ``request.form``: it was parsed within the body limit.
-    """
-    fields: MultiDict[str, str] = g.get("harvest_dashboard_form") or MultiDict()
-    return fields
-
-
 @dashboard.before_request
 def _guard() -> BaseResponse | tuple[str, int] | None:
     session = _session()
     if request.method not in ("GET", "HEAD"):
         # Read before the access check (the CSRF token is in the form), so within the limit.
-        g.harvest_dashboard_form = _read_form()
+        read_form()
     if request.method not in ("GET", "HEAD") and not csrf_matches(session, posted_form().get("csrf_token")):
         # Checked before anything else: a cross-site form can never reach a route that changes state.
         return render_page(
@@ -345,30 +321,6 @@ def unconfirmed(template: str, kept: str, **context: Any) -> tuple[str, int] | N
     if form_text("confirm", max_chars=8) != "yes":
         return render_page(template, status=422, error=f"Tick the box to confirm; {kept}.", **context)
     return None
-
-
-def form_text(name: str, *, required: bool = False, max_chars: int = MAX_FIELD_CHARS) -> str:
-    """Return a form field's text, stripped; refuse a NUL, a lone surrogate or an over-long value
-    (422 naming the field) before anything reads it."""
-    value = posted_form().get(name, "")
-    problem = text_problem(value) if value else None
-    if problem is not None or len(value) > max_chars:
-        raise InvalidFieldError(name, problem or f"is longer than {max_chars} characters")
-    value = value.strip()
-    if required and not value:
-        raise InvalidFieldError(name, "is required")
-    return value
-
-
-def query_text(name: str, *, max_chars: int = MAX_FIELD_CHARS) -> str | None:
-    """Return a query parameter's text, or ``None`` when absent or empty; refuse bad text (422)."""
-    value = request.args.get(name)
-    if not value:
-        return None
-    problem = text_problem(value)
-    if problem is not None or len(value) > max_chars:
-        raise InvalidFieldError(name, problem or f"is longer than {max_chars} characters")
-    return value.strip() or None
 
 
 # -- errors: HTML pages, never a traceback -----------------------------------------------------------

@@ -8,15 +8,8 @@ from flask import current_app, g, redirect, request, url_for
 from werkzeug.wrappers import Response as BaseResponse
 
 from .._app import get_engine
-from ._core import (
-    dashboard,
-    form_text,
-    posted_form,
-    render_page,
-    replace_session,
-    safe_next,
-    token_sign_in_enabled,
-)
+from ..http.forms import form_text, posted_form
+from ._core import dashboard, render_page, replace_session, safe_next, token_sign_in_enabled
 from ._session import DashboardSession, token_digest
 
 

@@ -11,7 +11,8 @@ from __future__ import annotations
 from .._app import get_engine
 from .._input import text_problem
 from ..errors import InvalidFieldError
-from ._core import MAX_FIELD_CHARS, dashboard, form_text, posted_form, render_page
+from ..http.forms import MAX_FIELD_CHARS, form_text, posted_form
+from ._core import dashboard, render_page
 from .paging import PAGE_SIZE
 
 #: The most ids one form may send: a page's rows.

@@ -15,7 +15,8 @@ from ..callbacks.service import CompletionCallbacks
 from ..callbacks.store import CompletionDelivery
 from ..engine import HarvestEngine
 from ..errors import InvalidFieldError
-from ._core import NAV, NavEntry, dashboard, form_text, query_text, render_page
+from ..http.forms import form_text, query_text
+from ._core import NAV, NavEntry, dashboard, render_page
 from .dlq_select import MAX_SELECTED, posted_ids
 from .paging import PAGE_SIZE, Page, pager
 

@@ -13,9 +13,10 @@ from flask import redirect, request, url_for
 from werkzeug.wrappers import Response as BaseResponse
 
 from ..errors import InvalidFieldError
+from ..http.forms import form_text
 from ..workflows.forks import check_from_step, parse_fork_mode
 from ..workflows.models import ForkMode
-from ._core import dashboard, form_text, render_page
+from ._core import dashboard, render_page
 from .workflows import workflows_service
 
 #: What each mode does, for the page's choice (the first is the default).

@@ -17,8 +17,9 @@ from werkzeug.wrappers import Response as BaseResponse
 from .._app import get_engine
 from .._input import id_problem
 from ..engine import HarvestEngine
+from ..http.forms import query_text
 from ..webhooks.manager import outbox_delivery_id
-from ._core import dashboard, query_text, render_page
+from ._core import dashboard, render_page
 
 #: The longest text the box takes (an id is at most 255 characters; a little room for spaces).
 MAX_QUERY_CHARS = 512

@@ -18,9 +18,10 @@ from werkzeug.wrappers import Response as BaseResponse
 from .._input import parse_json
 from ..errors import HarvestError
 from ..http.admin import error_answer
+from ..http.forms import form_text
 from ..workflows.models import IdReusePolicy
 from ..workflows.schemas import StartSchema
-from ._core import dashboard, form_text, render_page
+from ._core import dashboard, render_page
 from .workflows import workflows_service
 
 #: The longest input text the form takes (the service then applies the input size limit).

@@ -22,10 +22,11 @@ from .._input import parse_json
 from .._time import utcnow
 from ..errors import HarvestError, InvalidFieldError
 from ..http.admin import error_answer
+from ..http.forms import form_text
 from ..webhooks.attempt_stats import AttemptStats, attempt_stats
 from ..webhooks.models import WebhookSubscription, filter_json
 from ..webhooks.tenants import MAX_TENANT_LENGTH
-from ._core import dashboard, form_text, render_page, unconfirmed
+from ._core import dashboard, render_page, unconfirmed
 
 #: The window of a subscription's health, and the most deliveries (those attempted last) whose
 #: attempts it reads: a busy subscription's page costs the same as a quiet one's.
@@ -37,11 +38,11 @@ _TOPIC_SPLIT = re.compile(r"[\s,]+")
 MAX_OPTIONS_CHARS = 64 * 1024
 
 
-def subscription_health(subscription_id: str) -> AttemptStats:
-    """The success rate and p50/p99 latency of the subscription's attempts in the last hour, over
-    the attempts of its :data:`HEALTH_DELIVERIES` deliveries attempted last."""
+def subscription_health(subscription_id: str, window: timedelta = HEALTH_WINDOW) -> AttemptStats:
+    """The success rate and p50/p99 latency of the subscription's attempts in the last ``window``
+    (an hour), over the attempts of its :data:`HEALTH_DELIVERIES` deliveries attempted last."""
     store = get_engine().operations.store
-    since = utcnow() - HEALTH_WINDOW
+    since = utcnow() - window
     return attempt_stats(store.recent_attempts(subscription_id, since=since, limit=HEALTH_DELIVERIES))
 
 

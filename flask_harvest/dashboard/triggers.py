@@ -21,21 +21,11 @@ from .._app import get_engine
 from .._input import parse_json
 from ..engine import HarvestEngine
 from ..errors import InvalidFieldError
+from ..http.forms import MAX_FIELD_CHARS, form_text, posted_form, query_text
 from ..triggers.definitions import TERMINAL_STATE_NAMES, trigger_from_json
 from ..triggers.service import TriggerService, stored_to_json
 from ..triggers.store import StoredTrigger
-from ._core import (
-    MAX_FIELD_CHARS,
-    NAV,
-    PANELS,
-    NavEntry,
-    Panel,
-    dashboard,
-    form_text,
-    posted_form,
-    query_text,
-    render_page,
-)
+from ._core import NAV, PANELS, NavEntry, Panel, dashboard, render_page
 from .paging import PAGE_SIZE, Page, pager
 
 #: Fires-ledger rows shown on a trigger's page and on the overview.

@@ -19,6 +19,7 @@ from .._app import get_engine
 from .._time import utcnow
 from ..engine import HarvestEngine
 from ..errors import InvalidFieldError
+from ..http.forms import form_text, query_text
 from ..webhooks.models import (
     DeliveryState,
     DeliverySummary,
@@ -28,18 +29,7 @@ from ..webhooks.models import (
 )
 from ..webhooks.operational import OPERATIONAL_SUBSCRIPTION_ID
 from ..webhooks.operations import MAX_BULK_REPLAY, MAX_GRACE_SECONDS
-from ._core import (
-    NAV,
-    PANELS,
-    NavEntry,
-    Panel,
-    always,
-    dashboard,
-    form_text,
-    link_maker,
-    query_text,
-    render_page,
-)
+from ._core import NAV, PANELS, NavEntry, Panel, always, dashboard, link_maker, render_page
 from .chart import stacked_bars
 from .paging import PAGE_SIZE, PAGING_ARGS, Page, pager
 from .subscription_admin import HEALTH_DELIVERIES, options_form, subscription_health

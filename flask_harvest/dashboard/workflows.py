@@ -20,9 +20,10 @@ from werkzeug.wrappers import Response as BaseResponse
 from .._app import get_engine
 from ..callbacks.service import CompletionCallbacks
 from ..engine import HarvestEngine
+from ..http.forms import form_text, query_text
 from ..workflows.models import Execution, ExecutionState, JsonValue
 from ..workflows.service import WorkflowService
-from ._core import NAV, PANELS, NavEntry, Panel, dashboard, form_text, query_text, render_page, unconfirmed
+from ._core import NAV, PANELS, NavEntry, Panel, dashboard, render_page, unconfirmed
 from .paging import PAGE_SIZE, Page, pager
 from .timeline import run_timeline
 from .when import page_now

@@ -64,6 +64,28 @@ _EXPLANATIONS = {
 }
 
 
+#: Why a target is refused, told to the person who typed it (a customer in the portal), who can
+#: change the URL but not the app's settings.
+_PUBLIC_EXPLANATIONS = {
+    SsrfRejection.INVALID_URL: "it is not a full URL such as https://example.com/webhooks",
+    SsrfRejection.SCHEME: "only http:// and https:// URLs can receive events",
+    SsrfRejection.HTTPS_REQUIRED: "only https:// URLs can receive events",
+    SsrfRejection.USERINFO: "a URL may not hold a user name or password (user:password@)",
+    SsrfRejection.LOCALHOST_NAME: "it names the server itself, not a machine of yours",
+    SsrfRejection.LOOPBACK_ADDRESS: "it is a loopback address (the server itself); use a public address",
+    SsrfRejection.PRIVATE_ADDRESS: "it is a private network address, not reachable from the internet",
+    SsrfRejection.LINK_LOCAL_ADDRESS: "it is a link-local address, not reachable from the internet",
+    SsrfRejection.MULTICAST_ADDRESS: "it is a multicast address",
+    SsrfRejection.RESERVED_ADDRESS: "it is a reserved address, not reachable from the internet",
+    SsrfRejection.DENIED_ADDRESS: "events may not be sent to that address",
+}
+
+
+def public_reason(reason: SsrfRejection) -> str:
+    """Why a target is refused, in words for whoever typed the URL (no setting named). Pure."""
+    return _PUBLIC_EXPLANATIONS[reason]
+
+
 @dataclass(frozen=True)
 class SsrfPolicy:
     """What :func:`check_url` and :func:`check_address` let through.

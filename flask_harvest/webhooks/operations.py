@@ -38,6 +38,7 @@ from .models import (
     SubscriptionChanges,
     WebhookSubscription,
     WebhookSubscriptionStatus,
+    new_id,
     standard_secret,
     validate_filter,
     validate_headers,
@@ -46,6 +47,7 @@ from .models import (
 from .operational import OPERATIONAL_SUBSCRIPTION_ID
 from .ordering import DEFAULT_ORDERING_POLICY, OrderingPolicy, validate_ordering_policy
 from .outbox import SqlOutbox
+from .payload import encode_payload
 from .stores.base import BlockedKey, DeliverySchedule, DlqCursor, OutboundWebhookHandler
 from .tenants import ALL_TENANTS, TenantScope, in_scope, validate_scope, validate_tenant
 from .topics import validate_topic
@@ -352,6 +354,43 @@ class WebhookOperations:
             )
         self.store.log_deliveries([notice])
         return notice, self._enqueue([notice])
+
+    def send_test_event(
+        self, subscription_id: str, event_type: str, *, tenant: TenantScope = ALL_TENANTS
+    ) -> tuple[DeliveryLog, str | None]:
+        """Send the catalog's example payload of ``event_type`` to one subscription only, as a
+        delivery like any other (signed, retried, listed); return it, and why its job could not be
+        queued (the sweeper queues it later) or ``None``.
+
+        The subscription's topics and payload filter are not consulted: the receiver asked for
+        this event to see what it looks like.
+
+        :raises SubscriptionNotFoundError: no such subscription (in the ``tenant`` scope).
+        :raises EventTypeNotFoundError: the catalog has no such type.
+        :raises InvalidStateError: the subscription is not active (a test would be dead-lettered).
+        """
+        scope = validate_scope(tenant)
+        subscription = self.get_subscription(subscription_id, tenant=scope)
+        chosen = self.event_type(event_type)
+        if not subscription.is_active:
+            raise InvalidStateError(
+                f"the endpoint is {subscription.status.value}: enable it first (a test event sent "
+                "now would not be delivered)"
+            )
+        now = utcnow()
+        delivery = DeliveryLog(
+            id=new_id("msg"),
+            subscription_id=subscription.id,
+            topic=chosen.name,
+            payload=encode_payload(chosen.example),
+            max_attempts=self.settings.webhooks_max_attempts,
+            timestamp=now,
+            next_attempt_at=now,
+            created_at=now,
+            tenant=subscription.tenant,
+        )
+        self.store.log_deliveries([delivery])
+        return delivery, self._enqueue([delivery])
 
     @staticmethod
     def _operational_in_scope(tenant: TenantScope) -> None:
