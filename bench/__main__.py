@@ -48,6 +48,7 @@ SCENARIOS = {
     "S21": "bench.s21_rate_limit",
     "S22": "bench.s22_ordered",
     "S23": "bench.s23_dispatch_checks",
+    "S24": "bench.s24_portal_render",
 }
 
 

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from bench.s9_workflow_throughput import VARIANTS
+from bench.s24_portal_render import pages as portal_pages
 from flask_harvest.config import Settings
 
 from .conftest import IN_CI
@@ -132,3 +133,24 @@ def test_quick_dispatch_checks_benchmark_compares_checked_with_plain_dispatch(tm
         assert row["scenario"] == "S23" and isinstance(row["value"], float), row
         assert row["baseline"] > 0 and row["ratio"] > 0
     assert "| S23 |" in stdout
+
+
+@pytest.mark.postgres
+@pytest.mark.redis
+@pytest.mark.slow
+def test_quick_portal_benchmark_renders_every_page_for_both_tenants(tmp_path: Path) -> None:
+    report, stdout = run_bench(tmp_path / "s24.json", "S24", timeout=300)
+    entry = report["scenarios"]["S24"]
+    assert "error" not in entry, entry
+    details = entry["details"]
+    labels = [page.label for page in portal_pages()]
+    # A row per page, then the slowest.
+    assert [row["figure"] for row in entry["rows"][:-1]] == [f"{label}, big tenant (p95)" for label in labels]
+    for label in labels:
+        assert set(details[label]["render_ms"]) == {"big", "ordinary"}, details[label]
+        assert isinstance(details[label]["statements"], int)
+    assert details["tenants"]["big"] != details["tenants"]["ordinary"]
+    for row in entry["rows"]:
+        assert row["scenario"] == "S24" and isinstance(row["value"], float), row
+        assert row["baseline"] > 0 and row["ratio"] > 0
+    assert "| S24 |" in stdout
