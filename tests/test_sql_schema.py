@@ -265,6 +265,49 @@ def test_the_hot_paths_use_the_partial_indexes_in_prepared_plans(fresh_postgres_
         engine.dispose()
 
 
+@pytest.mark.postgres
+def test_a_tenants_listing_of_one_subscription_walks_its_own_index(postgres_engine: sa.Engine) -> None:
+    """A subscription implies its tenant, which the planner cannot know: with the tenant's and the
+    subscription's indexes only, it read both bitmaps and sorted every row of the subscription."""
+    store = SqlOutboundWebhookStore(postgres_engine)
+    now = utcnow()
+    # Two of three deliveries are the big tenant's (two subscriptions), the rest 300 small tenants'.
+    tenants = ["big" if n % 3 else f"t{n % 300:03d}" for n in range(3000)]
+    store.log_deliveries(
+        [
+            DeliveryLog(
+                f"dlv_{n:05d}",
+                f"sub_{tenant}_{n % 3}",
+                "order.created",
+                "{}",
+                state=DeliveryState.DELIVERED,
+                timestamp=now - timedelta(seconds=n),
+                tenant=tenant,
+            )
+            for n, tenant in enumerate(tenants)
+        ]
+    )
+    with postgres_engine.begin() as conn:
+        conn.exec_driver_sql("ANALYZE harvest_webhook_deliveries")
+    with sent_statements(postgres_engine) as sent:
+        listed = store.list_delivery_summaries(limit=50, subscription_id="sub_big_1", tenant="big")
+        counted = store.count_deliveries(cap=1000, subscription_id="sub_big_1", tenant="big")
+    assert len(listed) == 50 and counted == 1000
+    reads = [
+        (statement, parameters) for statement, parameters in sent if "harvest_webhook_deliveries" in statement
+    ]
+    assert len(reads) == 2
+    with postgres_engine.connect() as conn:
+        # A table this small is read whole; the question is which index the planner walks.
+        conn.exec_driver_sql("SET LOCAL enable_seqscan = off")
+        raw = conn.connection.driver_connection
+        assert isinstance(raw, psycopg.Connection)
+        for statement, parameters in reads:
+            literal = psycopg.ClientCursor(raw).mogrify(statement, parameters)
+            plan = "\n".join(conn.exec_driver_sql("EXPLAIN " + literal).scalars())
+            assert "ix_harvest_webhook_deliveries_tenant_subscription_recent" in plan, plan
+
+
 def test_schema_sql_applies_on_a_fresh_sqlite_database(tmp_path: Path) -> None:
     engine = sa.create_engine(f"sqlite:///{tmp_path / 'ddl.db'}")
     try:

@@ -218,6 +218,19 @@ deliveries_table = Table(
         postgresql_where=text(TENANTED_SQL),
         sqlite_where=text(TENANTED_SQL),
     ),
+    # A tenant's listing of one of its subscriptions (the portal's endpoint page and filter). The
+    # subscription's own index is not enough: the planner cannot know that a subscription implies
+    # its tenant, so for a tenant with many deliveries it read both indexes' bitmaps and sorted
+    # every row of the subscription (16 ms at 20,000 deliveries, against 1 ms walking this one).
+    Index(
+        "ix_harvest_webhook_deliveries_tenant_subscription_recent",
+        "tenant",
+        "subscription_id",
+        "timestamp",
+        "id",
+        postgresql_where=text(TENANTED_SQL),
+        sqlite_where=text(TENANTED_SQL),
+    ),
 )
 
 # The last sequence number of each ordering key of each tenant: a dispatch with a key takes the next
