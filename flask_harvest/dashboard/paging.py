@@ -37,6 +37,9 @@ MAX_PAGE_NUMBER = 1_000_000
 PAGING_ARGS = frozenset({"cursor", "page", "trail"})
 #: Rows read per step of a count (the services' largest page).
 _COUNT_STEP = 500
+# url_for's own arguments: a query argument of one of these names would be taken as it (a 500 for
+# "endpoint", an absolute link for "_external"), so a page's links never carry them.
+_URL_FOR_ARGS = frozenset({"endpoint", "_anchor", "_method", "_scheme", "_external"})
 #: Marks each entry of a trail: a cursor never holds it (cursors are base64url), and the first
 #: page's entry is empty.
 _MARK = "~"
@@ -119,7 +122,7 @@ def pager(
     number, trail = _read_position()
     if cursor is None:
         number, trail = 1, []  # the first page, whatever else the link says
-    kept = {key: value for key, value in args.items() if value}
+    kept = {key: value for key, value in args.items() if value and key not in _URL_FOR_ARGS}
 
     def link(at: str | None, page_number: int, entries: list[str]) -> str:
         values: dict[str, Any] = dict(kept)
