@@ -220,6 +220,8 @@ def _shared_context() -> dict[str, Any]:
     return {
         "csrf_token": "" if session is None else session.csrf,
         "signed_in": session is not None,
+        # Shown on every page: a customer sees at once whose account a link opened.
+        "tenant_id": "" if session is None else session.tenant,
         "portal_name": settings.portal_name,
         "portal_logo": settings.portal_logo_url,
     }
