@@ -67,6 +67,20 @@ def test_workflows_app() -> None:
     assert out.rstrip().endswith("workflows example OK")
 
 
+def test_portal_app() -> None:
+    out = run_example("portal_app.py")
+    assert "alice's portal link: http://localhost/portal/open?token=<signed, 10 minutes>" in out
+    assert "session cookie: harvest_portal, path /portal/, HttpOnly True" in out
+    assert "refused URL (422): That URL cannot receive events: events may not be sent to that address." in out
+    assert re.search(r"^endpoint sub_[0-9a-f]{32} added for http://127\.0\.0\.1:\d+/hooks; ", out, re.M)
+    assert "test event from the portal: 303" in out
+    verified = re.findall(r"^  receiver verified msg_[0-9a-f]{32} (.*)$", out, re.M)
+    assert sorted(verified) == ['{"order_id":"ord_1","total":42}', '{"order_id":"ord_example","total":12.5}']
+    assert "alice's deliveries page lists 2 delivered" in out
+    assert "bob opening acme's endpoint: 404" in out
+    assert out.rstrip().endswith("portal OK")
+
+
 def test_completion_triggers() -> None:
     out = run_example("completion_triggers.py")
     assert "etl_ingest 2026-06-24: Completed" in out

@@ -17,7 +17,6 @@ from urllib.parse import quote, unquote, urlsplit
 from flask import Blueprint, Flask, Response, current_app, g, redirect, render_template, request, url_for
 from marshmallow import ValidationError
 from werkzeug.exceptions import HTTPException
-from werkzeug.http import HTTP_STATUS_CODES
 from werkzeug.wrappers import Response as BaseResponse
 
 from .._app import get_engine
@@ -25,8 +24,9 @@ from .._input import text_problem
 from ..config import KEYS, Settings
 from ..engine import HarvestEngine
 from ..errors import ConfigurationError, HarvestError
-from ..http.admin import authorizer_allows, error_answer
-from ..http.forms import MAX_FIELD_CHARS, form_text, posted_form, read_form
+from ..http import pages
+from ..http.admin import authorizer_allows
+from ..http.forms import MAX_FIELD_CHARS, posted_form, read_form
 from ._session import COOKIE_NAME, DashboardSession, csrf_matches, digest_matches, dump_session, load_session
 
 dashboard = Blueprint(
@@ -313,14 +313,8 @@ def _shared_context() -> dict[str, Any]:
 
 
 def unconfirmed(template: str, kept: str, **context: Any) -> tuple[str, int] | None:
-    """The answer of a confirmation page until its box is ticked: the page for a ``GET``, the page
-    again with a 422 saying ``kept`` (what was left as it is) for a ``POST`` without the box, and
-    ``None`` once a ``POST`` confirms (the caller then acts)."""
-    if request.method == "GET":
-        return render_page(template, error="", **context)
-    if form_text("confirm", max_chars=8) != "yes":
-        return render_page(template, status=422, error=f"Tick the box to confirm; {kept}.", **context)
-    return None
+    """:func:`~flask_harvest.http.pages.unconfirmed` with the dashboard's templates."""
+    return pages.unconfirmed(render_page, template, kept, **context)
 
 
 # -- errors: HTML pages, never a traceback -----------------------------------------------------------
@@ -331,12 +325,4 @@ def unconfirmed(template: str, kept: str, **context: Any) -> tuple[str, int] | N
 @dashboard.errorhandler(HTTPException)
 def _error(exc: Exception) -> tuple[str, int] | HTTPException:
     """Every error as a page, with the status the admin APIs give it (one mapping for both)."""
-    if isinstance(exc, HTTPException) and (exc.code is None or exc.code < 400):
-        return exc
-    answer = error_answer(exc, "harvest dashboard")
-    return render_page(
-        "error.html",
-        status=answer.status,
-        title=HTTP_STATUS_CODES.get(answer.status, "Error"),
-        message=answer.message,
-    )
+    return pages.error_page(render_page, exc, "harvest dashboard")

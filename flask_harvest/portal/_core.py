@@ -18,15 +18,14 @@ from flask import Blueprint, Response, current_app, g, redirect, render_template
 from flask.blueprints import BlueprintSetupState
 from marshmallow import ValidationError
 from werkzeug.exceptions import HTTPException
-from werkzeug.http import HTTP_STATUS_CODES
 from werkzeug.wrappers import Response as BaseResponse
 
 from .._app import get_engine
 from ..config import KEYS, Settings, portal_frame_ancestors
 from ..dashboard.when import when_html
-from ..errors import ConfigurationError, HarvestError, InvalidFieldError
-from ..http.admin import error_answer
-from ..http.forms import form_text, posted_form, read_form
+from ..errors import ConfigurationError, HarvestError, InvalidFieldError, SubscriptionNotFoundError
+from ..http import pages
+from ..http.forms import posted_form, read_form
 from ..webhooks.tenants import validate_tenant
 from ._session import (
     COOKIE_NAME,
@@ -189,7 +188,7 @@ def _headers(response: Response) -> Response:
     response.headers["Referrer-Policy"] = "no-referrer"
     if not portal_frame_ancestors(settings):
         response.headers["X-Frame-Options"] = "DENY"
-    if request.endpoint != "harvest_portal.static":
+    if request.endpoint not in ("harvest_portal.static", "harvest_portal.theme_css"):
         response.headers["Cache-Control"] = "no-store"
     if g.get("harvest_portal_set_cookie"):
         framed = bool(portal_frame_ancestors(settings)) and request.is_secure
@@ -221,6 +220,8 @@ def _shared_context() -> dict[str, Any]:
     return {
         "csrf_token": "" if session is None else session.csrf,
         "signed_in": session is not None,
+        # Shown on every page: a customer sees at once whose account a link opened.
+        "tenant_id": "" if session is None else session.tenant,
         "portal_name": settings.portal_name,
         "portal_logo": settings.portal_logo_url,
     }
@@ -235,26 +236,16 @@ def theme_css() -> Response:
 
 
 def unconfirmed(template: str, kept: str, **context: Any) -> tuple[str, int] | None:
-    """A confirmation page until its box is ticked: the page for a ``GET``, the page again with a
-    422 saying ``kept`` for a ``POST`` without the box, and ``None`` once a ``POST`` confirms."""
-    if request.method == "GET":
-        return render_page(template, error="", **context)
-    if form_text("confirm", max_chars=8) != "yes":
-        return render_page(template, status=422, error=f"Tick the box to confirm; {kept}.", **context)
-    return None
+    """:func:`~flask_harvest.http.pages.unconfirmed` with the portal's templates."""
+    return pages.unconfirmed(render_page, template, kept, **context)
 
 
 @portal.errorhandler(HarvestError)
 @portal.errorhandler(ValidationError)
 @portal.errorhandler(HTTPException)
 def _error(exc: Exception) -> tuple[str, int] | HTTPException:
-    """Every error as a page, with the status the admin APIs give it."""
-    if isinstance(exc, HTTPException) and (exc.code is None or exc.code < 400):
-        return exc
-    answer = error_answer(exc, "harvest portal")
-    return render_page(
-        "error.html",
-        status=answer.status,
-        title=HTTP_STATUS_CODES.get(answer.status, "Error"),
-        message=answer.message,
-    )
+    """Every error as a page, with the status the admin APIs give it; an endpoint that is not
+    there (or is another tenant's: the same answer) in the portal's words."""
+    if isinstance(exc, SubscriptionNotFoundError):
+        return render_page("error.html", status=404, title="Not found", message="There is no such endpoint.")
+    return pages.error_page(render_page, exc, "harvest portal")

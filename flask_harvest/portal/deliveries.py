@@ -118,7 +118,7 @@ def replay_window() -> tuple[str, int]:
         tenant=tenant(),
     )
     form = {
-        "endpoint_id": endpoint_id or "",
+        "endpoint": endpoint_id or "",
         "since": form_text("since", max_chars=64),
         "until": form_text("until", max_chars=64),
     }

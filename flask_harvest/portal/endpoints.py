@@ -65,6 +65,15 @@ def _posted_topics() -> list[str]:
     return list(dict.fromkeys(topics))
 
 
+def _posted_values() -> dict[str, str]:
+    """The form's text fields as typed (shown again on a refusal)."""
+    return {
+        "target_url": form_text("target_url"),
+        "description": form_text("description"),
+        "topics": form_text("topics"),
+    }
+
+
 def _choices(selected: list[str]) -> list[dict[str, Any]]:
     """The event-type checkboxes: every catalog type, then any pattern the endpoint already has
     that is not one (kept ticked, so saving the form keeps it)."""
@@ -104,7 +113,7 @@ def new_endpoint() -> tuple[str, int]:
     """Add an endpoint; the answer shows its signing secret, once."""
     if request.method == "GET":
         return render_page("new_endpoint.html", **_form_context({}, []))
-    values = {"target_url": form_text("target_url"), "description": form_text("description")}
+    values = _posted_values()
     selected = form_texts("event_types", max_chars=255)
     try:
         created = get_engine().operations.create_subscription(
@@ -145,11 +154,15 @@ def edit_endpoint(subscription_id: str) -> BaseResponse | tuple[str, int]:
     """Change an endpoint's URL, description and event types."""
     found = _endpoint(subscription_id)
     if request.method == "GET":
-        values = {"target_url": found.target_url, "description": found.description}
+        values = {
+            "target_url": found.target_url,
+            "description": found.description,
+            "topics": ", ".join(found.event_topics),
+        }
         return render_page(
             "edit_endpoint.html", endpoint=found, **_form_context(values, list(found.event_topics))
         )
-    values = {"target_url": form_text("target_url", required=True), "description": form_text("description")}
+    values = _posted_values()
     selected = form_texts("event_types", max_chars=255)
     try:
         get_engine().operations.update_subscription(
