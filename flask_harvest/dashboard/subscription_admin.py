@@ -38,12 +38,14 @@ _TOPIC_SPLIT = re.compile(r"[\s,]+")
 MAX_OPTIONS_CHARS = 64 * 1024
 
 
-def subscription_health(subscription_id: str, window: timedelta = HEALTH_WINDOW) -> AttemptStats:
+def subscription_health(
+    subscription_id: str, window: timedelta = HEALTH_WINDOW, deliveries: int = HEALTH_DELIVERIES
+) -> AttemptStats:
     """The success rate and p50/p99 latency of the subscription's attempts in the last ``window``
-    (an hour), over the attempts of its :data:`HEALTH_DELIVERIES` deliveries attempted last."""
+    (an hour), over the attempts of its ``deliveries`` deliveries attempted last."""
     store = get_engine().operations.store
     since = utcnow() - window
-    return attempt_stats(store.recent_attempts(subscription_id, since=since, limit=HEALTH_DELIVERIES))
+    return attempt_stats(store.recent_attempts(subscription_id, since=since, limit=deliveries))
 
 
 def _form_values() -> dict[str, str]:

@@ -26,8 +26,11 @@ from ._core import portal, render_page, tenant, unconfirmed
 
 #: The window of an endpoint's success rate.
 HEALTH_WINDOW = timedelta(hours=24)
-#: Endpoints listed on the index (a tenant with more pages through them).
+#: Endpoints listed on the index.
 ENDPOINTS_SHOWN = 50
+#: The deliveries (attempted last) whose attempts make an endpoint's success rate on the index: a
+#: list of busy endpoints costs what a quiet one does (each endpoint's page reads more).
+INDEX_HEALTH_DELIVERIES = 100
 #: The pattern that selects every event type, offered beside the catalog's types.
 EVERY_TYPE = "*"
 #: What separates topics in the text field shown when the app has no catalog.
@@ -103,9 +106,11 @@ def index() -> tuple[str, int]:
     """The tenant's endpoints, oldest first, each with its success rate over the last day."""
     operations = get_engine().operations
     endpoints, more = operations.subscriptions_page(limit=ENDPOINTS_SHOWN, tenant=tenant())
-    rows = [(s, subscription_health(s.id, HEALTH_WINDOW)) for s in endpoints]
+    rows = [(s, subscription_health(s.id, HEALTH_WINDOW, INDEX_HEALTH_DELIVERIES)) for s in endpoints]
     notice = _NOTICES.get(request.args.get("done", ""), "")
-    return render_page("index.html", rows=rows, more=more is not None, notice=notice)
+    return render_page(
+        "index.html", rows=rows, more=more is not None, notice=notice, sample=INDEX_HEALTH_DELIVERIES
+    )
 
 
 @portal.route("/endpoints/new", methods=["GET", "POST"])
