@@ -39,6 +39,11 @@ CHROMEDRIVER = os.environ.get("HARVEST_CHROMEDRIVER", "/usr/bin/chromedriver")
 ROOT = Path(__file__).resolve().parents[2]
 #: Where the docs' screenshots live; the tests write there with HARVEST_UPDATE_SCREENSHOTS=1.
 SCREENSHOTS = ROOT / "docs" / "_static" / "screenshots"
+#: npm's axe-core (``npm install --prefix tests/browser/node_modules_axe axe-core@4``; ``.ci/run``
+#: does it when missing), run through WebDriver: the pages' policy does not govern it.
+AXE = Path(__file__).parent / "node_modules_axe" / "node_modules" / "axe-core" / "axe.min.js"
+#: The axe-core impacts that fail a page.
+SERIOUS = ("serious", "critical")
 
 #: The settings of the web app and the worker alike: one attempt, so a failure dead-letters at once.
 SETTINGS = {
@@ -90,6 +95,33 @@ def browser() -> Iterator[Any]:
         yield driver
     finally:
         driver.quit()
+
+
+@pytest.fixture(scope="session")
+def axe_source() -> str:
+    """axe-core's script; without it the tests that use it are skipped, and under ``CI=true`` they fail."""
+    if not AXE.exists():
+        message = f"axe-core is not installed: npm install --prefix {AXE.parents[2]} axe-core@4"
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail(f"CI=true and {message}", pytrace=False)
+        pytest.skip(message)
+    return AXE.read_text(encoding="utf-8")
+
+
+def violations(browser: Any, axe_source: str) -> list[dict[str, Any]]:
+    """axe-core's serious and critical violations on the current page."""
+    found: dict[str, Any] = browser.execute_async_script(
+        axe_source
+        + "\nconst done = arguments[arguments.length - 1];"
+        + "axe.run(document, {resultTypes: ['violations']})"
+        + ".then(r => done(r), e => done({error: String(e)}));"
+    )
+    assert "error" not in found, found
+    return [
+        {"id": v["id"], "impact": v["impact"], "nodes": [n["target"] for n in v["nodes"]][:5]}
+        for v in found["violations"]
+        if v["impact"] in SERIOUS
+    ]
 
 
 @dataclass

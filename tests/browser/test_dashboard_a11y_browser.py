@@ -11,9 +11,6 @@ the pages' Content-Security-Policy does not govern: the pages themselves still r
 from __future__ import annotations
 
 import json
-import os
-from pathlib import Path
-from typing import Any
 
 import pytest
 from selenium.webdriver.remote.webdriver import WebDriver
@@ -22,15 +19,12 @@ from flask_harvest import WebhookSubscription, generate_secret, get_engine, trig
 from flask_harvest.triggers.definitions import CompletionTrigger
 
 from ..dashboard_client import PREFIX
-from .conftest import Live
+from .conftest import Live, violations
 from .test_dashboard_browser import sign_in
 from .test_dashboard_workflows_browser import full_shot, start, wait_state
 
 pytestmark = [pytest.mark.postgres, pytest.mark.redis, pytest.mark.slow]
 
-AXE = Path(__file__).parent / "node_modules_axe" / "node_modules" / "axe-core" / "axe.min.js"
-#: The impacts that fail a page.
-SERIOUS = ("serious", "critical")
 #: (width, height) of the screens every page must fit without scrolling sideways.
 SCREENS = {"desktop": (1280, 800), "phone": (390, 844)}
 NOWHERE = "http://127.0.0.1:9/none"
@@ -46,16 +40,6 @@ SHOTS = {
 }
 #: The pages shot on the phone screen.
 PHONE_SHOTS = {"/": "console-phone-overview", "/webhooks/deliveries": "console-phone-deliveries"}
-
-
-@pytest.fixture(scope="module")
-def axe_source() -> str:
-    if not AXE.exists():
-        message = f"axe-core is not installed: npm install --prefix {AXE.parents[2]} axe-core@4"
-        if os.environ.get("CI", "").lower() == "true":
-            pytest.fail(f"CI=true and {message}", pytrace=False)
-        pytest.skip(message)
-    return AXE.read_text(encoding="utf-8")
 
 
 @pytest.fixture
@@ -105,22 +89,6 @@ def pages(live_workflows: Live, browser: WebDriver) -> list[str]:
         "/triggers/new",
         f"/triggers/{TRIGGER_ID}",
         f"/triggers/{TRIGGER_ID}/delete",
-    ]
-
-
-def violations(browser: WebDriver, axe_source: str) -> list[dict[str, Any]]:
-    """axe-core's serious and critical violations on the current page."""
-    found: dict[str, Any] = browser.execute_async_script(
-        axe_source
-        + "\nconst done = arguments[arguments.length - 1];"
-        + "axe.run(document, {resultTypes: ['violations']})"
-        + ".then(r => done(r), e => done({error: String(e)}));"
-    )
-    assert "error" not in found, found
-    return [
-        {"id": v["id"], "impact": v["impact"], "nodes": [n["target"] for n in v["nodes"]][:5]}
-        for v in found["violations"]
-        if v["impact"] in SERIOUS
     ]
 
 
