@@ -89,10 +89,9 @@ def create_app(database: Path | None = None) -> Flask:
     app.secret_key = "dev only: a long random value in production"
     app.config["HARVEST_PORTAL_NAME"] = "Acme Shop webhooks"
     app.config["HARVEST_PORTAL_ACCENT_COLOR"] = "#0b7285"
-    # The demo's receiver is on 127.0.0.1, which the SSRF policy refuses unless this is set;
-    # never set it in production. The cloud metadata range stays refused even so.
-    app.config["HARVEST_WEBHOOKS_ALLOW_PRIVATE_TARGETS"] = True
-    app.config["HARVEST_WEBHOOKS_DENY_CIDRS"] = "169.254.0.0/16"
+    # The demo's receiver is on 127.0.0.1, which the SSRF policy refuses to customers' endpoints
+    # unless this lets them reach it; never in production (a customer would reach your machine).
+    app.config["HARVEST_WEBHOOKS_TENANT_ALLOW_CIDRS"] = "127.0.0.1/32"
     db.init_app(app)
     harvest.init_app(app)
     app.register_blueprint(portal, url_prefix="/portal")

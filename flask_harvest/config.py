@@ -18,7 +18,7 @@ from ._input import text_problem
 from .errors import ConfigurationError, InvalidFieldError
 from .outbound.backoff import RetryPolicy
 from .outbound.signing import DEFAULT_SIGNATURE_HEADER, validate_secret
-from .outbound.ssrf import SsrfPolicy, parse_cidrs, validate_target
+from .outbound.ssrf import TENANT_ALLOW_HINT, SsrfPolicy, parse_cidrs, validate_target
 from .shards import MAX_SHARDS
 
 
@@ -102,6 +102,10 @@ class Settings:
     webhooks_allow_cidrs: str = ""
     #: Comma-separated networks always refused, even when allowed by the two keys above.
     webhooks_deny_cidrs: str = ""
+    #: Comma-separated networks a tenant's endpoint may reach although not public. The two allow
+    #: keys above are the operator's and never apply to a tenant's endpoints (a customer must not
+    #: reach the app's own network through them).
+    webhooks_tenant_allow_cidrs: str = ""
     #: The largest workflow input accepted, in bytes of UTF-8 JSON.
     workflow_max_input_bytes: int = 256 * 1024
     #: Seconds a claimed workflow execution stays leased to its worker without a heartbeat.
@@ -225,6 +229,23 @@ class Settings:
             deny_cidrs=parse_cidrs(self.webhooks_deny_cidrs),
         )
 
+    @property
+    def tenant_ssrf_policy(self) -> SsrfPolicy:
+        """The SSRF policy of a tenant's endpoints: public addresses and
+        ``HARVEST_WEBHOOKS_TENANT_ALLOW_CIDRS`` only, whatever the operator's own targets may
+        reach; the deny list and ``https://`` only apply as to every target."""
+        return SsrfPolicy(
+            allow_private=False,
+            https_only=self.webhooks_https_only,
+            allow_cidrs=parse_cidrs(self.webhooks_tenant_allow_cidrs),
+            deny_cidrs=parse_cidrs(self.webhooks_deny_cidrs),
+            allow_hint=TENANT_ALLOW_HINT,
+        )
+
+    def ssrf_policy_for(self, tenant: str | None) -> SsrfPolicy:
+        """The SSRF policy of a subscription of ``tenant`` (``None``: the app's own)."""
+        return self.ssrf_policy if tenant is None else self.tenant_ssrf_policy
+
 
 #: The shortest ``HARVEST_ACTUATOR_TOKEN`` accepted (empty means "no token").
 MIN_ACTUATOR_TOKEN_LENGTH = 16
@@ -315,7 +336,7 @@ def load_settings(config: Mapping[str, Any], overrides: Mapping[str, Any]) -> Se
             f"{KEYS['event_validation']} must be one of {', '.join(EVENT_VALIDATION_MODES)}, "
             f"not {settings.event_validation!r}"
         )
-    for name in ("webhooks_allow_cidrs", "webhooks_deny_cidrs"):
+    for name in ("webhooks_allow_cidrs", "webhooks_deny_cidrs", "webhooks_tenant_allow_cidrs"):
         try:
             parse_cidrs(getattr(settings, name))
         except ValueError as exc:

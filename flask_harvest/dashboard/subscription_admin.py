@@ -25,7 +25,7 @@ from ..http.admin import error_answer
 from ..http.forms import form_text
 from ..webhooks.attempt_stats import AttemptStats, attempt_stats
 from ..webhooks.models import WebhookSubscription, filter_json
-from ..webhooks.tenants import MAX_TENANT_LENGTH
+from ..webhooks.tenants import ALL_TENANTS, MAX_TENANT_LENGTH, TenantScope
 from ._core import dashboard, render_page, unconfirmed
 
 #: The window of a subscription's health, and the most deliveries (those attempted last) whose
@@ -39,13 +39,18 @@ MAX_OPTIONS_CHARS = 64 * 1024
 
 
 def subscription_health(
-    subscription_id: str, window: timedelta = HEALTH_WINDOW, deliveries: int = HEALTH_DELIVERIES
+    subscription_id: str,
+    window: timedelta = HEALTH_WINDOW,
+    deliveries: int = HEALTH_DELIVERIES,
+    *,
+    tenant: TenantScope = ALL_TENANTS,
 ) -> AttemptStats:
     """The success rate and p50/p99 latency of the subscription's attempts in the last ``window``
-    (an hour), over the attempts of its ``deliveries`` deliveries attempted last."""
+    (an hour), over the attempts of its ``deliveries`` deliveries attempted last, of ``tenant``'s
+    deliveries only (an id can outlive its subscription, and be taken again by another tenant)."""
     store = get_engine().operations.store
     since = utcnow() - window
-    return attempt_stats(store.recent_attempts(subscription_id, since=since, limit=deliveries))
+    return attempt_stats(store.recent_attempts(subscription_id, since=since, limit=deliveries, tenant=tenant))
 
 
 def _form_values() -> dict[str, str]:

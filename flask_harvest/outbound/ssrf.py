@@ -46,20 +46,23 @@ class SsrfRejection(str, enum.Enum):
     DENIED_ADDRESS = "denied_address"
 
 
-_ALLOW_HINT = (
+#: How an operator allows a refused address (a policy names another where it has other keys).
+ALLOW_HINT = (
     "allow it with HARVEST_WEBHOOKS_ALLOW_PRIVATE_TARGETS (development) or HARVEST_WEBHOOKS_ALLOW_CIDRS"
 )
+#: The hint of the policy of tenants' endpoints, which the two keys above do not open.
+TENANT_ALLOW_HINT = "allow it for tenants' endpoints with HARVEST_WEBHOOKS_TENANT_ALLOW_CIDRS"
 _EXPLANATIONS = {
     SsrfRejection.INVALID_URL: "not an absolute URL with a valid host",
     SsrfRejection.SCHEME: "only http:// and https:// targets are allowed",
     SsrfRejection.HTTPS_REQUIRED: "HARVEST_WEBHOOKS_HTTPS_ONLY allows only https:// targets",
     SsrfRejection.USERINFO: "credentials in the URL (user:password@) are not allowed",
     SsrfRejection.LOCALHOST_NAME: "the host name always means this machine",
-    SsrfRejection.LOOPBACK_ADDRESS: f"a loopback address; {_ALLOW_HINT}",
-    SsrfRejection.PRIVATE_ADDRESS: f"a private network address; {_ALLOW_HINT}",
-    SsrfRejection.LINK_LOCAL_ADDRESS: f"a link-local address, where cloud metadata lives; {_ALLOW_HINT}",
+    SsrfRejection.LOOPBACK_ADDRESS: "a loopback address; {hint}",
+    SsrfRejection.PRIVATE_ADDRESS: "a private network address; {hint}",
+    SsrfRejection.LINK_LOCAL_ADDRESS: "a link-local address, where cloud metadata lives; {hint}",
     SsrfRejection.MULTICAST_ADDRESS: "a multicast address",
-    SsrfRejection.RESERVED_ADDRESS: f"a reserved or non-public address; {_ALLOW_HINT}",
+    SsrfRejection.RESERVED_ADDRESS: "a reserved or non-public address; {hint}",
     SsrfRejection.DENIED_ADDRESS: "the address is in HARVEST_WEBHOOKS_DENY_CIDRS",
 }
 
@@ -86,6 +89,24 @@ def public_reason(reason: SsrfRejection) -> str:
     return _PUBLIC_EXPLANATIONS[reason]
 
 
+#: A refusal as :func:`describe` words it, in a delivery's recorded error.
+_REFUSAL = re.compile(r"is refused by the SSRF policy \(([a-z_]+)\)")
+
+
+def public_error(error: str) -> str:
+    """A delivery's recorded error as the endpoint's owner may read it: a refusal by the SSRF
+    policy without the address the host resolved to or the settings that would allow it (the
+    owner is not the operator), any other error as it is. Pure."""
+    found = _REFUSAL.search(error)
+    if found is None:
+        return error
+    try:
+        reason = SsrfRejection(found.group(1))
+    except ValueError:
+        return "the address is refused"
+    return f"the address is refused: {public_reason(reason)}"
+
+
 @dataclass(frozen=True)
 class SsrfPolicy:
     """What :func:`check_url` and :func:`check_address` let through.
@@ -104,6 +125,8 @@ class SsrfPolicy:
     https_only: bool = False
     allow_cidrs: tuple[IPNetwork, ...] = ()
     deny_cidrs: tuple[IPNetwork, ...] = ()
+    #: How a refusal tells the operator to allow an address (the keys that open this policy).
+    allow_hint: str = ALLOW_HINT
 
 
 def parse_cidrs(text: str) -> tuple[IPNetwork, ...]:
@@ -114,12 +137,16 @@ def parse_cidrs(text: str) -> tuple[IPNetwork, ...]:
     return tuple(ipaddress.ip_network(item.strip()) for item in text.split(",") if item.strip())
 
 
-def describe(reason: SsrfRejection, url: str | None = None, address: str | None = None) -> str:
-    """Say why a target is refused, naming the reason; of the URL only ``scheme://host:port``."""
+def describe(
+    reason: SsrfRejection, url: str | None = None, address: str | None = None, *, hint: str = ALLOW_HINT
+) -> str:
+    """Say why a target is refused, naming the reason and how to allow it (``hint``: the policy's
+    :attr:`~SsrfPolicy.allow_hint`); of the URL only ``scheme://host:port``."""
     subject = _origin(url) or "the target"
     if address is not None:
         subject += f" (resolved to {address})"
-    return f"{subject} is refused by the SSRF policy ({reason.value}): {_EXPLANATIONS[reason]}"
+    explanation = _EXPLANATIONS[reason].format(hint=hint)
+    return f"{subject} is refused by the SSRF policy ({reason.value}): {explanation}"
 
 
 class SsrfError(InvalidFieldError):
@@ -137,10 +164,12 @@ class SsrfError(InvalidFieldError):
         *,
         address: str | None = None,
         field: str = "target_url",
+        hint: str = ALLOW_HINT,
     ) -> None:
-        super().__init__(field, describe(reason, url, address))
+        super().__init__(field, describe(reason, url, address, hint=hint))
         self.reason = reason
         self.address = address
+        self.hint = hint
 
 
 def validate_target(url: str, policy: SsrfPolicy) -> None:
@@ -151,7 +180,7 @@ def validate_target(url: str, policy: SsrfPolicy) -> None:
     """
     reason = check_url(url, policy)
     if reason is not None:
-        raise SsrfError(reason, url)
+        raise SsrfError(reason, url, hint=policy.allow_hint)
 
 
 def parse_url(url: object) -> SplitResult | SsrfRejection:

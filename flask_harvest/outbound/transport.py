@@ -148,7 +148,7 @@ class _Guard:
             except ValueError:
                 reason = SsrfRejection.RESERVED_ADDRESS
             if reason is not None:
-                raise SsrfError(reason, address=address)
+                raise SsrfError(reason, address=address, hint=self.policy.allow_hint)
         error: OSError = OSError("the host name resolved to no address")
         for address in addresses:
             try:
@@ -256,8 +256,8 @@ class Transport:
         """
         chosen = policy if policy is not None else self.policy
         reason = check_url(url, chosen) if chosen is not None else None
-        if reason is not None:
-            raise TransportError(FailureKind.SSRF, describe(reason, url), 0)
+        if chosen is not None and reason is not None:
+            raise TransportError(FailureKind.SSRF, describe(reason, url, hint=chosen.allow_hint), 0)
         started = time.monotonic()
         _attempt.deadline = started + self.deadline
         _attempt.handles = []
@@ -304,7 +304,7 @@ class Transport:
             finally:
                 response.close()
         except SsrfError as exc:  # from the connection: a resolved address is not allowed
-            message = describe(exc.reason, url, exc.address)
+            message = describe(exc.reason, url, exc.address, hint=exc.hint)
             raise TransportError(FailureKind.SSRF, message, elapsed()) from None
         except requests.exceptions.RequestException as exc:
             raise self._classify(exc, started, elapsed()) from None

@@ -21,6 +21,7 @@ from ..dashboard.webhooks import STATES, delivery_rows, form_time, query_time
 from ..dashboard.when import page_now
 from ..errors import InvalidFieldError
 from ..http.forms import form_text, query_text
+from ..outbound.ssrf import public_error
 from ..webhooks.models import DeliveryState, DeliverySummary
 from ..webhooks.operations import MAX_BULK_REPLAY
 from ._core import portal, render_page, tenant
@@ -58,15 +59,16 @@ def deliveries() -> tuple[str, int]:
         return operations.count_deliveries(cap=cap, **filters)
 
     page = Page(*fetch(cursor, PAGE_SIZE))
+    rows = delivery_rows(
+        page.items,
+        link_maker("harvest_portal.delivery", "delivery_id"),
+        link_maker("harvest_portal.endpoint", "subscription_id"),
+        page_now(),
+    )
     next_args = {key: value for key, value in request.args.items() if key not in PAGING_ARGS and value}
     return render_page(
         "deliveries.html",
-        rows=delivery_rows(
-            page.items,
-            link_maker("harvest_portal.delivery", "delivery_id"),
-            link_maker("harvest_portal.endpoint", "subscription_id"),
-            page_now(),
-        ),
+        rows=[row._replace(last_error=public_error(row.last_error)) for row in rows],
         states=STATES,
         filters={
             "state": state.value if state else "",
@@ -83,6 +85,9 @@ def deliveries() -> tuple[str, int]:
 def delivery(delivery_id: str) -> tuple[str, int]:
     """A delivery with its payload and every attempt."""
     shown = get_engine().operations.delivery_with_attempts(delivery_id, tenant=tenant())
+    # Errors in the customer's words: a refused address names no setting and no resolved address.
+    shown["last_error"] = public_error(shown["last_error"] or "")
+    shown["attempts"] = [{**a, "error": public_error(a["error"] or "")} for a in shown["attempts"]]
     notice = "Replayed: it is due now." if request.args.get("done") == "replayed" else ""
     return render_page("delivery.html", delivery=shown, notice=notice)
 

@@ -106,7 +106,10 @@ def index() -> tuple[str, int]:
     """The tenant's endpoints, oldest first, each with its success rate over the last day."""
     operations = get_engine().operations
     endpoints, more = operations.subscriptions_page(limit=ENDPOINTS_SHOWN, tenant=tenant())
-    rows = [(s, subscription_health(s.id, HEALTH_WINDOW, INDEX_HEALTH_DELIVERIES)) for s in endpoints]
+    rows = [
+        (s, subscription_health(s.id, HEALTH_WINDOW, INDEX_HEALTH_DELIVERIES, tenant=tenant()))
+        for s in endpoints
+    ]
     notice = _NOTICES.get(request.args.get("done", ""), "")
     return render_page(
         "index.html", rows=rows, more=more is not None, notice=notice, sample=INDEX_HEALTH_DELIVERIES
@@ -146,7 +149,7 @@ def endpoint(subscription_id: str) -> tuple[str, int]:
     return render_page(
         "endpoint.html",
         endpoint=found,
-        health=subscription_health(found.id, HEALTH_WINDOW),
+        health=subscription_health(found.id, HEALTH_WINDOW, tenant=tenant()),
         health_deliveries=HEALTH_DELIVERIES,
         recent=recent,
         types=_catalog(),
@@ -207,6 +210,13 @@ def delete_endpoint(subscription_id: str) -> BaseResponse | tuple[str, int]:
     return redirect(url_for(".index", done="deleted"), 303)
 
 
+def _rotation_mark(endpoint: WebhookSubscription) -> str:
+    """What changes with each rotation and nothing else (not the failure count, which workers
+    change): the previous secret's end."""
+    expires = endpoint.previous_secret_expires_at
+    return "" if expires is None else expires.isoformat()
+
+
 @portal.route("/endpoints/<subscription_id>/rotate", methods=["GET", "POST"])
 def rotate_secret(subscription_id: str) -> tuple[str, int]:
     """Give the endpoint a new secret after a confirmation and show it once; the old one keeps
@@ -214,10 +224,28 @@ def rotate_secret(subscription_id: str) -> tuple[str, int]:
     found = _endpoint(subscription_id)
     grace = get_engine().settings.webhooks_secret_grace_seconds
     answer = unconfirmed(
-        "rotate_secret.html", "the secret was kept", endpoint=found, grace_hours=grace / 3600
+        "rotate_secret.html",
+        "the secret was kept",
+        endpoint=found,
+        grace_hours=grace / 3600,
+        rotation=_rotation_mark(found),
     )
     if answer is not None:
         return answer
+    if form_text("rotation", max_chars=64) != _rotation_mark(found):
+        # The form was sent again (a reload, a second click): a second rotation would end the
+        # first one's grace period at once, and the secret just shown would be the old one.
+        return render_page(
+            "rotate_secret.html",
+            status=409,
+            endpoint=found,
+            grace_hours=grace / 3600,
+            rotation=_rotation_mark(found),
+            error=(
+                "The secret was rotated since this form was opened, so it was not rotated again. "
+                "Use the secret shown then; to rotate once more, confirm again."
+            ),
+        )
     rotated = get_engine().operations.rotate_secret(found.id, tenant=tenant())
     return render_page(
         "secret.html",

@@ -89,6 +89,7 @@ class DeliveryRunner:
         #: instead of queueing a job for it. ``None``: the next delivery is queued.
         self.follow: Callable[[Sequence[Claim]], object] | None = None
         self._rng = rng or random.SystemRandom()
+        self._tenant_policy = settings.tenant_ssrf_policy
         # Attempts ending at once on many threads share one statement and one commit.
         self._records: GroupCommit[Outcome, Recorded] = GroupCommit(
             store.finish_attempts, limit=_RECORD_BATCH
@@ -313,7 +314,9 @@ class DeliveryRunner:
                 if not reserved_header(name, signature_header)
             )
         started_at = utcnow()
-        response = self.transport.post_or_error(subscription.target_url, body, headers)
+        # A tenant's endpoint is held to the tenant policy at every connection, as when it was set.
+        policy = self._tenant_policy if delivery.tenant is not None else None
+        response = self.transport.post_or_error(subscription.target_url, body, headers, policy=policy)
         if observe is not None:
             observe(response)
         return outcome.after_response(

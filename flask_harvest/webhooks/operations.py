@@ -212,8 +212,8 @@ class WebhookOperations:
     def __repr__(self) -> str:
         return f"<WebhookOperations store={self.store!r}>"
 
-    def _check_target(self, url: str) -> None:
-        validate_target(url, self.settings.ssrf_policy)
+    def _check_target(self, url: str, tenant: str | None) -> None:
+        validate_target(url, self.settings.ssrf_policy_for(tenant))
 
     def _check_headers(self, headers: Mapping[str, str] | None) -> None:
         # The model refuses the default signature header; this one is configured.
@@ -272,7 +272,7 @@ class WebhookOperations:
             **extra,
         )
         self._check_headers(subscription.headers)
-        self._check_target(target_url)
+        self._check_target(target_url, subscription.tenant)
         chosen = standard_secret(subscription.secret)
         subscription = subscription.replace(secret=chosen)
         return NewSecret(self.store.add_subscription(subscription), chosen)
@@ -512,7 +512,8 @@ class WebhookOperations:
         """
         scope = validate_scope(tenant)
         if target_url is not None:
-            self._check_target(target_url)
+            # The subscription's own tenant decides the policy (the scope may be every tenant).
+            self._check_target(target_url, self.get_subscription(subscription_id, tenant=scope).tenant)
         if status is WebhookSubscriptionStatus.FAILED:
             raise InvalidFieldError(
                 "status", "set 'active' or 'disabled'; 'failed' is set by the failure threshold"

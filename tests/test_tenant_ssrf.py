@@ -1,0 +1,133 @@
+"""A tenant's endpoints are held to the tenant SSRF policy: the operator's allow settings never
+open the app's own network to a customer, when an endpoint is set and at every connection; and a
+refusal recorded on a delivery reads, for its customer, without the resolved address or the
+settings."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from flask_harvest import OutboundWebhookHandler, WebhookSubscription, get_engine
+from flask_harvest.config import load_settings
+from flask_harvest.outbound.ssrf import SsrfError, SsrfRejection, describe, public_error
+from flask_harvest.testing import CapturingReceiver
+from flask_harvest.webhooks.models import DeliveryState
+
+from .pipeline import make_app, wait_final
+from .properties import BUDGET
+
+SECRET = "whsec_" + "MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
+#: The operator opens its own network wide; a tenant must still not reach it.
+OPERATOR_OPEN = {
+    "HARVEST_WEBHOOKS_ALLOW_PRIVATE_TARGETS": True,
+    "HARVEST_WEBHOOKS_ALLOW_CIDRS": "10.0.0.0/8",
+    "HARVEST_WEBHOOKS_TENANT_ALLOW_CIDRS": "",
+    "HARVEST_WEBHOOKS_MAX_ATTEMPTS": 1,
+}
+
+
+def test_the_tenant_policy_takes_nothing_from_the_operators_allow_keys() -> None:
+    settings = load_settings(
+        {
+            **OPERATOR_OPEN,
+            "HARVEST_WEBHOOKS_DENY_CIDRS": "203.0.113.0/24",
+            "HARVEST_WEBHOOKS_HTTPS_ONLY": True,
+        },
+        {},
+    )
+    policy = settings.ssrf_policy_for("acme")
+    assert not policy.allow_private and policy.allow_cidrs == ()
+    assert policy.https_only and policy.deny_cidrs == settings.ssrf_policy.deny_cidrs
+    assert settings.ssrf_policy_for(None) == settings.ssrf_policy
+
+
+@pytest.mark.parametrize("value", ["10.0.0.0/33", "not a network", "10.0.0.1/8"])
+def test_a_bad_tenant_network_is_refused_at_start(value: str) -> None:
+    from flask_harvest.errors import ConfigurationError
+
+    with pytest.raises(ConfigurationError, match="HARVEST_WEBHOOKS_TENANT_ALLOW_CIDRS"):
+        load_settings({"HARVEST_WEBHOOKS_TENANT_ALLOW_CIDRS": value}, {})
+
+
+@pytest.mark.parametrize(
+    "url",
+    ["http://10.1.2.3/hook", "http://127.0.0.1:9/hook", "http://169.254.169.254/latest", "http://[::1]/h"],
+)
+def test_a_tenants_endpoint_is_refused_where_the_operators_would_be_allowed(
+    store: OutboundWebhookHandler, url: str
+) -> None:
+    app = make_app(store, **OPERATOR_OPEN)
+    with app.app_context():
+        operations = get_engine().operations
+        with pytest.raises(SsrfError):
+            operations.create_subscription(target_url=url, event_topics=["a.b"], tenant="acme")
+        own = operations.create_subscription(target_url=url, event_topics=["a.b"])
+        tenants = operations.create_subscription(
+            target_url="https://example.com/h", event_topics=["a.b"], tenant="acme"
+        )
+        with pytest.raises(SsrfError):
+            # Unscoped (every tenant): the subscription's own tenant decides.
+            operations.update_subscription(tenants.subscription.id, target_url=url)
+        assert operations.get_subscription(tenants.subscription.id).target_url == "https://example.com/h"
+        assert [s.tenant for s in operations.list_subscriptions()] == [None, "acme"]
+        assert own.subscription.target_url == url
+
+
+def test_the_tenant_networks_open_to_tenants_only_what_they_list(store: OutboundWebhookHandler) -> None:
+    app = make_app(store, **{**OPERATOR_OPEN, "HARVEST_WEBHOOKS_TENANT_ALLOW_CIDRS": "10.1.0.0/16"})
+    with app.app_context():
+        operations = get_engine().operations
+        operations.create_subscription(target_url="http://10.1.2.3/h", event_topics=["a"], tenant="acme")
+        with pytest.raises(SsrfError):
+            operations.create_subscription(target_url="http://10.2.0.1/h", event_topics=["a"], tenant="acme")
+
+
+def test_a_tenants_endpoint_is_refused_at_the_connection_too(
+    store: OutboundWebhookHandler, receiver: CapturingReceiver
+) -> None:
+    """An endpoint stored without the check (or whose host name later resolves inside) gets no
+    request: the attempt is refused, the untenanted subscription beside it is delivered."""
+    app = make_app(store, **OPERATOR_OPEN)
+    with app.app_context():
+        engine = get_engine()
+        for tenant in ("acme", None):
+            store.add_subscription(
+                WebhookSubscription(
+                    target_url=receiver.url("/hook"), event_topics=["a.b"], secret=SECRET, tenant=tenant
+                )
+            )
+        refused = engine.manager.dispatch("a.b", {"n": 1}, tenant="acme")
+        delivered = engine.manager.dispatch("a.b", {"n": 2})
+        assert wait_final(store, refused) == [DeliveryState.DLQ]
+        assert wait_final(store, delivered) == [DeliveryState.DELIVERED]
+        (dead,) = store.get_deliveries(refused)
+        assert dead.last_error is not None and "SSRF policy (loopback_address)" in dead.last_error
+        # The operator is told the key that opens tenants' endpoints, not the one that does not.
+        assert "HARVEST_WEBHOOKS_TENANT_ALLOW_CIDRS" in dead.last_error
+        assert "ALLOW_PRIVATE_TARGETS" not in dead.last_error
+    assert [json.loads(r.body) for r in receiver.requests] == [{"n": 2}]
+
+
+@BUDGET
+@given(
+    reason=st.sampled_from(list(SsrfRejection)),
+    address=st.one_of(st.none(), st.sampled_from(["10.0.0.7", "127.0.0.1", "fd00::1"])),
+)
+def test_a_refusal_reads_for_the_customer_without_address_or_setting(
+    reason: SsrfRejection, address: str | None
+) -> None:
+    recorded = "connection refused: " + describe(reason, "http://svc.internal:6379/x", address)
+    shown = public_error(recorded)
+    assert shown.startswith("the address is refused: ")
+    assert "HARVEST_" not in shown and "svc.internal" not in shown
+    assert address is None or address not in shown
+
+
+@BUDGET
+@given(st.text(max_size=200).filter(lambda t: "refused by the SSRF policy" not in t))
+def test_any_other_error_is_shown_as_recorded(error: str) -> None:
+    assert public_error(error) == error
