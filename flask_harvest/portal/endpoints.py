@@ -9,6 +9,7 @@ tenant: the same model checks and SSRF policy as the console, the same errors as
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -16,9 +17,10 @@ from flask import redirect, request, url_for
 from werkzeug.wrappers import Response as BaseResponse
 
 from .._app import get_engine
+from ..dashboard.paging import PAGE_SIZE, Page, pager
 from ..dashboard.subscription_admin import HEALTH_DELIVERIES, subscription_health
 from ..errors import InvalidFieldError
-from ..http.forms import form_text, form_texts
+from ..http.forms import form_text, form_texts, query_text
 from ..outbound.ssrf import SsrfError, public_reason
 from ..webhooks.catalog import EventType
 from ..webhooks.models import WebhookSubscription, WebhookSubscriptionStatus
@@ -26,8 +28,8 @@ from ._core import portal, render_page, tenant, unconfirmed
 
 #: The window of an endpoint's success rate.
 HEALTH_WINDOW = timedelta(hours=24)
-#: Endpoints listed on the index.
-ENDPOINTS_SHOWN = 50
+#: Endpoints on a page of the index.
+ENDPOINTS_SHOWN = PAGE_SIZE
 #: The deliveries (attempted last) whose attempts make an endpoint's success rate on the index: a
 #: list of busy endpoints costs what a quiet one does (each endpoint's page reads more).
 INDEX_HEALTH_DELIVERIES = 100
@@ -57,10 +59,17 @@ def _catalog() -> list[EventType]:
     return get_engine().operations.event_types()
 
 
-def _posted_topics() -> list[str]:
-    """The event types ticked (or, without a catalog, typed), at least one."""
-    if _catalog():
+def _posted_topics(kept: Sequence[str] = ()) -> list[str]:
+    """The event types ticked (or, without a catalog, typed), at least one. With a catalog, only
+    its types, every type, or a pattern the endpoint has already (``kept``) can be chosen: the
+    form offers nothing else."""
+    types = _catalog()
+    if types:
         topics = form_texts("event_types", max_chars=255)
+        offered = {t.name for t in types} | {EVERY_TYPE} | set(kept)
+        unknown = [t for t in topics if t not in offered]
+        if unknown:
+            raise InvalidFieldError("event_types", f"{unknown[0][:100]!r} is not an event type")
     else:
         topics = [t for t in _TOPIC_SPLIT.split(form_text("topics")) if t]
     if not topics:
@@ -103,16 +112,25 @@ def _form_context(values: dict[str, str], selected: list[str], error: str = "") 
 
 @portal.get("/")
 def index() -> tuple[str, int]:
-    """The tenant's endpoints, oldest first, each with its success rate over the last day."""
+    """The tenant's endpoints, oldest first in keyset pages, each with its success rate over the
+    last day."""
     operations = get_engine().operations
-    endpoints, more = operations.subscriptions_page(limit=ENDPOINTS_SHOWN, tenant=tenant())
+    cursor = query_text("cursor")
+
+    def fetch(at: str | None, limit: int) -> tuple[list[WebhookSubscription], str | None]:
+        return operations.subscriptions_page(limit=limit, cursor=at, tenant=tenant())
+
+    page = Page(*fetch(cursor, ENDPOINTS_SHOWN))
     rows = [
         (s, subscription_health(s.id, HEALTH_WINDOW, INDEX_HEALTH_DELIVERIES, tenant=tenant()))
-        for s in endpoints
+        for s in page.items
     ]
-    notice = _NOTICES.get(request.args.get("done", ""), "")
     return render_page(
-        "index.html", rows=rows, more=more is not None, notice=notice, sample=INDEX_HEALTH_DELIVERIES
+        "index.html",
+        rows=rows,
+        pages=pager("harvest_portal.index", {}, cursor, page, fetch),
+        notice=_NOTICES.get(request.args.get("done", ""), ""),
+        sample=INDEX_HEALTH_DELIVERIES,
     )
 
 
@@ -176,7 +194,7 @@ def edit_endpoint(subscription_id: str) -> BaseResponse | tuple[str, int]:
         get_engine().operations.update_subscription(
             found.id,
             target_url=values["target_url"],
-            event_topics=_posted_topics(),
+            event_topics=_posted_topics(kept=found.event_topics),
             description=values["description"],
             tenant=tenant(),
         )

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
@@ -74,7 +74,7 @@ class NewSecret:
     """A subscription and its new secret: shown once, at creation or rotation, never again."""
 
     subscription: WebhookSubscription
-    secret: str
+    secret: str = field(repr=False)
 
 
 class ReplayOutcome(str, enum.Enum):
