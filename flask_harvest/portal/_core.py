@@ -22,7 +22,7 @@ from werkzeug.http import HTTP_STATUS_CODES
 from werkzeug.wrappers import Response as BaseResponse
 
 from .._app import get_engine
-from ..config import KEYS, Settings, portal_frame_ancestors
+from ..config import KEYS, MAX_PORTAL_LINK_SECONDS, Settings, portal_frame_ancestors
 from ..dashboard.when import when_html
 from ..errors import ConfigurationError, HarvestError, InvalidFieldError
 from ..http.admin import error_answer
@@ -51,7 +51,7 @@ portal.add_app_template_filter(when_html, "harvest_when")
 #: Endpoints open without a session: the link itself, the stylesheets.
 _OPEN_ENDPOINTS = frozenset({"harvest_portal.static", "harvest_portal.theme_css", "harvest_portal.open_link"})
 #: The longest life a link can be given: a link is a credential in an address bar.
-MAX_LINK_SECONDS = 7 * 24 * 3600
+MAX_LINK_SECONDS = MAX_PORTAL_LINK_SECONDS
 
 
 def _check_key(state: BlueprintSetupState) -> None:
