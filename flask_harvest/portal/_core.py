@@ -180,8 +180,20 @@ def content_security_policy(settings: Settings) -> str:
     )
 
 
-@portal.after_request
+def _routed_here() -> bool:
+    """Whether routing itself answered a request under the portal's prefix (a 404 or 405 no view
+    ran for, a 308 for a doubled slash)."""
+    if request.routing_exception is None:
+        return False
+    home = next(current_app.url_map.iter_rules("harvest_portal.index")).rule  # the prefix and "/"
+    return request.path.startswith(home) or request.path == home.rstrip("/")
+
+
+@portal.after_app_request
 def _headers(response: Response) -> Response:
+    # Every answer under the prefix, routing's own included, not only the blueprint's views.
+    if request.blueprint != portal.name and not _routed_here():
+        return response
     settings = get_engine().settings
     response.headers["Content-Security-Policy"] = content_security_policy(settings)
     response.headers["X-Content-Type-Options"] = "nosniff"
