@@ -173,7 +173,7 @@ class Settings:
     #: The key that signs consumer portal links and sessions; empty (the default): the app's
     #: ``secret_key``. Changing it ends every portal link and session at once.
     portal_secret_key: str = field(default="", repr=False)
-    #: Seconds a portal link made by ``harvest.portal_url`` can be opened.
+    #: Seconds a portal link made by ``harvest.portal_url`` can be opened (at most 7 days).
     portal_link_seconds: float = 600.0
     #: Seconds a portal session (opened from a link) lasts.
     portal_session_seconds: float = 3600.0
@@ -416,6 +416,9 @@ def _check_operational_webhook(settings: Settings) -> None:
         raise ConfigurationError(f"{secret_key} is not a usable signing secret: {exc.message}") from None
 
 
+#: The longest life of a portal link (``HARVEST_PORTAL_LINK_SECONDS``, ``expires_in``): a link is a
+#: credential in an address bar.
+MAX_PORTAL_LINK_SECONDS = 7 * 24 * 3600
 #: A theme colour: six hex digits, nothing a stylesheet could read as more than a colour.
 _COLOR = re.compile(r"#[0-9A-Fa-f]{6}")
 #: A logo: an https URL or an absolute path of the app, without quotes, spaces or parentheses.
@@ -447,6 +450,11 @@ def _check_portal(settings: Settings) -> None:
     """Refuse a portal theme or frame policy that is not plainly a colour, a URL or origins: each
     reaches a stylesheet or a header as it is."""
     portal_frame_ancestors(settings)
+    if settings.portal_link_seconds > MAX_PORTAL_LINK_SECONDS:
+        # Refused here, or every harvest.portal_url() call would fail on the default life.
+        raise ConfigurationError(
+            f"{KEYS['portal_link_seconds']} must be at most {MAX_PORTAL_LINK_SECONDS} (7 days)"
+        )
     color = settings.portal_accent_color
     if color and not _COLOR.fullmatch(color):
         raise ConfigurationError(f"{KEYS['portal_accent_color']} must be a colour such as '#1f6feb'")

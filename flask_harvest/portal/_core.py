@@ -21,7 +21,7 @@ from werkzeug.exceptions import HTTPException
 from werkzeug.wrappers import Response as BaseResponse
 
 from .._app import get_engine
-from ..config import KEYS, Settings, portal_frame_ancestors
+from ..config import KEYS, MAX_PORTAL_LINK_SECONDS, Settings, portal_frame_ancestors
 from ..dashboard.when import when_html
 from ..errors import ConfigurationError, HarvestError, InvalidFieldError, SubscriptionNotFoundError
 from ..http import pages
@@ -50,7 +50,7 @@ portal.add_app_template_filter(when_html, "harvest_when")
 #: Endpoints open without a session: the link itself, the stylesheets.
 _OPEN_ENDPOINTS = frozenset({"harvest_portal.static", "harvest_portal.theme_css", "harvest_portal.open_link"})
 #: The longest life a link can be given: a link is a credential in an address bar.
-MAX_LINK_SECONDS = 7 * 24 * 3600
+MAX_LINK_SECONDS = MAX_PORTAL_LINK_SECONDS
 
 
 def _check_key(state: BlueprintSetupState) -> None:
@@ -179,8 +179,20 @@ def content_security_policy(settings: Settings) -> str:
     )
 
 
-@portal.after_request
+def _routed_here() -> bool:
+    """Whether routing itself answered a request under the portal's prefix (a 404 or 405 no view
+    ran for, a 308 for a doubled slash)."""
+    if request.routing_exception is None:
+        return False
+    home = next(current_app.url_map.iter_rules("harvest_portal.index")).rule  # the prefix and "/"
+    return request.path.startswith(home) or request.path == home.rstrip("/")
+
+
+@portal.after_app_request
 def _headers(response: Response) -> Response:
+    # Every answer under the prefix, routing's own included, not only the blueprint's views.
+    if request.blueprint != portal.name and not _routed_here():
+        return response
     settings = get_engine().settings
     response.headers["Content-Security-Policy"] = content_security_policy(settings)
     response.headers["X-Content-Type-Options"] = "nosniff"
