@@ -419,13 +419,19 @@ def _check_operational_webhook(settings: Settings) -> None:
 #: The longest life of a portal link (``HARVEST_PORTAL_LINK_SECONDS``, ``expires_in``): a link is a
 #: credential in an address bar.
 MAX_PORTAL_LINK_SECONDS = 7 * 24 * 3600
+#: The longest portal session (``HARVEST_PORTAL_SESSION_SECONDS``).
+MAX_PORTAL_SESSION_SECONDS = 30 * 24 * 3600
+#: The shortest ``HARVEST_PORTAL_SECRET_KEY`` accepted: it signs credentials.
+MIN_PORTAL_KEY_LENGTH = 32
 #: A theme colour: six hex digits, nothing a stylesheet could read as more than a colour.
 _COLOR = re.compile(r"#[0-9A-Fa-f]{6}")
 #: A logo: an https URL or an absolute path of the app, without quotes, spaces or parentheses.
 _LOGO_URL = re.compile(r"(?:https://[A-Za-z0-9.-]+(?::[0-9]{1,5})?)?/[A-Za-z0-9._~/%?=&+-]*")
 #: A frame ancestor: ``'self'`` or a scheme and host (a ``*.`` subdomain wildcard and a port
 #: allowed), the forms CSP's frame-ancestors takes.
-_FRAME_ANCESTOR = re.compile(r"'self'|https?://(?:\*\.)?[A-Za-z0-9.-]+(?::[0-9]{1,5})?")
+_FRAME_ANCESTOR = re.compile(
+    r"'self'|https?://(?:\*\.[A-Za-z0-9-]+\.[A-Za-z0-9.-]+|[A-Za-z0-9.-]+)(?::[0-9]{1,5})?"
+)
 
 
 def portal_frame_ancestors(settings: Settings) -> list[str]:
@@ -450,6 +456,19 @@ def _check_portal(settings: Settings) -> None:
     """Refuse a portal theme or frame policy that is not plainly a colour, a URL or origins: each
     reaches a stylesheet or a header as it is."""
     portal_frame_ancestors(settings)
+    session = settings.portal_session_seconds
+    if not 60 <= session <= MAX_PORTAL_SESSION_SECONDS:
+        # A cookie's expiry must be a date (a huge value is none), and a session under a minute
+        # ends before its first page is read.
+        raise ConfigurationError(
+            f"{KEYS['portal_session_seconds']} must be between 60 and {MAX_PORTAL_SESSION_SECONDS} (30 days)"
+        )
+    key = settings.portal_secret_key
+    if key and (len(key) < MIN_PORTAL_KEY_LENGTH or key != key.strip()):
+        raise ConfigurationError(
+            f"{KEYS['portal_secret_key']} must be at least {MIN_PORTAL_KEY_LENGTH} characters without "
+            "leading or trailing whitespace (a long random value), or empty for the app's secret_key"
+        )
     if settings.portal_link_seconds > MAX_PORTAL_LINK_SECONDS:
         # Refused here, or every harvest.portal_url() call would fail on the default life.
         raise ConfigurationError(
