@@ -328,7 +328,8 @@ def every_answer(
         "/", f"/endpoints/{endpoint_id}", f"/endpoints/{endpoint_id}/edit", f"/endpoints/{endpoint_id}/test",
         f"/endpoints/{endpoint_id}/rotate", f"/endpoints/{endpoint_id}/delete", "/endpoints/new",
         "/deliveries", f"/deliveries/{delivery_id}", "/replay", "/event-types", "/endpoints/nope",
-        "/deliveries?state=nope", "/no-such-page", "/endpoints/a/b/c", "//deliveries", "/theme.css", "/static/dashboard.css",
+        "/deliveries?state=nope", "/no-such-page", "/endpoints/a/b/c", "//deliveries", "/theme.css",
+        "/static/dashboard.css",
     ]  # fmt: skip
     answers = [client.get(PREFIX + path) for path in pages]
     answers.append(client.delete(f"{PREFIX}/"))  # 405, answered by routing
