@@ -183,6 +183,10 @@ class Settings:
     portal_logo_url: str = ""
     #: The portal's accent colour (links, buttons), as ``#rrggbb``; empty: the console's.
     portal_accent_color: str = ""
+    #: The portal's page background, as ``#rrggbb``; empty: the console's.
+    portal_background_color: str = ""
+    #: The portal's text colour, as ``#rrggbb``; empty: the console's.
+    portal_text_color: str = ""
     #: The origins that may show the portal in a frame (comma-separated, such as
     #: ``https://app.example.com``); empty (the default): none may.
     portal_frame_ancestors: str = ""
@@ -423,6 +427,12 @@ MAX_PORTAL_LINK_SECONDS = 7 * 24 * 3600
 MAX_PORTAL_SESSION_SECONDS = 30 * 24 * 3600
 #: The shortest ``HARVEST_PORTAL_SECRET_KEY`` accepted: it signs credentials.
 MIN_PORTAL_KEY_LENGTH = 32
+#: The portal's theme colours, by setting, and the stylesheet variable each sets.
+PORTAL_COLORS = {
+    "portal_accent_color": "--accent",
+    "portal_background_color": "--bg",
+    "portal_text_color": "--fg",
+}
 #: A theme colour: six hex digits, nothing a stylesheet could read as more than a colour.
 _COLOR = re.compile(r"#[0-9A-Fa-f]{6}")
 #: A logo: an https URL or an absolute path of the app, without quotes, spaces or parentheses.
@@ -474,9 +484,10 @@ def _check_portal(settings: Settings) -> None:
         raise ConfigurationError(
             f"{KEYS['portal_link_seconds']} must be at most {MAX_PORTAL_LINK_SECONDS} (7 days)"
         )
-    color = settings.portal_accent_color
-    if color and not _COLOR.fullmatch(color):
-        raise ConfigurationError(f"{KEYS['portal_accent_color']} must be a colour such as '#1f6feb'")
+    for name in PORTAL_COLORS:
+        color = getattr(settings, name)
+        if color and not _COLOR.fullmatch(color):
+            raise ConfigurationError(f"{KEYS[name]} must be a colour such as '#1f6feb'")
     logo = settings.portal_logo_url
     if logo and (len(logo) > 2048 or not _LOGO_URL.fullmatch(logo) or logo.startswith("//")):
         raise ConfigurationError(

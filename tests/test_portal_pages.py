@@ -413,6 +413,12 @@ def test_the_theme_and_the_logo(sql_store: SqlOutboundWebhookStore) -> None:
     assert f'href="{PREFIX}/theme.css"' in body
     plain = portal_app(sql_store)
     assert text(plain.test_client().get(f"{PREFIX}/theme.css")) == ""
+    colours = portal_app(
+        sql_store, HARVEST_PORTAL_BACKGROUND_COLOR="#fafafa", HARVEST_PORTAL_TEXT_COLOR="#111111"
+    )
+    assert (
+        text(colours.test_client().get(f"{PREFIX}/theme.css")) == ":root { --bg: #fafafa; --fg: #111111; }\n"
+    )
 
 
 # -- no operator actions ------------------------------------------------------------------------------

@@ -21,7 +21,7 @@ from werkzeug.exceptions import HTTPException
 from werkzeug.wrappers import Response as BaseResponse
 
 from .._app import get_engine
-from ..config import KEYS, MAX_PORTAL_LINK_SECONDS, Settings, portal_frame_ancestors
+from ..config import KEYS, MAX_PORTAL_LINK_SECONDS, PORTAL_COLORS, Settings, portal_frame_ancestors
 from ..dashboard.when import when_html
 from ..errors import ConfigurationError, HarvestError, InvalidFieldError, SubscriptionNotFoundError
 from ..http import pages
@@ -242,8 +242,11 @@ def _shared_context() -> dict[str, Any]:
 @portal.get("/theme.css")
 def theme_css() -> Response:
     """The theme's colours, as a stylesheet (the policy allows no inline style)."""
-    accent = get_engine().settings.portal_accent_color  # checked: #rrggbb or empty
-    css = f":root {{ --accent: {accent}; }}\n" if accent else ""
+    settings = get_engine().settings
+    # Each colour was checked at start-up: #rrggbb or empty.
+    chosen = [(var, getattr(settings, name)) for name, var in PORTAL_COLORS.items()]
+    rules = " ".join(f"{var}: {color};" for var, color in chosen if color)
+    css = f":root {{ {rules} }}\n" if rules else ""
     return Response(css, mimetype="text/css", headers={"Cache-Control": "max-age=300"})
 
 
