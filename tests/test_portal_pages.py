@@ -466,3 +466,22 @@ def get_pages(endpoint_id: str, delivery_id: str) -> list[str]:
         "/", endpoint, f"{endpoint}/edit", f"{endpoint}/test", f"{endpoint}/rotate", f"{endpoint}/delete",
         "/endpoints/new", "/deliveries", f"/deliveries/{delivery_id}", "/replay", "/event-types",
     ]  # fmt: skip
+
+
+def test_the_window_form_keeps_what_was_counted(
+    app: Flask, sql_store: SqlOutboundWebhookStore, receiver: CapturingReceiver
+) -> None:
+    """After a count, the form shows the same window and endpoint: its Replay button replays what
+    was counted, not every endpoint's dead letters."""
+    client, csrf = signed_in(app, TENANT)
+    for path in ("/one", "/two"):
+        assert (
+            post(client, "/endpoints/new", csrf, target_url=receiver.url(path), event_types=["*"]).status_code
+            == 200
+        )
+    first, second = sql_store.list_subscriptions(tenant=TENANT)
+    chosen = window()
+    counted = text(post(client, "/replay", csrf, action="count", endpoint=second.id, **chosen))
+    assert f'<option value="{second.id}" selected>' in counted
+    assert f'<option value="{first.id}">' in counted
+    assert f'value="{chosen["since"]}"' in counted and f'value="{chosen["until"]}"' in counted
