@@ -23,6 +23,8 @@ from flask_harvest import (
     get_engine,
     signals,
 )
+from flask_harvest._time import utcnow
+from flask_harvest.jobs.local import LocalBackend
 from flask_harvest.outbound.signing import verify_standard, verify_stripe
 from flask_harvest.testing import CapturingReceiver
 
@@ -312,4 +314,27 @@ def test_a_delegate_takes_over_and_its_error_reaches_the_caller(
         stored = store.get_delivery(delivery_id)
         assert stored is not None
         assert stored.state is DeliveryState.PENDING
+    assert receiver.requests == []
+
+
+def test_a_delegate_is_handed_replays_and_test_events_too(
+    store: OutboundWebhookHandler, receiver: CapturingReceiver
+) -> None:
+    """The delegate owns the app's deliveries: a replay or a test event goes to it, as a dispatch
+    does, never to the job backend behind its back."""
+    handed: list[tuple[str, str]] = []
+    app = make_app(store, delegate=lambda d, s: handed.append((d.id, s.id)))
+    subscribe(store, receiver.url("/hook"))
+    with app.app_context():
+        engine = get_engine()
+        engine.manager.catalog.register(
+            "order.created", description="An order.", schema={"type": "object"}, example={"id": "o_1"}
+        )
+        [dispatched] = engine.manager.dispatch("order.created", {"id": "o_2"})
+        store.dead_letter([dispatched], "gave up", now=utcnow())
+        engine.operations.replay(dispatched)
+        tested, _ = engine.operations.send_test_event("sub_1", "order.created")
+        assert isinstance(engine.backend, LocalBackend)
+        assert engine.backend.join(timeout=10)  # any job queued meanwhile has run
+    assert handed == [(dispatched, "sub_1"), (dispatched, "sub_1"), (tested.id, "sub_1")]
     assert receiver.requests == []

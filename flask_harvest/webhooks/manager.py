@@ -407,6 +407,22 @@ class OutboundWebhookManager:
         waiting = self.store.waiting_in_line(keyed) if keyed else set()
         return [d for d in pending if d.id not in waiting]
 
+    def hand_over_logged(self, deliveries: Sequence[DeliveryLog]) -> None:
+        """Send deliveries already logged and due (a replay, a test event) the way a dispatch
+        sends its own: to the delegate when there is one (it owns the app's deliveries, and the
+        sweeper queues none for it), else as jobs.
+
+        :raises JobBackendError: the jobs could not be queued (the rows stay due: the sweeper
+            queues them later).
+        """
+        if self.delegate is None:
+            self.backend.enqueue([delivery_job(d) for d in deliveries])
+            return
+        wanted = {d.subscription_id for d in deliveries}
+        found = {s.id: s for s in (self.store.get_subscription(i) for i in wanted) if s is not None}
+        # A subscription deleted meanwhile has nobody to send to; its row stays as it is.
+        self._hand_over([d for d in deliveries if d.subscription_id in found], found)
+
     def _hand_over(
         self, deliveries: list[DeliveryLog], subscriptions: dict[str, WebhookSubscription]
     ) -> None:

@@ -693,7 +693,7 @@ class WebhookOperations:
 
     def _enqueue(self, deliveries: list[DeliveryLog]) -> str | None:
         try:
-            self.backend.enqueue([delivery_job(d) for d in deliveries])
+            self.manager.hand_over_logged(deliveries)
         except JobBackendError as exc:
             # The rows are PENDING and due: the sweeper queues them once the backend is back.
             return str(exc)
