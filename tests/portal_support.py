@@ -27,6 +27,14 @@ PORTAL_KEY = "portal-test-portal-key-0123456789abcdef"
 #: The catalog's one type, and its example payload.
 EVENT_TYPE = "order.created"
 EXAMPLE = {"order_id": "ord_example_1", "total": 12.5}
+#: A form's content type, as the tests post it.
+FORM = "application/x-www-form-urlencoded"
+#: Every name a portal route reads from the query or the form (the property tests fill each).
+FIELDS = [
+    "endpoint_id", "state", "topic", "cursor", "since", "until", "page", "trail", "done", "token",
+    "target_url", "description", "event_types", "topics", "status", "confirm", "event_type",
+    "action", "endpoint", "rotation", "filename",
+]  # fmt: skip
 _CSRF = re.compile(r'name="csrf_token" value="([^"]+)"')
 _SECRET = re.compile(r'id="new-secret">([^<]+)<')
 

@@ -19,6 +19,8 @@ from flask_harvest.testing import CapturingReceiver
 from flask_harvest.webhooks.stores.sql import SqlOutboundWebhookStore
 
 from .portal_support import (
+    FIELDS,
+    FORM,
     Seeded,
     encoded,
     fill,
@@ -31,12 +33,6 @@ from .portal_support import (
 )
 from .properties import BUDGET, DATETIME_TEXTS, TEXT
 
-FORM = "application/x-www-form-urlencoded"
-FIELDS = [
-    "endpoint_id", "state", "topic", "cursor", "since", "until", "page", "trail", "done", "token",
-    "target_url", "description", "event_types", "topics", "status", "confirm", "event_type",
-    "action", "endpoint", "filename",
-]  # fmt: skip
 HOSTILE = st.one_of(
     TEXT,
     DATETIME_TEXTS,

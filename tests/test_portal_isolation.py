@@ -24,6 +24,8 @@ from flask_harvest.webhooks.stores.sql import SqlOutboundWebhookStore
 
 from .portal_support import (
     EVENT_TYPE,
+    FIELDS,
+    FORM,
     Seeded,
     encoded,
     fill,
@@ -36,13 +38,6 @@ from .portal_support import (
 )
 from .properties import BUDGET, TEXT
 
-FORM = "application/x-www-form-urlencoded"
-#: Every name a portal route reads from the query or the form.
-FIELDS = [
-    "endpoint_id", "state", "topic", "cursor", "since", "until", "page", "trail", "done", "token",
-    "target_url", "description", "event_types", "topics", "status", "confirm", "event_type",
-    "action", "endpoint", "csrf_token",
-]  # fmt: skip
 #: What names one row: in a path, a query or a form.
 ID_ARGS = {"subscription_id", "delivery_id", "endpoint_id", "endpoint"}
 
