@@ -128,7 +128,12 @@ def test_dispatch_refuses_a_bad_tenant_and_writes_nothing(
 @pytest.mark.parametrize("tenant", ["acme", None])
 def test_the_outbox_relay_keeps_the_tenant(sql_store: SqlOutboundWebhookStore, tenant: str | None) -> None:
     taken: list[DeliveryLog] = []
-    app = make_app(sql_store, delegate=lambda delivery, subscription: taken.append(delivery))
+    # The relay by hand only: a timed sweep could relay the messages first.
+    app = make_app(
+        sql_store,
+        delegate=lambda delivery, subscription: taken.append(delivery),
+        HARVEST_SWEEP_INTERVAL_SECONDS=3600,
+    )
     by_tenant = {t: subscribe(sql_store, t) for t in (None, "acme", "globex")}
     with app.app_context():
         manager = get_engine().manager
@@ -162,7 +167,9 @@ def test_a_dispatch_carries_its_tenant_and_its_ordering_key_together(
 
 
 def test_the_outbox_relay_keeps_the_tenant_and_the_ordering_key(sql_store: SqlOutboundWebhookStore) -> None:
-    app = make_app(sql_store, delegate=lambda delivery, subscription: None)
+    app = make_app(
+        sql_store, delegate=lambda delivery, subscription: None, HARVEST_SWEEP_INTERVAL_SECONDS=3600
+    )
     of_a = subscribe(sql_store, "acme")
     subscribe(sql_store, None)
     with app.app_context():
