@@ -439,8 +439,9 @@ _COLOR = re.compile(r"#[0-9A-Fa-f]{6}")
 _LOGO_URL = re.compile(r"(?:https://[A-Za-z0-9.-]+(?::[0-9]{1,5})?)?/[A-Za-z0-9._~/%?=&+-]*")
 #: A frame ancestor: ``'self'`` or a scheme and host (a ``*.`` subdomain wildcard and a port
 #: allowed), the forms CSP's frame-ancestors takes.
+_LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
 _FRAME_ANCESTOR = re.compile(
-    r"'self'|https?://(?:\*\.[A-Za-z0-9-]+\.[A-Za-z0-9.-]+|[A-Za-z0-9.-]+)(?::[0-9]{1,5})?"
+    rf"'self'|https?://(?:\*\.{_LABEL}(?:\.{_LABEL})+|{_LABEL}(?:\.{_LABEL})*)(?::(?P<port>[0-9]{{1,5}}))?"
 )
 
 
@@ -454,7 +455,8 @@ def portal_frame_ancestors(settings: Settings) -> list[str]:
     key = KEYS["portal_frame_ancestors"]
     origins = [part.strip() for part in settings.portal_frame_ancestors.split(",") if part.strip()]
     for origin in origins:
-        if not _FRAME_ANCESTOR.fullmatch(origin):
+        found = _FRAME_ANCESTOR.fullmatch(origin)
+        if found is None or not 0 < int(found.group("port") or 1) <= 65535:
             raise ConfigurationError(
                 f"{key} must list origins such as 'https://app.example.com' or 'self' in quotes, "
                 f"not {origin[:100]!r}"
@@ -479,10 +481,11 @@ def _check_portal(settings: Settings) -> None:
             f"{KEYS['portal_secret_key']} must be at least {MIN_PORTAL_KEY_LENGTH} characters without "
             "leading or trailing whitespace (a long random value), or empty for the app's secret_key"
         )
-    if settings.portal_link_seconds > MAX_PORTAL_LINK_SECONDS:
-        # Refused here, or every harvest.portal_url() call would fail on the default life.
+    if not 10 <= settings.portal_link_seconds <= MAX_PORTAL_LINK_SECONDS:
+        # Refused here, or every harvest.portal_url() call would fail on the default life (or
+        # make a link that expires before a browser follows the redirect to it).
         raise ConfigurationError(
-            f"{KEYS['portal_link_seconds']} must be at most {MAX_PORTAL_LINK_SECONDS} (7 days)"
+            f"{KEYS['portal_link_seconds']} must be between 10 and {MAX_PORTAL_LINK_SECONDS} (7 days)"
         )
     for name in PORTAL_COLORS:
         color = getattr(settings, name)

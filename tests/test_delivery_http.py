@@ -338,3 +338,23 @@ def test_a_delegate_is_handed_replays_and_test_events_too(
         assert engine.backend.join(timeout=10)  # any job queued meanwhile has run
     assert handed == [(dispatched, "sub_1"), (dispatched, "sub_1"), (tested.id, "sub_1")]
     assert receiver.requests == []
+
+
+def test_with_a_delegate_the_operational_test_takes_the_road_real_notices_take(
+    store: OutboundWebhookHandler, receiver: CapturingReceiver
+) -> None:
+    """Operational notifications are the workers' to send even with a delegate (those an outcome
+    logs are queued as jobs), so the endpoint's test goes the same way, not to the delegate."""
+    handed: list[str] = []
+    app = make_app(
+        store,
+        delegate=lambda d, s: handed.append(s.id),
+        HARVEST_OPERATIONAL_WEBHOOK_URL=receiver.url("/ops"),
+        HARVEST_OPERATIONAL_WEBHOOK_SECRET=SECRET,
+    )
+    with app.app_context():
+        notice, not_queued = get_engine().operations.send_operational_test()
+    assert not_queued is None
+    [received] = receiver.wait_for(1, path="/ops")
+    assert received.webhook_id == notice.id
+    assert handed == []

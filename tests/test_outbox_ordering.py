@@ -145,7 +145,8 @@ def test_a_dispatch_after_an_unrelayed_keyed_message_waits_for_it(
         assert stored is not None and stored.state is DeliveryState.PENDING
         assert manager.relay_outbox([earlier]).relayed == 1
     ids = [outbox_delivery_id(earlier, "sub_a"), later]
-    # Queued by the earlier delivery as it finishes (no job was queued for it at dispatch).
+    # No job was queued for it at dispatch: the earlier delivery queues it as it finishes (or a
+    # sweep, should the two cross); either way only after the earlier one.
     assert settle(outbox, ids) == [DeliveryState.DELIVERED]
     manager.close()
     assert arrival(receiver) == ["ord_1", "ord_2"]

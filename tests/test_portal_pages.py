@@ -180,6 +180,11 @@ def test_a_customer_manages_an_endpoint_from_link_to_delete(
     assert (stored.secret, stored.previous_secret) == (new_secret, secret)
     for path in later:
         assert new_secret not in text(client.get(path)) and secret not in text(client.get(path)), path
+    # The same form sent again (a reload, a second click) rotates nothing: the grace goes on.
+    again = post(client, f"/endpoints/{endpoint.id}/rotate", csrf, confirm="yes")
+    assert again.status_code == 409 and "it was not rotated again" in text(again)
+    assert new_secret not in text(again) and secret not in text(again)
+    assert (only_endpoint(store).secret, only_endpoint(store).previous_secret) == (new_secret, secret)
     before = len(receiver.requests)
     post(client, f"/endpoints/{endpoint.id}/test", csrf, event_type=EVENT_TYPE)
     drain(app)

@@ -36,6 +36,7 @@ from flask_harvest.webhooks.stores.sql import SqlOutboundWebhookStore
 
 SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
 OTHER_SECRET = "whsec_YW5vdGhlci1zZWNyZXQtb2YtdGhlLWNvbnRyYWN0LXRlc3Q="
+THIRD_SECRET = "whsec_YS10aGlyZC1zZWNyZXQtb2YtdGhlLWNvbnRyYWN0LXRlc3Q="
 LEASE = 30.0
 T = TypeVar("T")
 
@@ -264,6 +265,42 @@ def test_rotate_secret_keeps_the_old_one_as_previous(store: OutboundWebhookHandl
     assert store.get_subscription(subscription.id) == rotated
     twice = store.rotate_secret(subscription.id, SECRET, previous_expires_at=expires)
     assert (twice.secret, twice.previous_secret) == (SECRET, OTHER_SECRET)
+
+
+def test_a_rotation_after_a_given_one_happens_once(store: OutboundWebhookHandler, now: datetime) -> None:
+    """Two rotations that both saw "never rotated" (a form sent twice): the second is refused and
+    the first keeps its previous secret and grace period; the store checks it in its update."""
+    subscription = store.add_subscription(make_subscription())
+    expires = now + timedelta(hours=1)
+    first = store.rotate_secret(subscription.id, OTHER_SECRET, previous_expires_at=expires, after=None)
+    with pytest.raises(InvalidStateError, match="rotated since"):
+        store.rotate_secret(subscription.id, THIRD_SECRET, previous_expires_at=expires, after=None)
+    assert store.get_subscription(subscription.id) == first
+    assert (first.secret, first.previous_secret) == (OTHER_SECRET, SECRET)
+    # After the rotation it saw, a rotation goes ahead (as read back from the store).
+    seen = first.previous_secret_expires_at
+    again = store.rotate_secret(subscription.id, THIRD_SECRET, previous_expires_at=expires, after=seen)
+    assert (again.secret, again.previous_secret) == (THIRD_SECRET, OTHER_SECRET)
+    with pytest.raises(SubscriptionNotFoundError):
+        store.rotate_secret("sub_missing", THIRD_SECRET, previous_expires_at=expires, after=None)
+
+
+def test_a_claim_never_pairs_a_delivery_with_another_tenants_subscription(
+    store: OutboundWebhookHandler, now: datetime
+) -> None:
+    """An id chosen again after a removal, for another tenant: the old deliveries are as good as
+    those of a removed subscription (no subscription), so they never reach the new tenant."""
+    store.add_subscription(make_subscription(id="hook-1"))
+    old = make_delivery("hook-1", now)
+    store.log_deliveries([old])
+    assert store.remove_subscription("hook-1")
+    store.add_subscription(make_subscription(id="hook-1", tenant="acme"))
+    claim = store.claim_delivery(old.id, now=now, lease_seconds=LEASE, max_attempts=5)
+    assert claim is not None and claim.subscription is None
+    fresh = make_delivery("hook-1", now, tenant="acme")
+    store.log_deliveries([fresh])
+    [claimed] = store.claim_deliveries([fresh.id], now=now, lease_seconds=LEASE, max_attempts=5)
+    assert claimed.subscription is not None and claimed.subscription.tenant == "acme"
 
 
 def test_subscriptions_for_topic(store: OutboundWebhookHandler) -> None:

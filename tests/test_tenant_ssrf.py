@@ -5,7 +5,11 @@ settings."""
 
 from __future__ import annotations
 
+import http.server
 import json
+import threading
+from collections.abc import Iterator
+from typing import Any, ClassVar
 
 import pytest
 from hypothesis import given
@@ -13,7 +17,9 @@ from hypothesis import strategies as st
 
 from flask_harvest import OutboundWebhookHandler, WebhookSubscription, get_engine
 from flask_harvest.config import load_settings
+from flask_harvest.outbound.attempt import FailureKind, TransportError
 from flask_harvest.outbound.ssrf import SsrfError, SsrfRejection, describe, public_error
+from flask_harvest.outbound.transport import Transport
 from flask_harvest.testing import CapturingReceiver
 from flask_harvest.webhooks.models import DeliveryState
 
@@ -131,3 +137,62 @@ def test_a_refusal_reads_for_the_customer_without_address_or_setting(
 @given(st.text(max_size=200).filter(lambda t: "refused by the SSRF policy" not in t))
 def test_any_other_error_is_shown_as_recorded(error: str) -> None:
     assert public_error(error) == error
+
+
+class _KeepAlive(http.server.BaseHTTPRequestHandler):
+    """Answers 200 and keeps the connection open (HTTP/1.1), so a client pools it."""
+
+    protocol_version = "HTTP/1.1"
+    served: ClassVar[list[str]] = []
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers.get("Content-Length", "0")))
+        _KeepAlive.served.append(self.path)
+        self.send_response(200)
+        self.send_header("Content-Length", "2")
+        self.end_headers()
+        self.wfile.write(b"ok")
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture
+def keep_alive() -> Iterator[str]:
+    """A receiver on 127.0.0.1 that keeps connections alive; its base URL."""
+    _KeepAlive.served.clear()
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _KeepAlive)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://hooks.internal.example:{server.server_port}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_a_tenants_request_never_rides_on_a_connection_the_operators_policy_opened(
+    keep_alive: str,
+) -> None:
+    """A host name checked when its connection opens: a keep-alive connection the operator's
+    policy allowed is not reused for a tenant's request to the same host and port."""
+    settings = load_settings(OPERATOR_OPEN, {})
+    opened: list[str] = []
+
+    def resolver(host: str, port: int) -> list[str]:  # hooks.internal.example is on this machine
+        opened.append(host)
+        return ["127.0.0.1"]
+
+    transport = Transport(
+        connect_timeout=2, read_timeout=5, deadline=10, policy=settings.ssrf_policy, resolver=resolver
+    )
+    url = keep_alive + "/hook"
+    tenant_policy = settings.ssrf_policy_for("acme")
+    own = transport.post_or_error(url, b"{}", {})  # the operator's: allowed, the connection kept
+    assert not isinstance(own, TransportError) and own.status == 200
+    assert transport.post_or_error(url, b"{}", {}).status == 200  # type: ignore[union-attr]
+    assert len(opened) == 1  # the second request rode on the first one's connection
+    refused = transport.post_or_error(url, b"{}", {}, policy=tenant_policy)
+    assert isinstance(refused, TransportError) and refused.kind is FailureKind.SSRF
+    assert "resolved to 127.0.0.1" in str(refused)
+    assert _KeepAlive.served == ["/hook", "/hook"]

@@ -232,8 +232,14 @@ class Transport:
         _redact_urllib3_debug_lines()
         self._local = threading.local()
 
-    def _session(self) -> requests.Session:
-        session: requests.Session | None = getattr(self._local, "session", None)
+    def _session(self, policy: SsrfPolicy | None) -> requests.Session:
+        """This thread's session for ``policy``: a pooled connection was checked against the
+        policy it was opened under, so one is never reused for a request under another (a
+        tenant's endpoint must not ride on a connection the operator's policy allowed)."""
+        sessions: dict[SsrfPolicy | None, requests.Session] | None = getattr(self._local, "sessions", None)
+        if sessions is None:
+            sessions = self._local.sessions = {}
+        session = sessions.get(policy)
         if session is None:
             session = requests.Session()
             session.trust_env = False  # no proxies or .netrc from the environment
@@ -243,7 +249,7 @@ class Transport:
             adapter = _DeadlineAdapter(pool_connections=8, pool_maxsize=4, max_retries=0)
             session.mount("http://", adapter)
             session.mount("https://", adapter)
-            self._local.session = session
+            sessions[policy] = session
         return session
 
     def post(
@@ -263,7 +269,7 @@ class Transport:
         _attempt.handles = []
         _attempt.guard = self._guard if policy is None else _Guard(policy, self._resolver)
         try:
-            return self._post(url, body, headers, started)
+            return self._post(self._session(chosen), url, body, headers, started)
         finally:
             for handle in _attempt.handles:
                 _watchdog.cancel(handle)
@@ -286,12 +292,14 @@ class Transport:
             tracing.http_result(client, response.status)
         return response
 
-    def _post(self, url: str, body: bytes, headers: Mapping[str, str], started: float) -> HttpResponse:
+    def _post(
+        self, session: requests.Session, url: str, body: bytes, headers: Mapping[str, str], started: float
+    ) -> HttpResponse:
         def elapsed() -> int:
             return int((time.monotonic() - started) * 1000)
 
         try:
-            response = self._session().post(
+            response = session.post(
                 url,
                 data=body,
                 headers=dict(headers),

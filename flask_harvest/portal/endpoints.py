@@ -10,16 +10,17 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from flask import redirect, request, url_for
 from werkzeug.wrappers import Response as BaseResponse
 
 from .._app import get_engine
+from .._input import to_utc
 from ..dashboard.paging import PAGE_SIZE, Page, pager
 from ..dashboard.subscription_admin import HEALTH_DELIVERIES, subscription_health
-from ..errors import InvalidFieldError
+from ..errors import InvalidFieldError, InvalidStateError
 from ..http.forms import form_text, form_texts, query_text
 from ..outbound.ssrf import SsrfError, public_reason
 from ..webhooks.catalog import EventType
@@ -235,6 +236,16 @@ def _rotation_mark(endpoint: WebhookSubscription) -> str:
     return "" if expires is None else expires.isoformat()
 
 
+def _seen_rotation(mark: str) -> datetime | None:
+    """The last rotation a form saw, from its mark (422 for text no form of ours holds)."""
+    if not mark:
+        return None
+    try:
+        return to_utc(datetime.fromisoformat(mark), "rotation")
+    except (ValueError, InvalidFieldError):
+        raise InvalidFieldError("rotation", "is not a mark this form holds; reload the page") from None
+
+
 @portal.route("/endpoints/<subscription_id>/rotate", methods=["GET", "POST"])
 def rotate_secret(subscription_id: str) -> tuple[str, int]:
     """Give the endpoint a new secret after a confirmation and show it once; the old one keeps
@@ -250,21 +261,27 @@ def rotate_secret(subscription_id: str) -> tuple[str, int]:
     )
     if answer is not None:
         return answer
-    if form_text("rotation", max_chars=64) != _rotation_mark(found):
+    try:
+        # Checked in the store's own update: a form sent twice at once (a double click) rotates
+        # once, and the first rotation keeps its grace period.
+        rotated = get_engine().operations.rotate_secret(
+            found.id, tenant=tenant(), after=_seen_rotation(form_text("rotation", max_chars=64))
+        )
+    except InvalidStateError:
         # The form was sent again (a reload, a second click): a second rotation would end the
         # first one's grace period at once, and the secret just shown would be the old one.
+        current = _endpoint(subscription_id)
         return render_page(
             "rotate_secret.html",
             status=409,
-            endpoint=found,
+            endpoint=current,
             grace_hours=grace / 3600,
-            rotation=_rotation_mark(found),
+            rotation=_rotation_mark(current),
             error=(
                 "The secret was rotated since this form was opened, so it was not rotated again. "
                 "Use the secret shown then; to rotate once more, confirm again."
             ),
         )
-    rotated = get_engine().operations.rotate_secret(found.id, tenant=tenant())
     return render_page(
         "secret.html",
         endpoint=rotated.subscription,

@@ -315,7 +315,8 @@ class DeliveryRunner:
             )
         started_at = utcnow()
         # A tenant's endpoint is held to the tenant policy at every connection, as when it was set.
-        policy = self._tenant_policy if delivery.tenant is not None else None
+        tenanted = delivery.tenant is not None or subscription.tenant is not None
+        policy = self._tenant_policy if tenanted else None
         response = self.transport.post_or_error(subscription.target_url, body, headers, policy=policy)
         if observe is not None:
             observe(response)

@@ -415,13 +415,21 @@ class OutboundWebhookManager:
         :raises JobBackendError: the jobs could not be queued (the rows stay due: the sweeper
             queues them later).
         """
-        if self.delegate is None:
-            self.backend.enqueue([delivery_job(d) for d in deliveries])
+        # The operational endpoint's notifications are the workers' to send even with a delegate
+        # (as those an outcome logs are), so its test takes the road the real ones take.
+        queued: list[DeliveryLog] = []
+        delegated: list[DeliveryLog] = []
+        for delivery in deliveries:
+            by_workers = self.delegate is None or delivery.subscription_id == OPERATIONAL_SUBSCRIPTION_ID
+            (queued if by_workers else delegated).append(delivery)
+        if queued:
+            self.backend.enqueue([delivery_job(d) for d in queued])
+        if not delegated:
             return
-        wanted = {d.subscription_id for d in deliveries}
+        wanted = {d.subscription_id for d in delegated}
         found = {s.id: s for s in (self.store.get_subscription(i) for i in wanted) if s is not None}
         # A subscription deleted meanwhile has nobody to send to; its row stays as it is.
-        self._hand_over([d for d in deliveries if d.subscription_id in found], found)
+        self._hand_over([d for d in delegated if d.subscription_id in found], found)
 
     def _hand_over(
         self, deliveries: list[DeliveryLog], subscriptions: dict[str, WebhookSubscription]

@@ -655,6 +655,17 @@ class AttemptResult:
     operational: OperationalContext | None = None
 
 
+def claimed_subscription(
+    delivery: DeliveryLog, subscription: WebhookSubscription | None
+) -> WebhookSubscription | None:
+    """The subscription a claimed delivery is sent to: ``None`` when it was removed, or when its
+    id now names a subscription of another tenant (an id chosen again after a removal), which must
+    never receive the first one's events. Pure."""
+    if subscription is None or subscription.tenant != delivery.tenant:
+        return None
+    return subscription
+
+
 @dataclass(frozen=True)
 class Claim:
     """A delivery leased to one worker, with its subscription as it was at the claim."""

@@ -48,7 +48,14 @@ from .operational import OPERATIONAL_SUBSCRIPTION_ID
 from .ordering import DEFAULT_ORDERING_POLICY, OrderingPolicy, validate_ordering_policy
 from .outbox import SqlOutbox
 from .payload import encode_payload
-from .stores.base import BlockedKey, DeliverySchedule, DlqCursor, OutboundWebhookHandler
+from .stores.base import (
+    ANY_ROTATION,
+    AnyRotation,
+    BlockedKey,
+    DeliverySchedule,
+    DlqCursor,
+    OutboundWebhookHandler,
+)
 from .tenants import ALL_TENANTS, TenantScope, in_scope, validate_scope, validate_tenant
 from .topics import validate_topic
 
@@ -544,11 +551,17 @@ class WebhookOperations:
         new_secret: str | None = None,
         grace_seconds: float | None = None,
         tenant: TenantScope = ALL_TENANTS,
+        after: datetime | AnyRotation | None = ANY_ROTATION,
     ) -> NewSecret:
         """Give a subscription a new secret; the old one keeps signing for ``grace_seconds``.
 
         During the grace period every delivery carries signatures from both secrets, so the receiver
         can switch without downtime. The default grace is ``HARVEST_WEBHOOKS_SECRET_GRACE_SECONDS``.
+
+        :param after: rotate only if the last rotation is still the one the caller saw (its
+            ``previous_secret_expires_at``; ``None``: never rotated): a form sent twice rotates
+            once, and the first rotation keeps its grace period.
+        :raises InvalidStateError: ``after`` is given and the secret was rotated since.
         """
         scope = validate_scope(tenant)
         _lookup(subscription_id, SubscriptionNotFoundError)
@@ -558,7 +571,9 @@ class WebhookOperations:
         chosen = standard_secret(new_secret) if new_secret is not None else generate_secret()
         expires = utcnow() + timedelta(seconds=grace)
         return NewSecret(
-            self.store.rotate_secret(subscription_id, chosen, previous_expires_at=expires, tenant=scope),
+            self.store.rotate_secret(
+                subscription_id, chosen, previous_expires_at=expires, tenant=scope, after=after
+            ),
             chosen,
         )
 

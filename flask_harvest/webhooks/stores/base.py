@@ -9,6 +9,7 @@ them at once never both win.
 from __future__ import annotations
 
 import abc
+import enum
 import itertools
 from collections import Counter
 from collections.abc import Callable, Collection, Iterable, Sequence
@@ -40,6 +41,16 @@ if TYPE_CHECKING:
 #: The states in which a delivery may let the next one of its key go (whether a dead letter does
 #: is the subscription's policy: :func:`~flask_harvest.webhooks.ordering.releases_line`).
 LINE_ENDS = frozenset({DeliveryState.DELIVERED, DeliveryState.SKIPPED, DeliveryState.DLQ})
+
+
+class AnyRotation(enum.Enum):
+    """:meth:`~OutboundWebhookHandler.rotate_secret` without a check of the last rotation."""
+
+    ANY = "any"
+
+
+#: Rotate whatever the last rotation was (the default).
+ANY_ROTATION = AnyRotation.ANY
 
 #: A position in the DLQ listing: the ``(timestamp, id)`` of the last row of the previous page.
 DlqCursor = tuple[datetime, str]
@@ -330,12 +341,17 @@ class OutboundWebhookHandler(abc.ABC):
         *,
         previous_expires_at: datetime,
         tenant: TenantScope = ALL_TENANTS,
+        after: datetime | AnyRotation | None = ANY_ROTATION,
     ) -> WebhookSubscription:
         """Make ``secret`` the subscription's secret in one atomic step: the current secret becomes
         ``previous_secret``, signing too until ``previous_expires_at``; return it as stored.
 
+        :param after: rotate only if the subscription's ``previous_secret_expires_at`` is still
+            this (``None``: never rotated), checked in the same atomic step: a form sent twice at
+            once rotates once.
         :raises InvalidFieldError: the secret or the expiry is invalid; nothing was written.
         :raises SubscriptionNotFoundError: there is none with that id.
+        :raises InvalidStateError: ``after`` is given and the secret was rotated since.
         """
 
     @abc.abstractmethod

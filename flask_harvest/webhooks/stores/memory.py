@@ -26,11 +26,14 @@ from ..models import (
     SubscriptionEffect,
     WebhookSubscription,
     WebhookSubscriptionStatus,
+    claimed_subscription,
 )
 from ..ordering import DEFAULT_ORDERING_POLICY, OrderingPolicy, at_head, next_in_line, position
 from ..tenants import ALL_TENANTS, TenantScope, in_scope
 from ..topic_index import pattern_key, topic_keys
 from .base import (
+    ANY_ROTATION,
+    AnyRotation,
     BlockedKey,
     DeliverySchedule,
     DlqCursor,
@@ -134,9 +137,12 @@ class InMemoryOutboundWebhookHandler(OutboundWebhookHandler):
         *,
         previous_expires_at: datetime,
         tenant: TenantScope = ALL_TENANTS,
+        after: datetime | AnyRotation | None = ANY_ROTATION,
     ) -> WebhookSubscription:
         with self._lock:
             current = self._get(subscription_id, tenant)
+            if after is not ANY_ROTATION and current.previous_secret_expires_at != after:
+                raise InvalidStateError("the secret was rotated since; it was not rotated again")
             return self._change(
                 subscription_id,
                 tenant,
@@ -300,7 +306,11 @@ class InMemoryOutboundWebhookHandler(OutboundWebhookHandler):
             )
             self._deliveries[delivery_id] = claimed
             self._leases[delivery_id] = token
-            return Claim(claimed, self._subscriptions.get(delivery.subscription_id), token)
+            return Claim(
+                claimed,
+                claimed_subscription(claimed, self._subscriptions.get(delivery.subscription_id)),
+                token,
+            )
 
     def finish_attempt(
         self, delivery_id: str, lease_token: str, result: AttemptResult

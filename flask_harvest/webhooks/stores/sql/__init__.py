@@ -43,6 +43,8 @@ from .._schema import (
     subscriptions_table,
 )
 from ..base import (
+    ANY_ROTATION,
+    AnyRotation,
     BlockedKey,
     DeliverySchedule,
     DlqCursor,
@@ -172,9 +174,10 @@ class SqlOutboundWebhookStore(OutboundWebhookHandler):
         *,
         previous_expires_at: datetime,
         tenant: TenantScope = ALL_TENANTS,
+        after: datetime | AnyRotation | None = ANY_ROTATION,
     ) -> WebhookSubscription:
         return self._subscriptions.rotate_secret(
-            subscription_id, secret, previous_expires_at=previous_expires_at, tenant=tenant
+            subscription_id, secret, previous_expires_at=previous_expires_at, tenant=tenant, after=after
         )
 
     def remove_subscription(self, subscription_id: str, *, tenant: TenantScope = ALL_TENANTS) -> bool:

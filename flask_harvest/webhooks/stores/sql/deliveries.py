@@ -31,6 +31,7 @@ from ...models import (
     SubscriptionEffect,
     WebhookSubscription,
     WebhookSubscriptionStatus,
+    claimed_subscription,
 )
 from ...tenants import ALL_TENANTS, TenantScope
 from .._schema import (
@@ -596,7 +597,8 @@ def _lease(
 def _with_subscriptions(
     conn: Connection, rows: Sequence[Row[Any]], token: str, *, by_ids: Executable | None = None
 ) -> list[Claim]:
-    """Pair leased rows with their subscriptions as they are now (``None`` if removed).
+    """Pair leased rows with their subscriptions as they are now (``None`` if removed, or if the
+    id now names another tenant's subscription: :func:`claimed_subscription`).
 
     :param by_ids: a statement reading the subscriptions of an ``ids`` array in one round trip
         (PostgreSQL); without it, an expanding ``IN`` per chunk.
@@ -610,4 +612,9 @@ def _with_subscriptions(
         )
         for sub_row in found:
             subscriptions[sub_row.id] = row_to_subscription(sub_row)
-    return [Claim(row_to_delivery(row), subscriptions.get(row.subscription_id), token) for row in rows]
+    claims = []
+    for row in rows:
+        delivery = row_to_delivery(row)
+        subscription = claimed_subscription(delivery, subscriptions.get(row.subscription_id))
+        claims.append(Claim(delivery, subscription, token))
+    return claims

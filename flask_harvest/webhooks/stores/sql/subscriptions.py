@@ -10,12 +10,12 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any, TypeVar
 
-from sqlalchemy import Connection, Delete, Select, Update, delete, insert, select, update
+from sqlalchemy import ColumnElement, Connection, Delete, Select, Update, and_, delete, insert, select, update
 
 from ...._input import id_problem
 from ...._sql import SqlDatabase, after_position
 from ...._time import utcnow
-from ....errors import DuplicateSubscriptionError, SubscriptionNotFoundError
+from ....errors import DuplicateSubscriptionError, InvalidStateError, SubscriptionNotFoundError
 from ...models import (
     SubscriptionChanges,
     WebhookSubscription,
@@ -36,6 +36,7 @@ from .._schema import (
 )
 from .._schema import subscription_topics_table as _keys
 from .._schema import subscriptions_table as _subs
+from ..base import ANY_ROTATION, AnyRotation
 from ._statements import chunks, scope_params, under_keys
 
 # Topics per lookup of subscriptions_for_topics: at most 127 keys each, so a statement binds at
@@ -198,6 +199,7 @@ class SubscriptionRows:
         *,
         previous_expires_at: datetime,
         tenant: TenantScope = ALL_TENANTS,
+        after: datetime | AnyRotation | None = ANY_ROTATION,
     ) -> WebhookSubscription:
         validate_secret(secret)
         validate_datetime(previous_expires_at, "previous_secret_expires_at")
@@ -208,7 +210,18 @@ class SubscriptionRows:
             "previous_secret_expires_at": previous_expires_at,
             "updated_at": utcnow(),
         }
-        return self._change(subscription_id, "rotate a secret", values, secrets=(secret,), tenant=tenant)
+        if after is ANY_ROTATION:
+            return self._change(subscription_id, "rotate a secret", values, secrets=(secret,), tenant=tenant)
+        last = _subs.c.previous_secret_expires_at
+        unchanged = last.is_(None) if after is None else last == validate_datetime(after, "after")
+        try:
+            return self._change(
+                subscription_id, "rotate a secret", values, secrets=(secret,), tenant=tenant, where=unchanged
+            )
+        except SubscriptionNotFoundError:
+            if self.get(subscription_id, tenant) is None:
+                raise
+            raise InvalidStateError("the secret was rotated since; it was not rotated again") from None
 
     def _change(
         self,
@@ -219,14 +232,17 @@ class SubscriptionRows:
         secrets: Sequence[str],
         topics: Sequence[str] | None = None,
         tenant: TenantScope = ALL_TENANTS,
+        where: ColumnElement[bool] | None = None,
     ) -> WebhookSubscription:
-        """One UPDATE of only the columns in ``values``, and new index keys if ``topics`` is set
-        (in the same transaction); return the row as it now is."""
+        """One UPDATE of only the columns in ``values`` (of the row only if ``where`` holds on
+        it), and new index keys if ``topics`` is set (in the same transaction); return the row as
+        it now is."""
+        condition = (
+            _subs.c.id == subscription_id if where is None else and_(_subs.c.id == subscription_id, where)
+        )
         with self.db.transaction(action, secrets=secrets) as conn:
             row = conn.execute(
-                _scoped(update(_subs).where(_subs.c.id == subscription_id), tenant)
-                .values(values)
-                .returning(*_subs.c)
+                _scoped(update(_subs).where(condition), tenant).values(values).returning(*_subs.c)
             ).first()
             if row is not None and topics is not None:
                 # The UPDATE holds the row's lock, so concurrent edits rewrite the keys in turn.
