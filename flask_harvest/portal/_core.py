@@ -167,7 +167,11 @@ def _guard() -> tuple[str, int] | None:
 def content_security_policy(settings: Settings) -> str:
     """The portal's policy: no script, styles and images only from the app (and the logo's
     origin), forms posted only to the app, framed only by the configured origins."""
-    ancestors = " ".join(portal_frame_ancestors(settings)) or "'none'"
+    return _policy(settings, portal_frame_ancestors(settings))
+
+
+def _policy(settings: Settings, frame_ancestors: list[str]) -> str:
+    ancestors = " ".join(frame_ancestors) or "'none'"
     images = "'self' data:"
     logo = settings.portal_logo_url
     if logo.startswith("https://"):
@@ -194,16 +198,18 @@ def _headers(response: Response) -> Response:
     if request.blueprint != portal.name and not _routed_here():
         return response
     settings = get_engine().settings
-    response.headers["Content-Security-Policy"] = content_security_policy(settings)
+    # Parsed once per answer: the policy, X-Frame-Options and the cookie's SameSite all follow it.
+    ancestors = portal_frame_ancestors(settings)
+    response.headers["Content-Security-Policy"] = _policy(settings, ancestors)
     response.headers["X-Content-Type-Options"] = "nosniff"
     # A link's token is in its address: no page may send it on as a referrer.
     response.headers["Referrer-Policy"] = "no-referrer"
-    if not portal_frame_ancestors(settings):
+    if not ancestors:
         response.headers["X-Frame-Options"] = "DENY"
     if request.endpoint not in ("harvest_portal.static", "harvest_portal.theme_css"):
         response.headers["Cache-Control"] = "no-store"
     if g.get("harvest_portal_set_cookie"):
-        framed = bool(portal_frame_ancestors(settings)) and request.is_secure
+        framed = bool(ancestors) and request.is_secure
         response.set_cookie(
             COOKIE_NAME,
             dump_session(g.harvest_portal_session, _key()),
