@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 
 from flask_harvest import OutboundWebhookHandler, WebhookSubscription, get_engine
 from flask_harvest.config import load_settings
+from flask_harvest.errors import ConfigurationError
 from flask_harvest.outbound.attempt import FailureKind, TransportError
 from flask_harvest.outbound.ssrf import SsrfError, SsrfRejection, describe, public_error
 from flask_harvest.outbound.transport import Transport
@@ -24,7 +25,7 @@ from flask_harvest.testing import CapturingReceiver
 from flask_harvest.webhooks.models import DeliveryState
 
 from .pipeline import make_app, wait_final
-from .properties import BUDGET
+from .properties import BUDGET, TEXT
 
 SECRET = "whsec_" + "MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
 #: The operator opens its own network wide; a tenant must still not reach it.
@@ -53,8 +54,6 @@ def test_the_tenant_policy_takes_nothing_from_the_operators_allow_keys() -> None
 
 @pytest.mark.parametrize("value", ["10.0.0.0/33", "not a network", "10.0.0.1/8"])
 def test_a_bad_tenant_network_is_refused_at_start(value: str) -> None:
-    from flask_harvest.errors import ConfigurationError
-
     with pytest.raises(ConfigurationError, match="HARVEST_WEBHOOKS_TENANT_ALLOW_CIDRS"):
         load_settings({"HARVEST_WEBHOOKS_TENANT_ALLOW_CIDRS": value}, {})
 
@@ -196,3 +195,29 @@ def test_a_tenants_request_never_rides_on_a_connection_the_operators_policy_open
     assert isinstance(refused, TransportError) and refused.kind is FailureKind.SSRF
     assert "resolved to 127.0.0.1" in str(refused)
     assert _KeepAlive.served == ["/hook", "/hook"]
+
+
+@BUDGET
+@given(
+    key=st.sampled_from(
+        ["HARVEST_WEBHOOKS_TENANT_ALLOW_CIDRS", "HARVEST_WEBHOOKS_ALLOW_CIDRS", "HARVEST_WEBHOOKS_DENY_CIDRS"]
+    ),
+    value=st.one_of(
+        TEXT,
+        st.lists(TEXT, max_size=3),
+        st.integers(min_value=-(10**30), max_value=10**30),
+        st.builds(lambda n: "10.0.0.0/8," * n, st.integers(0, 5000)),
+    ),
+)
+def test_any_network_list_is_taken_whole_or_refused_naming_its_key(key: str, value: object) -> None:
+    try:
+        settings = load_settings({key: value}, {})
+    except ConfigurationError as exc:
+        refusal: str | None = str(exc)
+    else:
+        refusal = None
+    if refusal is not None:
+        assert key in refusal
+        return
+    policy = settings.ssrf_policy_for("acme" if "TENANT" in key else None)
+    assert isinstance(policy.allow_cidrs, tuple) and isinstance(policy.deny_cidrs, tuple)
